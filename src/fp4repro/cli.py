@@ -1,0 +1,151 @@
+"""The ``fp4repro`` command line: one subcommand per step of the study."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+fp4repro reproduces and benchmarks FP4 (E2M1) LLM pretraining with UE5M3 block scales.
+
+Every step of the study is a subcommand; the Snakemake workflow calls them, and you can too.
+Numerics: x̂ = q · s_b / g with g = Emax·T/amax (tensor scale), s_b the block scale in the
+recipe's scale format and q the E2M1 element (see README, "Numerics").
+"""
+
+
+def _cmd_formats(args) -> int:
+    from fp4repro.formats import FORMAT_NAMES, get_format
+
+    names = args.names or list(FORMAT_NAMES)
+    print(f"{'format':8} {'bits':>4} {'signed':>6} {'specials':>8} {'max':>12} {'min normal':>12} {'min subnormal':>14}")
+    for name in names:
+        f = get_format(name)
+        print(f"{f.name:8} {f.bits:>4} {str(f.signed):>6} {f.specials:>8} {f.max:>12.6g} "
+              f"{f.min_normal:>12.6g} {f.min_subnormal:>14.6g}")
+    return 0
+
+
+def _cmd_recipe(args) -> int:
+    from fp4repro.quant import OPERANDS
+    from fp4repro.recipes import available_recipes, load_recipe
+
+    if args.recipe is None:
+        print("\n".join(available_recipes()))
+        return 0
+    recipe = load_recipe(args.recipe)
+    print(f"{recipe.name}: {recipe.description.strip()}\n")
+    groups: list[tuple[list[int], object]] = []
+    for i in range(args.layers):
+        specs = recipe.linear_specs(i, args.layers)
+        if groups and groups[-1][1] == specs:
+            groups[-1][0].append(i)
+        else:
+            groups.append(([i], specs))
+    for layers, specs in groups:
+        span = f"{layers[0]}" if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
+        print(f"layers {span} of {args.layers}:")
+        for name in OPERANDS:
+            spec = specs[name] if specs is not None else None
+            print(f"  {name:9} {spec if spec is not None else 'bf16'}")
+    return 0
+
+
+def _cmd_explain(args) -> int:
+    import torch
+
+    from fp4repro.formats import get_format
+    from fp4repro.quant import QuantSpec, quantize
+    from fp4repro.quant.block import global_encode_scale
+
+    spec = QuantSpec(scale=args.scale, target=args.target)
+    torch.manual_seed(args.seed)
+    x = (torch.randn(2, 16) * torch.tensor([[1.0], [1e-3]])).round(decimals=5)
+    amax = torch.tensor(args.amax) if args.amax is not None else None
+    bq = quantize(x, spec, amax=amax, stats=True)
+    g = global_encode_scale(bq.amax, get_format(spec.element), spec.target)
+    torch.set_printoptions(precision=5, linewidth=110, sci_mode=False)
+    print(f"spec: {spec}")
+    print(f"A = {float(bq.amax):.6g} ({'held' if amax is not None else 'current'} amax)")
+    print(f"g = Emax*T/A = 6*{spec.target:g}/{float(bq.amax):.6g} = {float(g):.6g}")
+    for b in range(2):
+        print(f"block {b}: amax_b = {float(x[b].abs().max()):.6g}  s_b = {float(bq.scales[b, 0]):.6g}"
+              f" (code 0x{int(bq.scale_codes[b, 0]):02x})")
+        print(f"  x  = {x[b]}")
+        print(f"  q  = {bq.elements()[b]}")
+        print(f"  x̂  = {bq.dequantize()[b]}")
+    s = bq.stats
+    print(f"saturated blocks {s.saturated_blocks}, underflowed blocks {s.underflow_blocks}, "
+          f"zeroed elements {s.zeroed_elements}/{s.nonzero_elements}, relative error {s.rel_error:.4f}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    if args.what == "quant":
+        from fp4repro.bench.quant_cpu import run
+
+        rows = run(size=args.size, repeats=args.repeats, out=Path(args.out))
+        print(f"{'spec':28} {'shape':>11} {'median s':>9} {'Melem/s':>8}")
+        for r in rows:
+            print(f"{r['spec']:28} {'x'.join(map(str, r['shape'])):>11} {r['median_s']:>9.3f} {r['melem_per_s']:>8.1f}")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fp4repro", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="<command>")
+
+    f = sub.add_parser("formats", help="list minifloat formats and their ranges",
+                       description="Print bits, range and special values of minifloat formats "
+                                   "(registered names or generic eXmY / ueXmY).")
+    f.add_argument("names", nargs="*", help="formats to show (default: all registered)")
+    f.set_defaults(func=_cmd_formats)
+
+    r = sub.add_parser("recipe", help="validate a recipe and show each operand's numerics",
+                       description="Load a recipe (name in configs/recipes/ or a YAML path), validate it "
+                                   "and print the QuantSpec of each GEMM operand per group of layers. "
+                                   "Without an argument, list the available recipes.")
+    r.add_argument("recipe", nargs="?", help="recipe name or path to a YAML file")
+    r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
+    r.set_defaults(func=_cmd_recipe)
+
+    e = sub.add_parser("explain", help="walk two 16-element blocks through the two-level quantizer",
+                       description="Quantize one ordinary and one 1000x smaller block of 16 random values and "
+                                   "print A, g, s_b, q and x̂: the numerics contract, step by step.")
+    e.add_argument("--scale", default="ue5m3", help="block-scale format (default ue5m3)")
+    e.add_argument("--target", type=float, default=448.0, help="target T (default 448)")
+    e.add_argument("--amax", type=float, default=None, help="a held amax instead of the current one")
+    e.add_argument("--seed", type=int, default=0)
+    e.set_defaults(func=_cmd_explain)
+
+    b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",
+                       description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
+                                   "reference on this machine's CPU, per recipe spec.")
+    b.add_argument("what", choices=["quant"])
+    b.add_argument("--size", type=int, default=4096)
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--out", default="results/bench/quant_cpu.json")
+    b.set_defaults(func=_cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    from fp4repro.recipes import RecipeError
+
+    try:
+        return args.func(args)
+    except (RecipeError, ValueError) as err:
+        print(f"fp4repro {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Two-level block quantization: the torch reference of the numerics contract.
+
+For a tensor x, quantized along its last dimension in blocks b (1×16, 1×32 or 16×16 tiles)::
+
+    A   = tensor amax over finite elements   (current), or a held value (periodic scaling)
+    g   = min(Emax·T / A, FLT_MAX);  g = 1 if A == 0 or T is None      (float32; Emax = 6 for e2m1)
+    d   = 1 / g                                                         (global decode scale)
+    s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))          (float32 on the scale grid)
+    e_b = min(1 / (s_b · d), FLT_MAX)                                   (element encode scale)
+    q   = round_elem(clamp(x · e_b, -Emax, Emax));  q = 0 where s_b == 0 or s_b is NaN
+    x̂   = (q · s_b) · d
+
+The order of float32 operations is Transformer Engine's reference NVFP4 quantizer's, so that with
+scale E4M3, T = 448 and current amax the dequantized values agree with it bit for bit. Deviations,
+on purpose: A is taken over finite elements only (one Inf must not flush every other block) and a
+block holding NaN/Inf gets a NaN scale, so it dequantizes to NaN; g = 1 (not FLT_MAX) when A == 0;
+codes of a block whose scale flushed to zero are 0 (TE stores ±6 there; both dequantize to 0).
+
+With ``rht`` the tensor is first transformed (``fp4repro.quant.rht``) and everything above,
+including A, applies to the transformed tensor; ``dequantize`` returns the operand in that
+transformed domain, which is what the GEMM consumes.
+
+Shapes whose last dim (or, for 16×16 tiles, first dim after flattening) does not divide the block
+are zero-padded and cropped again, as Transformer Engine does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fp4repro.formats import Minifloat, get_format
+from fp4repro.quant.rht import RHT_SIZE, rht
+from fp4repro.quant.spec import QuantSpec
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+@dataclass
+class OperandStats:
+    """Block-scale telemetry of one quantization (plain Python numbers)."""
+
+    blocks: int
+    saturated_blocks: int     # block scale clamped at the scale format's max
+    underflow_blocks: int     # non-zero block whose scale flushed to zero
+    nonzero_elements: int
+    zeroed_elements: int      # non-zero elements quantized to zero
+    sq_error: float           # sum of (x̂ - x)², over finite elements
+    sq_norm: float            # sum of x², over finite elements
+    amax_ratio: float         # held amax / current amax (1.0 under current scaling)
+
+    @property
+    def rel_error(self) -> float:
+        return (self.sq_error / self.sq_norm) ** 0.5 if self.sq_norm > 0 else 0.0
+
+
+@dataclass
+class BlockQuantized:
+    """A quantized tensor: packed element codes, block-scale codes and the tensor scale.
+
+    codes:       uint8, two elements per byte (low nibble first), row-major over the padded
+                 2-D view (rows, cols_padded): shape (rows, cols_padded / 2)
+    scale_codes: uint8 codes of the scale format, shape (rows / block_rows, cols_padded / block_cols)
+                 (rows padded to the tile height for 16×16)
+    decode_scale: float32 scalar d = 1/g
+    amax:        float32 scalar A used for g (the held value under periodic scaling)
+    """
+
+    codes: torch.Tensor
+    scale_codes: torch.Tensor
+    decode_scale: torch.Tensor
+    amax: torch.Tensor
+    spec: QuantSpec
+    shape: torch.Size
+    stats: OperandStats | None = None
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """Block scales s_b as float32."""
+        return get_format(self.spec.scale).decode(self.scale_codes)
+
+    def elements(self) -> torch.Tensor:
+        """Unpacked element values q (float32), padded 2-D layout."""
+        elem = get_format(self.spec.element)
+        low, high = self.codes & 0x0F, self.codes >> 4
+        codes = torch.stack((low, high), dim=-1).reshape(self.codes.shape[0], -1)
+        return elem.decode(codes)
+
+    def scaled_elements(self) -> torch.Tensor:
+        """q · s_b (float32, exact in BF16): the GEMM operand before the FP32 epilogue, padded 2-D."""
+        q = self.elements()
+        rows_per_block, cols_per_block = self.spec.block
+        s = self.scales.repeat_interleave(rows_per_block, 0).repeat_interleave(cols_per_block, 1)
+        return q * s[: q.shape[0], : q.shape[1]]
+
+    def dequantize(self) -> torch.Tensor:
+        """x̂ = (q · s_b) · d, float32, in x's shape (in the RHT domain when spec.rht)."""
+        x2d = self.scaled_elements() * self.decode_scale
+        rows, cols = _rows_cols(self.shape)
+        return x2d[:rows, :cols].reshape(self.shape)
+
+
+# ------------------------------------------------------------------------------------ steps
+def _rows_cols(shape: torch.Size) -> tuple[int, int]:
+    cols = shape[-1] if len(shape) else 1
+    rows = 1
+    for n in shape[:-1]:
+        rows *= n
+    return rows, cols
+
+
+def pad_to_blocks(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """x as a float32 2-D (rows, cols) view, zero-padded so blocks (and RHT groups) divide it."""
+    rows, cols = _rows_cols(x.shape)
+    x2d = x.reshape(rows, cols).to(torch.float32)
+    block_rows, block_cols = spec.block
+    col_multiple = max(block_cols, RHT_SIZE) if spec.rht else block_cols
+    pad_cols = -cols % col_multiple
+    pad_rows = -rows % block_rows
+    if pad_cols or pad_rows:
+        x2d = torch.nn.functional.pad(x2d, (0, pad_cols, 0, pad_rows))
+    return x2d
+
+
+def to_blocks(x2d: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """(R, C) -> (R/r, C/c, r·c): one row per block."""
+    r, c = block
+    rows, cols = x2d.shape
+    return x2d.reshape(rows // r, r, cols // c, c).permute(0, 2, 1, 3).reshape(rows // r, cols // c, r * c)
+
+
+def from_blocks(xb: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Inverse of ``to_blocks``."""
+    r, c = block
+    nbr, nbc, _ = xb.shape
+    return xb.reshape(nbr, nbc, r, c).permute(0, 2, 1, 3).reshape(nbr * r, nbc * c)
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """A = max |x| over finite elements (float32 scalar; 0 for an empty or all-non-finite tensor)."""
+    a = x.abs().to(torch.float32)
+    a = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device))
+    return a.amax() if a.numel() else torch.zeros((), device=x.device)
+
+
+def global_encode_scale(amax: torch.Tensor, element: Minifloat, target: float | None) -> torch.Tensor:
+    """g = min(Emax·T / A, FLT_MAX), float32 scalar; g = 1 when A == 0 or there is no target."""
+    amax = amax.to(torch.float32)
+    if target is None:
+        return torch.ones((), device=amax.device)
+    g = torch.clamp(torch.tensor(element.max * float(target), dtype=torch.float32, device=amax.device) / amax,
+                    max=FLT_MAX)
+    return torch.where(amax == 0, torch.ones_like(g), g)
+
+
+def block_scales(block_amax: torch.Tensor, g: torch.Tensor, element: Minifloat, scale: Minifloat,
+                 scale_rounding: str = "rne") -> tuple[torch.Tensor, torch.Tensor]:
+    """s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max)), float32; NaN for non-finite blocks.
+
+    Returns (s_b, saturated): saturated marks finite blocks whose scale rounding would have
+    overflowed the format, i.e. that the clamp at scale.max changed.
+    """
+    multiplier = g * torch.reciprocal(torch.tensor(element.max, dtype=torch.float32, device=g.device))
+    unclamped = torch.clamp(block_amax * multiplier, max=FLT_MAX)
+    finite = torch.isfinite(block_amax)
+    saturated = finite & (unclamped > scale.overflow_threshold(scale_rounding))
+    s = scale.round(torch.clamp(unclamped, max=scale.max), mode=scale_rounding)
+    return torch.where(finite, s, torch.full_like(s, float("nan"))), saturated
+
+
+def element_encode_scale(s: torch.Tensor, decode_scale: torch.Tensor) -> torch.Tensor:
+    """e_b = min(1 / (s_b · d), FLT_MAX), float32 (inf for s_b == 0 becomes FLT_MAX)."""
+    return torch.clamp(torch.reciprocal(s * decode_scale), max=FLT_MAX)
+
+
+def quantize_elements(xb: torch.Tensor, s: torch.Tensor, encode: torch.Tensor, element: Minifloat,
+                      rounding: str, generator: torch.Generator | None,
+                      rand: torch.Tensor | None) -> torch.Tensor:
+    """q = round_elem(clamp(x · e_b, ±Emax)), float32 on the element grid; 0 where s_b is 0 or NaN."""
+    scaled = torch.clamp(xb * encode.unsqueeze(-1), -element.max, element.max)
+    q = element.round(scaled, mode=rounding, generator=generator, rand=rand)
+    keep = (s != 0) & ~torch.isnan(s)
+    return torch.where(keep.unsqueeze(-1), q, torch.zeros((), device=q.device))
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """(R, C) 4-bit codes -> (R, C/2) bytes, element 2i in the low nibble."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+# ------------------------------------------------------------------------------------- API
+@dataclass
+class _Blocks:
+    """Intermediate results of one quantization, in block layout (see ``to_blocks``)."""
+
+    x2d: torch.Tensor          # padded (and RHT-transformed) input, float32 (R, C)
+    q: torch.Tensor            # element values on the E2M1 grid, (R/r, C/c, r·c)
+    s: torch.Tensor            # block scales s_b, (R/r, C/c)
+    d: torch.Tensor            # decode scale 1/g
+    held: torch.Tensor         # amax used for g
+    current: torch.Tensor      # current amax of x2d
+    saturated: torch.Tensor    # blocks whose scale was clamped
+    block_amax: torch.Tensor
+
+
+def _quantize_blocks(x, spec, amax, generator, rand) -> _Blocks:
+    element, scale = get_format(spec.element), get_format(spec.scale)
+    x2d = pad_to_blocks(x, spec)
+    if spec.rht:
+        x2d = rht(x2d)
+    current = tensor_amax(x2d)
+    held = current if amax is None else torch.as_tensor(amax, dtype=torch.float32, device=x2d.device)
+    g = global_encode_scale(held, element, spec.target)
+    d = torch.reciprocal(g)
+    xb = to_blocks(x2d, spec.block)
+    block_amax = xb.abs().amax(dim=-1)
+    s, saturated = block_scales(block_amax, g, element, scale, spec.scale_rounding)
+    encode = element_encode_scale(s, d)
+    if rand is not None:
+        rand = to_blocks(rand.reshape(x2d.shape), spec.block)
+    q = quantize_elements(xb, s, encode, element, spec.rounding, generator, rand)
+    return _Blocks(x2d, q, s, d, held, current, saturated, block_amax)
+
+
+def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+             generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
+             stats: bool = False) -> BlockQuantized:
+    """Quantize x along its last dimension as ``spec`` says; packed codes and scale codes.
+
+    amax: None for the current tensor amax; a value for a held amax (periodic scaling).
+    generator / rand: the random source of stochastic rounding (rand: float32 uniforms in [0, 1)
+    of the padded 2-D shape, so kernels can be checked against this reference bit for bit).
+    stats: also compute ``OperandStats`` telemetry (an extra pass or two).
+    """
+    element, scale = get_format(spec.element), get_format(spec.scale)
+    if element.bits != 4:
+        raise ValueError(f"packed codes need a 4-bit element format, got {spec.element!r}")
+    b = _quantize_blocks(x, spec, amax, generator, rand)
+    out = BlockQuantized(
+        codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))), scale_codes=scale.encode(b.s),
+        decode_scale=b.d, amax=b.held, spec=spec, shape=x.shape,
+    )
+    if stats:
+        out.stats = _operand_stats(b, spec.block)
+    return out
+
+
+def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+                   generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
+                   stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
+    """The GEMM operand without packing: (q · s_b as float32 in x's 2-D shape, d, A used, stats).
+
+    Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
+    """
+    b = _quantize_blocks(x, spec, amax, generator, rand)
+    rows, cols = _rows_cols(x.shape)
+    qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
+    return qs, b.d, b.held, (_operand_stats(b, spec.block) if stats else None)
+
+
+def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+                        generator: torch.Generator | None = None,
+                        rand: torch.Tensor | None = None) -> torch.Tensor:
+    """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
+    qs, d, _, _ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
+    return (qs * d).reshape(x.shape)
+
+
+def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
+    xb = to_blocks(b.x2d, block)
+    finite = torch.isfinite(xb)
+    zero = torch.zeros((), device=xb.device)
+    xhat = b.q * b.s.unsqueeze(-1) * b.d
+    err = torch.where(finite, xhat - xb, zero).double()
+    ref = torch.where(finite, xb, zero).double()
+    nonzero = finite & (xb != 0)
+    return OperandStats(
+        blocks=int(b.block_amax.numel()),
+        saturated_blocks=int(b.saturated.sum()),
+        underflow_blocks=int(((b.block_amax > 0) & torch.isfinite(b.block_amax) & (b.s == 0)).sum()),
+        nonzero_elements=int(nonzero.sum()),
+        zeroed_elements=int((nonzero & (b.q == 0)).sum()),
+        sq_error=float((err * err).sum()),
+        sq_norm=float((ref * ref).sum()),
+        amax_ratio=float(b.held / b.current) if float(b.current) > 0 else 1.0,
+    )

@@ -1,0 +1,142 @@
+"""QuantLinear: a linear layer whose three GEMMs run on quantized operands, as a recipe says.
+
+For Y = X·Wᵀ (+ b), with X flattened to (tokens, in) and each operand quantized along the
+reduction dimension of its GEMM:
+
+    fprop  Y  = Q(X)      · Q(W)ᵀ        reduce over in_features
+    dgrad  dX = Q(dY)     · Q(Wᵀ)ᵀ       reduce over out_features
+    wgrad  dW = Q(dYᵀ)    · Q(Xᵀ)ᵀ       reduce over tokens
+
+Emulated GEMM: Q(A) enters as q·s_b (exact in BF16), the product accumulates in FP32 and the
+epilogue multiplies by d_a·d_b = 1/(g_a·g_b) in FP32 before the output cast, as FP4 tensor
+cores do. An operand whose spec is None enters unquantized. With no spec at all (the BF16
+recipe) the layer is exactly ``F.linear``.
+
+Dtypes: on CPU everything is float32. On CUDA the operands are BF16 (under autocast, the
+autocast dtype) with FP32 accumulation; outputs and gradients have the compute dtype.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+
+from fp4repro.quant.block import scaled_operand
+from fp4repro.quant.spec import LinearSpecs, QuantSpec
+from fp4repro.quant.state import QuantState
+
+
+def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
+                      layer: str, operand: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(operand for the GEMM as (rows, K) float32, decode scale d or None) for a 2-D tensor t.
+
+    Periodic scaling asks ``state`` for the held amax and stores a fresh sample when due;
+    telemetry is recorded when ``state.telemetry`` is on.
+    """
+    if spec is None:
+        return t, None
+    key = f"{layer}.{operand}"
+    held = state.held_amax(key, spec.tensor_scaling) if state is not None else None
+    telemetry = state is not None and state.telemetry
+    qs, d, amax, stats = scaled_operand(t, spec, amax=held, stats=telemetry)
+    if state is not None:
+        if held is None:
+            state.hold(key, amax, spec.tensor_scaling)
+        if telemetry:
+            state.record(layer, operand, stats)
+    return qs, d
+
+
+def emulated_gemm(a: torch.Tensor, da: torch.Tensor | None, b: torch.Tensor, db: torch.Tensor | None,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """(a · bᵀ) · (d_a · d_b): FP32 accumulation, FP32 epilogue, then cast to out_dtype.
+
+    a: (M, K), b: (N, K). On CUDA the operands are cast to out_dtype (BF16: q·s is exact) and
+    multiplied with an FP32 output; on CPU the product is taken in FP32.
+    """
+    if a.is_cuda and out_dtype in (torch.bfloat16, torch.float16):
+        acc = torch.mm(a.to(out_dtype), b.to(out_dtype).t(), out_dtype=torch.float32)
+    else:
+        acc = a.to(torch.float32) @ b.to(torch.float32).t()
+    alpha = None
+    for d in (da, db):
+        if d is not None:
+            alpha = d if alpha is None else alpha * d
+    if alpha is not None:
+        acc = acc * alpha
+    return acc.to(out_dtype)
+
+
+class _QuantLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype):
+        x2 = x.reshape(-1, x.shape[-1])
+        qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x")
+        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w")
+        y = emulated_gemm(qx.to(compute_dtype), dx, qw.to(compute_dtype), dw, compute_dtype)
+        if bias is not None:
+            y = y + bias.to(compute_dtype)
+        ctx.save_for_backward(x2, weight)
+        ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
+        ctx.compute_dtype, ctx.x_shape, ctx.x_dtype = compute_dtype, x.shape, x.dtype
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight = ctx.saved_tensors
+        specs, state, layer, cdt = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype
+        dy2 = dy.reshape(-1, dy.shape[-1]).to(cdt)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy")
+            qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w")
+            dx = emulated_gemm(qdy.to(cdt), ddy, qwt.to(cdt), dwt, cdt).reshape(ctx.x_shape).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy")
+            qxt, dxt = quantized_operand(x2.t().to(cdt), specs.wgrad_x, state, layer, "wgrad.x")
+            dw = emulated_gemm(qdyt.to(cdt), ddyt, qxt.to(cdt), dxt, cdt).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.to(torch.float32).sum(0).to(weight.dtype)
+        return dx, dw, db, None, None, None, None
+
+
+class QuantLinear(torch.nn.Linear):
+    """``nn.Linear`` with recipe-quantized GEMMs (same parameters, init and state_dict keys).
+
+    specs: the LinearSpecs of this layer (None or all-None: plain ``F.linear``)
+    state: the model's QuantState (periodic scaling and telemetry); None = current amax, no telemetry
+    name:  this layer's name, the key of its state and telemetry
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 specs: LinearSpecs | None = None, state: QuantState | None = None, name: str = "",
+                 device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.specs = specs if specs is not None and specs.any_quantized else None
+        self.state = state
+        self.name = name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.specs is None:
+            return F.linear(x, self.weight, self.bias)
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            compute_dtype = torch.get_autocast_dtype(device_type)
+        else:
+            compute_dtype = x.dtype
+        if device_type == "cpu":
+            compute_dtype = torch.float32   # the CPU emulation is float32 end to end
+        with torch.autocast(device_type, enabled=False):
+            return _QuantLinearFunction.apply(x, self.weight, self.bias, self.specs, self.state,
+                                              self.name, compute_dtype)
+
+    def describe(self) -> dict[str, str]:
+        """Operand name -> spec summary ("bf16" for unquantized operands)."""
+        specs = self.specs or LinearSpecs()
+        return {name: (str(spec) if spec is not None else "bf16") for name, spec in specs.items()}
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.specs is None else ", quantized")
+
+

@@ -1,0 +1,70 @@
+"""Run-wide quantization state: held amaxes of periodic tensor scaling, and telemetry.
+
+One ``QuantState`` per model, shared by all its QuantLinears, keyed by "<layer>.<operand>".
+The training loop calls ``advance()`` after every optimizer step and turns telemetry on for
+the steps it wants recorded; ``state_dict()`` goes into checkpoints so a resumed run holds the
+same amaxes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from fp4repro.quant.block import OperandStats
+from fp4repro.quant.spec import TensorScaling
+
+
+class QuantState:
+    def __init__(self) -> None:
+        self.step = 0                      # optimizer steps taken
+        self.telemetry = False             # record OperandStats on the next quantizations
+        self._held: dict[str, torch.Tensor] = {}
+        self._held_at: dict[str, int] = {}
+        self._records: list[dict] = []
+
+    # ------------------------------------------------------------------ periodic tensor scaling
+    def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
+        """The amax to quantize ``key`` with, or None when the current amax must be used
+        (current scaling, the first sight of ``key``, or ``interval`` steps since its last sample)."""
+        if scaling.kind == "current" or key not in self._held:
+            return None
+        if self.step - self._held_at[key] >= scaling.interval:
+            return None
+        return self._held[key]
+
+    def hold(self, key: str, amax: torch.Tensor, scaling: TensorScaling) -> None:
+        """Remember the amax just sampled for ``key`` (periodic scaling only)."""
+        if scaling.kind == "periodic":
+            self._held[key] = amax.detach().to(torch.float32)
+            self._held_at[key] = self.step
+
+    def advance(self) -> None:
+        """Call once per optimizer step."""
+        self.step += 1
+
+    # ------------------------------------------------------------------------------ telemetry
+    def record(self, layer: str, operand: str, stats: OperandStats) -> None:
+        row = {"step": self.step, "layer": layer, "operand": operand, **asdict(stats)}
+        row["rel_error"] = stats.rel_error
+        self._records.append(row)
+
+    def pop_telemetry(self) -> list[dict]:
+        """Records collected since the last call (one dict per layer × operand × quantization)."""
+        rows, self._records = self._records, []
+        return rows
+
+    # ----------------------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        return {"step": self.step, "held": {k: v.cpu() for k, v in self._held.items()},
+                "held_at": dict(self._held_at)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self._held = {k: v.clone() for k, v in state["held"].items()}
+        self._held_at = {k: int(v) for k, v in state["held_at"].items()}
+
+    def to(self, device) -> "QuantState":
+        self._held = {k: v.to(device) for k, v in self._held.items()}
+        return self

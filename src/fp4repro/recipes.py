@@ -1,0 +1,244 @@
+"""Recipe files -> per-layer, per-operand QuantSpecs.
+
+A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/schemas/recipe.schema.json``)::
+
+    name: nvfp4
+    base: other_recipe        # optional: start from another recipe (keys below replace its keys;
+                              # `operands` merge per operand; `overrides` replace the list)
+    defaults: {element: e2m1, scale: e4m3, block: [1, 16], target: 448, rounding: rne,
+               rht: false, tensor_scaling: current}     # or 'bf16'
+    operands:                 # per-operand fields on top of `defaults`; 'bf16' = unquantized
+      fprop.w: {block: [16, 16]}
+      wgrad.dy: {rounding: sr, rht: true}
+    overrides:                # applied in order to matching layers (and optionally linears)
+      - layers: "-4:"         # Python slice over layer indices; negatives count from the end
+        defaults: bf16        # 'bf16' = whole layer unquantized; a dict edits its quantized operands
+      - layers: "0:2"
+        linears: [fc2]
+        operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
+                                               # QuantSpec's defaults if it was bf16)
+
+Everything is validated before any compute; a problem raises ``RecipeError`` naming the file,
+the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from fp4repro.quant.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
+
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
+_SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
+
+
+class RecipeError(ValueError):
+    """A recipe file that cannot be used, with file, field, value and what is allowed."""
+
+
+def _schema() -> dict:
+    return json.loads(resources.files("fp4repro.schemas").joinpath("recipe.schema.json").read_text())
+
+
+def recipe_path(name_or_path: str | Path) -> Path:
+    """A recipe name (``configs/recipes/<name>.yaml``) or a path to a YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml"):
+        return p
+    return RECIPE_DIR / f"{name_or_path}.yaml"
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """Raw recipe dict with `base` resolved."""
+    if not path.is_file():
+        raise RecipeError(f"{path}: no such recipe file (available: {', '.join(available_recipes())})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    if "base" not in raw:
+        return raw
+    base_path = recipe_path(raw["base"])
+    if not base_path.is_absolute() and not base_path.exists():
+        base_path = path.parent / base_path
+    if base_path.resolve() in seen:
+        raise RecipeError(f"{path}: field 'base': {raw['base']!r} forms a cycle")
+    base = _read(base_path, seen + (path.resolve(),))
+    merged = {**base, **{k: v for k, v in raw.items() if k not in ("base", "operands")}}
+    operands = dict(base.get("operands") or {})
+    for name, value in (raw.get("operands") or {}).items():
+        if isinstance(value, dict) and isinstance(operands.get(name), dict):
+            operands[name] = {**operands[name], **value}
+        else:
+            operands[name] = value
+    if operands:
+        merged["operands"] = operands
+    return merged
+
+
+def _field_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
+def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> QuantSpec:
+    """QuantSpec from recipe fields; ``where`` names the file/layer and ``own`` the fields the
+    operand set itself (others came from `defaults`), so errors name the field that holds the value."""
+    kwargs = dict(fields)
+    ts = kwargs.pop("tensor_scaling", "current")
+    if isinstance(ts, str):
+        ts = {"kind": ts}
+    kwargs["tensor_scaling"] = TensorScaling(**ts)
+    if "block" in kwargs:
+        kwargs["block"] = tuple(kwargs["block"])
+    for name, value, allowed in spec_problems(**kwargs):
+        prefix = where if own is None or name in own else re.sub(r"operands\.[\w.]+$", "defaults", where)
+        raise RecipeError(f"{prefix}.{name}': value {value!r}: {allowed}")
+    return QuantSpec(**kwargs)
+
+
+def _layer_indices(text: str, n_layers: int) -> range:
+    m = _SLICE.match(text)
+    start, colon, stop = m.group(1), m.group(2), m.group(3)
+    if colon is None:
+        i = int(start)
+        if not -n_layers <= i < n_layers:
+            raise IndexError(i)
+        return range(n_layers)[i:i + 1 if i != -1 else None]
+    return range(n_layers)[slice(int(start) if start else None, int(stop) if stop else None)]
+
+
+@dataclass(frozen=True, eq=False)
+class Recipe:
+    name: str
+    path: str
+    description: str
+    defaults: object
+    operands: dict
+    overrides: tuple = ()
+
+    # -------------------------------------------------------------------------------- resolve
+    def operand_fields(self, layer_index: int | None = None, n_layers: int | None = None,
+                       linear: str | None = None) -> dict[str, dict | None]:
+        """Operand -> QuantSpec fields (None = bf16) for a layer, after overrides."""
+        base = None if self.defaults == "bf16" else dict(self.defaults)
+        out = {}
+        for name in OPERANDS:
+            value = self.operands.get(name, {})
+            out[name] = None if value == "bf16" else (None if base is None and name not in self.operands
+                                                       else {**(base or {}), **value})
+        if layer_index is None:
+            return out
+        for i, ov in enumerate(self.overrides):
+            if layer_index not in _layer_indices(ov["layers"], n_layers):
+                continue
+            if "linears" in ov and linear not in ov["linears"]:
+                continue
+            d = ov.get("defaults")
+            for name in OPERANDS:
+                if d == "bf16":
+                    out[name] = None
+                elif isinstance(d, dict) and out[name] is not None:
+                    out[name] = {**out[name], **d}
+            for name, value in (ov.get("operands") or {}).items():
+                out[name] = None if value == "bf16" else {**(out[name] or {}), **value}
+        return out
+
+    def linear_specs(self, layer_index: int, n_layers: int, linear: str | None = None) -> LinearSpecs | None:
+        """The LinearSpecs of one linear of layer ``layer_index`` (None: unquantized, plain F.linear)."""
+        return _resolve(self, layer_index, n_layers, linear)
+
+    def describe(self, n_layers: int, linears=("linear",)) -> list[dict]:
+        rows = []
+        for i in range(n_layers):
+            for lin in linears:
+                specs = self.linear_specs(i, n_layers, lin)
+                for name in OPERANDS:
+                    spec = specs[name] if specs is not None else None
+                    rows.append({"layer": i, "linear": lin, "operand": name,
+                                 "spec": str(spec) if spec else "bf16"})
+        return rows
+
+
+@lru_cache(maxsize=4096)
+def _resolve(recipe: Recipe, layer_index: int, n_layers: int, linear: str | None) -> LinearSpecs | None:
+    where = f"{recipe.path}: layer {layer_index} of {n_layers}" + (f" ({linear})" if linear else "")
+    return _build_specs(recipe.operand_fields(layer_index, n_layers, linear), where)
+
+
+def _build_specs(operand_fields: dict, where: str, own: dict | None = None) -> LinearSpecs | None:
+    """LinearSpecs from resolved operand fields (None if nothing is quantized); ``own`` maps an
+    operand to the fields it set itself, so that errors in inherited fields name `defaults`."""
+    own = own or {}
+    specs = {name: (None if f is None else
+                    _spec_from_fields(f, f"{where}: field 'operands.{name}", own.get(name)))
+             for name, f in operand_fields.items()}
+    _check_rht_pairs(specs, where)
+    result = LinearSpecs.from_operands(specs)
+    return result if result.any_quantized else None
+
+
+def _check_rht_pairs(specs: dict, where: str) -> None:
+    for gemm, (a, b) in GEMMS.items():
+        ra = specs[a] is not None and specs[a].rht
+        rb = specs[b] is not None and specs[b].rht
+        if ra != rb:
+            raise RecipeError(f"{where}: field 'operands.{a}/{b}.rht': {ra}/{rb}: the RHT must be applied "
+                              f"to both operands of the {gemm} GEMM or to neither (it cancels only in pairs)")
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """Load and validate a recipe by name (``configs/recipes/<name>.yaml``) or path."""
+    path = recipe_path(name_or_path)
+    raw = _read(path)
+    e = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_schema()).iter_errors(raw))
+    if e is not None:
+        allowed = {
+            "enum": lambda: f"allowed: {e.validator_value}",
+            "additionalProperties": lambda: f"allowed fields: {sorted(e.schema.get('properties', {}))}",
+            "pattern": lambda: "a Python slice of layer indices such as '-4:' or '0:2', or one index such as '7'"
+            if _field_path(e).endswith("layers") else f"must match {e.validator_value}",
+            "required": lambda: f"missing required field(s): {e.validator_value}",
+        }.get(e.validator, lambda: e.message)()
+        value = e.instance if e.validator != "additionalProperties" else \
+            sorted(set(e.instance) - set(e.schema.get("properties", {})))
+        raise RecipeError(f"{path}: field '{_field_path(e)}': value {value!r}: {allowed}")
+    recipe = Recipe(name=raw["name"], path=str(path), description=raw.get("description", ""),
+                    defaults=raw["defaults"], operands=dict(raw.get("operands") or {}),
+                    overrides=tuple(raw.get("overrides") or ()))
+    _validate_semantics(recipe)
+    return recipe
+
+
+def _validate_semantics(recipe: Recipe) -> None:
+    """Resolve the base specs and each override on a nominal 64-layer model, so that a bad
+    format, block, target or RHT pairing fails at load time, not mid-run."""
+    for i, ov in enumerate(recipe.overrides):
+        try:
+            _layer_indices(ov["layers"], 1 << 20)
+        except IndexError:
+            raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers': value {ov['layers']!r}: "
+                              "not a valid layer index") from None
+    if isinstance(recipe.defaults, dict):
+        _spec_from_fields(recipe.defaults, f"{recipe.path}: field 'defaults")
+    own = {n: v for n, v in recipe.operands.items() if isinstance(v, dict)}
+    _build_specs(recipe.operand_fields(), recipe.path, own)
+    n = 64
+    for i, ov in enumerate(recipe.overrides):
+        layer = _layer_indices(ov["layers"], n)
+        for lin in ov.get("linears", [None]):
+            if len(layer):
+                _build_specs(recipe.operand_fields(layer[0], n, lin), f"{recipe.path}: overrides.{i}")

@@ -1,0 +1,1 @@
+"""JSON schemas validating configs before anything runs."""

@@ -1,0 +1,41 @@
+import json
+import subprocess
+import sys
+
+from fp4repro.cli import main
+
+
+def test_help_lists_subcommands(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    for cmd in ("formats", "recipe", "explain", "bench"):
+        assert cmd in out
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "fp4repro.cli", "--help"], capture_output=True, text=True, check=True)
+    assert "UE5M3" in out.stdout
+
+
+def test_recipe_show_and_error(capsys, tmp_path):
+    assert main(["recipe", "nvfp4", "--layers", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "layers 4-7 of 8" in out and "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ndefaults: {block: [3, 3]}\n")
+    assert main(["recipe", str(bad)]) == 2
+    assert "defaults.block" in capsys.readouterr().err
+
+
+def test_formats_and_explain(capsys):
+    assert main(["formats", "ue5m3"]) == 0
+    assert "114688" in capsys.readouterr().out
+    assert main(["explain", "--scale", "e4m3", "--amax", "0.05"]) == 0
+    assert "saturated blocks 1" in capsys.readouterr().out
+
+
+def test_bench_quant_writes_json(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "quant", "--size", "64", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 5 and all(r["median_s"] > 0 for r in rows)

@@ -1,0 +1,107 @@
+from pathlib import Path
+
+import pytest
+
+from fp4repro.quant import OPERANDS
+from fp4repro.recipes import RecipeError, available_recipes, load_recipe
+
+REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
+            "nvfp4_no_rht_no_bf16_tail"}
+
+
+def test_all_recipe_files_load():
+    assert REQUIRED <= set(available_recipes())
+    for name in available_recipes():
+        assert load_recipe(name).name == name
+
+
+def test_nvfp4_matches_the_recipe_table():
+    r = load_recipe("nvfp4")
+    s = r.linear_specs(0, 52)
+    assert s.fprop_x.block == (1, 16) and s.fprop_w.block == (16, 16) and s.dgrad_w.block == (16, 16)
+    assert [s[o].rounding for o in OPERANDS] == ["rne", "rne", "sr", "rne", "sr", "rne"]
+    assert [s[o].rht for o in OPERANDS] == [False] * 4 + [True, True]
+    assert all(s[o].scale == "e4m3" and s[o].target == 448 and s[o].tensor_scaling.kind == "current"
+               for o in OPERANDS)
+    assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # last 4 in BF16
+
+
+def test_ue5m3_quantizes_every_layer_with_periodic_scaling():
+    r = load_recipe("ue5m3")
+    for layer in (0, 25, 51):
+        s = r.linear_specs(layer, 52)
+        assert all(s[o].scale == "ue5m3" and s[o].tensor_scaling.kind == "periodic"
+                   and s[o].tensor_scaling.interval == 50 and not s[o].rht for o in OPERANDS)
+        assert [o for o in OPERANDS if s[o].rounding == "sr"] == ["dgrad.dy", "wgrad.dy"]
+    t = load_recipe("ue5m3_t2048").linear_specs(3, 52)
+    assert {o: t[o].target for o in OPERANDS} == {"fprop.x": 448, "fprop.w": 448, "dgrad.dy": 2048,
+                                                  "dgrad.w": 448, "wgrad.dy": 2048, "wgrad.x": 448}
+
+
+def test_ablations_change_only_what_they_say():
+    assert not load_recipe("nvfp4_no_rht").linear_specs(0, 8).wgrad_dy.rht
+    assert load_recipe("nvfp4_no_rht").linear_specs(7, 8) is None
+    assert load_recipe("nvfp4_no_bf16_tail").linear_specs(7, 8).wgrad_x.rht
+    both = load_recipe("nvfp4_no_rht_no_bf16_tail")
+    assert both.linear_specs(7, 8) is not None and not both.linear_specs(7, 8).wgrad_x.rht
+
+
+def test_mxfp4():
+    s = load_recipe("mxfp4").linear_specs(0, 4)
+    assert s.fprop_x.block == (1, 32) and s.fprop_x.scale == "ue8m0" and s.fprop_x.target is None
+
+
+def test_overrides_by_layer_range_and_linear(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\nbase: ue5m3\noverrides:\n"
+                 "  - {layers: '0:2', linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n"
+                 "  - {layers: '-1', defaults: bf16}\n")
+    r = load_recipe(p)
+    assert r.linear_specs(1, 10, "fc2").wgrad_dy.target == 2048
+    assert r.linear_specs(1, 10, "fc1").wgrad_dy.target == 448
+    assert r.linear_specs(2, 10, "fc2").wgrad_dy.target == 448
+    assert r.linear_specs(9, 10, "fc1") is None and r.linear_specs(8, 10, "fc1") is not None
+
+
+BAD = {
+    "unknown format": ("defaults: {element: e2m1, scale: e9m9}", "defaults.scale", "e9m9"),
+    "unsigned element": ("defaults: {element: ue5m3}", "defaults.element", "signed"),
+    "unsupported block": ("defaults: {block: [1, 8]}", "defaults.block", "[1, 16]"),
+    "T <= 0": ("defaults: {target: 0}", "defaults.target", "0 < T <= 448"),
+    "T above scale max": ("defaults: {scale: e4m3, target: 449}", "defaults.target", "0 < T <= 448"),
+    "T above ue5m3 max": ("defaults: {scale: ue5m3}\noperands: {dgrad.dy: {target: 200000}}",
+                          "operands.dgrad.dy.target", "114688"),
+    "unknown operand": ("defaults: {element: e2m1}\noperands: {fprop.z: bf16}", "operands", "fprop.z"),
+    "unknown field": ("defaults: {colour: red}", "defaults", "colour"),
+    "bad rounding": ("defaults: {rounding: nearest}", "defaults.rounding", "'sr'"),
+    "malformed override": ("defaults: {}\noverrides: [{layers: last4, defaults: bf16}]",
+                           "overrides.0.layers", "'-4:'"),
+    "override without layers": ("defaults: {}\noverrides: [{defaults: bf16}]", "overrides.0", "layers"),
+    "bad override value": ("defaults: {}\noverrides: [{layers: '0', operands: {wgrad.x: {block: [2, 2]}}}]",
+                           "overrides.0", "block"),
+    "unpaired RHT": ("defaults: {}\noperands: {wgrad.x: {rht: true}}", "rht", "both operands"),
+    "periodic without target": ("defaults: {target: null, tensor_scaling: periodic}", "tensor_scaling", "target"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_recipes_fail_with_file_field_value(tmp_path, case):
+    body, field, allowed = BAD[case]
+    p = tmp_path / "bad.yaml"
+    p.write_text(f"name: bad\n{body}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(p)
+    msg = str(err.value)
+    assert str(p) in msg and field in msg and allowed in msg, msg
+
+
+def test_missing_recipe_lists_available():
+    with pytest.raises(RecipeError, match="available: .*nvfp4"):
+        load_recipe("no_such_recipe")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        p = Path(__file__).parent / "__bad__.yaml"
+        try:
+            p.write_text("name: [unclosed\n")
+            load_recipe(p)
+        finally:
+            p.unlink()
