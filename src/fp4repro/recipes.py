@@ -14,7 +14,7 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/schemas/recipe
       - layers: "-4:"         # Python slice over layer indices; negatives count from the end
         defaults: bf16        # 'bf16' = whole layer unquantized; a dict edits its quantized operands
       - layers: "0:2"
-        linears: [fc2]
+        linears: [fc2]          # in_proj, out_proj (Mamba), qkv_proj, o_proj (attention), fc1, fc2
         operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
                                                # QuantSpec's defaults if it was bf16)
 

@@ -1,0 +1,56 @@
+"""mamba-ssm's Mamba-2 Triton kernels, when they can be used.
+
+mamba-ssm built with MAMBA_SKIP_CUDA_BUILD=TRUE is pure Python: its Mamba-2 kernels are Triton and
+run on any recent GPU, but the package's ``__init__`` imports ``selective_scan_cuda``, the compiled
+Mamba-1 scan, and so fails to import without it. Registering an empty module under that name lets
+the import succeed; only the Mamba-1 op, which this model never calls, would then fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+import types
+import warnings
+from typing import Callable, NamedTuple
+
+
+class MambaSSMKernels(NamedTuple):
+    chunk_scan_combined: Callable    # mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined
+    gated_rmsnorm: Callable          # mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn
+
+
+def register_selective_scan_stub() -> bool:
+    """Put an empty ``selective_scan_cuda`` module in sys.modules if the real one cannot be imported.
+
+    Returns True if the stub was registered. The real extension, when importable, is always left
+    in charge.
+    """
+    try:
+        importlib.import_module("selective_scan_cuda")
+        return False
+    except ImportError:
+        sys.modules["selective_scan_cuda"] = types.ModuleType(
+            "selective_scan_cuda", "Empty stand-in for mamba-ssm's Mamba-1 CUDA extension (not built).")
+        return True
+
+
+@functools.cache
+def load_mamba_ssm_kernels() -> MambaSSMKernels | None:
+    """The Triton SSD scan and gated RMSNorm of mamba-ssm, or None where mamba-ssm is not installed
+    or does not import (a warning says why in the latter case)."""
+    if importlib.util.find_spec("mamba_ssm") is None:
+        return None
+    stubbed = register_selective_scan_stub()
+    try:
+        from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as err:  # a broken install must not stop the torch fallback from running
+        if stubbed:
+            sys.modules.pop("selective_scan_cuda", None)
+        warnings.warn(f"mamba-ssm is installed but its Triton kernels do not import ({err!r}); "
+                      "using the torch SSD instead", RuntimeWarning, stacklevel=2)
+        return None
+    return MambaSSMKernels(chunk_scan_combined=mamba_chunk_scan_combined, gated_rmsnorm=rmsnorm_fn)

@@ -1,0 +1,183 @@
+"""Model configuration: one frozen dataclass, loaded from `configs/models/<name>.yaml`.
+
+The layer stack is a *hybrid pattern* string with one character per layer, as in Megatron's
+`hybrid_override_pattern`:
+
+    M   Mamba-2 mixer
+    *   grouped-query causal self-attention
+    -   squared-ReLU MLP
+
+Every layer is pre-norm residual: x + mixer(RMSNorm(x)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
+
+#: configs/models/ of the source tree (src/fp4repro/model/config.py -> repository root).
+MODEL_CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "models"
+
+
+class ModelConfigError(ValueError):
+    """A model config field is missing, unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Nemotron-H hybrid model.
+
+    Mamba-2 sizes follow mamba-ssm's Mamba2: d_inner = mamba_heads · mamba_head_dim, and B, C
+    each have mamba_groups · mamba_state_size channels (heads of one group share B and C).
+    Attention projects to attn_heads · attn_head_dim queries and attn_kv_heads · attn_head_dim
+    keys and values; each KV head serves attn_heads / attn_kv_heads query heads.
+    """
+
+    pattern: str
+    hidden_size: int
+    vocab_size: int
+    mlp_hidden_size: int
+    attn_heads: int
+    attn_kv_heads: int
+    attn_head_dim: int
+    mamba_heads: int
+    mamba_head_dim: int
+    mamba_state_size: int
+    mamba_groups: int
+    mamba_conv_kernel: int
+    mamba_chunk_size: int = 128
+    norm_eps: float = 1e-5
+    rope: bool = False
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ModelConfigError(f"model config {self.name!r}:\n  " + "\n  ".join(problems))
+
+    # Derived sizes -------------------------------------------------------------------------
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.pattern)
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """'mamba' | 'attention' | 'mlp' for each layer, in order."""
+        return tuple(LAYER_TYPES[c] for c in self.pattern)
+
+    @property
+    def mamba_d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of the depthwise conv: x, B and C (z and dt bypass it)."""
+        return self.mamba_d_inner + 2 * self.mamba_groups * self.mamba_state_size
+
+    @property
+    def mamba_in_proj_size(self) -> int:
+        """Output width of in_proj: [z (d_inner) | x (d_inner) | B (G·N) | C (G·N) | dt (heads)]."""
+        return 2 * self.mamba_d_inner + 2 * self.mamba_groups * self.mamba_state_size + self.mamba_heads
+
+    @property
+    def attn_qkv_size(self) -> int:
+        """Output width of the fused QKV projection: [Q (heads·d) | K (kv·d) | V (kv·d)]."""
+        return (self.attn_heads + 2 * self.attn_kv_heads) * self.attn_head_dim
+
+    # Validation -----------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Every reason this config is invalid, as 'field = value: allowed' lines (empty if valid)."""
+        out: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = _FIELD_TYPES[f.name]
+            if not _has_type(value, expected):
+                out.append(f"{f.name} = {value!r}: must be of type {expected.__name__}")
+        if out:
+            return out  # range checks below assume the types are right
+
+        bad = sorted(set(self.pattern) - set(LAYER_TYPES))
+        if not self.pattern or bad:
+            allowed = ", ".join(f"'{c}' ({t})" for c, t in LAYER_TYPES.items())
+            out.append(f"pattern = {self.pattern!r}: must be a non-empty string of {allowed}")
+        for name in ("hidden_size", "vocab_size", "mlp_hidden_size", "attn_heads", "attn_kv_heads",
+                     "attn_head_dim", "mamba_heads", "mamba_head_dim", "mamba_state_size",
+                     "mamba_groups", "mamba_conv_kernel", "mamba_chunk_size"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} = {getattr(self, name)}: must be >= 1")
+        for name in ("norm_eps", "rope_theta", "init_std"):
+            if not getattr(self, name) > 0:
+                out.append(f"{name} = {getattr(self, name)}: must be > 0")
+        if self.attn_kv_heads >= 1 and self.attn_heads % self.attn_kv_heads:
+            out.append(f"attn_kv_heads = {self.attn_kv_heads}: must divide attn_heads = {self.attn_heads}")
+        if self.mamba_groups >= 1 and self.mamba_heads % self.mamba_groups:
+            out.append(f"mamba_groups = {self.mamba_groups}: must divide mamba_heads = {self.mamba_heads}")
+        if self.rope and self.attn_head_dim % 2:
+            out.append(f"attn_head_dim = {self.attn_head_dim}: must be even when rope is true")
+        return out
+
+    # Loading --------------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], name: str | None = None) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ModelConfigError(f"model config {name!r}: expected a mapping, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        required = sorted(f.name for f in fields(cls)
+                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        unknown = sorted(set(data) - known)
+        missing = [k for k in required if k not in data]
+        problems = [f"{k}: unknown field" for k in unknown] + [f"{k}: missing (required)" for k in missing]
+        if problems:
+            problems.append(f"allowed fields: {', '.join(sorted(known))}")
+            raise ModelConfigError(f"model config {data.get('name', name)!r}:\n  " + "\n  ".join(problems))
+        if name is not None and "name" not in data:
+            data = {**data, "name": name}
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_FIELD_TYPES = {
+    "pattern": str, "name": str, "rope": bool,
+    "norm_eps": float, "rope_theta": float, "init_std": float,
+    **{f: int for f in ("hidden_size", "vocab_size", "mlp_hidden_size", "attn_heads", "attn_kv_heads",
+                        "attn_head_dim", "mamba_heads", "mamba_head_dim", "mamba_state_size",
+                        "mamba_groups", "mamba_conv_kernel", "mamba_chunk_size")},
+}
+
+
+def _has_type(value: Any, expected: type) -> bool:
+    # bool is a subclass of int in Python; a YAML `true` must not pass as a size.
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """Load a model config by name ("tiny", "small", "nemotron_h_8b") or from a YAML file path."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = MODEL_CONFIG_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in MODEL_CONFIG_DIR.glob("*.yaml"))
+        raise ModelConfigError(f"model config {str(name_or_path)!r}: no such file; "
+                               f"available names: {', '.join(available) or '(none)'}")
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    return ModelConfig.from_dict(data, name=path.stem)

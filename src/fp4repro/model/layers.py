@@ -1,0 +1,269 @@
+"""Building blocks of the Nemotron-H hybrid: norms, the three mixers, rotary embedding.
+
+Every internal linear is created by a `LinearFactory` (see nemotron_h.py), so that the same mixer
+code runs with plain nn.Linear or with the recipe's QuantLinear. Norms, the depthwise conv1d and
+the SSD scan are always computed in float32 (float64 for float64 inputs), whatever the input dtype
+or autocast setting: they are cheap, and their precision is not what the study varies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
+from fp4repro.model.config import ModelConfig
+from fp4repro.model.ssd import ssd_chunked
+
+#: (in_features, out_features, name within the mixer) -> a bias-free linear module
+LinearFactory = Callable[[int, int, str], nn.Module]
+
+
+def _float32_region(t: torch.Tensor):
+    """A context in which autocast is off, so that explicitly float32 ops stay float32."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+def _wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """t in float32, or kept in float64 if it already is."""
+    return t.to(_wide_dtype(t.dtype))
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · weight, computed in float32, returned in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with _float32_region(x):
+            x32 = _wide(x)
+            y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps) * _wide(self.weight)
+        return y.to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba-2's output norm, gate first (mamba-ssm RMSNormGated with norm_before_gate=False).
+
+        u = y · silu(z)
+        out = u / sqrt(mean_group(u²) + eps) · weight
+
+    The mean runs over groups of `group_size` consecutive channels (d_inner / n_groups, so that
+    the norm never mixes channels of different SSM groups). float32 inside, y's dtype out.
+    """
+
+    def __init__(self, dim: int, group_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.group_size = group_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        with _float32_region(y):
+            u = _wide(y) * F.silu(_wide(z))
+            grouped = u.unflatten(-1, (-1, self.group_size))
+            normed = grouped * torch.rsqrt(grouped.square().mean(-1, keepdim=True) + self.eps)
+            out = normed.flatten(-2) * _wide(self.weight)
+        return out.to(y.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2 mixer, parameter for parameter as mamba-ssm's Mamba2.
+
+        [z | xBC | dt] = in_proj(u)                     z: d_inner, xBC: d_inner + 2·G·N, dt: H
+        xBC = silu(causal_depthwise_conv1d(xBC))        kernel K, with bias
+        [x | B | C] = xBC
+        dt = softplus(dt + dt_bias);  A = −exp(A_log)   per head
+        y = SSD(x, dt, A, B, C) + D · x                 (see ssd.py)
+        out = out_proj(GatedRMSNorm(y, z))
+
+    Parameters: in_proj (d_model → 2·d_inner + 2·G·N + H), conv1d weight (C, 1, K) and bias (C)
+    with C = d_inner + 2·G·N, dt_bias, A_log and D (H each), norm weight (d_inner), out_proj
+    (d_inner → d_model). Linears have no bias.
+
+    On CUDA with mamba-ssm installed, the scan and the gated norm run as mamba-ssm's Triton
+    kernels (`use_triton_kernels = False` forces the torch path, e.g. to compare the two).
+    """
+
+    LINEARS = ("in_proj", "out_proj")
+
+    def __init__(self, config: ModelConfig, make_linear: LinearFactory):
+        super().__init__()
+        self.n_heads = config.mamba_heads
+        self.head_dim = config.mamba_head_dim
+        self.n_groups = config.mamba_groups
+        self.state_size = config.mamba_state_size
+        self.d_inner = config.mamba_d_inner
+        self.conv_dim = config.mamba_conv_dim
+        self.chunk_size = config.mamba_chunk_size
+        self.use_triton_kernels = True
+
+        self.in_proj = make_linear(config.hidden_size, config.mamba_in_proj_size, "in_proj")
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=config.mamba_conv_kernel,
+                                groups=self.conv_dim, padding=config.mamba_conv_kernel - 1, bias=True)
+        self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
+        self.A_log = nn.Parameter(torch.empty(self.n_heads))
+        self.D = nn.Parameter(torch.empty(self.n_heads))
+        self.norm = GatedRMSNorm(self.d_inner, group_size=self.d_inner // self.n_groups, eps=config.norm_eps)
+        self.out_proj = make_linear(self.d_inner, config.hidden_size, "out_proj")
+
+    @torch.no_grad()
+    def reset_parameters(self, init_std: float, out_std: float, dt_min: float = 1e-3, dt_max: float = 0.1,
+                         dt_floor: float = 1e-4, A_range: tuple[float, float] = (1.0, 16.0)) -> None:
+        """mamba-ssm's initialization of the SSM parameters; Megatron-style normal linears.
+
+        dt ~ exp(U(log dt_min, log dt_max)) clamped to >= dt_floor; dt_bias = softplus⁻¹(dt)
+        = dt + log(1 − exp(−dt)), so that softplus(0 + dt_bias) starts at dt.
+        A ~ U(A_range), stored as A_log = log A. D = 1.
+        """
+        nn.init.normal_(self.in_proj.weight, std=init_std)
+        nn.init.normal_(self.out_proj.weight, std=out_std)
+        self.conv1d.reset_parameters()
+        device = self.dt_bias.device
+        log_dt = torch.rand(self.n_heads, device=device) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+        dt = torch.exp(log_dt).clamp(min=dt_floor)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log.copy_(torch.log(torch.empty(self.n_heads, device=device).uniform_(*A_range)))
+        self.D.fill_(1.0)
+        self.norm.reset_parameters()
+
+    def _conv(self, xBC: torch.Tensor) -> torch.Tensor:
+        """silu(causal depthwise conv1d) over time, in float32: (b, l, C) -> (b, l, C) in xBC's dtype.
+
+        padding = K − 1 on both sides, keeping the first l outputs, makes output t depend on inputs
+        t−K+1 … t only.
+        """
+        length = xBC.shape[1]
+        with _float32_region(xBC):
+            out = F.conv1d(_wide(xBC).transpose(1, 2), _wide(self.conv1d.weight), _wide(self.conv1d.bias),
+                           padding=self.conv1d.padding, groups=self.conv_dim)[..., :length]
+            out = F.silu(out).transpose(1, 2)
+        return out.to(xBC.dtype)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = u.shape
+        zxbcdt = self.in_proj(u)
+        z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.n_heads], dim=-1)
+        xBC = self._conv(xBC)
+        x, B, C = torch.split(xBC, [self.d_inner, self.n_groups * self.state_size,
+                                    self.n_groups * self.state_size], dim=-1)
+        x = x.unflatten(-1, (self.n_heads, self.head_dim))
+        B = B.unflatten(-1, (self.n_groups, self.state_size))
+        C = C.unflatten(-1, (self.n_groups, self.state_size))
+        A = -torch.exp(_wide(self.A_log))
+
+        kernels = load_mamba_ssm_kernels() if (u.is_cuda and self.use_triton_kernels) else None
+        if kernels is not None:
+            y = kernels.chunk_scan_combined(x, dt, A, B, C, self.chunk_size, D=self.D,
+                                            dt_bias=self.dt_bias, dt_softplus=True)
+            y = kernels.gated_rmsnorm(y.flatten(-2), self.norm.weight, None, z=z, eps=self.norm.eps,
+                                      group_size=self.norm.group_size, norm_before_gate=False)
+        else:
+            with _float32_region(u):
+                dt = F.softplus(_wide(dt) + _wide(self.dt_bias))
+            y, _ = ssd_chunked(x, dt, A, B, C, self.chunk_size, D=self.D)
+            y = self.norm(y.flatten(-2), z)
+        return self.out_proj(y)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding, rotate-half layout (GPT-NeoX / Megatron default).
+
+    For head dims split into halves (a, b) and frequencies f_i = theta^(−2i/d), position t:
+        (a, b) -> (a·cos(t·f) − b·sin(t·f), b·cos(t·f) + a·sin(t·f)).
+    q, k: (batch, heads, time, head_dim); computed in float32 (float64 for float64 inputs),
+    returned in the inputs' dtype.
+    """
+    head_dim, length = q.shape[-1], q.shape[-2]
+    dtype = _wide_dtype(q.dtype)
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=q.device, dtype=dtype) / head_dim)
+    angles = torch.arange(length, device=q.device, dtype=dtype)[:, None] * inv_freq
+    cos, sin = angles.cos(), angles.sin()
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        a, b = _wide(t).chunk(2, dim=-1)
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(t.dtype)
+
+    with _float32_region(q):
+        return rotate(q), rotate(k)
+
+
+class CausalSelfAttention(nn.Module):
+    """Grouped-query causal self-attention (no position embedding unless config.rope).
+
+        [Q | K | V] = qkv_proj(x)          one fused linear: H·d | H_kv·d | H_kv·d
+        y = softmax(Q·Kᵀ / sqrt(d) + causal mask) · V      (PyTorch SDPA; each KV head serves H/H_kv
+                                                            query heads)
+        out = o_proj(y)
+    """
+
+    LINEARS = ("qkv_proj", "o_proj")
+
+    def __init__(self, config: ModelConfig, make_linear: LinearFactory):
+        super().__init__()
+        self.n_heads = config.attn_heads
+        self.n_kv_heads = config.attn_kv_heads
+        self.head_dim = config.attn_head_dim
+        self.rope_theta = config.rope_theta if config.rope else None
+        self.qkv_proj = make_linear(config.hidden_size, config.attn_qkv_size, "qkv_proj")
+        self.o_proj = make_linear(self.n_heads * self.head_dim, config.hidden_size, "o_proj")
+
+    @torch.no_grad()
+    def reset_parameters(self, init_std: float, out_std: float) -> None:
+        nn.init.normal_(self.qkv_proj.weight, std=init_std)
+        nn.init.normal_(self.o_proj.weight, std=out_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = torch.split(self.qkv_proj(x), [self.n_heads * self.head_dim,
+                                                 self.n_kv_heads * self.head_dim,
+                                                 self.n_kv_heads * self.head_dim], dim=-1)
+        q = q.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)      # (b, H, t, d)
+        k = k.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)   # (b, H_kv, t, d)
+        v = v.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        if self.rope_theta is not None:
+            q, k = apply_rope(q, k, self.rope_theta)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        return self.o_proj(y.transpose(1, 2).flatten(-2))
+
+
+class SquaredReLUMLP(nn.Module):
+    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP)."""
+
+    LINEARS = ("fc1", "fc2")
+
+    def __init__(self, config: ModelConfig, make_linear: LinearFactory):
+        super().__init__()
+        self.fc1 = make_linear(config.hidden_size, config.mlp_hidden_size, "fc1")
+        self.fc2 = make_linear(config.mlp_hidden_size, config.hidden_size, "fc2")
+
+    @torch.no_grad()
+    def reset_parameters(self, init_std: float, out_std: float) -> None:
+        nn.init.normal_(self.fc1.weight, std=init_std)
+        nn.init.normal_(self.fc2.weight, std=out_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x)).square())
+
+
+MIXERS: dict[str, type[nn.Module]] = {"mamba": Mamba2Mixer, "attention": CausalSelfAttention,
+                                      "mlp": SquaredReLUMLP}

@@ -1,0 +1,134 @@
+"""The Nemotron-H hybrid language model in plain PyTorch: the reference model of fp4repro.
+
+    h_0   = embedding(tokens)
+    h_i   = h_{i−1} + mixer_i(RMSNorm_i(h_{i−1}))        mixer_i: Mamba-2, attention or MLP
+    logits = lm_head(RMSNorm(h_L))                         untied from the embedding
+
+Every internal linear (Mamba in_proj/out_proj, attention qkv_proj/o_proj, MLP fc1/fc2) is a
+QuantLinear under the run's recipe, with the specs that
+`recipe.linear_specs(layer, n_layers, linear=name)` gives it (None: BF16). The embedding and the
+LM head are never quantized. Without a recipe every linear is a plain nn.Linear; both kinds have
+the same parameters and state_dict keys.
+
+Parameters are created in the default dtype (FP32 master weights). For BF16 compute, run forward
+under `torch.autocast(device_type, dtype=torch.bfloat16)`: the embedding, the LM head and every
+unquantized linear then run as BF16 GEMMs, while norms, conv1d and the SSD scan stay in FP32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+import torch.nn as nn
+
+from fp4repro.model.config import ModelConfig
+from fp4repro.model.layers import MIXERS, LinearFactory, RMSNorm
+from fp4repro.quant.spec import OPERANDS
+
+if TYPE_CHECKING:
+    from fp4repro.quant import QuantState
+    from fp4repro.recipes import Recipe
+
+def _linear_factory(layer_index: int, n_layers: int, recipe: "Recipe | None",
+                    state: "QuantState | None") -> LinearFactory:
+    """The constructor of the internal linears of one layer."""
+    if recipe is None:
+        return lambda in_features, out_features, name: nn.Linear(in_features, out_features, bias=False)
+
+    from fp4repro.quant import QuantLinear
+
+    def make(in_features: int, out_features: int, name: str) -> nn.Module:
+        # A recipe may override single linears by name (in_proj, out_proj, qkv_proj, o_proj, fc1, fc2).
+        return QuantLinear(in_features, out_features, bias=False,
+                           specs=recipe.linear_specs(layer_index, n_layers, linear=name), state=state,
+                           name=f"layers.{layer_index}.mixer.{name}")
+    return make
+
+
+class HybridLayer(nn.Module):
+    """One pre-norm residual layer: x + mixer(RMSNorm(x))."""
+
+    def __init__(self, config: ModelConfig, layer_type: str, make_linear: LinearFactory):
+        super().__init__()
+        self.layer_type = layer_type
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mixer = MIXERS[layer_type](config, make_linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mixer(self.norm(x))
+
+
+class NemotronH(nn.Module):
+    """Nemotron-H hybrid (Mamba-2 + attention + MLP) decoder.
+
+    config:  model shape (see ModelConfig)
+    recipe:  quantization recipe for the internal linears; None builds plain nn.Linear everywhere
+    state:   the QuantState shared by all QuantLinears (held amaxes, telemetry); created if a recipe
+             is given without one
+    """
+
+    def __init__(self, config: ModelConfig, recipe: "Recipe | None" = None,
+                 state: "QuantState | None" = None):
+        super().__init__()
+        if recipe is not None and state is None:
+            from fp4repro.quant import QuantState
+            state = QuantState()
+        self.config = config
+        self.recipe = recipe
+        self.quant_state = state
+
+        n_layers = config.n_layers
+        self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            HybridLayer(config, layer_type, _linear_factory(i, n_layers, recipe, state))
+            for i, layer_type in enumerate(config.layer_types))
+        self.final_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Megatron-style init: N(0, σ) for embedding, LM head and input-side linears, and
+        N(0, σ / sqrt(2·n_layers)) for the linears that write into the residual stream (so that
+        its variance does not grow with depth); mamba-ssm's init for the SSM parameters."""
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers)
+        nn.init.normal_(self.embedding.weight, std=std)
+        nn.init.normal_(self.lm_head.weight, std=std)
+        for layer in self.layers:
+            layer.norm.reset_parameters()
+            layer.mixer.reset_parameters(std, out_std)
+        self.final_norm.reset_parameters()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: int64 (batch, time) -> logits (batch, time, vocab_size)."""
+        x = self.embedding(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.final_norm(x))
+
+    # Introspection ------------------------------------------------------------------------------
+
+    def linears(self) -> Iterator[tuple[str, nn.Module]]:
+        """(qualified name, module) of every linear: the internal ones in layer order, then lm_head."""
+        for i, layer in enumerate(self.layers):
+            for name in layer.mixer.LINEARS:
+                yield f"layers.{i}.mixer.{name}", getattr(layer.mixer, name)
+        yield "lm_head", self.lm_head
+
+    def describe(self) -> dict[str, dict[str, str]]:
+        """For each linear, the spec summary of each GEMM operand ("bf16" where unquantized)."""
+        out = {}
+        for name, module in self.linears():
+            describe = getattr(module, "describe", None)
+            out[name] = dict(describe()) if callable(describe) else {op: "bf16" for op in OPERANDS}
+        return out
+
+    def num_parameters(self, include_embeddings: bool = True) -> int:
+        """Number of parameters; without embeddings, the embedding and LM head are left out."""
+        total = sum(p.numel() for p in self.parameters())
+        if not include_embeddings:
+            total -= self.embedding.weight.numel() + self.lm_head.weight.numel()
+        return total

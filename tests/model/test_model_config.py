@@ -1,0 +1,91 @@
+import pytest
+import torch
+import yaml
+
+from fp4repro.model import ModelConfig, ModelConfigError, NemotronH, load_model_config
+from fp4repro.model.config import MODEL_CONFIG_DIR
+
+
+def count_on_meta(config: ModelConfig, **kwargs) -> int:
+    with torch.device("meta"):
+        return NemotronH(config).num_parameters(**kwargs)
+
+
+def test_nemotron_h_8b_parameter_count_is_exact():
+    config = load_model_config("nemotron_h_8b")
+    assert config.n_layers == 52
+    assert (config.pattern.count("M"), config.pattern.count("*"), config.pattern.count("-")) == (24, 4, 24)
+    assert count_on_meta(config) == 8_100_852_736
+
+
+def test_small_and_tiny_sizes_and_layer_mix():
+    small, tiny = load_model_config("small"), load_model_config("tiny")
+    assert 100e6 <= count_on_meta(small) <= 150e6
+    assert 0.8e6 <= count_on_meta(tiny) <= 1.3e6
+    assert 1500 <= tiny.vocab_size <= 4096
+    for config in (small, tiny):
+        assert set(config.pattern) == {"M", "*", "-"}
+
+
+def test_parameter_count_formula(make_config):
+    """Count of one layer of each type, term by term, against the built modules."""
+    c = make_config(pattern="M*-")
+    d, di, g, n, h, k = c.hidden_size, c.mamba_d_inner, c.mamba_groups, c.mamba_state_size, c.mamba_heads, \
+        c.mamba_conv_kernel
+    conv_dim = di + 2 * g * n
+    mamba = d * (2 * di + 2 * g * n + h) + conv_dim * k + conv_dim + 3 * h + di + di * d
+    attention = d * (c.attn_heads + 2 * c.attn_kv_heads) * c.attn_head_dim + c.attn_heads * c.attn_head_dim * d
+    mlp = 2 * d * c.mlp_hidden_size
+    norms = 3 * d + d
+    embeddings = 2 * c.vocab_size * d
+    model = NemotronH(c)
+    assert model.num_parameters(include_embeddings=False) == mamba + attention + mlp + norms
+    assert model.num_parameters() == mamba + attention + mlp + norms + embeddings
+
+
+def test_mamba_state_dict_keys_follow_mamba_ssm(make_config):
+    model = NemotronH(make_config(pattern="M"))
+    keys = {k.removeprefix("layers.0.mixer.") for k in model.state_dict() if k.startswith("layers.0.mixer.")}
+    assert keys == {"in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
+                    "norm.weight", "out_proj.weight"}
+
+
+@pytest.mark.parametrize("name", ["nemotron_h_8b", "small", "tiny"])
+def test_shipped_configs_round_trip(name):
+    config = load_model_config(name)
+    assert config.name == name
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    assert load_model_config(MODEL_CONFIG_DIR / f"{name}.yaml") == config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(pattern="M-X*"), "pattern = 'M-X*'"),
+    (dict(pattern=""), "pattern = ''"),
+    (dict(attn_kv_heads=3), "attn_kv_heads = 3: must divide attn_heads = 4"),
+    (dict(mamba_groups=3), "mamba_groups = 3: must divide mamba_heads = 8"),
+    (dict(hidden_size=0), "hidden_size = 0: must be >= 1"),
+    (dict(hidden_size=True), "hidden_size = True: must be of type int"),
+    (dict(norm_eps="1e-5"), "norm_eps = '1e-5': must be of type float"),
+    (dict(rope=True, attn_head_dim=7), "attn_head_dim = 7: must be even when rope is true"),
+])
+def test_invalid_values_name_field_value_and_rule(make_config, overrides, message):
+    with pytest.raises(ModelConfigError, match=message.replace("*", r"\*")):
+        make_config(**overrides)
+
+
+def test_unknown_and_missing_fields_list_allowed_fields(tmp_path):
+    data = yaml.safe_load((MODEL_CONFIG_DIR / "tiny.yaml").read_text())
+    data["hiden_size"] = data.pop("hidden_size")
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ModelConfigError) as err:
+        load_model_config(path)
+    text = str(err.value)
+    assert "hiden_size: unknown field" in text
+    assert "hidden_size: missing (required)" in text
+    assert "allowed fields:" in text
+
+
+def test_unknown_name_lists_available_configs():
+    with pytest.raises(ModelConfigError, match="available names: .*tiny"):
+        load_model_config("no_such_model")

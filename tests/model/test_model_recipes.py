@@ -1,0 +1,92 @@
+"""Which operands of which linears each recipe quantizes, as the model builds them."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fp4repro.model import OPERANDS, NemotronH, load_model_config
+
+import fp4repro.quant as quant
+import fp4repro.recipes as recipes
+
+INTERNAL = ("in_proj", "out_proj", "qkv_proj", "o_proj", "fc1", "fc2")
+
+
+def build(recipe_name: str, config_name: str = "tiny", device: str = "cpu") -> NemotronH:
+    with torch.device(device):
+        return NemotronH(load_model_config(config_name), recipes.load_recipe(recipe_name))
+
+
+def quantized_operands(model: NemotronH) -> dict[str, set[str]]:
+    return {name: {op for op, spec in ops.items() if spec != "bf16"} for name, ops in model.describe().items()}
+
+
+def assert_embedding_and_lm_head_plain(model: NemotronH) -> None:
+    assert type(model.embedding) is nn.Embedding
+    assert type(model.lm_head) is nn.Linear
+    assert model.describe()["lm_head"] == {op: "bf16" for op in OPERANDS}
+
+
+def test_recipe_schema_knows_every_linear_name():
+    import json
+    from importlib import resources
+
+    schema = json.loads(resources.files("fp4repro.schemas").joinpath("recipe.schema.json").read_text())
+    allowed = schema["properties"]["overrides"]["items"]["properties"]["linears"]["items"]["enum"]
+    assert set(allowed) == set(INTERNAL)
+
+
+def test_every_internal_linear_is_a_quant_linear_sharing_one_state():
+    model = build("ue5m3")
+    internal = [(name, m) for name, m in model.linears() if name != "lm_head"]
+    assert {name.rsplit(".", 1)[1] for name, _ in internal} == set(INTERNAL)
+    assert all(isinstance(m, quant.QuantLinear) and m.name == name for name, m in internal)
+    assert all(m.state is model.quant_state for _, m in internal)
+    assert isinstance(model.quant_state, quant.QuantState)
+
+
+def test_bf16_quantizes_nothing_and_matches_the_plain_model():
+    model = build("bf16")
+    assert all(not ops for ops in quantized_operands(model).values())
+    assert_embedding_and_lm_head_plain(model)
+    plain = NemotronH(model.config)
+    plain.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, model.config.vocab_size, (2, 16))
+    torch.testing.assert_close(model(tokens), plain(tokens), rtol=0, atol=0)
+
+
+def test_nvfp4_quantizes_all_operands_except_in_its_bf16_final_layers():
+    model = build("nvfp4", "small", device="meta")
+    recipe, n = model.recipe, model.config.n_layers
+    described = quantized_operands(model)
+    exempt = [i for i in range(n) if recipe.linear_specs(i, n) is None]
+    assert exempt and exempt == list(range(n - len(exempt), n))  # a tail of the network
+    for name, ops in described.items():
+        if name == "lm_head":
+            continue
+        layer = int(name.split(".")[1])
+        assert ops == (set() if layer in exempt else set(OPERANDS)), name
+    assert_embedding_and_lm_head_plain(model)
+    # The RHT sits on the wgrad operands only.
+    first = model.describe()["layers.0.mixer.in_proj"]
+    assert [op for op in OPERANDS if "RHT" in first[op]] == ["wgrad.dy", "wgrad.x"]
+
+
+def test_ue5m3_quantizes_every_operand_of_every_internal_linear():
+    model = build("ue5m3", "small", device="meta")
+    for name, ops in quantized_operands(model).items():
+        assert ops == (set() if name == "lm_head" else set(OPERANDS)), name
+    assert_embedding_and_lm_head_plain(model)
+    assert all("ue5m3" in spec for name, ops in model.describe().items() if name != "lm_head"
+               for spec in ops.values())
+
+
+def test_quantized_tiny_model_trains_on_cpu():
+    model = build("ue5m3")
+    tokens = torch.randint(0, model.config.vocab_size, (2, 33))
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
