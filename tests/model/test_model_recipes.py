@@ -90,3 +90,20 @@ def test_quantized_tiny_model_trains_on_cpu():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3", "mxfp4"])
+def test_fp4_training_step_on_cuda_under_bf16_autocast(recipe):
+    torch.manual_seed(0)
+    model = build(recipe, device="cuda")
+    tokens = torch.randint(0, model.config.vocab_size, (2, 65), device="cuda")
+    model.quant_state.telemetry = True
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    rows = model.quant_state.pop_telemetry()
+    assert rows and {r["operand"] for r in rows} == set(OPERANDS)
