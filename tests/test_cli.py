@@ -39,3 +39,12 @@ def test_bench_quant_writes_json(tmp_path, capsys):
     assert main(["bench", "quant", "--size", "64", "--repeats", "1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 5 and all(r["median_s"] > 0 for r in rows)
+
+
+def test_model_command_counts_8b_and_lists_specs(capsys):
+    assert main(["model", "nemotron_h_8b"]) == 0
+    assert "8,100,852,736" in capsys.readouterr().out
+    assert main(["model", "tiny", "--recipe", "ue5m3"]) == 0
+    out = capsys.readouterr().out
+    assert "layers.3.mixer.o_proj" in out and "wgrad.dy=e2m1/ue5m3 1x16 T=448 SR periodic(50)" in out
+    assert "lm_head                  all operands bf16" in out

@@ -52,6 +52,31 @@ def _cmd_recipe(args) -> int:
     return 0
 
 
+def _cmd_model(args) -> int:
+    import torch
+
+    from fp4repro.model import NemotronH, load_model_config
+    from fp4repro.recipes import load_recipe
+
+    config = load_model_config(args.config)
+    recipe = load_recipe(args.recipe) if args.recipe else None
+    with torch.device("meta"):  # shapes only: the 8B model costs no memory
+        model = NemotronH(config, recipe)
+    print(f"{args.config}: {config.n_layers} layers, pattern {config.pattern}")
+    print(f"parameters: {model.num_parameters():,} "
+          f"({model.num_parameters(include_embeddings=False):,} without embedding and LM head)")
+    if recipe is None:
+        return 0
+    print(f"recipe {recipe.name}: operand specs per linear")
+    described = model.describe()
+    width = max(len(name) for name in described)
+    for name, ops in described.items():
+        cells = "  ".join(f"{op}={spec}" for op, spec in ops.items()) if len(set(ops.values())) > 1 \
+            else f"all operands {next(iter(ops.values()))}"
+        print(f"  {name:{width}}  {cells}")
+    return 0
+
+
 def _cmd_explain(args) -> int:
     import torch
 
@@ -111,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("recipe", nargs="?", help="recipe name or path to a YAML file")
     r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
     r.set_defaults(func=_cmd_recipe)
+
+    m = sub.add_parser("model", help="show a model config's size and, with a recipe, each linear's numerics",
+                       description="Build a model config (name in configs/models/ or a YAML path) on the meta "
+                                   "device, print its parameter count and, with --recipe, the spec of every "
+                                   "GEMM operand of every linear (embedding and LM head are always BF16).")
+    m.add_argument("config", help="model config name (tiny, small, nemotron_h_8b) or path")
+    m.add_argument("--recipe", help="recipe name or path")
+    m.set_defaults(func=_cmd_model)
 
     e = sub.add_parser("explain", help="walk two 16-element blocks through the two-level quantizer",
                        description="Quantize one ordinary and one 1000x smaller block of 16 random values and "
