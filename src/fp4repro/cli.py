@@ -89,7 +89,7 @@ def _cmd_explain(args) -> int:
     x = (torch.randn(2, 16) * torch.tensor([[1.0], [1e-3]])).round(decimals=5)
     amax = torch.tensor(args.amax) if args.amax is not None else None
     bq = quantize(x, spec, amax=amax, stats=True)
-    g = global_encode_scale(bq.amax, get_format(spec.element), spec.target)
+    g = global_encode_scale(bq.amax, get_format(spec.element).max, spec.target)
     torch.set_printoptions(precision=5, linewidth=110, sci_mode=False)
     print(f"spec: {spec}")
     print(f"A = {float(bq.amax):.6g} ({'held' if amax is not None else 'current'} amax)")
@@ -107,9 +107,21 @@ def _cmd_explain(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    if args.what == "kernels":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("fp4repro bench kernels: needs a CUDA device", file=sys.stderr)
+            return 2
+        from fp4repro.bench.kernels import print_table, run
+
+        out = Path(args.out or "results/bench/kernels.json")
+        print_table(run(out=out))
+        print(f"wrote {out}")
     if args.what == "quant":
         from fp4repro.bench.quant_cpu import run
 
+        args.out = args.out or "results/bench/quant_cpu.json"
         rows = run(size=args.size, repeats=args.repeats, out=Path(args.out))
         print(f"{'spec':28} {'shape':>11} {'median s':>9} {'Melem/s':>8}")
         for r in rows:
@@ -156,11 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",
                        description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
-                                   "reference on this machine's CPU, per recipe spec.")
-    b.add_argument("what", choices=["quant"])
+                                   "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
+                                   "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
+                                   "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
+                                   "against BF16 F.linear for 8192x4096x4096 (default output "
+                                   "results/bench/kernels.json).")
+    b.add_argument("what", choices=["quant", "kernels"])
     b.add_argument("--size", type=int, default=4096)
     b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--out", default="results/bench/quant_cpu.json")
+    b.add_argument("--out", default=None, help="JSON output (default results/bench/quant_cpu.json or kernels.json)")
     b.set_defaults(func=_cmd_bench)
     return p
 

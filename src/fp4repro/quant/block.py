@@ -46,8 +46,9 @@ class OperandStats:
     underflow_blocks: int     # non-zero block whose scale flushed to zero
     nonzero_elements: int
     zeroed_elements: int      # non-zero elements quantized to zero
-    sq_error: float           # sum of (x̂ - x)², over finite elements
-    sq_norm: float            # sum of x², over finite elements
+    nonfinite_blocks: int     # blocks holding NaN/Inf (they dequantize to NaN)
+    sq_error: float           # sum of (x̂ - x)² over the finite blocks
+    sq_norm: float            # sum of x² over the finite blocks
     amax_ratio: float         # held amax / current amax (1.0 under current scaling)
 
     @property
@@ -110,16 +111,20 @@ def _rows_cols(shape: torch.Size) -> tuple[int, int]:
     return rows, cols
 
 
-def pad_to_blocks(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """x as a float32 2-D (rows, cols) view, zero-padded so blocks (and RHT groups) divide it."""
-    rows, cols = _rows_cols(x.shape)
-    x2d = x.reshape(rows, cols).to(torch.float32)
+def padded_shape(rows: int, cols: int, spec: QuantSpec) -> tuple[int, int]:
+    """(rows, cols) rounded up to whole blocks (and to whole 16-groups along cols for the RHT)."""
     block_rows, block_cols = spec.block
     col_multiple = max(block_cols, RHT_SIZE) if spec.rht else block_cols
-    pad_cols = -cols % col_multiple
-    pad_rows = -rows % block_rows
-    if pad_cols or pad_rows:
-        x2d = torch.nn.functional.pad(x2d, (0, pad_cols, 0, pad_rows))
+    return rows + -rows % block_rows, cols + -cols % col_multiple
+
+
+def pad_to_blocks(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """x as a float32 2-D (rows, cols) view, zero-padded to ``padded_shape``."""
+    rows, cols = _rows_cols(x.shape)
+    x2d = x.reshape(rows, cols).to(torch.float32)
+    rows_p, cols_p = padded_shape(rows, cols, spec)
+    if (rows_p, cols_p) != (rows, cols):
+        x2d = torch.nn.functional.pad(x2d, (0, cols_p - cols, 0, rows_p - rows))
     return x2d
 
 
@@ -144,12 +149,12 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return a.amax() if a.numel() else torch.zeros((), device=x.device)
 
 
-def global_encode_scale(amax: torch.Tensor, element: Minifloat, target: float | None) -> torch.Tensor:
+def global_encode_scale(amax: torch.Tensor, emax: float, target: float | None) -> torch.Tensor:
     """g = min(Emax·T / A, FLT_MAX), float32 scalar; g = 1 when A == 0 or there is no target."""
     amax = amax.to(torch.float32)
     if target is None:
         return torch.ones((), device=amax.device)
-    g = torch.clamp(torch.tensor(element.max * float(target), dtype=torch.float32, device=amax.device) / amax,
+    g = torch.clamp(torch.full((), emax * float(target), dtype=torch.float32, device=amax.device) / amax,
                     max=FLT_MAX)
     return torch.where(amax == 0, torch.ones_like(g), g)
 
@@ -211,7 +216,7 @@ def _quantize_blocks(x, spec, amax, generator, rand) -> _Blocks:
         x2d = rht(x2d)
     current = tensor_amax(x2d)
     held = current if amax is None else torch.as_tensor(amax, dtype=torch.float32, device=x2d.device)
-    g = global_encode_scale(held, element, spec.target)
+    g = global_encode_scale(held, element.max, spec.target)
     d = torch.reciprocal(g)
     xb = to_blocks(x2d, spec.block)
     block_amax = xb.abs().amax(dim=-1)
@@ -236,6 +241,13 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
     element, scale = get_format(spec.element), get_format(spec.scale)
     if element.bits != 4:
         raise ValueError(f"packed codes need a 4-bit element format, got {spec.element!r}")
+    if _kernel_path(x, generator, rand):
+        from fp4repro.kernels import quantize_2d
+
+        k = quantize_2d(x.reshape(_rows_cols(x.shape)), spec, amax=amax, write_qs=False, codes=True, stats=stats)
+        return BlockQuantized(codes=k["codes"], scale_codes=k["scale_codes"], decode_scale=k["decode_scale"],
+                              amax=k["amax"], spec=spec, shape=x.shape,
+                              stats=_kernel_stats(k, x, spec, amax) if stats else None)
     b = _quantize_blocks(x, spec, amax, generator, rand)
     out = BlockQuantized(
         codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))), scale_codes=scale.encode(b.s),
@@ -253,10 +265,40 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
 
     Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
     """
+    if _kernel_path(x, generator, rand):
+        from fp4repro.kernels import quantize_2d
+
+        rows, cols = _rows_cols(x.shape)
+        k = quantize_2d(x.reshape(rows, cols), spec, amax=amax, stats=stats)
+        return k["qs"], k["decode_scale"], k["amax"], (_kernel_stats(k, x, spec, amax) if stats else None)
     b = _quantize_blocks(x, spec, amax, generator, rand)
     rows, cols = _rows_cols(x.shape)
     qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
     return qs, b.d, b.held, (_operand_stats(b, spec.block) if stats else None)
+
+
+def _kernel_path(x: torch.Tensor, generator, rand) -> bool:
+    """CUDA tensors go to the Triton kernels (``fp4repro.kernels``), unless the caller supplies
+    its own random source or the reference is forced (``fp4repro.kernels.reference_only``)."""
+    if not x.is_cuda or generator is not None or rand is not None:
+        return False
+    from fp4repro.kernels import use_kernels
+
+    return use_kernels(x)
+
+
+def _kernel_stats(k: dict, x: torch.Tensor, spec: QuantSpec, held) -> OperandStats:
+    from fp4repro.kernels import tensor_amax as kernel_amax
+
+    counts, sums = k["counts"].tolist(), k["sums"].tolist()
+    ratio = 1.0
+    if held is not None:
+        current = float(kernel_amax(x.reshape(_rows_cols(x.shape)), spec))
+        ratio = float(held) / current if current > 0 else 1.0
+    return OperandStats(blocks=k["blocks"], saturated_blocks=counts[0], underflow_blocks=counts[1],
+                        nonzero_elements=counts[2], zeroed_elements=counts[3], nonfinite_blocks=counts[4],
+                        sq_error=sums[0],
+                        sq_norm=sums[1], amax_ratio=ratio)
 
 
 def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
@@ -270,10 +312,12 @@ def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | f
 def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
     xb = to_blocks(b.x2d, block)
     finite = torch.isfinite(xb)
+    finite_block = torch.isfinite(b.block_amax)
     zero = torch.zeros((), device=xb.device)
     xhat = b.q * b.s.unsqueeze(-1) * b.d
-    err = torch.where(finite, xhat - xb, zero).double()
-    ref = torch.where(finite, xb, zero).double()
+    in_sum = finite_block.unsqueeze(-1)
+    err = torch.where(in_sum, xhat.double() - xb.double(), zero.double())  # exact difference
+    ref = torch.where(in_sum, xb, zero).double()
     nonzero = finite & (xb != 0)
     return OperandStats(
         blocks=int(b.block_amax.numel()),
@@ -281,6 +325,7 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
         underflow_blocks=int(((b.block_amax > 0) & torch.isfinite(b.block_amax) & (b.s == 0)).sum()),
         nonzero_elements=int(nonzero.sum()),
         zeroed_elements=int((nonzero & (b.q == 0)).sum()),
+        nonfinite_blocks=int((~finite_block).sum()),
         sq_error=float((err * err).sum()),
         sq_norm=float((ref * ref).sum()),
         amax_ratio=float(b.held / b.current) if float(b.current) > 0 else 1.0,

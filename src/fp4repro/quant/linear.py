@@ -63,9 +63,14 @@ def emulated_gemm(a: torch.Tensor, da: torch.Tensor | None, b: torch.Tensor, db:
     for d in (da, db):
         if d is not None:
             alpha = d if alpha is None else alpha * d
-    if alpha is not None:
-        acc = acc * alpha
-    return acc.to(out_dtype)
+    if alpha is None:
+        return acc.to(out_dtype)
+    if acc.is_cuda:
+        from fp4repro.kernels import available, scale_cast
+
+        if available():
+            return scale_cast(acc, alpha, out_dtype)
+    return (acc * alpha).to(out_dtype)
 
 
 class _QuantLinearFunction(torch.autograd.Function):

@@ -1,0 +1,124 @@
+"""Kernel benchmark on one GPU: quantization bandwidth against a copy ceiling, and QuantLinear
+fwd+bwd against BF16 ``F.linear``.
+
+Bytes counted per quantization: read the BF16 input and write the BF16 q·s operand (4 bytes per
+element; the held-amax path reads once, the current-amax path reads twice and is charged 4 bytes
+all the same, so its fraction shows the cost of the extra pass). The ceiling is a BF16
+device-to-device copy of the same tensor (also 4 bytes per element), measured in the same run.
+Kernel times are CUDA-graph replays (device time without Python launch overhead); the layer
+timings are plain CUDA-event timings of the eager autograd step, as a training loop runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fp4repro.quant import QuantLinear, QuantSpec, QuantState, TensorScaling
+from fp4repro.util import atomic_write_text
+
+CASES = {
+    "1x16 RNE, held amax": (QuantSpec(scale="ue5m3", tensor_scaling=TensorScaling("periodic", 50)), True, False),
+    "1x16 RNE, current amax": (QuantSpec(), False, False),
+    "1x16 SR, held amax": (QuantSpec(rounding="sr"), True, False),
+    "1x16 RHT, held amax": (QuantSpec(rht=True), True, False),
+    "1x16 RHT+SR, held amax": (QuantSpec(rht=True, rounding="sr"), True, False),
+    "16x16 RNE, held amax": (QuantSpec(block=(16, 16)), True, False),
+    "1x32 MX (UE8M0)": (QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"), True, False),
+    "1x16 RNE, column-wise (wgrad)": (QuantSpec(), True, True),
+    "1x16 RHT+SR, column-wise (wgrad)": (QuantSpec(rht=True, rounding="sr"), True, True),
+}
+
+
+def _graph_time_ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=200))
+
+
+def _event_time_ms(fn, iters: int = 30) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def bench_quantize(shapes=((8192, 8192), (16384, 8192))) -> list[dict]:
+    from fp4repro.kernels import quantize_2d
+
+    rows = []
+    for shape in shapes:
+        x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        copy_ms = _graph_time_ms(lambda: y.copy_(x))
+        nbytes = 4 * x.numel()
+        rows.append({"case": "BF16 copy (ceiling)", "shape": list(shape), "ms": copy_ms,
+                     "gb_per_s": nbytes / copy_ms / 1e6, "fraction_of_copy": 1.0})
+        for name, (spec, held, columnwise) in CASES.items():
+            src = x.t().contiguous().t() if columnwise else x   # a transposed view, as wgrad sees it
+            amax = src.float().abs().max() if held and spec.target is not None else None
+            ms = _graph_time_ms(lambda: quantize_2d(src, spec, amax=amax, seed=1))
+            rows.append({"case": name, "shape": list(shape), "ms": ms, "gb_per_s": nbytes / ms / 1e6,
+                         "fraction_of_copy": copy_ms / ms})
+    return rows
+
+
+def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int = 4096) -> list[dict]:
+    from fp4repro.recipes import load_recipe
+
+    torch.manual_seed(0)
+    x = torch.randn(tokens, in_features, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, out_features, device="cuda", dtype=torch.bfloat16)
+    weight = torch.nn.Parameter(torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16) * 0.02)
+
+    def step_bf16():
+        F.linear(x, weight).backward(dy)
+
+    base = _event_time_ms(step_bf16)
+    rows = [{"layer": "F.linear BF16", "shape": [tokens, in_features, out_features], "ms": base, "ratio": 1.0}]
+    for recipe in ("ue5m3", "nvfp4", "mxfp4"):
+        specs = load_recipe(recipe).linear_specs(0, 52)
+        lin = QuantLinear(in_features, out_features, specs=specs, state=QuantState(), name="bench",
+                          device="cuda", dtype=torch.bfloat16)
+        lin.weight = weight
+
+        def step():
+            lin(x).backward(dy)
+
+        ms = _event_time_ms(step)
+        rows.append({"layer": f"QuantLinear {recipe}", "shape": [tokens, in_features, out_features],
+                     "ms": ms, "ratio": ms / base})
+    return rows
+
+
+def run(out: Path | None = None) -> dict:
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "quantize": bench_quantize(), "linear": bench_linear()}
+    import triton
+
+    result["triton"] = triton.__version__
+    if out is not None:
+        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['device']}, torch {result['torch']}, triton {result['triton']}")
+    print(f"{'case':34} {'shape':>11} {'ms':>8} {'GB/s':>7} {'of copy':>8}")
+    for r in result["quantize"]:
+        print(f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['ms']:>8.4f} {r['gb_per_s']:>7.0f} "
+              f"{r['fraction_of_copy']:>8.2f}")
+    print(f"\n{'layer fwd+bwd':24} {'tokens x in x out':>17} {'ms':>8} {'vs BF16':>8}")
+    for r in result["linear"]:
+        print(f"{r['layer']:24} {'x'.join(map(str, r['shape'])):>17} {r['ms']:>8.3f} {r['ratio']:>8.2f}")

@@ -1,0 +1,171 @@
+"""Triton kernels with the exact semantics of fp4repro.quant (used for CUDA tensors).
+
+``fp4repro.quant`` dispatches here automatically for CUDA tensors when Triton imports; set
+``FP4REPRO_REFERENCE=1`` or use ``with reference_only():`` to force the torch reference (for
+debugging, and in the tests that compare the two). Under ``TRITON_INTERPRET=1`` the same kernels
+run on CPU tensors, which is how ``make test`` checks them without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+
+import torch
+
+from fp4repro.formats import get_format
+from fp4repro.quant.block import global_encode_scale, padded_shape
+from fp4repro.quant.rht import TE_SIGNS
+from fp4repro.quant.spec import QuantSpec
+
+_FORCE_REFERENCE = [os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0")]
+SIGN_BITS = sum(1 << i for i, s in enumerate(TE_SIGNS) if s < 0)
+
+
+def available() -> bool:
+    """Triton importable (CUDA tensors use it; CPU tensors only under TRITON_INTERPRET=1)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def use_kernels(x: torch.Tensor) -> bool:
+    """Whether ``fp4repro.quant`` runs this tensor's quantization as a Triton kernel: CUDA
+    tensors, unless the reference is forced."""
+    return x.is_cuda and not _FORCE_REFERENCE[0] and available()
+
+
+@contextlib.contextmanager
+def reference_only():
+    """Within this block, fp4repro.quant uses the torch reference even for CUDA tensors."""
+    previous, _FORCE_REFERENCE[0] = _FORCE_REFERENCE[0], True
+    try:
+        yield
+    finally:
+        _FORCE_REFERENCE[0] = previous
+
+
+def _columnwise(x: torch.Tensor) -> bool:
+    """A transposed view (memory runs down the rows), as wgrad passes Xᵀ and dYᵀ."""
+    return x.stride(0) == 1 and x.stride(1) != 1 and x.shape[1] > 1
+
+
+def _tiles(spec: QuantSpec, x: torch.Tensor) -> tuple[int, int]:
+    """(TILE_R, TILE_C), long along the axis that is contiguous in memory. Chosen by a sweep on
+    an H200 (8192x8192 BF16, 4 warps): row-major 32x128 (16x256 and 8x512 within 3%);
+    column-wise 512x16 reached 0.67 of copy where 128x32 reached 0.33."""
+    rows_block, cols_block = spec.block
+    if _columnwise(x):
+        return 512, max(16, cols_block)
+    return max(32, rows_block), 128
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_args(spec: QuantSpec) -> dict:
+    element, scale = get_format(spec.element), get_format(spec.scale)
+    return dict(
+        RHT=spec.rht, SIGN_BITS=SIGN_BITS, SR=spec.rounding == "sr", HAS_TARGET=spec.target is not None,
+        EMAX_T=float(element.max * (spec.target if spec.target is not None else 1.0)),
+        E_EMIN=element.emin, E_MAN=element.man_bits, E_MAX=float(element.max), E_BIAS=element.bias,
+        S_EMIN=scale.emin, S_MAN=scale.man_bits, S_MAX=float(scale.max), S_MIN_POS=float(scale.min_positive),
+        S_HAS_ZERO=scale.has_zero, S_BIAS=scale.bias, S_NAN_CODE=scale.nan_code,
+        S_ROUND_UP=spec.scale_rounding == "up", S_OVERFLOW=float(scale.overflow_threshold(spec.scale_rounding)),
+    )
+
+
+def tensor_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Current amax (finite elements, after the RHT if spec.rht) of a 2-D tensor, float32 scalar."""
+    from fp4repro.kernels.quantize import _amax_kernel
+
+    rows, cols = x.shape
+    tile_r, tile_c = _tiles(spec, x)
+    bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    grid = (triton_cdiv(rows, tile_r), triton_cdiv(cols, tile_c))
+    _amax_kernel[grid](x, bits, rows, cols, x.stride(0), x.stride(1),
+                       TILE_R=tile_r, TILE_C=tile_c, RHT=spec.rht, SIGN_BITS=SIGN_BITS,
+                       COLUMNWISE=_columnwise(x))
+    return bits.view(torch.float32)[0]
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
+                rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
+                codes: bool = False, stats: bool = False) -> dict:
+    """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
+
+    Returns a dict with ``qs`` (q·s_b, x's logical shape and memory order, ``out_dtype`` or x's
+    dtype), ``decode_scale`` d, ``amax`` (A used), and when asked ``codes`` / ``scale_codes``
+    (the layouts of ``BlockQuantized``) and ``counts`` / ``sums`` telemetry tensors.
+    ``seed`` (SR only) defaults to a draw from torch's CPU generator, so runs are reproducible.
+    """
+    from fp4repro.kernels.quantize import _quantize_kernel
+
+    rows, cols = x.shape
+    rows_p, cols_p = padded_shape(rows, cols, spec)
+    device = x.device
+    if rand_offset % 4:
+        raise ValueError(f"rand_offset must be a multiple of 4 (one Philox call serves 4 elements), got {rand_offset}")
+    if not _columnwise(x) and x.stride(1) != 1:
+        x = x.contiguous()
+    if amax is None:
+        amax = tensor_amax(x, spec) if spec.target is not None else torch.zeros((), device=device)
+    amax = torch.as_tensor(amax, dtype=torch.float32, device=device).reshape(())
+    if spec.rounding == "sr" and seed is None:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    out_dtype = out_dtype or (x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32)
+    qs = torch.empty_like(x, dtype=out_dtype) if write_qs else _dummy(device, out_dtype)
+    code_buf = torch.empty((rows_p, cols_p // 2), dtype=torch.uint8, device=device) if codes \
+        else _dummy(device, torch.uint8)
+    scale_buf = torch.empty((rows_p // spec.block[0], cols_p // spec.block[1]), dtype=torch.uint8,
+                            device=device) if codes else _dummy(device, torch.uint8)
+    counts = torch.zeros(5, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
+    sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
+    tile_r, tile_c = _tiles(spec, x)
+    grid = (triton_cdiv(rows_p, tile_r), triton_cdiv(cols_p, tile_c))
+    _quantize_kernel[grid](
+        x, amax, qs, code_buf, scale_buf, counts, sums,
+        rows, cols, cols_p, x.stride(0), x.stride(1),
+        qs.stride(0) if write_qs else 0, qs.stride(1) if write_qs else 0,
+        seed or 0, rand_offset,
+        TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=_columnwise(x), BLOCK_R=spec.block[0], BLOCK_C=spec.block[1],
+        WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats, **_launch_args(spec),
+    )
+    g = global_encode_scale(amax, get_format(spec.element).max, spec.target)
+    out = {"qs": qs if write_qs else None, "decode_scale": torch.reciprocal(g), "amax": amax, "seed": seed}
+    if codes:
+        out.update(codes=code_buf, scale_codes=scale_buf)
+    if stats:
+        out.update(counts=counts, sums=sums, blocks=(rows_p // spec.block[0]) * (cols_p // spec.block[1]))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element stand-in for an output the kernel is told not to write."""
+    return torch.empty(1, dtype=dtype, device=device)
+
+
+def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """(acc · alpha).to(out_dtype) in one pass (acc float32 contiguous, alpha a float32 scalar)."""
+    from fp4repro.kernels.quantize import _scale_cast_kernel
+
+    out = torch.empty_like(acc, dtype=out_dtype)
+    n = acc.numel()
+    _scale_cast_kernel[(triton_cdiv(n, 4096),)](acc, alpha.to(torch.float32).reshape(1), out, n, BLOCK=4096)
+    return out
+
+
+def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> torch.Tensor:
+    """The n float32 uniforms the SR kernel draws for offsets rand_offset .. rand_offset + n - 1."""
+    from fp4repro.kernels.quantize import _philox_uniform_kernel
+
+    out = torch.empty(n, dtype=torch.float32, device=device)
+    _philox_uniform_kernel[(triton_cdiv(n, 1024),)](out, n, seed, rand_offset, BLOCK=1024)
+    return out

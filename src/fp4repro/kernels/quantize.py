@@ -1,0 +1,323 @@
+"""Triton kernels for two-level block quantization, with the exact numerics of fp4repro.quant.block.
+
+Two kernels over a logical 2-D matrix M (rows, cols) given by a pointer and two strides, blocks
+running along its columns (the GEMM's reduction dimension):
+
+* ``_amax_kernel``     A = max |M| over finite elements (after the RHT when asked), one pass,
+                       folded into a float32 scalar with an integer atomic max on its bits
+                       (valid because |M| >= 0 orders like its bit pattern).
+* ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
+                       block amax, s_b, element rounding (RNE, or SR from Philox uniforms), and the
+                       outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
+                       scale codes, and optionally telemetry counters (atomic adds).
+
+Because M is addressed through strides, the column-wise variant that wgrad needs (Xᵀ blocked
+along tokens) is the same kernel on X's transposed view: nothing is materialized.
+
+Every float32 operation mirrors the torch reference in order and rounding: divisions and
+reciprocals use ``div_rn`` (IEEE round-to-nearest, as torch), rounding to a minifloat grid is the
+exact scale/floor/compare sequence of ``Minifloat.round`` (no ``rint``, no fast-math), and the
+RHT butterfly visits pairs in the reference's order (strides 1, 2, 4, 8). SR draws
+``u = (word >> 8) · 2^-24``, element i = base + row · cols_padded + col of the padded matrix taking
+word i % 4 of philox(seed, i // 4) (one Philox call serves four elements); ``philox_uniforms``
+gives the same numbers to feed the reference.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@triton.jit
+def _exp2i(e, NORMAL_ONLY: tl.constexpr = False):
+    """2^e as float32, exact, for int32 e in [-149, 127] (from the bit pattern); NORMAL_ONLY
+    when e >= -126 is known, which skips the float32-subnormal branch."""
+    normal = (e + 127) << 23
+    if NORMAL_ONLY:
+        return normal.to(tl.float32, bitcast=True)
+    subnormal = tl.full(e.shape, 1, tl.int32) << tl.minimum(tl.maximum(e + 149, 0), 22)
+    return tl.where(e >= -126, normal, subnormal).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr,
+                MIN_POS: tl.constexpr, HAS_ZERO: tl.constexpr, MODE: tl.constexpr):
+    """Round finite a >= 0 onto a minifloat grid (saturating); MODE 0 RNE, 1 SR, 2 up.
+
+    RNE adds and subtracts C = 2^(max(e, EMIN) - MAN + 23), the float32 whose ulp is the grid's
+    ulp at a: the hardware's own round-to-nearest-even does the rounding, in two instructions
+    (exact: a < C, and nothing here may reassociate or contract the pair). SR and up use the
+    reference's floor/fraction form.
+    """
+    max_value = tl.full((), MAX, tl.float32)
+    min_pos = tl.full((), MIN_POS, tl.float32)  # may be a float32 subnormal (ue8m0: 2^-127)
+    a = tl.minimum(a, max_value)
+    if not HAS_ZERO:
+        a = tl.maximum(a, min_pos)
+    exp_field = a.to(tl.int32, bitcast=True) >> 23             # a >= 0: no sign bit; 0 below 2^-126
+    exp_field = tl.maximum(exp_field, EMIN + 127)
+    if MODE == 0:
+        c = ((exp_field + (23 - MAN)) << 23).to(tl.float32, bitcast=True)
+        q = (a + c) - c
+    else:
+        ulp_e = exp_field - 127 - MAN
+        normal_ulps: tl.constexpr = EMIN - MAN >= -126
+        t = a * _exp2i(-ulp_e, True)                           # a / ulp, exact (-ulp_e <= 127)
+        floor_i = t.to(tl.int32)                               # t >= 0 and t < 2^(MAN+1)
+        floor = floor_i.to(tl.float32)
+        frac = t - floor
+        if MODE == 1:
+            up = rand < frac
+        else:
+            up = frac > 0.0
+        q = (floor + up.to(tl.float32)) * _exp2i(ulp_e, normal_ulps)
+    q = tl.minimum(q, max_value)
+    if not HAS_ZERO:
+        q = tl.maximum(q, min_pos)
+    return q
+
+
+@triton.jit
+def _encode_grid(q, BIAS: tl.constexpr, MAN: tl.constexpr, SUBNORMALS: tl.constexpr):
+    """Code (exponent and mantissa fields, no sign) of a finite grid value q >= 0."""
+    e = ((q.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    if SUBNORMALS:
+        normal = e >= 1 - BIAS
+        frac_n = q * _exp2i(-e) - 1.0
+        frac_s = q * _exp2i(tl.full(e.shape, BIAS - 1, tl.int32))
+        exp_field = tl.where(normal, e + BIAS, 0)
+        frac = tl.where(normal, frac_n, frac_s)
+    else:
+        exp_field = e + BIAS
+        frac = q * _exp2i(-e) - 1.0
+    man_field = (frac * (1 << MAN)).to(tl.int32)
+    return (exp_field << MAN) | man_field
+
+
+@triton.jit
+def _rht16(x, TILE_R: tl.constexpr, TILE_C: tl.constexpr, SIGN_BITS: tl.constexpr):
+    """x·diag(s)·H16/4 on every group of 16 columns of a (TILE_R, TILE_C) tile (butterfly);
+    bit i of SIGN_BITS is set where the sign vector s has -1."""
+    col = tl.arange(0, TILE_C) % 16
+    sign = tl.where(((SIGN_BITS >> col) & 1) == 1, -1.0, 1.0)
+    y = x * sign[None, :]
+    y = tl.reshape(y, (TILE_R * TILE_C // 2, 2, 1))
+    y = _butterfly(y)
+    y = tl.reshape(y, (TILE_R * TILE_C // 4, 2, 2))
+    y = _butterfly(y)
+    y = tl.reshape(y, (TILE_R * TILE_C // 8, 2, 4))
+    y = _butterfly(y)
+    y = tl.reshape(y, (TILE_R * TILE_C // 16, 2, 8))
+    y = _butterfly(y)
+    return tl.reshape(y, (TILE_R, TILE_C)) * 0.25
+
+
+@triton.jit
+def _butterfly(y):
+    """(n, 2, h) -> (n, 2, h) with [a, b] -> [a + b, a - b]."""
+    a, b = tl.split(tl.permute(y, (0, 2, 1)))
+    return tl.permute(tl.join(a + b, a - b), (0, 2, 1))
+
+
+@triton.jit
+def _uniforms(seed, index4, SHAPE_R: tl.constexpr, SHAPE_C: tl.constexpr):
+    """Uniforms in [0, 1) with 24 bits, for a (SHAPE_R, 4·SHAPE_C) block whose groups of four
+    consecutive elements have Philox counters index4: element 4k + j takes word j of
+    philox(seed, k), as u = (word >> 8) · 2^-24."""
+    r0, r1, r2, r3 = tl.randint4x(seed, index4)
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))           # [..., k, a, b] = word 2a + b
+    words = tl.reshape(words, (SHAPE_R, 4 * SHAPE_C))
+    return (words >> 8).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
+               TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
+               COLUMNWISE: tl.constexpr):
+    """One tile of M in memory order, float32, RHT applied along M's columns.
+
+    Row-major M: a (TILE_R, TILE_C) tile. COLUMNWISE (M a transposed view, stride_r == 1): the
+    same elements as a (TILE_C, TILE_R) tile of the underlying memory, so that loads, stores and
+    the block math all run along the contiguous axis; only the RHT transposes in registers.
+    """
+    offs_r = pid_r * TILE_R + tl.arange(0, TILE_R)
+    offs_c = pid_c * TILE_C + tl.arange(0, TILE_C)
+    if COLUMNWISE:
+        mask = (offs_c[:, None] < cols) & (offs_r[None, :] < rows)
+        ptrs = x_ptr + offs_c[:, None].to(tl.int64) * stride_c + offs_r[None, :]
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        if RHT:
+            x = tl.trans(_rht16(tl.trans(x), TILE_R, TILE_C, SIGN_BITS))
+    else:
+        mask = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
+        ptrs = x_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_c[None, :].to(tl.int64) * stride_c
+        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        if RHT:
+            x = _rht16(x, TILE_R, TILE_C, SIGN_BITS)
+    return x, offs_r, offs_c, mask
+
+
+@triton.jit
+def _amax_kernel(x_ptr, amax_bits_ptr, rows, cols, stride_r, stride_c,
+                 TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
+                 COLUMNWISE: tl.constexpr):
+    x, _, _, _ = _load_tile(x_ptr, rows, cols, stride_r, stride_c, tl.program_id(0), tl.program_id(1),
+                            TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE)
+    a = tl.abs(x)
+    a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
+    tl.atomic_max(amax_bits_ptr, tl.max(tl.max(a, axis=1), axis=0).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr,
+    rows, cols, cols_padded, stride_r, stride_c, out_stride_r, out_stride_c,
+    seed, rand_offset,
+    TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr, SR: tl.constexpr,
+    HAS_TARGET: tl.constexpr, EMAX_T: tl.constexpr,
+    E_EMIN: tl.constexpr, E_MAN: tl.constexpr, E_MAX: tl.constexpr, E_BIAS: tl.constexpr,
+    S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
+    S_HAS_ZERO: tl.constexpr, S_BIAS: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ROUND_UP: tl.constexpr,
+    S_OVERFLOW: tl.constexpr,
+    WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr,
+):
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    x, offs_r, offs_c, mask = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
+                                         TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE)
+
+    # tensor scale g = min(Emax·T / A, FLT_MAX) (1 if A == 0 or no target), d = 1 / g
+    one = tl.full((), 1.0, tl.float32)
+    flt_max = tl.full((), FLT_MAX, tl.float32)
+    if HAS_TARGET:
+        amax = tl.load(amax_ptr)
+        g = tl.minimum(tl.math.div_rn(tl.full((), EMAX_T, tl.float32), amax), flt_max)
+        g = tl.where(amax == 0.0, one, g)
+    else:
+        g = one
+    d = tl.math.div_rn(one, g)
+
+    # Blocks as a 4-D view (P, B1, Q, B2) reduced over axes 1 and 3: row-major tiles are
+    # (block rows, BLOCK_R, block cols, BLOCK_C); column-wise tiles, in memory order, are
+    # (block cols, BLOCK_C, block rows, BLOCK_R). Everything up to the stores is the same math.
+    NB_R: tl.constexpr = TILE_R // BLOCK_R
+    NB_C: tl.constexpr = TILE_C // BLOCK_C
+    if COLUMNWISE:
+        xb = tl.reshape(x, (NB_C, BLOCK_C, NB_R, BLOCK_R))
+    else:
+        xb = tl.reshape(x, (NB_R, BLOCK_R, NB_C, BLOCK_C))
+    a = tl.abs(xb)
+    # one max serves both: NaN and ±Inf become +inf, so a block is non-finite iff its max is inf
+    block_max = tl.max(tl.max(tl.where(a <= FLT_MAX, a, float("inf")), axis=3), axis=1)
+    block_bad = block_max > FLT_MAX
+    block_amax = tl.where(block_bad, 0.0, block_max)
+
+    # s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))
+    multiplier = g * tl.math.div_rn(one, tl.full((), E_MAX, tl.float32))
+    unclamped = tl.minimum(block_amax * multiplier, flt_max)
+    s = _round_grid(tl.minimum(unclamped, S_MAX), 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO,
+                    2 if S_ROUND_UP else 0)
+    keep = (s != 0.0) & (~block_bad)
+
+    # q = round_elem(clamp(x · min(1 / (s_b · d), FLT_MAX), ±Emax)); 0 where s_b is 0 or NaN
+    encode = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s * d), flt_max)
+    scaled = tl.minimum(tl.maximum(xb * encode[:, None, :, None], -E_MAX), E_MAX)
+    if SR:
+        groups_c = pid_c * (TILE_C // 4) + tl.arange(0, TILE_C // 4)
+        index4 = (rand_offset // 4 + offs_r[:, None].to(tl.int64) * (cols_padded // 4) + groups_c[None, :])
+        rand = _uniforms(seed, index4, TILE_R, TILE_C // 4)          # (TILE_R, TILE_C), M's order
+        if COLUMNWISE:
+            rand = tl.reshape(tl.trans(rand), (NB_C, BLOCK_C, NB_R, BLOCK_R))
+        else:
+            rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
+    else:
+        rand = 0.0
+    mag = _round_grid(tl.abs(scaled), rand, E_EMIN, E_MAN, E_MAX, 0.0, True, 1 if SR else 0)
+    sign = scaled.to(tl.int32, bitcast=True) & -2147483648
+    q = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    q = tl.where(keep[:, None, :, None], q, 0.0)
+
+    if WRITE_QS:
+        s_out = tl.where(block_bad, float("nan"), s)   # a NaN/Inf block reaches the GEMM as NaN
+        qs = (q * s_out[:, None, :, None]).to(qs_ptr.dtype.element_ty)
+        if COLUMNWISE:
+            out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
+            tl.store(out, tl.reshape(qs, (TILE_C, TILE_R)), mask=mask)
+        else:
+            out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
+            tl.store(out, tl.reshape(qs, (TILE_R, TILE_C)), mask=mask)
+
+    if WRITE_CODES:  # codes in M's row-major layout (transposed in registers for column-wise tiles)
+        if COLUMNWISE:
+            qt = tl.trans(tl.reshape(q, (TILE_C, TILE_R)))
+            s_m = tl.trans(s)
+            bad_m = tl.trans(block_bad)
+        else:
+            qt = tl.reshape(q, (TILE_R, TILE_C))
+            s_m = s
+            bad_m = block_bad
+        code = _encode_grid(tl.abs(qt), E_BIAS, E_MAN, True)
+        code = code | ((qt.to(tl.int32, bitcast=True) >> 28) & 8)
+        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
+        byte = (lo | (hi << 4)).to(tl.uint8)
+        half_c = pid_c * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
+        rows_padded = tl.cdiv(rows, BLOCK_R) * BLOCK_R
+        cmask = (offs_r[:, None] < rows_padded) & (half_c[None, :] < cols_padded // 2)
+        tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte, mask=cmask)
+        s_code = _encode_grid(s_m, S_BIAS, S_MAN, S_HAS_ZERO)
+        s_code = tl.where(bad_m, S_NAN_CODE, s_code).to(tl.uint8)
+        br = pid_r * NB_R + tl.arange(0, NB_R)
+        bc = pid_c * NB_C + tl.arange(0, NB_C)
+        n_bc = cols_padded // BLOCK_C
+        smask = (br[:, None] < tl.cdiv(rows, BLOCK_R)) & (bc[None, :] < n_bc)
+        tl.store(scales_ptr + br[:, None].to(tl.int64) * n_bc + bc[None, :], s_code, mask=smask)
+
+    if STATS:
+        # counts: [saturated, underflow, nonzero, zeroed, nonfinite] (int32); sums: [sq_error, sq_norm] (float64)
+        real_r = (pid_r * NB_R + tl.arange(0, NB_R)) * BLOCK_R < rows
+        real_c = (pid_c * NB_C + tl.arange(0, NB_C)) * BLOCK_C < cols_padded
+        if COLUMNWISE:
+            real = real_c[:, None] & real_r[None, :]
+        else:
+            real = real_r[:, None] & real_c[None, :]
+        finite_b = ~block_bad
+        saturated = real & finite_b & (unclamped > S_OVERFLOW)
+        underflow = real & finite_b & (block_amax > 0.0) & (s == 0.0)
+        finite_x = a <= FLT_MAX
+        nonzero = finite_x & (xb != 0.0)
+        zeroed = nonzero & (q == 0.0)
+        xhat = q * tl.where(keep, s, 0.0)[:, None, :, None] * d
+        in_sum = finite_b[:, None, :, None]                          # finite blocks only
+        # float64: exact differences (no FMA contraction can differ from the reference) and squares
+        # of 1e30 stay finite
+        err = tl.where(in_sum, xhat.to(tl.float64) - xb.to(tl.float64), 0.0)
+        ref = tl.where(in_sum, xb, 0.0).to(tl.float64)
+        n: tl.constexpr = TILE_R * TILE_C
+        tl.atomic_add(counts_ptr + 0, tl.sum(tl.sum(saturated.to(tl.int32), axis=1), axis=0))
+        tl.atomic_add(counts_ptr + 1, tl.sum(tl.sum(underflow.to(tl.int32), axis=1), axis=0))
+        tl.atomic_add(counts_ptr + 2, tl.sum(tl.reshape(nonzero.to(tl.int32), (n,)), axis=0))
+        tl.atomic_add(counts_ptr + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
+        tl.atomic_add(counts_ptr + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
+        tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
+        tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
+
+
+@triton.jit
+def _philox_uniform_kernel(out_ptr, n, seed, rand_offset, BLOCK: tl.constexpr):
+    """The uniforms the SR kernel uses for offsets rand_offset + 0 .. n - 1 (rand_offset % 4 == 0)."""
+    groups = tl.program_id(0) * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
+    u = tl.reshape(_uniforms(seed, (rand_offset // 4 + groups.to(tl.int64))[None, :], 1, BLOCK // 4), (BLOCK,))
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, u, mask=offs < n)
+
+
+@triton.jit
+def _scale_cast_kernel(acc_ptr, alpha_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = (acc · alpha) cast to out's dtype: the FP32 epilogue of the emulated GEMM, one pass."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(acc_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, (acc * tl.load(alpha_ptr)).to(out_ptr.dtype.element_ty), mask=mask)
