@@ -52,6 +52,33 @@ def _cmd_recipe(args) -> int:
     return 0
 
 
+def _cmd_prepare_data(args) -> int:
+    from fp4repro.data import prepare_data_main
+
+    return prepare_data_main(args.experiment, args.out, progress=not args.quiet)
+
+
+def _cmd_train(args) -> int:
+    from fp4repro.experiment import load_experiment
+    from fp4repro.train import NonFiniteLoss, train
+
+    exp = load_experiment(args.experiment)
+    if args.recipe not in exp.recipes:
+        raise ValueError(f"recipe {args.recipe!r} is not in experiment {exp.name!r} (recipes: {', '.join(exp.recipes)})")
+    if exp.backend != "local":
+        print(f"fp4repro train: experiment {exp.name!r} uses backend {exp.backend!r}, which is not available "
+              "yet; only the local backend (the reference model) trains today", file=sys.stderr)
+        return 3
+    data = Path(args.data or f"results/{exp.name}/data")
+    out = Path(args.out or f"results/{exp.name}/train/{args.recipe}")
+    try:
+        train(exp, args.recipe, data, out, device=args.device, progress=not args.quiet, stop_after=args.stop_after)
+    except NonFiniteLoss as err:
+        print(f"fp4repro train: stopped: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_model(args) -> int:
     import torch
 
@@ -149,6 +176,30 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
     r.set_defaults(func=_cmd_recipe)
 
+    pd_ = sub.add_parser("prepare-data", help="build corpora, tokenizer and Megatron indexed datasets",
+                         description="Read the experiment's sources (offline default: prose and code from the "
+                                     "standard library), deduplicate, split by document hash, train or load the "
+                                     "tokenizer and write one Megatron indexed dataset per source and split, then "
+                                     "manifest.json. Deterministic and idempotent.")
+    pd_.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    pd_.add_argument("--out", help="output folder (default results/<experiment>/data)")
+    pd_.add_argument("--quiet", action="store_true", help="no progress bar")
+    pd_.set_defaults(func=_cmd_prepare_data)
+
+    tr = sub.add_parser("train", help="train one recipe of an experiment (resumes where it stopped)",
+                        description="Train the reference model under one recipe over all stages of the experiment. "
+                                    "Rerunning the same command resumes from the newest valid resume checkpoint, "
+                                    "bit for bit on CPU. Writes metrics.parquet, telemetry.parquet, evaluation "
+                                    "checkpoints in ckpt/ and done.json at the end.")
+    tr.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    tr.add_argument("--recipe", required=True, help="one of the experiment's recipes")
+    tr.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
+    tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>)")
+    tr.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(func=_cmd_train)
+
     m = sub.add_parser("model", help="show a model config's size and, with a recipe, each linear's numerics",
                        description="Build a model config (name in configs/models/ or a YAML path) on the meta "
                                    "device, print its parameter count and, with --recipe, the spec of every "
@@ -187,11 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from fp4repro.recipes import RecipeError
-
     try:
         return args.func(args)
-    except (RecipeError, ValueError) as err:
+    except ValueError as err:  # RecipeError, ExperimentError, ModelConfigError and bad values
         print(f"fp4repro {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -34,6 +34,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from fp4repro.util import config_file, config_names
+
 from fp4repro.quant.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
@@ -50,14 +52,11 @@ def _schema() -> dict:
 
 def recipe_path(name_or_path: str | Path) -> Path:
     """A recipe name (``configs/recipes/<name>.yaml``) or a path to a YAML file."""
-    p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml"):
-        return p
-    return RECIPE_DIR / f"{name_or_path}.yaml"
+    return config_file(name_or_path, RECIPE_DIR)
 
 
 def available_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+    return config_names(RECIPE_DIR)
 
 
 def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -1,20 +1,15 @@
 """Triton kernels against the torch reference, bit for bit.
 
-Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set before the kernels
-are first imported); with CUDA the same tests run them compiled on the GPU.
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set in conftest.py
+before anything imports triton); with CUDA the same tests run them compiled on the GPU.
 """
-
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from fp4repro.kernels import philox_uniforms, quantize_2d, reference_only  # noqa: E402
-from fp4repro.quant import QuantSpec, TensorScaling, quantize, scaled_operand  # noqa: E402
-from fp4repro.quant.block import _rows_cols, padded_shape  # noqa: E402
+from fp4repro.kernels import philox_uniforms, quantize_2d, reference_only
+from fp4repro.quant import QuantSpec, TensorScaling, quantize, scaled_operand
+from fp4repro.quant.block import _rows_cols, padded_shape
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter evaluates the kernels with numpy, which warns on IEEE events the kernels rely on

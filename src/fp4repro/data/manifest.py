@@ -1,0 +1,194 @@
+"""``manifest.json``: the one file that says a data folder is complete and what is in it.
+
+It is written last, atomically, after every file it lists; a folder without one (or whose files no
+longer have the recorded sizes) is incomplete. Paths inside the folder are stored relative to it,
+so the folder can be moved or copied to another machine; indexed sources used in place keep their
+absolute prefixes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fp4repro.data.errors import DataError
+from fp4repro.data.indexed import bin_path, idx_path
+from fp4repro.util import atomic_write_text
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One indexed dataset: a (source, split) pair."""
+
+    source: str
+    split: str
+    prefix: str          # relative to the data folder, or absolute for an indexed source
+    documents: int
+    tokens: int          # EOD tokens included
+    bin_bytes: int
+    idx_bytes: int
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One source: its kind, its datasets by split, and what deduplication did (text sources)."""
+
+    name: str
+    kind: str
+    datasets: dict[str, DatasetEntry]
+    documents_read: int | None = None
+    duplicates: int | None = None
+    empty: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A prepared data folder: tokenizer, vocabulary, EOD id and one indexed dataset per (source, split)."""
+
+    root: Path
+    data_hash: str
+    tokenizer_file: str
+    tokenizer_sha256: str
+    tokenizer_bytes: int
+    vocab_size: int
+    eod_id: int
+    token_dtype: str
+    sources: dict[str, SourceEntry]
+    inputs: dict = field(default_factory=dict, compare=False)   # what data_hash was computed from
+
+    # ---- lookups used by training and evaluation
+
+    @property
+    def tokenizer_path(self) -> str:
+        return str(self.root / self.tokenizer_file)
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        return tuple(self.sources)
+
+    def splits(self, source: str) -> tuple[str, ...]:
+        return tuple(self._source(source).datasets)
+
+    def entry(self, source: str, split: str) -> DatasetEntry:
+        datasets = self._source(source).datasets
+        if split not in datasets:
+            raise DataError(f"source '{source}' has no '{split}' split in {self.root} "
+                            f"(its splits: {', '.join(datasets) or 'none'})")
+        return datasets[split]
+
+    def prefix(self, source: str, split: str) -> str:
+        """The ``.bin``/``.idx`` path prefix of a (source, split), as megatron-core wants it."""
+        return str(self._resolve(self.entry(source, split).prefix))
+
+    def tokens(self, source: str, split: str) -> int:
+        return self.entry(source, split).tokens
+
+    def documents(self, source: str, split: str) -> int:
+        return self.entry(source, split).documents
+
+    def load_tokenizer(self):
+        """The Hugging Face tokenizer the datasets were encoded with."""
+        from fp4repro.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(self.tokenizer_path)
+
+    def _source(self, source: str) -> SourceEntry:
+        if source not in self.sources:
+            raise DataError(f"unknown source '{source}' in {self.root} (sources: {', '.join(self.sources)})")
+        return self.sources[source]
+
+    def _resolve(self, stored: str) -> Path:
+        path = Path(stored)
+        return path if path.is_absolute() else self.root / path
+
+    # ---- completeness
+
+    def problems(self) -> list[str]:
+        """Files the manifest lists that are missing or no longer have the recorded size (an
+        interrupted or tampered preparation); empty when the folder is complete."""
+        expected = [(self.root / self.tokenizer_file, self.tokenizer_bytes)]
+        for source in self.sources.values():
+            for entry in source.datasets.values():
+                prefix = self._resolve(entry.prefix)
+                expected += [(bin_path(prefix), entry.bin_bytes), (idx_path(prefix), entry.idx_bytes)]
+        found = []
+        for path, size in expected:
+            if not path.is_file():
+                found.append(f"{path}: missing")
+            elif path.stat().st_size != size:
+                found.append(f"{path}: {path.stat().st_size} bytes, the manifest says {size}")
+        return found
+
+    # ---- (de)serialization
+
+    def to_json(self) -> dict:
+        return {
+            "format": MANIFEST_FORMAT,
+            "data_hash": self.data_hash,
+            "tokenizer": {"path": self.tokenizer_file, "sha256": self.tokenizer_sha256,
+                          "bytes": self.tokenizer_bytes, "vocab_size": self.vocab_size, "eod_id": self.eod_id},
+            "token_dtype": self.token_dtype,
+            "sources": {
+                s.name: {"kind": s.kind, "documents_read": s.documents_read, "duplicates": s.duplicates,
+                         "empty": s.empty,
+                         "splits": {split: {"prefix": e.prefix, "documents": e.documents, "tokens": e.tokens,
+                                            "bin_bytes": e.bin_bytes, "idx_bytes": e.idx_bytes}
+                                    for split, e in s.datasets.items()}}
+                for s in self.sources.values()},
+            "inputs": self.inputs,
+        }
+
+    @classmethod
+    def from_json(cls, root: Path, raw: dict) -> Manifest:
+        tok = raw["tokenizer"]
+        sources = {
+            name: SourceEntry(name=name, kind=s["kind"], documents_read=s.get("documents_read"),
+                              duplicates=s.get("duplicates"), empty=s.get("empty"),
+                              datasets={split: DatasetEntry(source=name, split=split, **e)
+                                        for split, e in s["splits"].items()})
+            for name, s in raw["sources"].items()}
+        return cls(root=Path(root), data_hash=raw["data_hash"], tokenizer_file=tok["path"],
+                   tokenizer_sha256=tok["sha256"], tokenizer_bytes=tok["bytes"], vocab_size=tok["vocab_size"],
+                   eod_id=tok["eod_id"], token_dtype=raw["token_dtype"], sources=sources,
+                   inputs=raw.get("inputs", {}))
+
+
+def manifest_path(out_dir: str | Path) -> Path:
+    return Path(out_dir) / MANIFEST_NAME
+
+
+def read_manifest(out_dir: str | Path) -> Manifest | None:
+    """The manifest of a data folder, or None when there is none or it is unreadable or of
+    another format (the folder then counts as not prepared)."""
+    path = manifest_path(out_dir)
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("format") != MANIFEST_FORMAT:
+            return None
+        return Manifest.from_json(Path(out_dir).resolve(), raw)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_manifest(out_dir: str | Path) -> Manifest:
+    """The manifest of a prepared, complete data folder; a clear error otherwise."""
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        raise DataError(f"{manifest_path(out_dir)}: missing or unreadable: the data in {out_dir} is not "
+                        "prepared (run `fp4repro prepare-data`)")
+    problems = manifest.problems()
+    if problems:
+        raise DataError(f"{out_dir}: prepared data is incomplete ({'; '.join(problems[:3])}); "
+                        "run `fp4repro prepare-data` again")
+    return manifest
+
+
+def write_manifest(manifest: Manifest) -> Path:
+    """Write ``manifest.json`` atomically (temporary file + rename)."""
+    path = manifest_path(manifest.root)
+    atomic_write_text(path, json.dumps(manifest.to_json(), indent=2) + "\n")
+    return path

@@ -1,0 +1,223 @@
+"""``prepare_data``: experiment data config -> tokenizer + indexed datasets + manifest, idempotently.
+
+Steps: read and split every text source (``corpus``), train the tokenizer on the train split of all
+text sources (or copy the given one), tokenize each (source, split) into a Megatron indexed
+dataset, record ``indexed`` sources as they are, and write ``manifest.json`` last.
+
+The manifest stores a hash of everything the outputs depend on: the data config, the format of
+this code, the interpreter version (the standard library is part of the input), the tokenizers
+version, and the size and modification time of every input file. A rerun whose manifest has that
+hash and whose files all have their recorded sizes does nothing; anything else is redone from
+scratch, which is safe because every output is a deterministic function of the inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import tokenizers
+from tqdm import tqdm
+
+from fp4repro.data.corpus import (FILE_KINDS, SPLITS, STDLIB_KINDS, TEXT_KINDS, SplitCorpus, expand_paths,
+                                  read_corpora)
+from fp4repro.data.errors import DataError
+from fp4repro.data.indexed import bin_path, idx_path, read_indexed_stats, token_dtype, write_indexed_dataset
+from fp4repro.data.manifest import DatasetEntry, Manifest, SourceEntry, manifest_path, read_manifest, write_manifest
+from fp4repro.data.tokenizer import eod_id, encode_documents, file_sha256, load_tokenizer, train_bpe
+from fp4repro.experiment import DataConfig, ExperimentConfig, Source
+from fp4repro.util import atomic_write_text
+
+# Bump when normalization, splitting, tokenization or the file layout change: old folders are redone.
+DATA_FORMAT = 1
+TOKENIZER_FILE = "tokenizer.json"
+ENCODE_BATCH = 1024          # documents per tokenizer call (the tokenizer parallelizes inside a call)
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+# ---- what the outputs depend on ---------------------------------------------------------------
+
+def _file_fingerprint(path: Path) -> list:
+    stat = path.stat()
+    return [str(path), stat.st_size, stat.st_mtime_ns]
+
+
+def _indexed_prefix(prefix: str) -> Path:
+    """An indexed source's prefix as an absolute path (relative ones are relative to the working directory)."""
+    return Path(prefix).expanduser().absolute()
+
+
+def data_fingerprint(data: DataConfig, max_files: int | None = None) -> dict:
+    """Everything the prepared data depends on, as JSON-able data (input globs are expanded here,
+    so an empty glob fails before any work)."""
+    inputs: dict[str, object] = {}
+    for source in data.sources:
+        if source.kind in FILE_KINDS:
+            inputs[source.name] = [_file_fingerprint(p) for p in expand_paths(source)]
+        elif source.kind == "indexed":
+            files = {}
+            for split, prefix in source.prefixes:
+                prefix = _indexed_prefix(prefix)
+                for path in (bin_path(prefix), idx_path(prefix)):
+                    if not path.is_file():
+                        raise DataError(f"source '{source.name}': {path}: no such file")
+                files[split] = [_file_fingerprint(bin_path(prefix)), _file_fingerprint(idx_path(prefix))]
+            inputs[source.name] = files
+    if data.tokenizer_path is not None:
+        path = Path(data.tokenizer_path).expanduser().absolute()
+        if not path.is_file():
+            raise DataError(f"tokenizer: {path}: no such file")
+        inputs["tokenizer"] = _file_fingerprint(path)
+    uses_stdlib = any(s.kind in STDLIB_KINDS for s in data.sources)
+    return {
+        "format": DATA_FORMAT,
+        "config": dataclasses.asdict(data),
+        "max_files": max_files,
+        "python": f"{platform.python_implementation()} {platform.python_version()}" if uses_stdlib else None,
+        "tokenizers": tokenizers.__version__,
+        "inputs": inputs,
+    }
+
+
+def data_hash(fingerprint: dict) -> str:
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+
+
+# ---- steps ------------------------------------------------------------------------------------
+
+def _check_source_names(data: DataConfig) -> None:
+    for source in data.sources:
+        if not _SAFE_NAME.match(source.name):
+            raise DataError(f"source '{source.name}': a source name becomes a file name; "
+                            "use letters, digits, '_', '-' and '.' only")
+        for split, _ in source.prefixes:
+            if split not in SPLITS:
+                raise DataError(f"source '{source.name}': prefix for unknown split '{split}' (splits: {SPLITS})")
+
+
+def _write_tokenizer(data: DataConfig, corpora: dict[str, SplitCorpus], out_dir: Path, progress: bool) -> Path:
+    """Train the BPE on the train split of every text source, or copy the given tokenizer.json."""
+    path = out_dir / TOKENIZER_FILE
+    if data.tokenizer_path is not None:
+        load_tokenizer(data.tokenizer_path)   # fail early on a file that is not a tokenizer
+        atomic_write_text(path, Path(data.tokenizer_path).expanduser().read_text(encoding="utf-8"))
+        return path
+    texts = [text for name in corpora for text in corpora[name].splits["train"]]
+    if not texts:
+        raise DataError("tokenizer: no text to train on (no train documents in any jsonl, parquet, text "
+                        "or stdlib source); give data.tokenizer.path instead")
+    _say(progress, f"training a byte-level BPE of {data.vocab_size} entries on {len(texts):,} documents")
+    atomic_write_text(path, train_bpe(texts, data.vocab_size, progress=False).to_str(pretty=True))
+    return path
+
+
+def _encoded(tokenizer, texts: list[str], eod: int, dtype, bar: tqdm) -> Iterator[np.ndarray]:
+    for start in range(0, len(texts), ENCODE_BATCH):
+        batch = encode_documents(tokenizer, texts[start:start + ENCODE_BATCH], eod, dtype)
+        bar.update(len(batch))
+        yield from batch
+
+
+def _write_text_source(source: Source, corpus: SplitCorpus, tokenizer, eod: int, dtype, out_dir: Path,
+                       progress: bool) -> SourceEntry:
+    """One indexed dataset per split of a text source: ``<out_dir>/<source>_<split>.bin/.idx``."""
+    datasets = {}
+    total = sum(len(texts) for texts in corpus.splits.values())
+    with tqdm(total=total, desc=f"tokenize {source.name}", unit="doc", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for split in SPLITS:
+            name = f"{source.name}_{split}"
+            texts = corpus.splits[split]
+            stats = write_indexed_dataset(out_dir / name, _encoded(tokenizer, texts, eod, dtype, bar), dtype)
+            datasets[split] = DatasetEntry(source.name, split, name, stats.documents, stats.tokens,
+                                           stats.bin_bytes, stats.idx_bytes)
+    return SourceEntry(source.name, source.kind, datasets, documents_read=corpus.documents_read,
+                       duplicates=corpus.duplicates, empty=corpus.empty)
+
+
+def _use_indexed_source(source: Source) -> SourceEntry:
+    """An already tokenized source, used in place: record its prefixes and sizes."""
+    datasets = {}
+    for split, prefix in source.prefixes:
+        prefix = _indexed_prefix(prefix)
+        stats = read_indexed_stats(prefix, source.name)
+        datasets[split] = DatasetEntry(source.name, split, str(prefix), stats.documents, stats.tokens,
+                                       stats.bin_bytes, stats.idx_bytes)
+    return SourceEntry(source.name, source.kind, datasets)
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+# ---- entry point ------------------------------------------------------------------------------
+
+def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True, *,
+                 max_files: int | None = None) -> Manifest:
+    """Prepare the experiment's data in ``out_dir`` (tokenizer.json, ``<source>_<split>.bin/.idx``,
+    manifest.json) and return its manifest; does nothing when ``out_dir`` already holds it.
+
+    progress: show progress bars and status lines (on stderr).
+    max_files: read only an evenly spread subset of this many files per source (standard library
+        included) — for tests and quick looks; part of the hash, so it never passes for full data.
+    """
+    out_dir = Path(out_dir).resolve()
+    data = exp.data
+    _check_source_names(data)
+    fingerprint = data_fingerprint(data, max_files)
+    wanted = data_hash(fingerprint)
+    existing = read_manifest(out_dir)
+    if existing is not None and existing.data_hash == wanted and not existing.problems():
+        _say(progress, f"{out_dir}: data is up to date (manifest matches the config)")
+        return existing
+
+    # From here on the folder is incomplete until the new manifest is written.
+    manifest_path(out_dir).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    corpora = read_corpora(data, max_files, progress)
+    tokenizer_file = _write_tokenizer(data, corpora, out_dir, progress)
+    tokenizer = load_tokenizer(tokenizer_file)
+    eod = eod_id(tokenizer, tokenizer_file)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = token_dtype(vocab_size)
+
+    sources = {}
+    for source in data.sources:
+        if source.kind in TEXT_KINDS:
+            sources[source.name] = _write_text_source(source, corpora[source.name], tokenizer, eod, dtype,
+                                                      out_dir, progress)
+        else:
+            sources[source.name] = _use_indexed_source(source)
+
+    manifest = Manifest(root=out_dir, data_hash=wanted, tokenizer_file=TOKENIZER_FILE,
+                        tokenizer_sha256=file_sha256(tokenizer_file), tokenizer_bytes=tokenizer_file.stat().st_size,
+                        vocab_size=vocab_size, eod_id=eod, token_dtype=np.dtype(dtype).name, sources=sources,
+                        inputs=fingerprint)
+    write_manifest(manifest)
+    return manifest
+
+
+def format_summary(manifest: Manifest) -> str:
+    """A table of documents and tokens per (source, split), then the tokenizer and deduplication."""
+    rows = [(name, split, f"{e.documents:,}", f"{e.tokens:,}")
+            for name, source in manifest.sources.items() for split, e in source.datasets.items()]
+    header = ("source", "split", "documents", "tokens")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+             for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"tokenizer: {manifest.tokenizer_path} (vocabulary {manifest.vocab_size}, EOD id {manifest.eod_id}, "
+                 f"stored as {manifest.token_dtype})")
+    for name, source in manifest.sources.items():
+        if source.documents_read is not None:
+            lines.append(f"{name}: {source.documents_read:,} documents read, {source.duplicates:,} duplicates "
+                         f"and {source.empty:,} empty removed")
+    return "\n".join(lines)

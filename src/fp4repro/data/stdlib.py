@@ -1,0 +1,161 @@
+"""The embedded offline corpus: the standard library of the running interpreter.
+
+Every Python installation carries it, so the default experiment needs no download. Two sources
+come out of it:
+
+- *prose*: what the standard library says about itself: every module, class and function
+  docstring (found with ``ast``; nothing is imported or executed) and the ``pydoc_data.topics``
+  help texts (the language reference sections that ``help()`` shows);
+- *code*: the same modules' source with those docstrings removed, so that the two sources do not
+  share text. Comments stay: they are part of how code is written.
+
+Test suites (``test/``, ``tests/``, ``idlelib/idle_test`` ...) and installed third-party packages
+(``site-packages``) are left out. Files are listed in sorted path order, never filesystem order.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sysconfig
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+# Folder names that hold test suites or third-party code, wherever they appear in the tree.
+EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+# The help-topics table: prose data written as one big Python dict, read as prose, not as code.
+TOPICS_FILE = "pydoc_data/topics.py"
+
+_DOCSTRING_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def stdlib_root() -> Path:
+    """The folder of the running interpreter's standard library (not the virtual environment's)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root: Path | None = None) -> list[str]:
+    """Relative POSIX paths of the standard library's ``.py`` files, sorted.
+
+    Includes ``pydoc_data/topics.py`` (read as prose); excludes test suites and site-packages.
+    """
+    root = root or stdlib_root()
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]
+        folder = Path(dirpath).relative_to(root)
+        found.extend((folder / name).as_posix() for name in filenames if name.endswith(".py"))
+    return sorted(found)
+
+
+def spread_sample(items: list, count: int | None) -> list:
+    """At most ``count`` items, evenly spaced over the (sorted) list: a small but varied subset."""
+    if count is None or count >= len(items):
+        return list(items)
+    if count <= 0:
+        return []
+    stride = len(items) / count
+    return [items[int(i * stride)] for i in range(count)]
+
+
+def read_python_source(path: Path) -> str:
+    """A Python file's text, decoded as the interpreter would (PEP 263 coding cookie or UTF-8)."""
+    with tokenize.open(path) as f:
+        return f.read()
+
+
+def docstrings(tree: ast.Module) -> list[str]:
+    """The cleaned docstrings (``inspect.cleandoc`` style) of the module and of every class and
+    function in it, in source order."""
+    owners = [node for node in ast.walk(tree) if isinstance(node, _DOCSTRING_OWNERS)]
+    owners.sort(key=lambda node: (getattr(node, "lineno", 0), getattr(node, "col_offset", 0)))
+    found = (ast.get_docstring(node, clean=True) for node in owners)
+    return [text for text in found if text]
+
+
+def _docstring_node(node: ast.AST) -> ast.Expr | None:
+    """The statement holding ``node``'s docstring, if it has one."""
+    body = getattr(node, "body", None)
+    if not body:
+        return None
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first
+    return None
+
+
+def strip_docstrings(source: str, tree: ast.Module | None = None) -> str:
+    """``source`` without its module, class and function docstrings; the result is still valid Python.
+
+    A docstring on lines of its own is removed with those lines (a trailing comment on its last
+    line goes with it); a body that held only a docstring gets ``pass``. A docstring sharing a
+    line with other code (``def f(): "doc"``) is replaced by ``pass`` in place. Everything else,
+    comments and blank lines included, is kept byte for byte.
+    """
+    tree = tree or ast.parse(source)
+    # ast positions are line numbers and UTF-8 byte columns; bytes.splitlines breaks lines exactly
+    # where the tokenizer does (\n, \r\n, \r), unlike str.splitlines.
+    lines = source.encode("utf-8").splitlines(keepends=True)
+    removals = []
+    for node in ast.walk(tree):
+        if isinstance(node, _DOCSTRING_OWNERS) and (doc := _docstring_node(node)) is not None:
+            needs_pass = len(node.body) == 1 and not isinstance(node, ast.Module)
+            removals.append((doc, needs_pass))
+    # From the end backwards, so that earlier positions stay valid.
+    for doc, needs_pass in sorted(removals, key=lambda r: (r[0].lineno, r[0].col_offset), reverse=True):
+        first, last = doc.lineno - 1, doc.end_lineno - 1
+        before = lines[first][:doc.col_offset]
+        after = lines[last][doc.end_col_offset:]
+        owns_its_lines = not before.strip() and (not after.strip() or after.lstrip().startswith(b"#"))
+        if owns_its_lines:
+            line_end = lines[last][len(lines[last].rstrip(b"\r\n")):] or b"\n"
+            replacement = [before + b"pass" + line_end] if needs_pass else []
+        else:
+            replacement = [before + b"pass" + after]
+        lines[first:last + 1] = replacement
+    return b"".join(lines).decode("utf-8")
+
+
+def pydoc_topics() -> list[str]:
+    """The help texts of ``pydoc_data.topics`` (language reference sections), sorted by topic."""
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)]
+
+
+@dataclass
+class StdlibCorpus:
+    """The standard library read once: prose documents, code documents, files that failed."""
+
+    prose: list[str] = field(default_factory=list)
+    code: list[str] = field(default_factory=list)
+    files: int = 0
+    unreadable: list[str] = field(default_factory=list)   # "path: reason"
+
+
+def read_stdlib(max_files: int | None = None, progress: bool = False, root: Path | None = None) -> StdlibCorpus:
+    """Read the standard library (or an evenly spread subset of ``max_files`` files) into prose
+    documents (one per docstring, plus one per pydoc topic) and code documents (one per module).
+
+    A file that cannot be decoded or parsed by this interpreter is skipped and listed in
+    ``unreadable``; with a healthy installation there are none.
+    """
+    root = root or stdlib_root()
+    files = spread_sample(stdlib_files(root), max_files)
+    corpus = StdlibCorpus(files=len(files))
+    for relpath in tqdm(files, desc="read stdlib", unit="file", disable=not progress, dynamic_ncols=True):
+        if relpath == TOPICS_FILE:
+            corpus.prose.extend(pydoc_topics())
+            continue
+        try:
+            source = read_python_source(root / relpath)
+            tree = ast.parse(source, filename=relpath)
+        except (SyntaxError, UnicodeDecodeError, ValueError) as err:
+            corpus.unreadable.append(f"{relpath}: {type(err).__name__}: {err}")
+            continue
+        corpus.prose.extend(docstrings(tree))
+        corpus.code.append(strip_docstrings(source, tree))
+    return corpus

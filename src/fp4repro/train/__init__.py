@@ -1,0 +1,8 @@
+"""Training of the reference model: WSD schedule, atomic checkpoints, exact resume, metrics."""
+
+from fp4repro.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from fp4repro.train.loop import NonFiniteLoss, eval_checkpoint_steps, train
+from fp4repro.train.schedule import WSDSchedule
+
+__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint", "NonFiniteLoss", "eval_checkpoint_steps",
+           "train", "WSDSchedule"]

@@ -1,0 +1,64 @@
+import pytest
+
+from fp4repro.experiment import ExperimentError, available_experiments, load_experiment
+
+BASE = """name: t
+model: tiny
+recipes: [bf16, ue5m3]
+data:
+  sources:
+    prose: {kind: stdlib_prose}
+    code: {kind: stdlib_code}
+  tokenizer: {vocab_size: 2048}
+train:
+  seq_len: 64
+  batch_size: 4
+  stages:
+    - {name: s1, tokens: 4096, blend: {prose: 0.7, code: 0.3}}
+    - {name: s2, tokens: 2048, blend: {prose: 0.4, code: 0.6}}
+"""
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_experiments_load():
+    assert "tiny" in available_experiments()
+    exp = load_experiment("tiny")
+    assert exp.recipes == ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")
+    assert [dict(s.blend) for s in exp.train.stages] == [{"prose": 0.7, "code": 0.3}, {"prose": 0.4, "code": 0.6}]
+    assert exp.train.total_steps == sum(exp.train.stage_steps())
+
+
+def test_base_loads(tmp_path):
+    exp = load_experiment(_write(tmp_path, BASE))
+    assert exp.train.tokens_per_step == 256 and exp.train.stage_steps() == [16, 8]
+
+
+BAD = {
+    "blend does not sum to 1": (("prose: 0.7, code: 0.3}}\n    - {name: s2", "prose: 0.7, code: 0.4}}\n    - {name: s2"),
+                                "train.stages.0.blend", "sum to 1"),
+    "stage without tokens": (("tokens: 2048", "tokens: 0"), "train.stages.1.tokens", "minimum"),
+    "unknown source": (("prose: 0.4, code: 0.6", "prose: 0.4, web: 0.6"), "train.stages.1.blend.web", "unknown source"),
+    "sequence length": (("seq_len: 64", "seq_len: 60"), "train.seq_len", "multiple of 16"),
+    "vocab mismatch": (("vocab_size: 2048", "vocab_size: 4096"), "data.tokenizer.vocab_size", "2048"),
+    "unknown recipe": (("[bf16, ue5m3]", "[bf16, fp3]"), "recipes.1", "no such recipe"),
+    "unknown model": (("model: tiny", "model: huge"), "model", "available names"),
+    "unknown field": (("batch_size: 4", "batch_size: 4\n  momentum: 0.9"), "train", "momentum"),
+    "source kind": (("{kind: stdlib_code}", "{kind: web}"), "data.sources.code.kind", "web"),
+    "jsonl without paths": (("{kind: stdlib_code}", "{kind: jsonl}"), "data.sources.code.paths", "path glob"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_experiments_name_file_and_field(tmp_path, case):
+    (old, new), field, allowed = BAD[case]
+    assert old in BASE
+    p = _write(tmp_path, BASE.replace(old, new, 1))
+    with pytest.raises(ExperimentError) as err:
+        load_experiment(p)
+    msg = str(err.value)
+    assert str(p) in msg and field in msg and allowed in msg, msg
