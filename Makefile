@@ -18,11 +18,14 @@ test: setup   ## the whole test suite (gpu tests skip without CUDA); exit code 5
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
-repro: setup   ## validate every recipe, walk the quantizer through an example, benchmark it
-	$(BIN)/fp4repro recipe
-	@for r in $$($(BIN)/fp4repro recipe); do $(BIN)/fp4repro recipe $$r --layers 52 > /dev/null && echo "recipe $$r: valid"; done
+EXPERIMENT ?= tiny
+
+repro: setup   ## prepare the tiny data, train and evaluate every recipe of the experiment (resumable)
 	$(BIN)/fp4repro explain
-	$(BIN)/fp4repro bench quant
+	$(BIN)/fp4repro prepare-data --experiment $(EXPERIMENT)
+	@for r in $$($(BIN)/fp4repro experiment $(EXPERIMENT) --recipes); do \
+		echo "== train $(EXPERIMENT) / $$r"; $(BIN)/fp4repro train --experiment $(EXPERIMENT) --recipe $$r || exit $$?; \
+		echo "== evaluate $(EXPERIMENT) / $$r"; $(BIN)/fp4repro evaluate --experiment $(EXPERIMENT) --recipe $$r || exit $$?; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -48,3 +48,11 @@ def test_model_command_counts_8b_and_lists_specs(capsys):
     out = capsys.readouterr().out
     assert "layers.3.mixer.o_proj" in out and "wgrad.dy=e2m1/ue5m3 1x16 T=448 SR periodic(50)" in out
     assert "lm_head                  all operands bf16" in out
+
+
+def test_experiment_command(capsys):
+    assert main(["experiment"]) == 0 and "tiny" in capsys.readouterr().out
+    assert main(["experiment", "tiny", "--recipes"]) == 0
+    assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"]
+    assert main(["experiment", "tiny"]) == 0
+    assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in capsys.readouterr().out

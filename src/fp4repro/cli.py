@@ -52,6 +52,28 @@ def _cmd_recipe(args) -> int:
     return 0
 
 
+def _cmd_experiment(args) -> int:
+    from fp4repro.experiment import available_experiments, load_experiment
+
+    if args.experiment is None:
+        print("\n".join(available_experiments()))
+        return 0
+    exp = load_experiment(args.experiment)
+    if args.recipes:
+        print(" ".join(exp.recipes))
+        return 0
+    t = exp.train
+    print(f"{exp.name}: model {exp.model}, backend {exp.backend}, recipes {', '.join(exp.recipes)}")
+    print(f"data: {', '.join(f'{s.name} ({s.kind})' for s in exp.data.sources)}; tokenizer "
+          f"{exp.data.tokenizer_path or f'BPE {exp.data.vocab_size}'}")
+    print(f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.total_tokens:,} tokens, "
+          f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints")
+    for stage, steps in zip(t.stages, t.stage_steps()):
+        blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)
+        print(f"  {stage.name}: {stage.tokens:,} tokens ({steps} steps), blend {blend}")
+    return 0
+
+
 def _cmd_prepare_data(args) -> int:
     from fp4repro.data import prepare_data_main
 
@@ -176,6 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
     r.set_defaults(func=_cmd_recipe)
 
+    ex = sub.add_parser("experiment", help="validate an experiment config and summarize it",
+                        description="Load and validate an experiment (name in configs/experiment/ or a YAML path) "
+                                    "and print its model, data, stages and recipes. Without an argument, list "
+                                    "the available experiments.")
+    ex.add_argument("experiment", nargs="?", help="experiment name or YAML path")
+    ex.add_argument("--recipes", action="store_true", help="print only the recipe names")
+    ex.set_defaults(func=_cmd_experiment)
+
     pd_ = sub.add_parser("prepare-data", help="build corpora, tokenizer and Megatron indexed datasets",
                          description="Read the experiment's sources (offline default: prose and code from the "
                                      "standard library), deduplicate, split by document hash, train or load the "
@@ -199,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=_cmd_train)
+
+    from fp4repro.eval.cli import add_evaluate_parser
+
+    add_evaluate_parser(sub)
 
     m = sub.add_parser("model", help="show a model config's size and, with a recipe, each linear's numerics",
                        description="Build a model config (name in configs/models/ or a YAML path) on the meta "
@@ -238,9 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from fp4repro.train.checkpoint import CheckpointError
+
     try:
         return args.func(args)
-    except ValueError as err:  # RecipeError, ExperimentError, ModelConfigError and bad values
+    except (ValueError, CheckpointError) as err:  # config errors (all ValueErrors), unusable checkpoints
         print(f"fp4repro {args.command}: error: {err}", file=sys.stderr)
         return 2
 

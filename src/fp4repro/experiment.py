@@ -194,6 +194,10 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         except RecipeError as err:
             _fail(path, f"recipes.{i}", r, str(err))
     backend = raw.get("backend", "local")
-    return ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
-                            data=data, train=train, backend=backend, description=raw.get("description", ""),
-                            eval=raw.get("eval", {}))
+    exp = ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
+                           data=data, train=train, backend=backend, description=raw.get("description", ""),
+                           eval=raw.get("eval", {}))
+    from fp4repro.eval.config import load_eval_config
+
+    load_eval_config(exp)   # the eval section fails here too, before any compute
+    return exp

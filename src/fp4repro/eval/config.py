@@ -1,0 +1,146 @@
+"""The ``eval`` section of an experiment YAML, validated before any work.
+
+Every field is optional::
+
+    eval:
+      policies: [bf16, quantized]   # inference policies, each evaluated on every checkpoint
+      batch_size: 16                # sequences per forward pass (default: train.batch_size)
+      nll_max_tokens: null          # predicted tokens per source for held-out NLL (null: whole split)
+      n_items: 200                  # items per offline task
+      seed: 1234                    # offline task generation
+      num_fewshot: null             # lm-eval few-shot examples (null: each task's own default)
+      limit: null                   # lm-eval: at most this many items per task (null: all)
+      include_path: []              # extra folders of lm-eval task YAMLs
+      tasks:                        # aggregate -> lm-eval task/group/tag names (default: offline tasks)
+        prose_next_line: [fp4repro_prose_next_line]
+        code_next_line: [fp4repro_code_next_line]
+        cloze: [fp4repro_prose_cloze, fp4repro_code_cloze]
+        # or, with data access:  commonsense: {tasks: [hellaswag, piqa, arc_easy], metric: acc_norm}
+
+An aggregate is a list of names (mean ``acc`` over them) or a mapping with ``tasks``, ``metric``
+(default acc) and ``weight_by_size`` (default false: the unweighted mean of its tasks). Each
+aggregate runs as an lm-eval group, which reports the aggregate with its standard error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fp4repro.eval.policy import POLICIES, EvalError
+from fp4repro.eval.tasks import default_aggregates
+
+FIELDS = ("policies", "batch_size", "nll_max_tokens", "n_items", "seed", "num_fewshot", "limit", "include_path",
+          "tasks")
+AGGREGATE_FIELDS = ("tasks", "metric", "weight_by_size")
+OFFLINE_PREFIX = "fp4repro_"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    name: str
+    tasks: tuple[str, ...]
+    metric: str = "acc"
+    weight_by_size: bool = False
+
+    @property
+    def offline(self) -> bool:
+        return all(t.startswith(OFFLINE_PREFIX) for t in self.tasks)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    policies: tuple[str, ...] = POLICIES
+    batch_size: int = 16
+    nll_max_tokens: int | None = None
+    n_items: int = 200
+    seed: int = 1234
+    num_fewshot: int | None = None
+    limit: int | None = None
+    include_path: tuple[str, ...] = ()
+    aggregates: tuple[Aggregate, ...] = field(default_factory=tuple)
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t for a in self.aggregates for t in a.tasks]
+
+    @property
+    def uses_offline_tasks(self) -> bool:
+        return any(t.startswith(OFFLINE_PREFIX) for t in self.task_names)
+
+
+def _fail(where: str, field_name: str, value, allowed: str):
+    raise EvalError(f"{where}: field 'eval.{field_name}': value {value!r}: {allowed}")
+
+
+def _int(where: str, raw: dict, name: str, default, minimum: int, nullable: bool = False):
+    value = raw.get(name, default)
+    if value is None and nullable:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        _fail(where, name, value, f"an integer >= {minimum}" + (" or null" if nullable else ""))
+    return value
+
+
+def _aggregate(where: str, name: str, value) -> Aggregate:
+    if isinstance(value, list):
+        value = {"tasks": value}
+    if not isinstance(value, dict):
+        _fail(where, f"tasks.{name}", value, "a list of lm-eval task names, or a mapping with 'tasks'")
+    extra = sorted(set(value) - set(AGGREGATE_FIELDS))
+    if extra:
+        _fail(where, f"tasks.{name}", extra, f"allowed fields: {list(AGGREGATE_FIELDS)}")
+    tasks = value.get("tasks")
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t for t in tasks):
+        _fail(where, f"tasks.{name}.tasks", tasks, "a non-empty list of lm-eval task, group or tag names")
+    metric = value.get("metric", "acc")
+    if not isinstance(metric, str) or not metric:
+        _fail(where, f"tasks.{name}.metric", metric, "a metric name such as acc or acc_norm")
+    weight = value.get("weight_by_size", False)
+    if not isinstance(weight, bool):
+        _fail(where, f"tasks.{name}.weight_by_size", weight, "true or false")
+    return Aggregate(name=name, tasks=tuple(tasks), metric=metric, weight_by_size=weight)
+
+
+def load_eval_config(exp) -> EvalConfig:
+    """The validated ``eval`` section of an ExperimentConfig; errors name the file and field."""
+    raw = exp.eval or {}
+    where = exp.path
+    if not isinstance(raw, dict):
+        _fail(where, "", raw, "a mapping")
+    extra = sorted(set(raw) - set(FIELDS))
+    if extra:
+        raise EvalError(f"{where}: field 'eval': unknown field(s) {extra}; allowed fields: {list(FIELDS)}")
+    policies = raw.get("policies", list(POLICIES))
+    if not isinstance(policies, list) or not policies or any(p not in POLICIES for p in policies) \
+            or len(set(policies)) != len(policies):
+        _fail(where, "policies", policies, f"a non-empty list of distinct policies from {list(POLICIES)}")
+    include = raw.get("include_path", [])
+    include = [include] if isinstance(include, str) else include
+    if not isinstance(include, list) or not all(isinstance(p, str) for p in include):
+        _fail(where, "include_path", include, "a folder or a list of folders of lm-eval task YAMLs")
+    sources = [s.name for s in exp.data.sources]
+    tasks = raw.get("tasks", default_aggregates(sources))
+    if not isinstance(tasks, dict) or not tasks:
+        _fail(where, "tasks", tasks, "a non-empty mapping of aggregate name -> lm-eval task names")
+    aggregates = tuple(_aggregate(where, str(name), value) for name, value in tasks.items())
+    _check_disjoint(where, aggregates)
+    return EvalConfig(
+        policies=tuple(policies),
+        batch_size=_int(where, raw, "batch_size", exp.train.batch_size, 1),
+        nll_max_tokens=_int(where, raw, "nll_max_tokens", None, 1, nullable=True),
+        n_items=_int(where, raw, "n_items", 200, 1),
+        seed=_int(where, raw, "seed", 1234, 0),
+        num_fewshot=_int(where, raw, "num_fewshot", None, 0, nullable=True),
+        limit=_int(where, raw, "limit", None, 1, nullable=True),
+        include_path=tuple(include),
+        aggregates=aggregates)
+
+
+def _check_disjoint(where: str, aggregates: tuple[Aggregate, ...]) -> None:
+    """lm-eval refuses a task that appears in two groups of one run: say so up front."""
+    seen: dict[str, str] = {}
+    for a in aggregates:
+        for t in a.tasks:
+            if t in seen:
+                _fail(where, f"tasks.{a.name}", t, f"a task may be in one aggregate only (also in '{seen[t]}')")
+            seen[t] = a.name

@@ -1,0 +1,131 @@
+"""Downstream evaluation through lm-eval's own API: task lookup, aggregates, result rows.
+
+Each aggregate of the eval config runs as an lm-eval group named ``fp4repro_aggregate_<name>``
+(a YAML written next to the results) whose score is the mean of its tasks' metric; lm-eval
+reports every task's and every group's standard error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+from pathlib import Path
+
+import yaml
+
+from fp4repro.eval.config import EvalConfig
+from fp4repro.eval.policy import EvalError
+from fp4repro.eval.tasks import group_config
+from fp4repro.util import atomic_write_text
+
+GROUP_PREFIX = "fp4repro_aggregate_"
+COLUMNS = ["recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr", "n"]
+
+
+def task_manager(include_path: list[str | Path], names: list[str]):
+    """An lm-eval TaskManager over ``include_path`` that knows every name in ``names``.
+
+    lm-eval's built-in task index (about 15 000 entries, seconds to build) is added only when a
+    name is not found in ``include_path``; a name that lm-eval does not know at all raises
+    EvalError listing it with the closest known names, before anything is evaluated.
+    """
+    from lm_eval.tasks import TaskManager
+
+    missing = [str(p) for p in include_path if not Path(p).is_dir()]
+    if missing:
+        raise EvalError(f"lm-eval task folder(s) {missing} (eval.include_path): no such folder")
+    paths = [str(p) for p in include_path]
+    manager = TaskManager(include_path=paths or None, include_defaults=False)
+    if any(n not in manager.all_tasks for n in names):
+        manager = TaskManager(include_path=paths or None, include_defaults=True)
+    unknown = [n for n in names if n not in manager.all_tasks]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, manager.all_tasks, n=3)
+            hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        raise EvalError(f"lm-eval does not know task(s) {', '.join(hints)}; searched its built-in tasks"
+                        + (f" and {', '.join(paths)}" if paths else ""))
+    return manager
+
+
+def group_name(aggregate: str) -> str:
+    return GROUP_PREFIX + aggregate
+
+
+def write_groups(cfg: EvalConfig, out_dir: Path) -> Path:
+    """One lm-eval group YAML per aggregate in ``out_dir`` (its own folder: every YAML in it is
+    indexed). Files, not inline dicts: lm-eval 0.4.13 passes an inline top-level group's own
+    fields down to its tasks as overrides."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {f"{group_name(a.name)}.yaml" for a in cfg.aggregates}
+    for stale in out_dir.glob("*.yaml"):
+        if stale.name not in wanted:
+            stale.unlink()
+    for a in cfg.aggregates:
+        config = group_config(group_name(a.name), list(a.tasks), a.metric, a.weight_by_size)
+        atomic_write_text(out_dir / f"{group_name(a.name)}.yaml", yaml.safe_dump(config, sort_keys=False))
+    return out_dir
+
+
+def run_lm_eval(lm, cfg: EvalConfig, manager) -> dict:
+    """``lm_eval.simple_evaluate`` over the aggregates' groups; returns lm-eval's results dict."""
+    import lm_eval
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    groups = [group_name(a.name) for a in cfg.aggregates]
+    return lm_eval.simple_evaluate(model=lm, tasks=groups, task_manager=manager,
+                                   num_fewshot=cfg.num_fewshot, limit=cfg.limit, log_samples=False,
+                                   bootstrap_iters=1000, random_seed=cfg.seed, numpy_random_seed=cfg.seed,
+                                   torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _aggregate_of(results: dict) -> dict[str, str]:
+    """Every task or group name in ``results`` -> the aggregate it belongs to."""
+    children = results.get("group_subtasks", {})
+    owner: dict[str, str] = {}
+
+    def walk(name: str, aggregate: str) -> None:
+        owner[name] = aggregate
+        for child in children.get(name, []):
+            walk(child, aggregate)
+
+    for name in children:
+        if name.startswith(GROUP_PREFIX):
+            walk(name, name[len(GROUP_PREFIX):])
+    return owner
+
+
+def result_rows(results: dict, meta: dict) -> list[dict]:
+    """Long-format rows (one per task or aggregate × metric) of an lm-eval results dict.
+
+    ``meta`` holds the columns shared by all rows (recipe, step, tokens, policy). Aggregate rows
+    have level 'aggregate' and task = the aggregate's name; the aggregate's configured metric
+    is the one its group reports.
+    """
+    owner = _aggregate_of(results)
+    n_samples = results.get("n-samples", {})
+    rows = []
+    for name, values in results["results"].items():
+        aggregate = owner.get(name, "")
+        level = "aggregate" if name.startswith(GROUP_PREFIX) else "task"
+        task = name[len(GROUP_PREFIX):] if level == "aggregate" else name
+        n = values.get("sample_len", n_samples.get(name, {}).get("effective"))
+        for key, value in values.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or metric.endswith("_stderr"):
+                continue
+            stderr = values.get(f"{metric}_stderr,{filter_name}")
+            suffix = "" if filter_name == "none" else f",{filter_name}"
+            rows.append({**meta, "aggregate": aggregate, "task": task, "level": level, "metric": metric + suffix,
+                         "value": _number(value), "stderr": _number(stderr),
+                         "n": int(n) if n is not None else -1})
+    return rows

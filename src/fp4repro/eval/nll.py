@@ -1,0 +1,94 @@
+"""Held-out negative log-likelihood over non-overlapping windows.
+
+A split's documents form one token stream (documents separated by the EOD token, as in
+training). The stream is cut into non-overlapping windows of ``seq_len`` predicted tokens:
+window i feeds tokens [i·L, (i+1)·L) and predicts tokens [i·L+1, (i+1)·L+1), so every token
+after the first is predicted exactly once, with the same context length and batch shape as a
+training step. A final shorter window takes the remainder. NLL is in nats per predicted token.
+
+The blend's NLL is the final stage's blend weights applied to the per-source NLLs,
+Σ_s w_s · NLL_s: the expected loss per token of a stream mixed as the final stage mixes its
+training data, independent of how large each source's validation split happens to be.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class NLLResult:
+    """Summed NLL (nats) over ``tokens`` predicted tokens."""
+
+    total: float
+    tokens: int
+
+    @property
+    def nll(self) -> float:
+        return self.total / self.tokens if self.tokens else math.nan
+
+
+def windows(stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | None = None
+            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, targets) of each non-overlapping window of a 1-D token stream (see the module
+    docstring); ``max_tokens`` caps the predicted tokens (a prefix of the stream)."""
+    tokens = torch.as_tensor(np.asarray(stream, dtype=np.int64))
+    n_pred = len(tokens) - 1
+    if max_tokens is not None:
+        n_pred = min(n_pred, max_tokens)
+    out = []
+    for start in range(0, max(n_pred, 0), seq_len):
+        end = min(start + seq_len, n_pred)
+        out.append((tokens[start:end], tokens[start + 1:end + 1]))
+    return out
+
+
+def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """Float32 logits of a (batch, time) int64 tensor, as the training loop computes them
+    (BF16 autocast on CUDA, float32 on CPU), without building a graph."""
+    device = next(model.parameters()).device
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        return model(inputs.to(device)).float()
+
+
+def stream_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_len: int, batch_size: int,
+               max_tokens: int | None = None) -> NLLResult:
+    """Summed cross-entropy of ``model`` over the windows of ``stream``, ``batch_size`` full
+    windows per forward pass (the shorter last window on its own)."""
+    pieces = windows(stream, seq_len, max_tokens)
+    total, count = 0.0, 0
+    for batch in _batches(pieces, batch_size):
+        inputs = torch.stack([w[0] for w in batch])
+        targets = torch.stack([w[1] for w in batch])
+        logits = logits_of(model, inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(logits.device), reduction="sum")
+        total += float(loss)
+        count += targets.numel()
+    return NLLResult(total, count)
+
+
+def _batches(pieces: list, batch_size: int):
+    """Consecutive groups of at most ``batch_size`` windows of equal length."""
+    group: list = []
+    for piece in pieces:
+        if group and (len(group) == batch_size or len(piece[0]) != len(group[0][0])):
+            yield group
+            group = []
+        group.append(piece)
+    if group:
+        yield group
+
+
+def blend_nll(per_source: dict[str, NLLResult], weights: dict[str, float]) -> NLLResult:
+    """Σ_s w_s · NLL_s over the blend's sources (weights renormalised over those with weight > 0);
+    ``tokens`` is the number of tokens evaluated across those sources."""
+    used = {s: w for s, w in weights.items() if w > 0}
+    norm = sum(used.values())
+    nll = sum(w / norm * per_source[s].nll for s, w in used.items())
+    tokens = sum(per_source[s].tokens for s in used)
+    return NLLResult(nll * tokens, tokens)

@@ -1,0 +1,143 @@
+"""Inference policies and checkpoint loading for evaluation.
+
+A *policy* says how the evaluated model computes its forward pass:
+
+    bf16       no quantization: every internal linear is a plain ``nn.Linear`` (BF16 autocast on
+               CUDA, FP32 on CPU, exactly as the training loop runs an unquantized forward)
+    quantized  the checkpoint's recipe: the forward operands (``fprop.x``, ``fprop.w``) of every
+               linear the recipe quantizes, with its layer exemptions, each quantized with the
+               *current* amax of the tensor being quantized (periodic scaling holds nothing at
+               inference: ``CurrentAmaxState``). Backward operands never run.
+
+Any evaluation checkpoint loads into either build (QuantLinear and nn.Linear share state_dict keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fp4repro.model import NemotronH, load_model_config
+from fp4repro.quant import QuantState
+from fp4repro.quant.spec import TensorScaling
+from fp4repro.recipes import load_recipe
+
+POLICIES = ("bf16", "quantized")
+
+
+class EvalError(ValueError):
+    """An evaluation that cannot run (bad config, checkpoint, task name): says what and why."""
+
+
+class CurrentAmaxState(QuantState):
+    """A QuantState that never holds an amax: every quantization uses the tensor's current amax."""
+
+    def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
+        return None
+
+    def hold(self, key: str, amax: torch.Tensor, scaling: TensorScaling) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What an evaluation checkpoint says about itself (from its dict, without the weights)."""
+
+    path: Path
+    step: int
+    tokens: int
+    stage: str
+    model_config: str
+    recipe: str
+    experiment: str
+
+
+def check_policy(policy: str) -> str:
+    if policy not in POLICIES:
+        raise EvalError(f"policy {policy!r}: unknown; allowed: {', '.join(POLICIES)}")
+    return policy
+
+
+def build_model(model_config: str, recipe: str | None, policy: str) -> NemotronH:
+    """The evaluation model (random weights, eval mode) for ``policy``: the recipe's forward
+    quantization with current amaxes for 'quantized', plain linears for 'bf16'."""
+    check_policy(policy)
+    config = load_model_config(model_config)
+    if policy == "bf16" or recipe is None:
+        return NemotronH(config).eval()
+    return NemotronH(config, load_recipe(recipe), state=CurrentAmaxState()).eval()
+
+
+def state_dict_mismatch(state_dict: dict, model_config: str) -> list[str]:
+    """Why ``state_dict`` does not fit the model of ``model_config`` (empty list: it fits).
+
+    The reference model is built on the meta device, so this costs no memory for large configs.
+    """
+    with torch.device("meta"):
+        expected = NemotronH(load_model_config(model_config)).state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_few(unexpected)}")
+    for key in sorted(set(expected) & set(state_dict)):
+        want, got = tuple(expected[key].shape), tuple(state_dict[key].shape)
+        if want != got:
+            problems.append(f"{key}: shape {got} in the checkpoint, {want} in the model")
+    return problems
+
+
+def _few(items: list[str], n: int = 4) -> str:
+    shown = ", ".join(items[:n])
+    return f"[{shown}{', …' if len(items) > n else ''}] ({len(items)})"
+
+
+def inspect_checkpoint(path: Path, model_config: str, recipe: str | None = None) -> CheckpointInfo:
+    """Check an evaluation checkpoint against a model config (and recipe) without loading its
+    weights into memory (memory-mapped); raises EvalError naming the file and the mismatch."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvalError(f"{path}: no such checkpoint")
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:
+        raise EvalError(f"{path}: unreadable checkpoint: {err}") from None
+    required = ("model", "step", "tokens", "model_config", "recipe")
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in required):
+        keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise EvalError(f"{path}: not an evaluation checkpoint (needs keys {list(required)}; has {keys})")
+    if ckpt["model_config"] != model_config:
+        raise EvalError(f"{path}: written for model config {ckpt['model_config']!r}, "
+                        f"but the experiment's model is {model_config!r}")
+    if recipe is not None and ckpt["recipe"] != recipe:
+        raise EvalError(f"{path}: written by recipe {ckpt['recipe']!r}, not {recipe!r}")
+    problems = state_dict_mismatch(ckpt["model"], model_config)
+    if problems:
+        raise EvalError(f"{path}: weights do not match model config {model_config!r}: " + "; ".join(problems))
+    return CheckpointInfo(path=path, step=int(ckpt["step"]), tokens=int(ckpt["tokens"]),
+                          stage=str(ckpt.get("stage", "")), model_config=ckpt["model_config"],
+                          recipe=ckpt["recipe"], experiment=str(ckpt.get("experiment", "")))
+
+
+def load_eval_model(path: Path, policy: str, device: str = "cpu",
+                    model_config: str | None = None) -> tuple[NemotronH, dict]:
+    """(model in eval mode on ``device`` with the checkpoint's weights, checkpoint metadata).
+
+    The checkpoint's digest is verified (``fp4repro.train.load_checkpoint``); its recipe
+    decides what 'quantized' means. ``model_config`` (default: the checkpoint's own) must match.
+    """
+    from fp4repro.train import load_checkpoint
+
+    ckpt = load_checkpoint(Path(path))
+    config_name = model_config or ckpt["model_config"]
+    problems = state_dict_mismatch(ckpt["model"], config_name)
+    if ckpt["model_config"] != config_name or problems:
+        why = "; ".join(problems) or f"written for {ckpt['model_config']!r}"
+        raise EvalError(f"{path}: does not match model config {config_name!r}: {why}")
+    model = build_model(config_name, ckpt["recipe"], policy)
+    model.load_state_dict(ckpt.pop("model"))
+    return model.to(device), ckpt

@@ -1,0 +1,198 @@
+"""``fp4repro evaluate``: every checkpoint of a finished training run, under every policy.
+
+Inputs:  results/<exp>/train/<recipe>/{done.json, ckpt/step_*.pt, metrics.parquet}
+         results/<exp>/data/ (prepared data: validation and test splits, tokenizer)
+Outputs: results/<exp>/eval/<recipe>/nll.parquet         held-out NLL per checkpoint × policy × source
+         results/<exp>/eval/<recipe>/downstream.parquet  lm-eval tasks and aggregates, with stderr
+         results/<exp>/eval/<recipe>/final_loss.json     final-window training loss
+         results/<exp>/eval/tasks/                       the offline lm-eval tasks (shared by recipes)
+
+Everything that can be wrong (config, checkpoints, task names) is checked before the first
+forward pass. Rows already present for a checkpoint × policy are kept and not recomputed, and
+each table is rewritten atomically after every checkpoint × policy, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from fp4repro.eval.config import EvalConfig, load_eval_config
+from fp4repro.eval.downstream import COLUMNS as DOWNSTREAM_COLUMNS
+from fp4repro.eval.downstream import result_rows, run_lm_eval, task_manager, write_groups
+from fp4repro.eval.loss import final_window_loss
+from fp4repro.eval.nll import blend_nll, stream_nll
+from fp4repro.eval.policy import CheckpointInfo, EvalError, inspect_checkpoint, load_eval_model
+from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
+from fp4repro.util import atomic_path, atomic_write_text
+
+NLL_COLUMNS = ["recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
+TASKS_STAMP = "offline_tasks.json"
+
+
+@dataclass(frozen=True)
+class EvalPaths:
+    run: Path           # results/<exp>/train/<recipe>
+    data: Path          # results/<exp>/data
+    out: Path           # results/<exp>/eval/<recipe>
+    tasks: Path         # results/<exp>/eval/tasks
+
+    @classmethod
+    def of(cls, results: Path, experiment: str, recipe: str, data: Path | None = None) -> "EvalPaths":
+        root = Path(results) / experiment
+        return cls(run=root / "train" / recipe, data=Path(data) if data else root / "data",
+                   out=root / "eval" / recipe, tasks=root / "eval" / "tasks")
+
+
+# ------------------------------------------------------------------------------ preparation
+
+def finished_checkpoints(run: Path, model_config: str, recipe: str) -> list[CheckpointInfo]:
+    """The checkpoints that done.json lists, each checked against the model config and recipe."""
+    done = run / "done.json"
+    if not done.is_file():
+        raise EvalError(f"{done}: missing: the training run {run} has not finished (run `fp4repro train`)")
+    listed = json.loads(done.read_text()).get("checkpoints", [])
+    if not listed:
+        raise EvalError(f"{done}: lists no checkpoints")
+    return [inspect_checkpoint(run / rel, model_config, recipe) for rel in listed]
+
+
+def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Path:
+    """Write the offline tasks unless ``out_dir`` already holds them for this data, n_items and seed."""
+    stamp = out_dir / TASKS_STAMP
+    wanted = {"format": TASKS_FORMAT, "data_hash": manifest.data_hash, "n_items": n_items, "seed": seed}
+    if stamp.is_file():
+        recorded = json.loads(stamp.read_text())
+        if {k: recorded.get(k) for k in wanted} == wanted:
+            return out_dir
+    counts = write_offline_tasks(manifest, out_dir, n_items=n_items, seed=seed)
+    empty = [name for name, n in counts.items() if n == 0]
+    if empty:
+        raise EvalError(f"offline task(s) {empty}: no items: the test split of their source is too small "
+                        f"(see {manifest.root}/manifest.json); raise data.split.test or add documents")
+    atomic_write_text(stamp, json.dumps({**wanted, "tasks": counts}, indent=2) + "\n")
+    return out_dir
+
+
+def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=columns)
+
+
+def _write_table(path: Path, table: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        table.to_parquet(tmp, index=False)
+
+
+def _append(table: pd.DataFrame, rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    new = pd.DataFrame(rows, columns=columns)
+    table = new if table.empty else pd.concat([table, new], ignore_index=True)
+    return table.sort_values(["step", "policy"], kind="stable", ignore_index=True)
+
+
+def _done_pairs(table: pd.DataFrame) -> set[tuple[int, str]]:
+    return set(zip(table["step"].astype(int), table["policy"].astype(str)))
+
+
+# -------------------------------------------------------------------------------- one model
+
+def nll_rows(model, streams: dict, blend: dict[str, float], seq_len: int, batch_size: int,
+             max_tokens: int | None, meta: dict) -> list[dict]:
+    """One row per source with validation tokens, and one for the blend (final-stage weights)."""
+    per_source = {s: stream_nll(model, stream, seq_len, batch_size, max_tokens) for s, stream in streams.items()}
+    results = {**per_source, "blend": blend_nll(per_source, blend)}
+    return [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()]
+
+
+def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq_len: int, meta: dict) -> list[dict]:
+    from fp4repro.eval.lm import FP4ReproLM
+
+    lm = FP4ReproLM(model, tokenizer, eod_id, policy=meta["policy"], max_length=seq_len, batch_size=cfg.batch_size)
+    return result_rows(run_lm_eval(lm, cfg, manager), meta)
+
+
+# ------------------------------------------------------------------------------------ entry
+
+def prepare_tasks(cfg: EvalConfig, manifest, paths: EvalPaths):
+    """The lm-eval TaskManager for the aggregates: offline tasks written (when named), every task
+    name checked, then one group YAML per aggregate."""
+    include = [*cfg.include_path]
+    if cfg.uses_offline_tasks:
+        include.insert(0, str(ensure_offline_tasks(manifest, paths.tasks, cfg.n_items, cfg.seed)))
+    task_manager(include, cfg.task_names)                   # fails on an unknown task name
+    include.append(str(write_groups(cfg, paths.out / "lm_eval_groups")))
+    return task_manager(include, cfg.task_names)
+
+
+def validation_streams(manifest, blend: dict[str, float]) -> dict:
+    """Each source's validation token stream; every source the blend uses must have one."""
+    from fp4repro.data import validation_tokens
+
+    streams = {s: validation_tokens(manifest, s) for s in manifest.source_names}
+    streams = {s: t for s, t in streams.items() if len(t) > 1}
+    missing = [s for s, w in blend.items() if w > 0 and s not in streams]
+    if missing:
+        raise EvalError(f"{manifest.root}: source(s) {missing} of the final blend have no validation tokens")
+    return streams
+
+
+def evaluate_main(experiment: str, recipe: str, results: str | Path = "results", data: str | Path | None = None,
+                  device: str | None = None, nll: bool = True, downstream: bool = True,
+                  progress: bool = True) -> int:
+    """Evaluate every checkpoint of ``results/<experiment>/train/<recipe>`` under each policy of
+    the experiment's eval config: held-out NLL, lm-eval downstream tasks, final-window loss.
+    Returns 0; raises EvalError (a ValueError) with a clear message when something cannot run."""
+    from fp4repro.data import load_manifest
+    from fp4repro.experiment import load_experiment
+
+    exp = load_experiment(experiment)
+    if recipe not in exp.recipes:
+        raise EvalError(f"recipe {recipe!r} is not in experiment {exp.name!r} (recipes: {', '.join(exp.recipes)})")
+    cfg = load_eval_config(exp)
+    paths = EvalPaths.of(Path(results), exp.name, recipe, Path(data) if data else None)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    seq_len, blend = exp.train.seq_len, dict(exp.train.stages[-1].blend)
+
+    # ---- every check before any compute
+    checkpoints = finished_checkpoints(paths.run, exp.model, recipe)
+    manifest = load_manifest(paths.data)
+    streams = validation_streams(manifest, blend) if nll else {}
+    manager = prepare_tasks(cfg, manifest, paths) if downstream else None
+    tokenizer = manifest.load_tokenizer()
+
+    paths.out.mkdir(parents=True, exist_ok=True)
+    metrics = paths.run / "metrics.parquet"
+    if metrics.is_file():
+        summary = {"experiment": exp.name, "recipe": recipe, **final_window_loss(metrics, exp.train.final_window)}
+        atomic_write_text(paths.out / "final_loss.json", json.dumps(summary, indent=2) + "\n")
+
+    nll_path, down_path = paths.out / "nll.parquet", paths.out / "downstream.parquet"
+    nll_table = _read_table(nll_path, NLL_COLUMNS)
+    down_table = _read_table(down_path, DOWNSTREAM_COLUMNS)
+    todo = [(c, p) for c in checkpoints for p in cfg.policies
+            if (nll and (c.step, p) not in _done_pairs(nll_table))
+            or (downstream and (c.step, p) not in _done_pairs(down_table))]
+    bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy", desc=f"evaluate {exp.name}/{recipe}",
+               dynamic_ncols=True, file=sys.stderr)
+    try:
+        for info, policy in todo:
+            bar.set_postfix(step=info.step, policy=policy)
+            model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model)
+            meta = {"recipe": recipe, "step": info.step, "tokens": info.tokens, "policy": policy}
+            if nll and (info.step, policy) not in _done_pairs(nll_table):
+                rows = nll_rows(model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, meta)
+                nll_table = _append(nll_table, rows, NLL_COLUMNS)
+                _write_table(nll_path, nll_table)
+            if downstream and (info.step, policy) not in _done_pairs(down_table):
+                rows = downstream_rows(model, tokenizer, manifest.eod_id, cfg, manager, seq_len, meta)
+                down_table = _append(down_table, rows, DOWNSTREAM_COLUMNS)
+                _write_table(down_path, down_table)
+            bar.update(1)
+    finally:
+        bar.close()
+    return 0

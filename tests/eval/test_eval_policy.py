@@ -1,0 +1,75 @@
+"""Inference policies: what 'quantized' means at evaluation, and checkpoints that do not fit."""
+
+import pytest
+import torch
+
+from fp4repro.eval import EvalError, build_model, inspect_checkpoint, load_eval_model
+from fp4repro.model import NemotronH, load_model_config
+from fp4repro.train import save_checkpoint
+
+
+def _logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3"])
+def test_quantized_policy_differs_for_fp4_recipes(runs, tokens, recipe):
+    path = runs[recipe] / "ckpt" / "step_00000012.pt"
+    bf16, _ = load_eval_model(path, "bf16")
+    quantized, ckpt = load_eval_model(path, "quantized")
+    assert ckpt["recipe"] == recipe
+    assert not torch.equal(_logits(bf16, tokens), _logits(quantized, tokens))
+
+
+def test_quantized_policy_equals_bf16_for_the_bf16_recipe(runs, tokens):
+    path = runs["bf16"] / "ckpt" / "step_00000012.pt"
+    bf16, _ = load_eval_model(path, "bf16")
+    quantized, _ = load_eval_model(path, "quantized")
+    assert torch.equal(_logits(bf16, tokens), _logits(quantized, tokens))
+
+
+def test_periodic_scaling_holds_no_amax_at_inference(runs, tokens):
+    """ue5m3 holds amaxes for 50 steps in training; at evaluation each forward uses the current
+    amax, so a model that has seen other inputs gives the same logits as a fresh one."""
+    path = runs["ue5m3"] / "ckpt" / "step_00000012.pt"
+    used, _ = load_eval_model(path, "quantized")
+    _logits(used, tokens.flip(1))
+    _logits(used, (tokens * 7) % 2048)
+    fresh, _ = load_eval_model(path, "quantized")
+    assert torch.equal(_logits(used, tokens), _logits(fresh, tokens))
+
+
+def test_quantized_policy_keeps_the_recipes_exemptions():
+    """nvfp4 keeps the last 4 layers in BF16: only layer 0's linears quantize."""
+    model = build_model("tiny", "nvfp4", "quantized")
+    quantized = {name for name, m in model.linears() if getattr(m, "specs", None) is not None}
+    assert quantized == {"layers.0.mixer.in_proj", "layers.0.mixer.out_proj"}
+
+
+def test_mismatched_checkpoint_is_refused_with_a_clear_message(tmp_path):
+    config = load_model_config("tiny")
+    small = NemotronH(type(config)(**{**config.to_dict(), "hidden_size": 64}))
+    path = tmp_path / "step_00000001.pt"
+    save_checkpoint({"model": small.state_dict(), "step": 1, "tokens": 1, "stage": "s1", "model_config": "tiny",
+                     "recipe": "bf16", "experiment": "x"}, path)
+    with pytest.raises(EvalError, match=r"do not match model config 'tiny'.*embedding.weight: shape \(2048, 64\)"):
+        inspect_checkpoint(path, "tiny", "bf16")
+    with pytest.raises(EvalError, match="does not match model config"):
+        load_eval_model(path, "bf16")
+
+
+def test_checkpoint_of_another_model_config_or_recipe_is_refused(runs):
+    path = runs["nvfp4"] / "ckpt" / "step_00000006.pt"
+    with pytest.raises(EvalError, match="written for model config 'tiny', but the experiment's model is 'small'"):
+        inspect_checkpoint(path, "small", "nvfp4")
+    with pytest.raises(EvalError, match="written by recipe 'nvfp4', not 'ue5m3'"):
+        inspect_checkpoint(path, "tiny", "ue5m3")
+    info = inspect_checkpoint(path, "tiny", "nvfp4")
+    assert (info.step, info.tokens, info.recipe) == (6, 3072, "nvfp4")
+

@@ -1,0 +1,119 @@
+"""``evaluate_main`` end to end: NLL and lm-eval tables, resume, and failures before any work."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from fp4repro.eval import EvalError, evaluate_main
+from fp4repro.eval import run as run_module
+from fp4repro.model import load_model_config
+
+STEPS = (6, 12)       # the checkpoints of conftest's runs
+
+
+@pytest.fixture(scope="module")
+def evaluated(prepared, runs):
+    """The nvfp4 run evaluated once (both policies, NLL and the three offline aggregates)."""
+    exp, path, results = prepared
+    assert evaluate_main(str(path), "nvfp4", results=results, progress=False) == 0
+    return results / exp.name / "eval" / "nvfp4"
+
+
+def test_nll_table(evaluated):
+    nll = pd.read_parquet(evaluated / "nll.parquet")
+    assert list(nll.columns) == ["recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
+    assert len(nll) == len(STEPS) * 2 * 3
+    assert set(nll["source"]) == {"prose", "code", "blend"} and set(nll["policy"]) == {"bf16", "quantized"}
+    assert (nll["tokens_evaluated"] > 0).all() and nll["nll"].between(0, 20).all()
+    row = nll.set_index(["step", "policy", "source"])["nll"]
+    for step in STEPS:                      # blend = final stage's weights (prose 0.4, code 0.6)
+        for policy in ("bf16", "quantized"):
+            assert row[step, policy, "blend"] == pytest.approx(
+                0.4 * row[step, policy, "prose"] + 0.6 * row[step, policy, "code"])
+    assert (row.xs("bf16", level="policy") != row.xs("quantized", level="policy")).all()
+
+
+def test_three_offline_aggregates_with_standard_errors(evaluated):
+    down = pd.read_parquet(evaluated / "downstream.parquet")
+    agg = down[(down["level"] == "aggregate") & (down["metric"] == "acc")]
+    assert set(agg["task"]) == {"prose_next_line", "code_next_line", "cloze"}
+    assert len(agg) == 3 * len(STEPS) * 2
+    assert agg["value"].between(0, 1).all()
+    assert (agg["stderr"] > 0).all() and agg["stderr"].map(math.isfinite).all()
+    tasks = down[(down["level"] == "task") & (down["metric"] == "acc")]
+    assert set(tasks["task"]) == {f"fp4repro_{s}_{k}" for s in ("prose", "code") for k in ("next_line", "cloze")}
+    assert (tasks["n"] == 4).all()
+    assert set(tasks.loc[tasks["task"] == "fp4repro_code_cloze", "aggregate"]) == {"cloze"}
+
+
+def test_final_window_loss(evaluated):
+    summary = json.loads((evaluated / "final_loss.json").read_text())
+    assert summary["recipe"] == "nvfp4" and summary["final_window"] == 0.25
+    assert (summary["first_step"], summary["last_step"]) == (10, 12)
+    assert summary["loss"] == pytest.approx(8.0 - 0.25 * 11)
+
+
+def test_rerun_skips_what_is_there(prepared, evaluated, monkeypatch):
+    exp, path, results = prepared
+    before = {name: (evaluated / name).read_bytes() for name in ("nll.parquet", "downstream.parquet")}
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a finished checkpoint x policy was evaluated again")
+
+    monkeypatch.setattr(run_module, "load_eval_model", must_not_load)
+    assert evaluate_main(str(path), "nvfp4", results=results, progress=False) == 0
+    assert {name: (evaluated / name).read_bytes() for name in before} == before
+
+
+def test_only_missing_rows_are_computed(prepared, runs, tmp_path):
+    exp, path, results = prepared
+    out = results / exp.name / "eval" / "bf16"
+    evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
+    full = pd.read_parquet(out / "nll.parquet")
+    full[full["step"] != STEPS[0]].to_parquet(out / "nll.parquet", index=False)    # as if interrupted
+    evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
+    again = pd.read_parquet(out / "nll.parquet")
+    pd.testing.assert_frame_equal(again, full)
+    by_policy = again.set_index(["step", "source", "policy"])["nll"].unstack("policy")
+    assert (by_policy["bf16"] == by_policy["quantized"]).all()          # bf16 recipe: identical policies
+
+
+def test_unknown_task_fails_before_any_work(prepared, runs, helpers, tmp_path):
+    exp, _, results = prepared
+    path = helpers["write_experiment"](tmp_path, eval={"tasks": {"commonsense": ["hellaswagg", "piqa"]}})
+    with pytest.raises(EvalError, match=r"lm-eval does not know task\(s\) 'hellaswagg' \(did you mean .*hellaswag"):
+        evaluate_main(str(path), "ue5m3", results=results, progress=False)
+    assert not (results / exp.name / "eval" / "ue5m3").exists()
+
+
+def test_bad_eval_config_fails_with_the_field(prepared, helpers, tmp_path):
+    _, _, results = prepared
+    write_experiment = helpers["write_experiment"]
+    path = write_experiment(tmp_path, eval={"policies": ["bf16", "fp8"]})
+    with pytest.raises(EvalError, match=r"field 'eval.policies': value \['bf16', 'fp8'\]"):
+        evaluate_main(str(path), "ue5m3", results=results, progress=False)
+    path = write_experiment(tmp_path, eval={"task": {}})
+    with pytest.raises(EvalError, match=r"unknown field\(s\) \['task'\]"):
+        evaluate_main(str(path), "ue5m3", results=results, progress=False)
+
+
+def test_mismatched_checkpoint_fails_before_any_work(prepared, helpers, tmp_path):
+    """An experiment whose model is a wider tiny model, with checkpoints of the tiny one."""
+    exp, _, results = prepared
+    wide = tmp_path / "tiny_wide.yaml"
+    wide.write_text(yaml.safe_dump({**load_model_config("tiny").to_dict(), "hidden_size": 256}))
+    path = helpers["write_experiment"](tmp_path, name="widemodel", model=str(wide))
+    helpers["make_run"](results, "widemodel", "ue5m3", steps=(1,))
+    (results / "widemodel" / "data").symlink_to(results / exp.name / "data")
+    with pytest.raises(EvalError, match=f"written for model config 'tiny', but the experiment's model is '{wide}'"):
+        evaluate_main(str(path), "ue5m3", results=results, progress=False)
+    assert not (results / "widemodel" / "eval").exists()
+
+
+def test_unfinished_run_is_refused(prepared, tmp_path):
+    _, path, _ = prepared
+    with pytest.raises(EvalError, match="has not finished"):
+        evaluate_main(str(path), "ue5m3", results=tmp_path, progress=False)
