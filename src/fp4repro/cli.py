@@ -101,6 +101,13 @@ def _cmd_train(args) -> int:
     return 0
 
 
+def _cmd_evaluate(args) -> int:
+    from fp4repro.eval.run import evaluate_main
+
+    return evaluate_main(args.experiment, args.recipe, results=args.results, data=args.data, device=args.device,
+                         nll=not args.no_nll, downstream=not args.no_downstream, progress=not args.quiet)
+
+
 def _cmd_model(args) -> int:
     import torch
 
@@ -179,6 +186,17 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False) -> None:
+    """The options every step of a study shares: which experiment (and recipe), where its prepared
+    data is, which device, and whether to show progress."""
+    p.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    if recipe:
+        p.add_argument("--recipe", required=True, help="one of the experiment's recipes")
+        p.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
+        p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fp4repro", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,9 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "standard library), deduplicate, split by document hash, train or load the "
                                      "tokenizer and write one Megatron indexed dataset per source and split, then "
                                      "manifest.json. Deterministic and idempotent.")
-    pd_.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    _experiment_arguments(pd_)
     pd_.add_argument("--out", help="output folder (default results/<experiment>/data)")
-    pd_.add_argument("--quiet", action="store_true", help="no progress bar")
     pd_.set_defaults(func=_cmd_prepare_data)
 
     tr = sub.add_parser("train", help="train one recipe of an experiment (resumes where it stopped)",
@@ -221,18 +238,23 @@ def build_parser() -> argparse.ArgumentParser:
                                     "Rerunning the same command resumes from the newest valid resume checkpoint, "
                                     "bit for bit on CPU. Writes metrics.parquet, telemetry.parquet, evaluation "
                                     "checkpoints in ckpt/ and done.json at the end.")
-    tr.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
-    tr.add_argument("--recipe", required=True, help="one of the experiment's recipes")
-    tr.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
+    _experiment_arguments(tr, recipe=True)
     tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>)")
-    tr.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
-    tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(func=_cmd_train)
 
-    from fp4repro.eval.cli import add_evaluate_parser
-
-    add_evaluate_parser(sub)
+    ev = sub.add_parser("evaluate", help="evaluate every checkpoint of a training run (held-out NLL, lm-eval tasks)",
+                        description="Evaluate every checkpoint that done.json lists under each policy of the "
+                                    "experiment's eval config (bf16: no quantization; quantized: the recipe's forward "
+                                    "quantization with current amaxes): held-out NLL per source and for the final "
+                                    "blend, lm-eval tasks and aggregates with standard errors, and the final-window "
+                                    "training loss. Writes results/<experiment>/eval/<recipe>/{nll,downstream}.parquet "
+                                    "and final_loss.json; rerunning skips checkpoint x policy rows already there.")
+    _experiment_arguments(ev, recipe=True)
+    ev.add_argument("--results", default="results", help="results root (default results)")
+    ev.add_argument("--no-nll", action="store_true", help="skip held-out NLL")
+    ev.add_argument("--no-downstream", action="store_true", help="skip the lm-eval tasks")
+    ev.set_defaults(func=_cmd_evaluate)
 
     m = sub.add_parser("model", help="show a model config's size and, with a recipe, each linear's numerics",
                        description="Build a model config (name in configs/models/ or a YAML path) on the meta "

@@ -160,17 +160,6 @@ class Recipe:
         """The LinearSpecs of one linear of layer ``layer_index`` (None: unquantized, plain F.linear)."""
         return _resolve(self, layer_index, n_layers, linear)
 
-    def describe(self, n_layers: int, linears=("linear",)) -> list[dict]:
-        rows = []
-        for i in range(n_layers):
-            for lin in linears:
-                specs = self.linear_specs(i, n_layers, lin)
-                for name in OPERANDS:
-                    spec = specs[name] if specs is not None else None
-                    rows.append({"layer": i, "linear": lin, "operand": name,
-                                 "spec": str(spec) if spec else "bf16"})
-        return rows
-
 
 @lru_cache(maxsize=4096)
 def _resolve(recipe: Recipe, layer_index: int, n_layers: int, linear: str | None) -> LinearSpecs | None:

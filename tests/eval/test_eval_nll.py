@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from fp4repro.eval import NLLResult, blend_nll, final_window_loss, load_eval_model, stream_nll, windows
 from fp4repro.model import NemotronH, load_model_config
 from fp4repro.recipes import load_recipe
+from fp4repro.train.loop import lm_loss
 
 
 def test_windows_predict_every_token_once():
@@ -40,9 +41,8 @@ def test_bf16_policy_reproduces_the_training_loss(prepared, manifest, runs):
     following = torch.as_tensor(stream[1:]).view(2, B, L)
     losses = []
     with torch.no_grad():
-        for inputs, targets in zip(batches, following):          # the training loop's step
-            logits = trained(inputs)
-            losses.append(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).item())
+        for inputs, targets in zip(batches, following):          # the training loop's loss itself
+            losses.append(lm_loss(trained, inputs, targets).item())
 
     model, _ = load_eval_model(path, "bf16")
     result = stream_nll(model, stream, L, B)

@@ -29,10 +29,6 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
-
-
 def use_kernels(x: torch.Tensor) -> bool:
     """Whether ``fp4repro.quant`` runs this tensor's quantization as a Triton kernel: CUDA
     tensors, unless the reference is forced."""
@@ -79,20 +75,18 @@ def _launch_args(spec: QuantSpec) -> dict:
 
 def tensor_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Current amax (finite elements, after the RHT if spec.rht) of a 2-D tensor, float32 scalar."""
+    import triton
+
     from fp4repro.kernels.quantize import _amax_kernel
 
     rows, cols = x.shape
     tile_r, tile_c = _tiles(spec, x)
     bits = torch.zeros(1, dtype=torch.int32, device=x.device)
-    grid = (triton_cdiv(rows, tile_r), triton_cdiv(cols, tile_c))
+    grid = (triton.cdiv(rows, tile_r), triton.cdiv(cols, tile_c))
     _amax_kernel[grid](x, bits, rows, cols, x.stride(0), x.stride(1),
                        TILE_R=tile_r, TILE_C=tile_c, RHT=spec.rht, SIGN_BITS=SIGN_BITS,
                        COLUMNWISE=_columnwise(x))
     return bits.view(torch.float32)[0]
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
@@ -105,6 +99,8 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     (the layouts of ``BlockQuantized``) and ``counts`` / ``sums`` telemetry tensors.
     ``seed`` (SR only) defaults to a draw from torch's CPU generator, so runs are reproducible.
     """
+    import triton
+
     from fp4repro.kernels.quantize import _quantize_kernel
 
     rows, cols = x.shape
@@ -128,7 +124,7 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     counts = torch.zeros(5, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     tile_r, tile_c = _tiles(spec, x)
-    grid = (triton_cdiv(rows_p, tile_r), triton_cdiv(cols_p, tile_c))
+    grid = (triton.cdiv(rows_p, tile_r), triton.cdiv(cols_p, tile_c))
     _quantize_kernel[grid](
         x, amax, qs, code_buf, scale_buf, counts, sums,
         rows, cols, cols_p, x.stride(0), x.stride(1),
@@ -154,18 +150,22 @@ def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """(acc · alpha).to(out_dtype) in one pass (acc float32 contiguous, alpha a float32 scalar)."""
+    import triton
+
     from fp4repro.kernels.quantize import _scale_cast_kernel
 
     out = torch.empty_like(acc, dtype=out_dtype)
     n = acc.numel()
-    _scale_cast_kernel[(triton_cdiv(n, 4096),)](acc, alpha.to(torch.float32).reshape(1), out, n, BLOCK=4096)
+    _scale_cast_kernel[(triton.cdiv(n, 4096),)](acc, alpha.to(torch.float32).reshape(1), out, n, BLOCK=4096)
     return out
 
 
 def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> torch.Tensor:
     """The n float32 uniforms the SR kernel draws for offsets rand_offset .. rand_offset + n - 1."""
+    import triton
+
     from fp4repro.kernels.quantize import _philox_uniform_kernel
 
     out = torch.empty(n, dtype=torch.float32, device=device)
-    _philox_uniform_kernel[(triton_cdiv(n, 1024),)](out, n, seed, rand_offset, BLOCK=1024)
+    _philox_uniform_kernel[(triton.cdiv(n, 1024),)](out, n, seed, rand_offset, BLOCK=1024)
     return out

@@ -204,17 +204,18 @@ class _Blocks:
     s: torch.Tensor            # block scales s_b, (R/r, C/c)
     d: torch.Tensor            # decode scale 1/g
     held: torch.Tensor         # amax used for g
-    current: torch.Tensor      # current amax of x2d
+    current: torch.Tensor | None  # current amax of x2d (None when a held amax made it unnecessary)
     saturated: torch.Tensor    # blocks whose scale was clamped
     block_amax: torch.Tensor
 
 
-def _quantize_blocks(x, spec, amax, generator, rand) -> _Blocks:
+def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False) -> _Blocks:
     element, scale = get_format(spec.element), get_format(spec.scale)
     x2d = pad_to_blocks(x, spec)
     if spec.rht:
         x2d = rht(x2d)
-    current = tensor_amax(x2d)
+    # the current amax costs a pass over x: only for current scaling, or for the telemetry ratio
+    current = tensor_amax(x2d) if amax is None or stats else None
     held = current if amax is None else torch.as_tensor(amax, dtype=torch.float32, device=x2d.device)
     g = global_encode_scale(held, element.max, spec.target)
     d = torch.reciprocal(g)
@@ -248,7 +249,7 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
         return BlockQuantized(codes=k["codes"], scale_codes=k["scale_codes"], decode_scale=k["decode_scale"],
                               amax=k["amax"], spec=spec, shape=x.shape,
                               stats=_kernel_stats(k, x, spec, amax) if stats else None)
-    b = _quantize_blocks(x, spec, amax, generator, rand)
+    b = _quantize_blocks(x, spec, amax, generator, rand, stats)
     out = BlockQuantized(
         codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))), scale_codes=scale.encode(b.s),
         decode_scale=b.d, amax=b.held, spec=spec, shape=x.shape,
@@ -271,7 +272,7 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
         rows, cols = _rows_cols(x.shape)
         k = quantize_2d(x.reshape(rows, cols), spec, amax=amax, stats=stats)
         return k["qs"], k["decode_scale"], k["amax"], (_kernel_stats(k, x, spec, amax) if stats else None)
-    b = _quantize_blocks(x, spec, amax, generator, rand)
+    b = _quantize_blocks(x, spec, amax, generator, rand, stats)
     rows, cols = _rows_cols(x.shape)
     qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
     return qs, b.d, b.held, (_operand_stats(b, spec.block) if stats else None)

@@ -74,6 +74,13 @@ def build_optimizer(model: torch.nn.Module, exp: ExperimentConfig) -> torch.opti
                              lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=False)
 
 
+def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: forward under BF16 autocast on CUDA (FP32 on CPU), loss in FP32."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
+        logits = model(inputs)
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
     if torch.cuda.is_available():
@@ -170,13 +177,11 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
             if state is not None:
                 state.telemetry = step % t.telemetry_every == 0
 
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-                logits = model(inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            loss = lm_loss(model, inputs, targets)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             if not (math.isfinite(loss.item()) and math.isfinite(grad_norm.item())):
-                raise NonFiniteLoss(_diagnose(model, inputs, targets, step, loss.item(), grad_norm.item(), device))
+                raise NonFiniteLoss(_diagnose(model, inputs, targets, step, loss.item(), grad_norm.item()))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if state is not None:
@@ -213,7 +218,7 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
     return out_dir
 
 
-def _diagnose(model, inputs, targets, step, loss, grad_norm, device) -> str:
+def _diagnose(model, inputs, targets, step, loss, grad_norm) -> str:
     """Redo the failing step with telemetry on and name the operands with the most non-finite and
     saturated blocks (the state is not advanced and nothing is written)."""
     message = f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} " \
@@ -224,8 +229,6 @@ def _diagnose(model, inputs, targets, step, loss, grad_norm, device) -> str:
     state.pop_telemetry()
     state.telemetry = True
     model.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda")):
-        logits = model(inputs)
-    F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+    lm_loss(model, inputs, targets).backward()
     rows = state.pop_telemetry()
     return message + "; worst operands: " + _worst_operands(rows)
