@@ -218,8 +218,10 @@ class Minifloat:
         (toward +inf in magnitude: the smallest grid value >= |x|, used for power-of-two block
         scales so that no element of the block exceeds the element format's max).
         For "sr", ``rand`` (float32 uniforms in [0, 1), x's shape) may be given so that a kernel
-        and this reference consume the same random numbers; otherwise they are drawn with
-        ``torch.rand(..., generator=generator)``.
+        and this reference consume the same random numbers; otherwise they are drawn as the
+        kernels draw them, 8 random bits per element: u = (k + 1/2) / 256 with k uniform in
+        0..255 from ``generator`` (hardware SR, Blackwell's ``cvt.rs``, also takes 8 bits per
+        value). It rounds up with probability round(256·frac)/256: bias at most 2^-9 ulp.
         Unsigned formats map negative inputs to NaN (they cannot be represented).
         """
         x = x.to(torch.float32)
@@ -237,7 +239,8 @@ class Minifloat:
             n = torch.ceil(t)
         elif mode == "sr":
             if rand is None:
-                rand = torch.rand(x.shape, generator=generator, dtype=torch.float32, device=x.device)
+                k = torch.randint(0, 256, x.shape, generator=generator, device=x.device)
+                rand = (k.to(torch.float32) + 0.5) / 256
             elif rand.shape != x.shape:
                 raise ValueError(f"rand has shape {tuple(rand.shape)}, expected {tuple(x.shape)}")
             floor = torch.floor(t)

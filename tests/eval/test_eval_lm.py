@@ -2,8 +2,10 @@
 
 import pytest
 import torch
-from lm_eval.api.instance import Instance
-from lm_eval.api.registry import get_model
+
+pytest.importorskip("lm_eval", reason="lm-eval is not installed (it is a dependency: `make setup` installs it)")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
 
 from fp4repro.eval import load_eval_model
 from fp4repro.eval.lm import FP4ReproLM

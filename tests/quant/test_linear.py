@@ -133,3 +133,44 @@ def test_cuda_quantizer_equals_cpu_reference():
     for spec in (QuantSpec(), QuantSpec(block=(16, 16)), QuantSpec(rht=True), QuantSpec(scale="ue5m3"),
                  QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up")):
         assert torch.equal(quantize_dequantize(x.cuda(), spec).cpu(), quantize_dequantize(x, spec)), str(spec)
+
+
+@pytest.mark.parametrize("amax", [0.0, 1e-45, 3e-39, 1e-30, 0.37, 1.0, 448.0, 6.5e4, 3e38])
+@pytest.mark.parametrize("target", [448.0, 2048.0, None])
+def test_host_decode_scale_equals_the_kernels_and_reference(amax, target):
+    # the cuBLAS-alpha epilogue takes d from the host: it must be the very float32 the device has
+    from fp4repro.quant.block import global_encode_scale
+    from fp4repro.quant.linear import host_decode_scale
+
+    d_ref = torch.reciprocal(global_encode_scale(torch.tensor(amax), 6.0, target))
+    assert host_decode_scale(amax, 6.0, target) == float(d_ref)
+
+
+def test_periodic_state_reads_the_held_amax_back_once_per_sample():
+    from fp4repro.quant import TensorScaling
+
+    state, scaling = QuantState(), TensorScaling("periodic", 2)
+    state.hold("k", torch.tensor(3.5), scaling)
+    assert state.held_amax_value("k") == 3.5
+    state._held["k"] = torch.tensor(7.0)          # a cached value is not read again ...
+    assert state.held_amax_value("k") == 3.5
+    state.hold("k", torch.tensor(5.0), scaling)   # ... until the next sample replaces it
+    assert state.held_amax_value("k") == 5.0
+
+
+@pytest.mark.gpu
+def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
+    # integer-valued operands accumulate exactly in any order, so the two epilogues (cuBLAS alpha
+    # on host-known scales, FP32 output + scale-and-cast on device scales) must agree bit for bit
+    from fp4repro.quant.linear import emulated_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randint(-8, 9, (512, 1024), device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randint(-8, 9, (768, 1024), device="cuda", generator=g).to(torch.bfloat16)
+    for da, db in ((0.37109375 / 3, 1 / 2688.0), (1.0, 1.0), (1e-3, None), (2.0 ** -20, 3.3e-5)):
+        host = emulated_gemm(a, da, b, db, torch.bfloat16)
+        dev = emulated_gemm(a, torch.tensor(float(torch.tensor(da)), device="cuda"), b,
+                            None if db is None else torch.tensor(float(torch.tensor(db)), device="cuda"),
+                            torch.bfloat16)
+        assert host.dtype == dev.dtype == torch.bfloat16
+        assert torch.equal(host, dev), (da, db)

@@ -16,7 +16,7 @@ import os
 import torch
 
 from fp4repro.formats import get_format
-from fp4repro.quant.block import global_encode_scale, padded_shape
+from fp4repro.quant.block import padded_shape
 from fp4repro.quant.rht import TE_SIGNS
 from fp4repro.quant.spec import QuantSpec
 
@@ -24,6 +24,7 @@ _FORCE_REFERENCE = [os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0")]
 SIGN_BITS = sum(1 << i for i, s in enumerate(TE_SIGNS) if s < 0)
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Triton importable (CUDA tensors use it; CPU tensors only under TRITON_INTERPRET=1)."""
     return importlib.util.find_spec("triton") is not None
@@ -50,14 +51,15 @@ def _columnwise(x: torch.Tensor) -> bool:
     return x.stride(0) == 1 and x.stride(1) != 1 and x.shape[1] > 1
 
 
-def _tiles(spec: QuantSpec, x: torch.Tensor) -> tuple[int, int]:
-    """(TILE_R, TILE_C), long along the axis that is contiguous in memory. Chosen by a sweep on
-    an H200 (8192x8192 BF16, 4 warps): row-major 32x128 (16x256 and 8x512 within 3%);
-    column-wise 512x16 reached 0.67 of copy where 128x32 reached 0.33."""
+def _tiles(spec: QuantSpec, x: torch.Tensor) -> tuple[int, int, int]:
+    """(TILE_R, TILE_C, num_warps), tiles long along the axis that is contiguous in memory. Chosen
+    by sweeps on an H200 (8192x8192 BF16, fraction of copy): row-major 16x128 with 4 warps
+    (RNE 0.92; 32x128 0.87, 8 warps 0.77; SR 0.57 for every tile tried); column-wise 1024x16
+    (RNE 0.95, 512x16 0.71) but 512x16 for SR (0.40, 1024x16 0.34)."""
     rows_block, cols_block = spec.block
     if _columnwise(x):
-        return 512, max(16, cols_block)
-    return max(32, rows_block), 128
+        return (512 if spec.rounding == "sr" or spec.rht else 1024), max(16, cols_block), 4
+    return max(16, rows_block), 128, 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,13 +82,30 @@ def tensor_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     from fp4repro.kernels.quantize import _amax_kernel
 
     rows, cols = x.shape
-    tile_r, tile_c = _tiles(spec, x)
+    tile_r, tile_c, warps = _tiles(spec, x)
     bits = torch.zeros(1, dtype=torch.int32, device=x.device)
     grid = (triton.cdiv(rows, tile_r), triton.cdiv(cols, tile_c))
     _amax_kernel[grid](x, bits, rows, cols, x.stride(0), x.stride(1),
                        TILE_R=tile_r, TILE_C=tile_c, RHT=spec.rht, SIGN_BITS=SIGN_BITS,
-                       COLUMNWISE=_columnwise(x))
+                       COLUMNWISE=_columnwise(x), num_warps=warps)
     return bits.view(torch.float32)[0]
+
+
+def _amax_arg(amax, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The amax the kernel reads: the held value as a float32 device scalar, else the current
+    amax (its own pass); a stand-in when the spec has no tensor scale (the kernel ignores it)."""
+    if spec.target is None:
+        return _dummy(x.device, torch.float32).reshape(())
+    if amax is None:
+        return tensor_amax(x, spec)
+    if isinstance(amax, torch.Tensor) and amax.dtype == torch.float32 and amax.device == x.device:
+        return amax.reshape(())
+    return torch.as_tensor(amax, dtype=torch.float32, device=x.device).reshape(())
+
+
+def _draw_seed() -> int:
+    """An SR seed from torch's CPU generator (so a seeded run is reproducible)."""
+    return int(torch.randint(0, 2**31 - 1, (1,)).item())
 
 
 def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
@@ -95,9 +114,11 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
     Returns a dict with ``qs`` (q·s_b, x's logical shape and memory order, ``out_dtype`` or x's
-    dtype), ``decode_scale`` d, ``amax`` (A used), and when asked ``codes`` / ``scale_codes``
-    (the layouts of ``BlockQuantized``) and ``counts`` / ``sums`` telemetry tensors.
-    ``seed`` (SR only) defaults to a draw from torch's CPU generator, so runs are reproducible.
+    dtype), ``decode_scale`` d (float32 scalar written by the kernel), ``amax`` (A used), and when
+    asked ``codes`` / ``scale_codes`` (the layouts of ``BlockQuantized``) and ``counts`` / ``sums``
+    telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
+    a single kernel launch. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
+    runs are reproducible; ``rand_offset`` (a multiple of 16) shifts the random stream.
     """
     import triton
 
@@ -106,15 +127,15 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     rows, cols = x.shape
     rows_p, cols_p = padded_shape(rows, cols, spec)
     device = x.device
-    if rand_offset % 4:
-        raise ValueError(f"rand_offset must be a multiple of 4 (one Philox call serves 4 elements), got {rand_offset}")
-    if not _columnwise(x) and x.stride(1) != 1:
+    if rand_offset % 16:
+        raise ValueError(f"rand_offset must be a multiple of 16 (one Philox call serves 16 elements), "
+                         f"got {rand_offset}")
+    columnwise = _columnwise(x)
+    if not columnwise and x.stride(1) != 1:
         x = x.contiguous()
-    if amax is None:
-        amax = tensor_amax(x, spec) if spec.target is not None else torch.zeros((), device=device)
-    amax = torch.as_tensor(amax, dtype=torch.float32, device=device).reshape(())
+    amax = _amax_arg(amax, x, spec)
     if spec.rounding == "sr" and seed is None:
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        seed = _draw_seed()
     out_dtype = out_dtype or (x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32)
     qs = torch.empty_like(x, dtype=out_dtype) if write_qs else _dummy(device, out_dtype)
     code_buf = torch.empty((rows_p, cols_p // 2), dtype=torch.uint8, device=device) if codes \
@@ -123,18 +144,19 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
                             device=device) if codes else _dummy(device, torch.uint8)
     counts = torch.zeros(5, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
-    tile_r, tile_c = _tiles(spec, x)
+    d = torch.empty((), dtype=torch.float32, device=device)
+    tile_r, tile_c, warps = _tiles(spec, x)
     grid = (triton.cdiv(rows_p, tile_r), triton.cdiv(cols_p, tile_c))
     _quantize_kernel[grid](
-        x, amax, qs, code_buf, scale_buf, counts, sums,
+        x, amax, qs, code_buf, scale_buf, counts, sums, d,
         rows, cols, cols_p, x.stride(0), x.stride(1),
         qs.stride(0) if write_qs else 0, qs.stride(1) if write_qs else 0,
         seed or 0, rand_offset,
-        TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=_columnwise(x), BLOCK_R=spec.block[0], BLOCK_C=spec.block[1],
-        WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats, **_launch_args(spec),
+        TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0], BLOCK_C=spec.block[1],
+        WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats, EVEN=rows % tile_r == 0 and cols % tile_c == 0,
+        num_warps=warps, **_launch_args(spec),
     )
-    g = global_encode_scale(amax, get_format(spec.element).max, spec.target)
-    out = {"qs": qs if write_qs else None, "decode_scale": torch.reciprocal(g), "amax": amax, "seed": seed}
+    out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
     if stats:
@@ -161,11 +183,14 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
 
 
 def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> torch.Tensor:
-    """The n float32 uniforms the SR kernel draws for offsets rand_offset .. rand_offset + n - 1."""
+    """The n float32 uniforms the SR kernels draw for offsets rand_offset .. rand_offset + n - 1:
+    (byte + 1/2) / 256 with 8 random bits each (see ``fp4repro.kernels.quantize``), to feed the
+    reference (``rand=``) so that kernel and reference round identically."""
     import triton
 
     from fp4repro.kernels.quantize import _philox_uniform_kernel
 
-    out = torch.empty(n, dtype=torch.float32, device=device)
-    _philox_uniform_kernel[(triton.cdiv(n, 1024),)](out, n, seed, rand_offset, BLOCK=1024)
-    return out
+    skip = rand_offset % 16
+    out = torch.empty(n + skip, dtype=torch.float32, device=device)
+    _philox_uniform_kernel[(triton.cdiv(n + skip, 1024),)](out, n + skip, seed, rand_offset - skip, BLOCK=1024)
+    return out[skip:]

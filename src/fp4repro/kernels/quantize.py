@@ -1,6 +1,6 @@
 """Triton kernels for two-level block quantization, with the exact numerics of fp4repro.quant.block.
 
-Two kernels over a logical 2-D matrix M (rows, cols) given by a pointer and two strides, blocks
+Kernels over a logical 2-D matrix M (rows, cols) given by a pointer and two strides, blocks
 running along its columns (the GEMM's reduction dimension):
 
 * ``_amax_kernel``     A = max |M| over finite elements (after the RHT when asked), one pass,
@@ -9,7 +9,10 @@ running along its columns (the GEMM's reduction dimension):
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
                        block amax, s_b, element rounding (RNE, or SR from Philox uniforms), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
-                       scale codes, and optionally telemetry counters (atomic adds).
+                       scale codes, and optionally telemetry counters (atomic adds). The tensor
+                       scale g and the decode scale d = 1/g are computed in the kernel from the
+                       amax pointer and d is written out too (program (0, 0)): a quantization with
+                       a held amax is one launch and nothing else.
 
 Because M is addressed through strides, the column-wise variant that wgrad needs (Xᵀ blocked
 along tokens) is the same kernel on X's transposed view: nothing is materialized.
@@ -17,10 +20,19 @@ along tokens) is the same kernel on X's transposed view: nothing is materialized
 Every float32 operation mirrors the torch reference in order and rounding: divisions and
 reciprocals use ``div_rn`` (IEEE round-to-nearest, as torch), rounding to a minifloat grid is the
 exact scale/floor/compare sequence of ``Minifloat.round`` (no ``rint``, no fast-math), and the
-RHT butterfly visits pairs in the reference's order (strides 1, 2, 4, 8). SR draws
-``u = (word >> 8) · 2^-24``, element i = base + row · cols_padded + col of the padded matrix taking
-word i % 4 of philox(seed, i // 4) (one Philox call serves four elements); ``philox_uniforms``
-gives the same numbers to feed the reference.
+RHT butterfly visits pairs in the reference's order (strides 1, 2, 4, 8).
+
+Stochastic rounding uses 8 random bits per element, as the hardware does: Blackwell's
+``cvt.rs.satfinite.e2m1x4.f32`` takes one 32-bit random operand per four FP4 outputs. One Philox
+4x32-10 call (128 bits) therefore serves 16 elements — a quarter of the Philox work of one call
+per four elements with 24-bit uniforms, which made SR instruction-bound. Element i of the padded
+matrix in M's row-major order (i = rand_offset + row · cols_padded + col, rand_offset % 16 == 0)
+takes byte k = i % 16 of philox(seed, i // 16) — byte k % 4 (little end first) of word k // 4 —
+as the uniform u = (byte + 1/2) / 256, the midpoints of 256 equal cells of [0, 1). SR rounds up
+when u < frac, so P(up) = round(256 · frac) / 256 (ties down): the bias of one rounding is at
+most 2^-9 ulp, and it has zero mean for fractions spread over a cell, where k / 256 would round
+up with probability ceil(256 · frac) / 256 (up to 2^-8 ulp, always away from zero).
+``philox_uniforms`` gives the same numbers to feed the reference.
 """
 
 from __future__ import annotations
@@ -44,8 +56,11 @@ def _exp2i(e, NORMAL_ONLY: tl.constexpr = False):
 
 @triton.jit
 def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr,
-                MIN_POS: tl.constexpr, HAS_ZERO: tl.constexpr, MODE: tl.constexpr):
+                MIN_POS: tl.constexpr, HAS_ZERO: tl.constexpr, MODE: tl.constexpr,
+                CLAMPED: tl.constexpr = False):
     """Round finite a >= 0 onto a minifloat grid (saturating); MODE 0 RNE, 1 SR, 2 up.
+    CLAMPED: a <= MAX is known (then no rounding mode can exceed MAX, which is on the grid),
+    which drops both saturating minimums.
 
     RNE adds and subtracts C = 2^(max(e, EMIN) - MAN + 23), the float32 whose ulp is the grid's
     ulp at a: the hardware's own round-to-nearest-even does the rounding, in two instructions
@@ -54,7 +69,8 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
     """
     max_value = tl.full((), MAX, tl.float32)
     min_pos = tl.full((), MIN_POS, tl.float32)  # may be a float32 subnormal (ue8m0: 2^-127)
-    a = tl.minimum(a, max_value)
+    if not CLAMPED:
+        a = tl.minimum(a, max_value)
     if not HAS_ZERO:
         a = tl.maximum(a, min_pos)
     exp_field = a.to(tl.int32, bitcast=True) >> 23             # a >= 0: no sign bit; 0 below 2^-126
@@ -74,7 +90,8 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
         else:
             up = frac > 0.0
         q = (floor + up.to(tl.float32)) * _exp2i(ulp_e, normal_ulps)
-    q = tl.minimum(q, max_value)
+    if not CLAMPED:
+        q = tl.minimum(q, max_value)
     if not HAS_ZERO:
         q = tl.maximum(q, min_pos)
     return q
@@ -123,20 +140,21 @@ def _butterfly(y):
 
 
 @triton.jit
-def _uniforms(seed, index4, SHAPE_R: tl.constexpr, SHAPE_C: tl.constexpr):
-    """Uniforms in [0, 1) with 24 bits, for a (SHAPE_R, 4·SHAPE_C) block whose groups of four
-    consecutive elements have Philox counters index4: element 4k + j takes word j of
-    philox(seed, k), as u = (word >> 8) · 2^-24."""
-    r0, r1, r2, r3 = tl.randint4x(seed, index4)
-    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))           # [..., k, a, b] = word 2a + b
-    words = tl.reshape(words, (SHAPE_R, 4 * SHAPE_C))
-    return (words >> 8).to(tl.float32) * 5.9604644775390625e-08
+def _uniforms16(seed, counter, k):
+    """SR uniforms (byte + 1/2) / 256 for elements taking byte k (0..15) of philox(seed, counter):
+    byte k % 4 of word k // 4. counter (int64) and k broadcast against each other: counter has
+    size 1 along the axis that k runs along, so one Philox call serves 16 elements."""
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)
+    j = k >> 2
+    w = tl.where(j == 0, r0, tl.where(j == 1, r1, tl.where(j == 2, r2, r3)))
+    byte = (w >> ((k & 3) * 8).to(tl.uint32)) & 0xFF
+    return (byte * 2 + 1).to(tl.float32) * 0.001953125
 
 
 @triton.jit
 def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
                TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
-               COLUMNWISE: tl.constexpr):
+               COLUMNWISE: tl.constexpr, EVEN: tl.constexpr = False):
     """One tile of M in memory order, float32, RHT applied along M's columns.
 
     Row-major M: a (TILE_R, TILE_C) tile. COLUMNWISE (M a transposed view, stride_r == 1): the
@@ -146,25 +164,39 @@ def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
     offs_r = pid_r * TILE_R + tl.arange(0, TILE_R)
     offs_c = pid_c * TILE_C + tl.arange(0, TILE_C)
     if COLUMNWISE:
-        mask = (offs_c[:, None] < cols) & (offs_r[None, :] < rows)
         ptrs = x_ptr + offs_c[:, None].to(tl.int64) * stride_c + offs_r[None, :]
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        if EVEN:
+            x = tl.load(ptrs).to(tl.float32)
+        else:
+            x = tl.load(ptrs, mask=_tile_mask(offs_r, offs_c, rows, cols, True), other=0.0).to(tl.float32)
         if RHT:
             x = tl.trans(_rht16(tl.trans(x), TILE_R, TILE_C, SIGN_BITS))
     else:
-        mask = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
         ptrs = x_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_c[None, :].to(tl.int64) * stride_c
-        x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        if EVEN:
+            x = tl.load(ptrs).to(tl.float32)
+        else:
+            x = tl.load(ptrs, mask=_tile_mask(offs_r, offs_c, rows, cols, False), other=0.0).to(tl.float32)
         if RHT:
             x = _rht16(x, TILE_R, TILE_C, SIGN_BITS)
-    return x, offs_r, offs_c, mask
+    return x, offs_r, offs_c
+
+
+@triton.jit
+def _tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE: tl.constexpr):
+    """In-bounds elements of a tile, in memory order (see ``_load_tile``)."""
+    if COLUMNWISE:
+        mask = (offs_c[:, None] < cols) & (offs_r[None, :] < rows)
+    else:
+        mask = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
+    return mask
 
 
 @triton.jit
 def _amax_kernel(x_ptr, amax_bits_ptr, rows, cols, stride_r, stride_c,
                  TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
                  COLUMNWISE: tl.constexpr):
-    x, _, _, _ = _load_tile(x_ptr, rows, cols, stride_r, stride_c, tl.program_id(0), tl.program_id(1),
+    x, _, _ = _load_tile(x_ptr, rows, cols, stride_r, stride_c, tl.program_id(0), tl.program_id(1),
                             TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE)
     a = tl.abs(x)
     a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
@@ -172,8 +204,68 @@ def _amax_kernel(x_ptr, amax_bits_ptr, rows, cols, stride_r, stride_c,
 
 
 @triton.jit
+def _tensor_scale(amax_ptr, HAS_TARGET: tl.constexpr, EMAX_T: tl.constexpr):
+    """(g, d): g = min(Emax·T / A, FLT_MAX) (1 if A == 0 or no target), d = 1 / g."""
+    one = tl.full((), 1.0, tl.float32)
+    if HAS_TARGET:
+        amax = tl.load(amax_ptr)
+        g = tl.minimum(tl.math.div_rn(tl.full((), EMAX_T, tl.float32), amax), tl.full((), FLT_MAX, tl.float32))
+        g = tl.where(amax == 0.0, one, g)
+    else:
+        g = one
+    return g, tl.math.div_rn(one, g)
+
+
+@triton.jit
+def _quantize_blocks(xb, g, d, rand, SR: tl.constexpr,
+                     E_EMIN: tl.constexpr, E_MAN: tl.constexpr, E_MAX: tl.constexpr,
+                     S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
+                     S_HAS_ZERO: tl.constexpr, S_ROUND_UP: tl.constexpr):
+    """The block math on a 4-D view (P, B1, Q, B2) of float32 elements whose blocks are reduced
+    over axes 1 and 3. Returns qk (the element value on the grid, its sign kept only where the
+    block is kept: multiplied by s_b it gives +0 where s_b == 0), keep (s_b != 0 and the block
+    finite: where it is False the reference's q is 0), s_b (P, Q), |x|, block_bad (NaN/Inf inside),
+    block_amax and the unclamped scale.
+
+    Per element this is the hot path, so it is written in few instructions: |x| and the block
+    max on the integer bit patterns (NaN and ±Inf patterns are the largest, so one integer max
+    finds both the block amax and whether the block is finite), the scaled magnitude
+    min(|x| · e_b, Emax) (equal to |clamp(x · e_b, ±Emax)|), and the sign ORed back at the end.
+    """
+    flt_max = tl.full((), FLT_MAX, tl.float32)
+    xbits = xb.to(tl.int32, bitcast=True)
+    abits = xbits & 0x7FFFFFFF
+    a = abits.to(tl.float32, bitcast=True)
+    bmax = tl.max(tl.max(abits, axis=3), axis=1)
+    block_bad = bmax >= 0x7F800000
+    block_amax = tl.where(block_bad, 0, bmax).to(tl.float32, bitcast=True)
+
+    # s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))
+    multiplier = g * tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.full((), E_MAX, tl.float32))
+    unclamped = tl.minimum(block_amax * multiplier, flt_max)
+    s = _round_grid(tl.minimum(unclamped, S_MAX), 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO,
+                    2 if S_ROUND_UP else 0)
+    keep = (s != 0.0) & (~block_bad)
+
+    # q = round_elem(clamp(x · min(1 / (s_b · d), FLT_MAX), ±Emax)); 0 where s_b is 0 or NaN
+    encode = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s * d), flt_max)
+    mag = tl.minimum(a * encode[:, None, :, None], E_MAX)
+    mag = _round_grid(mag, rand, E_EMIN, E_MAN, E_MAX, 0.0, True, 1 if SR else 0, True)
+    sign = xbits & tl.where(keep, -2147483648, 0)[:, None, :, None]
+    qk = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return qk, keep, s, a, block_bad, block_amax, unclamped
+
+
+@triton.jit
+def _scaled(qk, s, block_bad):
+    """q·s_b (exact; +0 where s_b == 0); a NaN/Inf block reaches the GEMM as NaN."""
+    s_out = tl.where(block_bad, float("nan"), s)
+    return qk * s_out[:, None, :, None]
+
+
+@triton.jit
 def _quantize_kernel(
-    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr,
+    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr, d_ptr,
     rows, cols, cols_padded, stride_r, stride_c, out_stride_r, out_stride_c,
     seed, rand_offset,
     TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -183,22 +275,14 @@ def _quantize_kernel(
     S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
     S_HAS_ZERO: tl.constexpr, S_BIAS: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ROUND_UP: tl.constexpr,
     S_OVERFLOW: tl.constexpr,
-    WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr,
+    WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    x, offs_r, offs_c, mask = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
-                                         TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE)
-
-    # tensor scale g = min(Emax·T / A, FLT_MAX) (1 if A == 0 or no target), d = 1 / g
-    one = tl.full((), 1.0, tl.float32)
-    flt_max = tl.full((), FLT_MAX, tl.float32)
-    if HAS_TARGET:
-        amax = tl.load(amax_ptr)
-        g = tl.minimum(tl.math.div_rn(tl.full((), EMAX_T, tl.float32), amax), flt_max)
-        g = tl.where(amax == 0.0, one, g)
-    else:
-        g = one
-    d = tl.math.div_rn(one, g)
+    x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
+                                   TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
+    g, d = _tensor_scale(amax_ptr, HAS_TARGET, EMAX_T)
+    if (pid_r == 0) & (pid_c == 0):
+        tl.store(d_ptr, d)
 
     # Blocks as a 4-D view (P, B1, Q, B2) reduced over axes 1 and 3: row-major tiles are
     # (block rows, BLOCK_R, block cols, BLOCK_C); column-wise tiles, in memory order, are
@@ -209,46 +293,38 @@ def _quantize_kernel(
         xb = tl.reshape(x, (NB_C, BLOCK_C, NB_R, BLOCK_R))
     else:
         xb = tl.reshape(x, (NB_R, BLOCK_R, NB_C, BLOCK_C))
-    a = tl.abs(xb)
-    # one max serves both: NaN and ±Inf become +inf, so a block is non-finite iff its max is inf
-    block_max = tl.max(tl.max(tl.where(a <= FLT_MAX, a, float("inf")), axis=3), axis=1)
-    block_bad = block_max > FLT_MAX
-    block_amax = tl.where(block_bad, 0.0, block_max)
-
-    # s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))
-    multiplier = g * tl.math.div_rn(one, tl.full((), E_MAX, tl.float32))
-    unclamped = tl.minimum(block_amax * multiplier, flt_max)
-    s = _round_grid(tl.minimum(unclamped, S_MAX), 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO,
-                    2 if S_ROUND_UP else 0)
-    keep = (s != 0.0) & (~block_bad)
-
-    # q = round_elem(clamp(x · min(1 / (s_b · d), FLT_MAX), ±Emax)); 0 where s_b is 0 or NaN
-    encode = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s * d), flt_max)
-    scaled = tl.minimum(tl.maximum(xb * encode[:, None, :, None], -E_MAX), E_MAX)
     if SR:
-        groups_c = pid_c * (TILE_C // 4) + tl.arange(0, TILE_C // 4)
-        index4 = (rand_offset // 4 + offs_r[:, None].to(tl.int64) * (cols_padded // 4) + groups_c[None, :])
-        rand = _uniforms(seed, index4, TILE_R, TILE_C // 4)          # (TILE_R, TILE_C), M's order
-        if COLUMNWISE:
-            rand = tl.reshape(tl.trans(rand), (NB_C, BLOCK_C, NB_R, BLOCK_R))
-        else:
+        # the uniforms of M's 16-groups (one Philox call each), built directly in memory order
+        grp = pid_c * (TILE_C // 16) + tl.arange(0, TILE_C // 16)
+        if COLUMNWISE:   # (TILE_C // 16, 16, TILE_R): group, byte, M row
+            counter = (rand_offset // 16 + offs_r[None, None, :].to(tl.int64) * (cols_padded // 16)
+                       + grp[:, None, None])
+            rand = _uniforms16(seed, counter, tl.arange(0, 16)[None, :, None])
+            rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
+        else:            # (TILE_R, TILE_C // 16, 16): M row, group, byte
+            counter = (rand_offset // 16 + offs_r[:, None, None].to(tl.int64) * (cols_padded // 16)
+                       + grp[None, :, None])
+            rand = _uniforms16(seed, counter, tl.arange(0, 16)[None, None, :])
             rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
     else:
         rand = 0.0
-    mag = _round_grid(tl.abs(scaled), rand, E_EMIN, E_MAN, E_MAX, 0.0, True, 1 if SR else 0)
-    sign = scaled.to(tl.int32, bitcast=True) & -2147483648
-    q = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    q = tl.where(keep[:, None, :, None], q, 0.0)
+    qk, keep, s, a, block_bad, block_amax, unclamped = _quantize_blocks(
+        xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
+    if WRITE_CODES or STATS:
+        q = tl.where(keep[:, None, :, None], qk, 0.0)
 
     if WRITE_QS:
-        s_out = tl.where(block_bad, float("nan"), s)   # a NaN/Inf block reaches the GEMM as NaN
-        qs = (q * s_out[:, None, :, None]).to(qs_ptr.dtype.element_ty)
+        qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)
         if COLUMNWISE:
             out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
-            tl.store(out, tl.reshape(qs, (TILE_C, TILE_R)), mask=mask)
+            qs = tl.reshape(qs, (TILE_C, TILE_R))
         else:
             out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
-            tl.store(out, tl.reshape(qs, (TILE_R, TILE_C)), mask=mask)
+            qs = tl.reshape(qs, (TILE_R, TILE_C))
+        if EVEN:
+            tl.store(out, qs)
+        else:
+            tl.store(out, qs, mask=_tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE))
 
     if WRITE_CODES:  # codes in M's row-major layout (transposed in registers for column-wise tiles)
         if COLUMNWISE:
@@ -307,11 +383,11 @@ def _quantize_kernel(
 
 @triton.jit
 def _philox_uniform_kernel(out_ptr, n, seed, rand_offset, BLOCK: tl.constexpr):
-    """The uniforms the SR kernel uses for offsets rand_offset + 0 .. n - 1 (rand_offset % 4 == 0)."""
-    groups = tl.program_id(0) * (BLOCK // 4) + tl.arange(0, BLOCK // 4)
-    u = tl.reshape(_uniforms(seed, (rand_offset // 4 + groups.to(tl.int64))[None, :], 1, BLOCK // 4), (BLOCK,))
+    """The uniforms the SR kernels use for offsets rand_offset + 0 .. n - 1 (rand_offset % 16 == 0)."""
+    grp = tl.program_id(0) * (BLOCK // 16) + tl.arange(0, BLOCK // 16)
+    u = _uniforms16(seed, (rand_offset // 16 + grp.to(tl.int64))[:, None], tl.arange(0, 16)[None, :])
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offs, u, mask=offs < n)
+    tl.store(out_ptr + offs, tl.reshape(u, (BLOCK,)), mask=offs < n)
 
 
 @triton.jit

@@ -14,25 +14,47 @@ recipe) the layer is exactly ``F.linear``.
 
 Dtypes: on CPU everything is float32. On CUDA the operands are BF16 (under autocast, the
 autocast dtype) with FP32 accumulation; outputs and gradients have the compute dtype.
+
+Epilogue on CUDA: where both decode scales are known on the host — a held amax under periodic
+scaling (read back once per refresh, ``QuantState.held_amax_value``) or no tensor scale (MX) —
+alpha = d_a·d_b (float32) goes to cuBLAS as the GEMM's alpha: cuBLAS scales the FP32 accumulator
+by alpha in FP32 and rounds once to the output dtype, the same epilogue as below without the
+FP32 output tensor and the extra pass (measured on an H200, 8192x4096x4096: 0.403 ms against
+0.430 + 0.049 ms). Otherwise (current amax: d lives on the device) the product is taken with an
+FP32 output and one fused scale-and-cast kernel applies alpha.
 """
 
 from __future__ import annotations
 
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-from fp4repro.quant.block import scaled_operand
+from fp4repro.formats import get_format
+from fp4repro.quant.block import global_encode_scale, scaled_operand
 from fp4repro.quant.spec import LinearSpecs, QuantSpec
 from fp4repro.quant.state import QuantState
 
 
-def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
-                      layer: str, operand: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(operand for the GEMM as (rows, K) float32, decode scale d or None) for a 2-D tensor t.
+@functools.lru_cache(maxsize=4096)
+def host_decode_scale(amax: float | None, emax: float, target: float | None) -> float:
+    """d = 1/g for a host-known amax, the same float32 operations as the kernels and the
+    reference (``global_encode_scale``); 1.0 without a tensor scale."""
+    if target is None:
+        return 1.0
+    g = global_encode_scale(torch.tensor(amax, dtype=torch.float32), emax, target)
+    return float(torch.reciprocal(g))
 
-    Periodic scaling asks ``state`` for the held amax and stores a fresh sample when due;
-    telemetry is recorded when ``state.telemetry`` is on.
+
+def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
+                      layer: str, operand: str) -> tuple[torch.Tensor, torch.Tensor | float | None]:
+    """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
+
+    d is a Python float where it is known on the host (a held amax, or no tensor scale) and
+    the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
+    amax and stores a fresh sample when due; telemetry is recorded when ``state.telemetry`` is on.
     """
     if spec is None:
         return t, None
@@ -45,17 +67,46 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
             state.hold(key, amax, spec.tensor_scaling)
         if telemetry:
             state.record(layer, operand, stats)
+    if t.is_cuda:
+        emax = get_format(spec.element).max
+        if spec.target is None:
+            d = 1.0
+        elif held is not None:
+            d = host_decode_scale(state.held_amax_value(key), emax, spec.target)
     return qs, d
 
 
-def emulated_gemm(a: torch.Tensor, da: torch.Tensor | None, b: torch.Tensor, db: torch.Tensor | None,
-                  out_dtype: torch.dtype) -> torch.Tensor:
+def _f32(v: float) -> float:
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _alpha_stub(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """addmm's ignored input (beta = 0): a scalar that broadcasts, never read."""
+    return torch.zeros((), dtype=dtype, device=device)
+
+
+def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype) -> torch.Tensor:
     """(a · bᵀ) · (d_a · d_b): FP32 accumulation, FP32 epilogue, then cast to out_dtype.
 
-    a: (M, K), b: (N, K). On CUDA the operands are cast to out_dtype (BF16: q·s is exact) and
-    multiplied with an FP32 output; on CPU the product is taken in FP32.
+    a: (M, K), b: (N, K); d_a, d_b: None, float32 tensors, or Python floats (host-known). On
+    CUDA the operands are cast to out_dtype (BF16: q·s is exact); with host-known scales cuBLAS
+    applies alpha = d_a·d_b in its FP32 epilogue, else the product is taken with an FP32 output
+    and scaled in one pass. On CPU the product is taken in FP32.
     """
-    if a.is_cuda and out_dtype in (torch.bfloat16, torch.float16):
+    on_gpu = a.is_cuda and out_dtype in (torch.bfloat16, torch.float16)
+    if on_gpu and all(d is None or isinstance(d, float) for d in (da, db)):
+        alpha = 1.0
+        for d in (da, db):
+            if d is not None:
+                alpha = _f32(alpha * d)       # float32 product (exact in double, rounded once)
+        a, b = a.to(out_dtype), b.to(out_dtype).t()
+        if alpha == 1.0:
+            return torch.mm(a, b)
+        return torch.addmm(_alpha_stub(a.device, out_dtype), a, b, beta=0, alpha=alpha)
+    da, db = (torch.tensor(d, dtype=torch.float32, device=a.device) if isinstance(d, float) else d
+              for d in (da, db))
+    if on_gpu:
         acc = torch.mm(a.to(out_dtype), b.to(out_dtype).t(), out_dtype=torch.float32)
     else:
         acc = a.to(torch.float32) @ b.to(torch.float32).t()

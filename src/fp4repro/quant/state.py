@@ -22,6 +22,7 @@ class QuantState:
         self.telemetry = False             # record OperandStats on the next quantizations
         self._held: dict[str, torch.Tensor] = {}
         self._held_at: dict[str, int] = {}
+        self._held_host: dict[str, float] = {}   # the held values read back once, for GEMM epilogues
         self._records: list[dict] = []
 
     # ------------------------------------------------------------------ periodic tensor scaling
@@ -39,6 +40,15 @@ class QuantState:
         if scaling.kind == "periodic":
             self._held[key] = amax.detach().to(torch.float32)
             self._held_at[key] = self.step
+            self._held_host.pop(key, None)
+
+    def held_amax_value(self, key: str) -> float:
+        """The held amax of ``key`` as a Python float: read from the device the first time it is
+        asked for after a sample (one synchronization per refresh), then cached."""
+        value = self._held_host.get(key)
+        if value is None:
+            value = self._held_host[key] = float(self._held[key])
+        return value
 
     def advance(self) -> None:
         """Call once per optimizer step."""
@@ -64,6 +74,7 @@ class QuantState:
         self.step = int(state["step"])
         self._held = {k: v.clone() for k, v in state["held"].items()}
         self._held_at = {k: int(v) for k, v in state["held_at"].items()}
+        self._held_host = {}
 
     def to(self, device) -> "QuantState":
         self._held = {k: v.to(device) for k, v in self._held.items()}
