@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test repro bench clean
+.PHONY: setup test repro slurm-profile clean
 
 setup: $(STAMP)   ## create .venv with the pinned dependencies (idempotent)
 
@@ -19,13 +19,20 @@ test: setup   ## the whole test suite (gpu tests skip without CUDA); exit code 5
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 EXPERIMENT ?= tiny
+CORES      ?= 2
+SNAKEMAKE  := $(BIN)/snakemake
 
-repro: setup   ## prepare the tiny data, train and evaluate every recipe of the experiment (resumable)
+repro: setup   ## the whole study of EXPERIMENT (default tiny) through Snakemake: data, train, evaluate, figures, report
 	$(BIN)/fp4repro explain
-	$(BIN)/fp4repro prepare-data --experiment $(EXPERIMENT)
-	@for r in $$($(BIN)/fp4repro experiment $(EXPERIMENT) --recipes); do \
-		echo "== train $(EXPERIMENT) / $$r"; $(BIN)/fp4repro train --experiment $(EXPERIMENT) --recipe $$r || exit $$?; \
-		echo "== evaluate $(EXPERIMENT) / $$r"; $(BIN)/fp4repro evaluate --experiment $(EXPERIMENT) --recipe $$r || exit $$?; done
+	$(SNAKEMAKE) --cores $(CORES) --config experiment=$(EXPERIMENT)
+	@echo "figures: figures/$(EXPERIMENT)/   report: paper/report.md   logs: logs/$(EXPERIMENT)/"
+
+SLURM_PROFILE_DIR := $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake/slurm
+
+slurm-profile:   ## install workflow/profiles/slurm as your `slurm` profile: then `snakemake --profile slurm`
+	@mkdir -p $(SLURM_PROFILE_DIR)
+	cp workflow/profiles/slurm/config.yaml $(SLURM_PROFILE_DIR)/config.yaml
+	@echo "installed $(SLURM_PROFILE_DIR)/config.yaml: edit slurm_partition (and slurm_account) for your cluster"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

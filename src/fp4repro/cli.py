@@ -162,6 +162,23 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+def _cmd_plot(args) -> int:
+    from fp4repro.plots import plot_figure
+    from fp4repro.plots.common import experiment_of
+
+    out = args.out
+    if out is None:
+        experiments = {experiment_of(Path(p)) for p in args.inputs}
+        if len(experiments) != 1 or None in experiments:
+            raise ValueError("cannot tell the experiment from the input paths (expected results/<experiment>/...); "
+                             "pass --out figures/<experiment>/<figure>.png")
+        out = f"figures/{experiments.pop()}/{args.figure}.png"
+    options = {"final_window": args.final_window} if args.figure == "loss" else {}
+    plot_figure(args.figure, [Path(p) for p in args.inputs], Path(out), **options)
+    print(f"wrote {out} and {Path(out).with_suffix('.pdf')}")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     if args.what == "kernels":
         import torch
@@ -184,6 +201,12 @@ def _cmd_bench(args) -> int:
             print(f"{r['spec']:28} {'x'.join(map(str, r['shape'])):>11} {r['median_s']:>9.3f} {r['melem_per_s']:>8.1f}")
         print(f"wrote {args.out}")
     return 0
+
+
+def _cmd_report(args) -> int:
+    from fp4repro.report import report_main
+
+    return report_main(args.experiment, args.claims, args.out, results=args.results, figures=args.figures)
 
 
 def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False) -> None:
@@ -273,6 +296,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=_cmd_explain)
 
+    from fp4repro.plots.catalog import FIGURE_INPUTS, figure_help  # text only: no matplotlib
+
+    pl = sub.add_parser("plot", help="draw one figure (PNG and PDF) from results files",
+                        description="Draw one figure of the study from files of the results layout (the recipe\n"
+                                    "of an input is the name of its folder) and write it as PNG and, beside it,\n"
+                                    "PDF, each atomically. Figures and the inputs each takes:\n\n" + figure_help(),
+                        epilog="example: fp4repro plot loss --out figures/tiny/loss.png "
+                               "results/tiny/train/*/metrics.parquet results/tiny/eval/*/final_loss.json",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl.add_argument("figure", choices=list(FIGURE_INPUTS), help="which figure")
+    pl.add_argument("inputs", nargs="+", metavar="INPUT", help="input files (see above)")
+    pl.add_argument("--out", help="output PNG; the PDF goes beside it (default figures/<experiment>/<figure>.png, "
+                                  "the experiment read from the input paths)")
+    pl.add_argument("--final-window", type=float, default=None,
+                    help="loss only: fraction W of training tokens in the final window, for recipes without "
+                         "final_loss.json (default: a given final_loss.json's W, else the experiment config's)")
+    pl.set_defaults(func=_cmd_plot)
+
     b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",
                        description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
                                    "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
@@ -285,6 +326,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--out", default=None, help="JSON output (default results/bench/quant_cpu.json or kernels.json)")
     b.set_defaults(func=_cmd_bench)
+
+    rp = sub.add_parser("report", help="set each paper claim beside what an experiment measured (Markdown)",
+                        description="Read paper/claims.yaml and an experiment's results (final-window loss, "
+                                    "held-out NLL, downstream aggregates, block-scale telemetry) and write a "
+                                    "Markdown report: per claim the paper's value, ours, whether the direction "
+                                    "reproduced, whether the difference exceeds twice its standard error, and "
+                                    "the scale of both. Claims the experiment cannot measure say why.")
+    rp.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    rp.add_argument("--claims", default="paper/claims.yaml", help="claims YAML (default paper/claims.yaml)")
+    rp.add_argument("--results", default="results", help="results root (default results)")
+    rp.add_argument("--out", default="paper/report.md", help="report to write (default paper/report.md)")
+    rp.add_argument("figures", nargs="*", help="figure files to embed (links relative to the report)")
+    rp.set_defaults(func=_cmd_report)
     return p
 
 

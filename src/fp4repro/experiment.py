@@ -7,16 +7,11 @@ recipes and sequence length). Every error names the file, the field, the value a
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-import jsonschema
-import yaml
-
-from fp4repro.util import config_file, config_names
+from fp4repro.util import config_file, config_names, read_yaml, schema_error
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT_DIR = REPO_ROOT / "configs" / "experiment"
@@ -101,6 +96,7 @@ class ExperimentConfig:
     backend: str = "local"
     description: str = ""
     eval: dict = field(default_factory=dict, hash=False, compare=False)
+    resources: dict = field(default_factory=dict, hash=False, compare=False)   # rule -> workflow resources
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
@@ -122,12 +118,8 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
     if not path.is_file():
         raise ExperimentError(f"{path}: no such experiment file "
                               f"(available: {', '.join(available_experiments()) or 'none'})")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ExperimentError(f"{path}: not valid YAML: {err}") from None
-    schema = json.loads(resources.files("fp4repro.schemas").joinpath("experiment.schema.json").read_text())
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(raw))
+    raw = read_yaml(path, ExperimentError)
+    error = schema_error(raw, "experiment.schema.json")
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
         if error.validator == "additionalProperties":
@@ -196,7 +188,7 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
     backend = raw.get("backend", "local")
     exp = ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
                            data=data, train=train, backend=backend, description=raw.get("description", ""),
-                           eval=raw.get("eval", {}))
+                           eval=raw.get("eval", {}), resources=raw.get("resources", {}))
     from fp4repro.eval.config import load_eval_config
 
     load_eval_config(exp)   # the eval section fails here too, before any compute

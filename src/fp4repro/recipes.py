@@ -24,17 +24,14 @@ the field, the value and what is allowed.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import jsonschema
-import yaml
 
-from fp4repro.util import config_file, config_names
+from fp4repro.util import config_file, config_names, read_yaml, schema_error
 
 from fp4repro.quant.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
 
@@ -44,10 +41,6 @@ _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
 
 class RecipeError(ValueError):
     """A recipe file that cannot be used, with file, field, value and what is allowed."""
-
-
-def _schema() -> dict:
-    return json.loads(resources.files("fp4repro.schemas").joinpath("recipe.schema.json").read_text())
 
 
 def recipe_path(name_or_path: str | Path) -> Path:
@@ -63,10 +56,7 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """Raw recipe dict with `base` resolved."""
     if not path.is_file():
         raise RecipeError(f"{path}: no such recipe file (available: {', '.join(available_recipes())})")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise RecipeError(f"{path}: not valid YAML: {err}") from None
+    raw = read_yaml(path, RecipeError)
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     if "base" not in raw:
@@ -192,7 +182,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     """Load and validate a recipe by name (``configs/recipes/<name>.yaml``) or path."""
     path = recipe_path(name_or_path)
     raw = _read(path)
-    e = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(_schema()).iter_errors(raw))
+    e = schema_error(raw, "recipe.schema.json")
     if e is not None:
         allowed = {
             "enum": lambda: f"allowed: {e.validator_value}",

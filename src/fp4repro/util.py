@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from importlib import resources
 from pathlib import Path
+
+import jsonschema
+import yaml
 
 
 def _umask_mode() -> int:
@@ -70,3 +75,17 @@ def config_file(name_or_path: str | Path, folder: Path) -> Path:
 def config_names(folder: Path) -> list[str]:
     """The names of the configs in ``folder``."""
     return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def read_yaml(path: Path, error: type[Exception]):
+    """A YAML file's content; ``error(f"{path}: not valid YAML: ...")`` when it does not parse."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise error(f"{path}: not valid YAML: {err}") from None
+
+
+def schema_error(raw, schema_name: str) -> jsonschema.ValidationError | None:
+    """The most relevant violation of ``fp4repro/schemas/<schema_name>`` by ``raw``, or None."""
+    schema = json.loads(resources.files("fp4repro.schemas").joinpath(schema_name).read_text())
+    return jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(raw))

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -118,3 +117,20 @@ def test_non_finite_loss_stops_with_a_diagnosis(prepared, tmp_path):
     assert msg.startswith("step ") and "worst operands: layers." in msg
     m = pd.read_parquet(out / "metrics.parquet")
     assert np.isfinite(m["loss"]).all() and not (out / "done.json").exists()
+
+
+def test_resume_is_refused_after_the_config_changes(prepared, tmp_path, capsys):
+    """A stale resume checkpoint (other schedule) must not be continued: the run starts at step 0
+    and ends exactly like a fresh run of the new config."""
+    import dataclasses
+
+    exp, path, root = prepared
+    out = tmp_path / "run"
+    train(exp, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
+    changed = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr=1.0e-3))
+    train(changed, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
+    assert "starting from step 0" in capsys.readouterr().err
+    fresh = tmp_path / "fresh"
+    train(changed, "bf16", root / "data", fresh, device="cpu", progress=False, stop_after=20)
+    a, b = pd.read_parquet(out / "metrics.parquet"), pd.read_parquet(fresh / "metrics.parquet")
+    assert len(a) == 20 and np.array_equal(a["loss"].to_numpy(), b["loss"].to_numpy())

@@ -16,9 +16,11 @@ step, metrics so far) every ``resume_every`` steps. Outputs in ``out_dir``:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -112,6 +114,15 @@ def _worst_operands(rows: list[dict], n: int = 5) -> str:
                      f"{r['saturated_blocks']} saturated of {r['blocks']} blocks" for r in ranked)
 
 
+def run_fingerprint(exp: ExperimentConfig, recipe_name: str, data_hash: str) -> str:
+    """A digest of everything a training run's result depends on: the training config, the model
+    config, the recipe's resolved numerics and the prepared data. A resume checkpoint is trusted
+    only by a run with the same fingerprint (an edited recipe or schedule starts from step 0)."""
+    recipe = load_recipe(recipe_name)
+    parts = (exp.train, load_model_config(exp.model), recipe.defaults, recipe.operands, recipe.overrides, data_hash)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
 def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path,
           device: str | None = None, progress: bool = True, stop_after: int | None = None) -> Path:
     """Train (or resume) one recipe of an experiment; returns ``out_dir``.
@@ -140,9 +151,17 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
                 for i, (stage, n) in enumerate(zip(t.stages, stage_steps))]
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
-    # ---- resume
+    # ---- resume (only what this very config produced)
+    fingerprint = run_fingerprint(exp, recipe_name, manifest.data_hash)
     start_step, metrics, telemetry = 0, [], []
     resume = load_latest_resume(resume_dir)
+    if resume is not None and resume.get("fingerprint") != fingerprint:
+        print(f"{out_dir}: the resume checkpoints were made with another config, recipe or data "
+              f"(fingerprint {resume.get('fingerprint')} != {fingerprint}); starting from step 0", file=sys.stderr)
+        for stale in (resume_dir, ckpt_dir):
+            shutil.rmtree(stale, ignore_errors=True)
+        (out_dir / "done.json").unlink(missing_ok=True)
+        resume = None
     if resume is not None:
         model.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
@@ -155,7 +174,8 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
     def save_resume(step: int) -> None:
         save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                          "quant_state": state.state_dict() if state is not None else None, "rng": _rng_state(),
-                         "metrics": metrics, "telemetry": telemetry, "recipe": recipe_name, "experiment": exp.name},
+                         "metrics": metrics, "telemetry": telemetry, "recipe": recipe_name, "experiment": exp.name,
+                         "fingerprint": fingerprint},
                         resume_dir / f"resume_{step:08d}.pt")
         prune_resume(resume_dir)
         _write_tables(out_dir, metrics, telemetry)
@@ -212,7 +232,7 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
     if end_step == t.total_steps:
         _write_tables(out_dir, metrics, telemetry)
         atomic_write_text(out_dir / "done.json", json.dumps(
-            {"experiment": exp.name, "recipe": recipe_name, "steps": t.total_steps,
+            {"experiment": exp.name, "recipe": recipe_name, "fingerprint": fingerprint, "steps": t.total_steps,
              "tokens": t.total_steps * t.tokens_per_step,
              "checkpoints": sorted(f"ckpt/step_{s:08d}.pt" for s in eval_steps)}, indent=2) + "\n")
     return out_dir

@@ -1,0 +1,259 @@
+"""``fp4repro report``: each claim of ``paper/claims.yaml`` beside what one experiment measured.
+
+For every claim the report gives the paper's value, ours (recipe, baseline, difference and, where
+the measure has one, the standard error of the difference), whether the direction reproduced,
+whether the difference is larger than its noise (|diff| > 2·SE), and the scale it was measured at.
+A claim whose inputs the experiment lacks (a recipe it does not train, a measure that no rule of
+the DAG produces yet) is listed as "not measured" with the reason, never silently dropped.
+
+Inputs, all in the results layout:
+    results/<exp>/eval/<recipe>/final_loss.json, nll.parquet, downstream.parquet
+    results/<exp>/train/<recipe>/telemetry.parquet
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from fp4repro.util import atomic_write_text, read_yaml, schema_error
+
+EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}
+
+
+class ReportError(ValueError):
+    """A claims file or a results file that cannot be used (file, field, what is wrong)."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    claim: str
+    measure: str
+    recipe: str
+    baseline: str
+    expect: str                  # lower | higher
+    paper: str
+    policy: str = "quantized"
+    event: str | None = None
+    operands: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report: a claim (or one aggregate of a downstream claim) and its outcome."""
+
+    claim: Claim
+    label: str
+    recipe_value: float | None = None
+    baseline_value: float | None = None
+    stderr: float = math.nan                   # standard error of the difference (nan: none)
+    note: str = ""                             # why not measured, or what the values are
+
+    @property
+    def measured(self) -> bool:
+        return self.recipe_value is not None and self.baseline_value is not None
+
+    @property
+    def difference(self) -> float:
+        return self.recipe_value - self.baseline_value
+
+    @property
+    def reproduced(self) -> bool:
+        return self.difference < 0 if self.claim.expect == "lower" else self.difference > 0
+
+    @property
+    def beyond_noise(self) -> bool | None:
+        return None if math.isnan(self.stderr) else abs(self.difference) > 2 * self.stderr
+
+
+# ------------------------------------------------------------------------------------ claims
+
+def load_claims(path: str | Path) -> tuple[dict, list[Claim]]:
+    """The paper section and the claims of a claims YAML, validated against its schema."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"{path}: no such claims file")
+    raw = read_yaml(path, ReportError)
+    error = schema_error(raw, "claims.schema.json")
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise ReportError(f"{path}: field '{where}': value {error.instance!r}: {error.message}")
+    ids = [c["id"] for c in raw["claims"]]
+    if len(set(ids)) != len(ids):
+        raise ReportError(f"{path}: field 'claims': ids must be unique, got {ids}")
+    claims = [Claim(**{**c, "operands": tuple(c.get("operands", ()))}) for c in raw["claims"]]
+    return raw["paper"], claims
+
+
+# ---------------------------------------------------------------------------------- measures
+
+def _read_parquet(path: Path, columns: list[str]) -> pd.DataFrame:
+    table = pd.read_parquet(path)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ReportError(f"{path}: missing column(s) {missing}")
+    return table
+
+
+def _last_checkpoint(table: pd.DataFrame, policy: str) -> pd.DataFrame:
+    rows = table[table["policy"] == policy]
+    return rows[rows["step"] == rows["step"].max()] if len(rows) else rows
+
+
+def final_loss(root: Path, recipe: str) -> tuple[float, float]:
+    """Final-window training loss and its standard error."""
+    path = root / "eval" / recipe / "final_loss.json"
+    raw = json.loads(path.read_text())
+    return raw["loss"], raw.get("loss_stderr", math.nan)
+
+
+def heldout_nll(root: Path, recipe: str, policy: str) -> tuple[int, float]:
+    """(step, NLL of the final-stage blend) at the last checkpoint (no standard error: one fixed split)."""
+    path = root / "eval" / recipe / "nll.parquet"
+    rows = _last_checkpoint(_read_parquet(path, ["step", "policy", "source", "nll"]), policy)
+    blend = rows[rows["source"] == "blend"]
+    if blend.empty:
+        raise ReportError(f"{path}: no blend row for policy {policy!r}")
+    return int(blend["step"].iloc[0]), float(blend["nll"].iloc[0])
+
+
+def downstream(root: Path, recipe: str, policy: str) -> tuple[int, dict[str, tuple[float, float]]]:
+    """(step, aggregate -> (value, stderr)) at the last checkpoint."""
+    path = root / "eval" / recipe / "downstream.parquet"
+    rows = _last_checkpoint(_read_parquet(path, ["step", "policy", "level", "aggregate", "value", "stderr"]), policy)
+    rows = rows[rows["level"] == "aggregate"]
+    step = int(rows["step"].iloc[0]) if len(rows) else -1
+    return step, {r.aggregate: (float(r.value), float(r.stderr)) for r in rows.itertuples()}
+
+
+def _same_step(claim: Claim, a: int, b: int) -> Row | None:
+    if a != b:
+        return Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ (step {a} vs {b})")
+    return None
+
+
+def event_rate(root: Path, recipe: str, event: str, operands: tuple[str, ...]) -> tuple[float, int, int]:
+    """Share of quantized blocks with ``event`` over the whole run, summed over layers and the
+    listed operands: (rate, events, blocks)."""
+    path = root / "train" / recipe / "telemetry.parquet"
+    column = EVENT_COLUMNS[event]
+    table = _read_parquet(path, ["operand", "blocks", column])
+    rows = table[table["operand"].isin(operands)]
+    blocks, events = int(rows["blocks"].sum()), int(rows[column].sum())
+    return (events / blocks if blocks else math.nan), events, blocks
+
+
+def measure(claim: Claim, root: Path, recipes: tuple[str, ...]) -> list[Row]:
+    """The report lines of one claim against the results under ``root`` (results/<exp>)."""
+    absent = [r for r in (claim.recipe, claim.baseline) if r not in recipes]
+    if absent:
+        return [Row(claim, claim.id, note=f"not measured: recipe(s) {', '.join(absent)} not in this experiment")]
+    if claim.measure == "throughput":
+        return [Row(claim, claim.id, note="not measured: needs native FP4 GEMMs; the throughput ablations are "
+                                          "not part of this DAG yet")]
+    try:
+        if claim.measure == "final_loss":
+            (a, sa), (b, sb) = final_loss(root, claim.recipe), final_loss(root, claim.baseline)
+            return [Row(claim, claim.id, a, b, math.hypot(sa, sb), "final-window mean loss ± SE of the steps")]
+        if claim.measure == "heldout_nll":
+            (sa, a), (sb, b) = heldout_nll(root, claim.recipe, claim.policy), heldout_nll(root, claim.baseline,
+                                                                                           claim.policy)
+            return [_same_step(claim, sa, sb) or
+                    Row(claim, claim.id, a, b, note=f"blend NLL (nats/token) at step {sa}, {claim.policy} policy")]
+        if claim.measure == "downstream":
+            (sa, ours), (sb, base) = downstream(root, claim.recipe, claim.policy), downstream(root, claim.baseline,
+                                                                                            claim.policy)
+            mismatch = _same_step(claim, sa, sb)
+            if mismatch:
+                return [mismatch]
+            return [Row(claim, f"{claim.id}: {agg}", ours[agg][0], base[agg][0], math.hypot(ours[agg][1], base[agg][1]),
+                        f"accuracy at step {sa}, {claim.policy} policy")
+                    for agg in sorted(set(ours) & set(base))] or \
+                [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
+        if claim.measure == "telemetry":
+            a, ea, na = event_rate(root, claim.recipe, claim.event, claim.operands)
+            b, eb, nb = event_rate(root, claim.baseline, claim.event, claim.operands)
+            note = (f"{claim.event} blocks of {', '.join(claim.operands)}: {ea:,} of {na:,} vs {eb:,} of {nb:,}")
+            if ea == eb == 0:
+                return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({note})")]
+            # binomial SE of each rate (blocks treated as independent: an underestimate)
+            se = math.hypot(math.sqrt(a * (1 - a) / na), math.sqrt(b * (1 - b) / nb))
+            return [Row(claim, claim.id, a, b, se, note)]
+    except FileNotFoundError as err:
+        return [Row(claim, claim.id, note=f"not measured: {err.filename} missing")]
+    raise ReportError(f"claim {claim.id}: unknown measure {claim.measure!r}")
+
+
+# ------------------------------------------------------------------------------------ render
+
+def _fmt(row: Row, value: float) -> str:
+    return f"{value:.3e}" if row.claim.measure == "telemetry" else f"{value:.4f}"
+
+
+def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], out: Path) -> str:
+    """The report as Markdown (figure links relative to the report's folder)."""
+    lines = [f"# Reproduction report: {paper['title']}", "",
+             f"Generated by `fp4repro report` from experiment `{exp.name}`; rerun the workflow to refresh it.", "",
+             f"- **Paper's scale:** {paper['scale']}.",
+             f"- **This run's scale:** {scale}.",
+             "- **Reading it:** *direction* says whether our difference (recipe − baseline) has the sign the "
+             "paper reports; *beyond noise* whether it exceeds twice its standard error. A direction seen "
+             "at a scale this far below the paper's is a consistency check, not a confirmation.", "",
+             "| claim | paper | recipe | baseline | ours (recipe / baseline) | difference | direction | beyond noise |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        c = row.claim
+        if not row.measured:
+            status = row.note.split(":")[0]
+            lines.append(f"| {row.label} | {c.paper} | {c.recipe} | {c.baseline} | {row.note} | | {status} | |")
+            continue
+        se = "" if math.isnan(row.stderr) else f" ± {_fmt(row, row.stderr)}"
+        noise = {None: "n/a (no SE)", True: "yes", False: "no"}[row.beyond_noise]
+        lines.append(f"| {row.label} | {c.paper} | {c.recipe} | {c.baseline} | {_fmt(row, row.recipe_value)} / "
+                     f"{_fmt(row, row.baseline_value)} | {row.difference:+.4g}{se} | "
+                     f"{'reproduced' if row.reproduced else 'not reproduced'} | {noise} |")
+    lines += ["", "## Claims", ""]
+    for row in rows:
+        lines.append(f"- **{row.label}** — {row.claim.claim}. {row.note}".rstrip() + ("." if row.note else ""))
+    if figures:
+        lines += ["", "## Figures", ""]
+        for fig in figures:
+            rel = os.path.relpath(fig, out.parent)
+            lines += [f"### {fig.stem}", "", f"![{fig.stem}]({Path(rel).as_posix()})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def run_scale(exp) -> str:
+    import torch
+
+    from fp4repro.model import NemotronH, load_model_config
+
+    config = load_model_config(exp.model)
+    with torch.device("meta"):
+        params = NemotronH(config, None).num_parameters()
+    stages = ", ".join(f"{s.name} {s.tokens:,}" for s in exp.train.stages)
+    return (f"model `{exp.model}` ({params:,} parameters, pattern {config.pattern}), "
+            f"{exp.train.total_tokens:,} training tokens ({stages}), backend {exp.backend}")
+
+
+def report_main(experiment: str, claims: str | Path, out: str | Path, results: str | Path = "results",
+                figures: list[str | Path] = ()) -> int:
+    from fp4repro.experiment import load_experiment
+
+    exp = load_experiment(experiment)
+    paper, claim_list = load_claims(claims)
+    root = Path(results) / exp.name
+    rows = [row for claim in claim_list for row in measure(claim, root, exp.recipes)]
+    out = Path(out)
+    text = render(paper, rows, exp, run_scale(exp), [Path(f) for f in figures], out)
+    atomic_write_text(out, text)
+    measured = sum(r.measured for r in rows)
+    print(f"wrote {out}: {len(rows)} lines, {measured} measured, "
+          f"{sum(r.measured and r.reproduced for r in rows)} in the paper's direction")
+    return 0

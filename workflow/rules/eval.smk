@@ -1,0 +1,22 @@
+rule evaluate:
+    """Every checkpoint x policy: held-out NLL, lm-eval aggregates, final-window loss."""
+    input:
+        manifest=rules.prepare_data.output.manifest,
+        done=rules.train.output.done,
+        metrics=rules.train.output.metrics,
+    output:
+        nll=f"{RESULTS}/eval/{{recipe}}/nll.parquet",
+        downstream=f"{RESULTS}/eval/{{recipe}}/downstream.parquet",
+        final_loss=f"{RESULTS}/eval/{{recipe}}/final_loss.json",
+    params:
+        eval=repr(EXP.eval),
+    log:
+        f"{LOGS}/evaluate/{{recipe}}.log",
+    threads: resource("evaluate", "threads", 1)
+    resources:
+        mem_mb=resource("evaluate", "mem_mb", 4000),
+        runtime=resource("evaluate", "runtime", 60),
+        gres=resource("evaluate", "gres", ""),
+    shell:
+        "OMP_NUM_THREADS={threads} {FP4REPRO} evaluate --experiment {EXPERIMENT} --recipe {wildcards.recipe} "
+        "--results results --data {RESULTS}/data 2> {log}"

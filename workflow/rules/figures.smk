@@ -1,0 +1,54 @@
+# One rule per figure, so that `snakemake figures/<experiment>/<name>.png` redraws just that one.
+
+
+def plot(figure):
+    return f"{FP4REPRO} plot {figure} --out {{output.png}} {{input}} 2> {{log}}"
+
+
+rule figure_loss:
+    input:
+        metrics=per_recipe(f"{RESULTS}/train/{{recipe}}/metrics.parquet"),
+        final_loss=per_recipe(f"{RESULTS}/eval/{{recipe}}/final_loss.json"),
+    output:
+        png=f"figures/{EXP.name}/loss.png",
+        pdf=f"figures/{EXP.name}/loss.pdf",
+    log:
+        f"{LOGS}/figures/loss.log",
+    shell:
+        plot("loss")
+
+
+rule figure_nll:
+    input:
+        per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
+    output:
+        png=f"figures/{EXP.name}/nll.png",
+        pdf=f"figures/{EXP.name}/nll.pdf",
+    log:
+        f"{LOGS}/figures/nll.log",
+    shell:
+        plot("nll")
+
+
+rule figure_downstream:
+    input:
+        per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
+    output:
+        png=f"figures/{EXP.name}/downstream.png",
+        pdf=f"figures/{EXP.name}/downstream.pdf",
+    log:
+        f"{LOGS}/figures/downstream.log",
+    shell:
+        plot("downstream")
+
+
+rule figure_telemetry:
+    input:
+        per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
+    output:
+        png=f"figures/{EXP.name}/telemetry.png",
+        pdf=f"figures/{EXP.name}/telemetry.pdf",
+    log:
+        f"{LOGS}/figures/telemetry.log",
+    shell:
+        plot("telemetry")

@@ -1,0 +1,16 @@
+rule report:
+    """Each claim of paper/claims.yaml beside what this experiment measured."""
+    input:
+        claims=str(REPO / "paper" / "claims.yaml"),
+        final_loss=per_recipe(f"{RESULTS}/eval/{{recipe}}/final_loss.json"),
+        nll=per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
+        downstream=per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
+        telemetry=per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
+        figures=expand(FIGURE + ".png", figure=FIGURES),
+    output:
+        REPORT,
+    log:
+        f"{LOGS}/report.log",
+    shell:
+        "{FP4REPRO} report --experiment {EXPERIMENT} --claims {input.claims} --results results "
+        "--out {output} {input.figures} 2> {log}"
