@@ -1,4 +1,8 @@
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,3 +20,49 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------------- the Snakemake DAG
+
+SNAKEFILE = Path(__file__).resolve().parents[1] / "workflow" / "Snakefile"
+
+
+class Snakemake:
+    """`snakemake -s workflow/Snakefile -d WORKDIR ARGS` in a subprocess (tests/workflow, tests/slurm)."""
+
+    @staticmethod
+    def command(workdir: Path, *args: str) -> list[str]:
+        return [sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "-d", str(workdir), *args]
+
+    def __call__(self, workdir: Path, *args: str, check: bool = True, env: dict | None = None,
+                 timeout: float = 900) -> subprocess.CompletedProcess:
+        cmd = self.command(workdir, *args)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**(env or os.environ), "OMP_NUM_THREADS": "1"})
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                                 f"{proc.stderr[-4000:]}")
+        return proc
+
+    @staticmethod
+    def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
+        """Rule -> job count from a dry run's 'Job stats' table ({} when nothing is to be done)."""
+        text = proc.stdout + proc.stderr
+        if "Nothing to be done" in text:
+            return {}
+        table = text.split("Job stats:")[1].split("total")[0]
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.fixture(scope="session")
+def snakemake() -> Snakemake:
+    return Snakemake()
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, snakemake) -> Path:
+    """The reduced study (configs/experiment/smoke.yaml) run locally through Snakemake, once per
+    session: its working directory (results/, figures/, paper/report.md, logs/)."""
+    workdir = tmp_path_factory.mktemp("smoke-local")
+    snakemake(workdir, "--cores", "2", "--config", "experiment=smoke")
+    return workdir

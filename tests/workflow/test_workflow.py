@@ -2,7 +2,6 @@
 study (configs/experiment/smoke.yaml) run end to end through Snakemake in a temporary folder."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,35 +11,17 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEFILE = REPO / "workflow" / "Snakefile"
 FIGURES = ["loss", "nll", "downstream", "telemetry"]
 
 
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "-d", str(workdir), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc
-
-
-def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
-    """Rule -> job count from a dry run's 'Job stats' table."""
-    text = proc.stdout + proc.stderr
-    if "Nothing to be done" in text:
-        return {}
-    table = text.split("Job stats:")[1].split("total")[0]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
-
-
 @pytest.mark.parametrize("experiment, recipes", [("tiny", 5), ("paper8b", 5), ("smoke", 4)])
-def test_dry_run_plans_the_whole_study(tmp_path, experiment, recipes):
-    jobs = planned_jobs(snakemake(tmp_path, "-n", "--config", f"experiment={experiment}"))
+def test_dry_run_plans_the_whole_study(tmp_path, experiment, recipes, snakemake):
+    jobs = snakemake.planned_jobs(snakemake(tmp_path, "-n", "--config", f"experiment={experiment}"))
     assert jobs == {"prepare_data": 1, "train": recipes, "evaluate": recipes, "figure_loss": 1, "figure_nll": 1,
                     "figure_downstream": 1, "figure_telemetry": 1, "report": 1, "all": 1}
 
 
-def test_paper8b_resources_reach_the_jobs(tmp_path):
+def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
     out = snakemake(tmp_path, "-n", "--config", "experiment=paper8b").stdout
     train = out[out.index("rule train:"):]
     resources = train[train.index("resources:"):].splitlines()[0]
@@ -54,7 +35,7 @@ def test_paper8b_training_says_the_backend_is_missing(tmp_path):
     assert proc.returncode == 3 and "backend 'megatron'" in proc.stdout + proc.stderr and "not available" in proc.stdout + proc.stderr
 
 
-def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path):
+def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
     text = (REPO / "configs/experiment/tiny.yaml").read_text().replace("batch_size: 16", "batch_size: -3")
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -63,7 +44,7 @@ def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path):
     assert f"{bad}: field 'train.batch_size': value -3" in proc.stdout + proc.stderr
 
 
-def test_broken_recipe_fails_the_dry_run_naming_file_and_field(tmp_path):
+def test_broken_recipe_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
     recipe = tmp_path / "broken.yaml"
     recipe.write_text((REPO / "configs/recipes/ue5m3.yaml").read_text() + "\ndefaults: {scale: e9m9}\n")
     text = (REPO / "configs/experiment/tiny.yaml").read_text().replace("recipes: [bf16,", f"recipes: [{recipe},")
@@ -75,22 +56,15 @@ def test_broken_recipe_fails_the_dry_run_naming_file_and_field(tmp_path):
     assert "field 'recipes.0'" in out and str(recipe) in out and "scale" in out
 
 
-def test_unknown_workflow_option_fails_the_dry_run(tmp_path):
+def test_unknown_workflow_option_fails_the_dry_run(tmp_path, snakemake):
     proc = snakemake(tmp_path, "-n", "--config", "experimnt=tiny", check=False)
     assert proc.returncode != 0 and "'experimnt' was unexpected" in proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------------ the reduced study, run
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("smoke")
-    snakemake(workdir, "--cores", "2", "--config", "experiment=smoke")
-    return workdir
-
-
 @pytest.mark.slow
-def test_smoke_dag_produces_every_figure_and_the_report(smoke_run):
+def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
     for name in FIGURES:
         png, pdf = smoke_run / f"figures/smoke/{name}.png", smoke_run / f"figures/smoke/{name}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
@@ -103,15 +77,15 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run):
         assert done["steps"] == 24 and len(done["checkpoints"]) == 3
         nll = pd.read_parquet(smoke_run / f"results/smoke/eval/{recipe}/nll.parquet")
         assert sorted(set(nll["step"])) == [8, 16, 24] and set(nll["policy"]) == {"bf16", "quantized"}
-    assert planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}
+    assert snakemake.planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}
 
 
 @pytest.mark.slow
-def test_one_figure_reruns_only_its_rule(smoke_run):
+def test_one_figure_reruns_only_its_rule(smoke_run, snakemake):
     target = "figures/smoke/nll.png"
     before = {p: p.stat().st_mtime_ns for p in (smoke_run / "figures/smoke").iterdir()}
     (smoke_run / target).unlink()
-    assert planned_jobs(snakemake(smoke_run, target, "-n", "--config", "experiment=smoke")) == {"figure_nll": 1}
+    assert snakemake.planned_jobs(snakemake(smoke_run, target, "-n", "--config", "experiment=smoke")) == {"figure_nll": 1}
     snakemake(smoke_run, target, "--cores", "1", "--config", "experiment=smoke")
     after = {p: p.stat().st_mtime_ns for p in (smoke_run / "figures/smoke").iterdir()}
     changed = sorted(p.name for p in after if after[p] != before.get(p))
@@ -119,7 +93,7 @@ def test_one_figure_reruns_only_its_rule(smoke_run):
 
 
 @pytest.mark.slow
-def test_editing_one_recipe_reruns_only_what_depends_on_it(smoke_run):
+def test_editing_one_recipe_reruns_only_what_depends_on_it(smoke_run, snakemake):
     # Snakemake 9 reruns a job when an input is newer *and* its content differs from what the last
     # run recorded: a bare `touch` reruns nothing, an edit reruns that recipe's chain only.
     recipe = REPO / "configs/recipes/ue5m3_t2048.yaml"
@@ -129,7 +103,7 @@ def test_editing_one_recipe_reruns_only_what_depends_on_it(smoke_run):
         plan = snakemake(smoke_run, "-n", "--config", "experiment=smoke")
     finally:
         recipe.write_text(text)
-    assert planned_jobs(plan) == {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1,
+    assert snakemake.planned_jobs(plan) == {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1,
                                   "figure_downstream": 1, "figure_telemetry": 1, "report": 1, "all": 1}
     assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3_t2048"}
-    assert planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}
+    assert snakemake.planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}

@@ -170,6 +170,7 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
             state.to(device)
         _set_rng_state(resume["rng"])
         start_step, metrics, telemetry = resume["step"], resume["metrics"], resume["telemetry"]
+        print(f"{out_dir}: resuming from step {start_step} of {t.total_steps}", file=sys.stderr)
 
     def save_resume(step: int) -> None:
         save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),

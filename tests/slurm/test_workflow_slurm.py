@@ -1,0 +1,131 @@
+"""`snakemake --profile slurm` on the single-node test Slurm: the reduced study through sbatch.
+
+The repository's cluster profile is installed with `make slurm-profile` into a temporary config
+home, as a user would install it; the test cluster has no accounting, so the run adds the two
+options the profile documents for such clusters (`--slurm-no-account`, `--slurm-status-command
+squeue`). Each test checks Slurm's own records (`scontrol show job`) of the jobs it submitted.
+"""
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+NO_ACCOUNTING = ("--slurm-no-account", "--slurm-status-command", "squeue",
+                 "--slurm-init-seconds-before-status-checks", "1")
+
+
+@pytest.fixture(scope="module")
+def slurm_profile_env(slurm_cluster, tmp_path_factory):
+    """The cluster's client environment with XDG_CONFIG_HOME holding the installed `slurm` profile."""
+    home = tmp_path_factory.mktemp("xdg")
+    env = {**slurm_cluster.env, "XDG_CONFIG_HOME": str(home)}
+    subprocess.run(["make", "-s", "-C", str(REPO), "slurm-profile"], env=env, check=True, capture_output=True)
+    assert (home / "snakemake" / "slurm" / "config.yaml").read_text() == \
+        (REPO / "workflow/profiles/slurm/config.yaml").read_text()
+    return env
+
+
+def rule_jobs(slurm_cluster, first_id: int) -> dict[str, list[dict]]:
+    """Rule -> Slurm's records of the jobs submitted since ``first_id`` (the executor names each
+    job's rule in its comment: rule_<name>_wildcards_...)."""
+    jobs: dict[str, list[dict]] = {}
+    for job in slurm_cluster.jobs():
+        if int(job["JobId"]) >= first_id:
+            rule = re.match(r"rule_(.+?)(_wildcards_.*)?$", job.get("Comment", "")).group(1)
+            jobs.setdefault(rule, []).append(job)
+    return jobs
+
+
+def next_job_id(slurm_cluster) -> int:
+    return max((int(j["JobId"]) for j in slurm_cluster.jobs()), default=0) + 1
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, snakemake):
+    workdir = tmp_path_factory.mktemp("smoke-slurm")
+    first = next_job_id(slurm_cluster)
+    proc = snakemake(workdir, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke",
+                     env=slurm_profile_env)
+    return workdir, rule_jobs(slurm_cluster, first), proc
+
+
+def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, slurm_cluster):
+    _, jobs, _ = slurm_run
+    assert {rule: len(j) for rule, j in jobs.items()} == {
+        "prepare_data": 1, "train": 4, "evaluate": 4, "figure_loss": 1, "figure_nll": 1,
+        "figure_downstream": 1, "figure_telemetry": 1, "report": 1}
+    for job in (j for js in jobs.values() for j in js):
+        assert job["JobState"] == "COMPLETED" and job["NodeList"] == slurm_cluster.node
+    # resources: the experiment's for its heavy rules (smoke.yaml), the workflow profile's for the rest
+    expected = {"prepare_data": (3000, "00:10:00"), "train": (2000, "00:10:00"),
+                "evaluate": (2000, "00:10:00"), "report": (2000, "00:20:00")}
+    for rule, (mem_mb, limit) in expected.items():
+        for job in jobs[rule]:
+            got = (job["CPUs/Task"], slurm_cluster.memory_in_mb(job["MinMemoryNode"]), job["TimeLimit"])
+            assert got == ("1", mem_mb, limit), (rule, job)
+
+
+def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
+    workdir, _, _ = slurm_run
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048"):
+        for table, drop in (("train/{}/metrics.parquet", ["tokens_per_s"]), ("train/{}/telemetry.parquet", []),
+                            ("eval/{}/nll.parquet", []), ("eval/{}/downstream.parquet", [])):
+            rel = Path("results/smoke") / table.format(recipe)
+            a = pd.read_parquet(workdir / rel).drop(columns=drop)
+            b = pd.read_parquet(smoke_run / rel).drop(columns=drop)
+            pd.testing.assert_frame_equal(a, b, check_exact=True, obj=str(rel))
+        rel = Path(f"results/smoke/eval/{recipe}/final_loss.json")
+        assert json.loads((workdir / rel).read_text()) == json.loads((smoke_run / rel).read_text())
+    assert (workdir / "paper/report.md").read_text() == (smoke_run / "paper/report.md").read_text()
+    for name in ("loss", "nll", "downstream", "telemetry"):
+        assert (workdir / f"figures/smoke/{name}.png").stat().st_size > 10_000
+
+
+def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster, slurm_profile_env, tmp_path,
+                                                       snakemake):
+    """scancel a training job mid-run: Snakemake reports it failed; the rerun continues from the
+    newest resume checkpoint (not from step 0) and finishes every step."""
+    workdir, _, _ = slurm_run
+    text = (REPO / "configs/experiment/smoke.yaml").read_text()
+    longer = text.replace("tokens: 4096", "tokens: 204800").replace("resume_every: 4", "resume_every: 10")
+    exp = tmp_path / "smoke.yaml"                    # same name: reuses the prepared data of the run above
+    exp.write_text(longer)
+    target = "results/smoke/train/bf16/done.json"
+    run_dir = tmp_path / "run"
+    (run_dir / "results/smoke").mkdir(parents=True)
+    (run_dir / "results/smoke/data").symlink_to(workdir / "results/smoke/data")
+    args = (target, "--profile", "slurm", *NO_ACCOUNTING, "--config", f"experiment={exp}")
+
+    first = next_job_id(slurm_cluster)
+    proc = subprocess.Popen(
+        snakemake.command(run_dir, *args), env={**slurm_profile_env, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    resume_dir = run_dir / "results/smoke/train/bf16/resume"
+    try:
+        deadline = time.monotonic() + 180
+        while not any(resume_dir.glob("resume_*.pt.sha256")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no resume checkpoint appeared"
+            time.sleep(0.2)
+        (train_job,) = rule_jobs(slurm_cluster, first)["train"]
+        slurm_cluster.scancel(int(train_job["JobId"]))
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "CANCELLED" in out, out[-3000:]
+    assert slurm_cluster.show_job(int(train_job["JobId"]))["JobState"] == "CANCELLED"
+    assert not (run_dir / target).exists()
+
+    snakemake(run_dir, *args, env=slurm_profile_env)
+    log = (run_dir / "logs/smoke/train/bf16.log").read_text()
+    resumed = int(re.search(r"resuming from step (\d+) of 808", log).group(1))
+    assert resumed >= 10 and resumed % 10 == 0
+    metrics = pd.read_parquet(run_dir / "results/smoke/train/bf16/metrics.parquet")
+    assert metrics["step"].tolist() == list(range(1, 809))
