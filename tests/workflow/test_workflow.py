@@ -83,6 +83,8 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
 @pytest.mark.slow
 def test_one_figure_reruns_only_its_rule(smoke_run, snakemake):
     target = "figures/smoke/nll.png"
+    forced = snakemake(smoke_run, target, "-n", "-f", "--config", "experiment=smoke")
+    assert snakemake.planned_jobs(forced) == {"figure_nll": 1}          # redraw an existing figure
     before = {p: p.stat().st_mtime_ns for p in (smoke_run / "figures/smoke").iterdir()}
     (smoke_run / target).unlink()
     assert snakemake.planned_jobs(snakemake(smoke_run, target, "-n", "--config", "experiment=smoke")) == {"figure_nll": 1}
