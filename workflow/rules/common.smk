@@ -30,18 +30,17 @@ if not Path(FP4REPRO).exists():
 
 wildcard_constraints:
     recipe="|".join(re.escape(r) for r in RECIPES),
-    figure="|".join(FIGURES),
 
 
 def recipe_file(wildcards):
-    """The recipe YAML a training run reads: editing or touching it reruns that recipe only."""
+    """The recipe YAML a training run reads: editing it reruns that recipe's chain only."""
     from fp4repro.recipes import recipe_path
 
     return str(recipe_path(wildcards.recipe))
 
 
-def per_recipe(pattern, recipes=None):
-    return expand(pattern, recipe=RECIPES if recipes is None else recipes)
+def per_recipe(pattern):
+    return expand(pattern, recipe=RECIPES)
 
 
 def resource(rule_name, key, default=None):

@@ -9,7 +9,7 @@ rule evaluate:
         downstream=f"{RESULTS}/eval/{{recipe}}/downstream.parquet",
         final_loss=f"{RESULTS}/eval/{{recipe}}/final_loss.json",
     params:
-        eval=repr(EXP.eval),
+        eval=section("eval"),
     log:
         f"{LOGS}/evaluate/{{recipe}}.log",
     threads: resource("evaluate", "threads", 1)
