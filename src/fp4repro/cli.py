@@ -206,7 +206,8 @@ def _cmd_bench(args) -> int:
 def _cmd_report(args) -> int:
     from fp4repro.report import report_main
 
-    return report_main(args.experiment, args.claims, args.out, results=args.results, figures=args.figures)
+    return report_main(args.experiment, args.claims, args.out, results=args.results, figures=args.figures,
+                       quiet=args.quiet)
 
 
 def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False) -> None:
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "Markdown report: per claim the paper's value, ours, whether the direction "
                                     "reproduced, whether the difference exceeds twice its standard error, and "
                                     "the scale of both. Claims the experiment cannot measure say why.")
-    rp.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    _experiment_arguments(rp)
     rp.add_argument("--claims", default="paper/claims.yaml", help="claims YAML (default paper/claims.yaml)")
     rp.add_argument("--results", default="results", help="results root (default results)")
     rp.add_argument("--out", default="paper/report.md", help="report to write (default paper/report.md)")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fp4repro.util import config_file, config_names, read_yaml, schema_error
+from fp4repro.util import config_file, config_names, read_yaml, schema_error, schema_field
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT_DIR = REPO_ROOT / "configs" / "experiment"
@@ -121,7 +121,7 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
     raw = read_yaml(path, ExperimentError)
     error = schema_error(raw, "experiment.schema.json")
     if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        where = schema_field(error)
         if error.validator == "additionalProperties":
             extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
             _fail(path, where, extra, f"allowed fields: {sorted(error.schema.get('properties', {}))}")

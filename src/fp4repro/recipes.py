@@ -29,11 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import jsonschema
-
-from fp4repro.util import config_file, config_names, read_yaml, schema_error
-
 from fp4repro.quant.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
+from fp4repro.util import config_file, config_names, read_yaml, schema_error, schema_field
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
@@ -77,10 +74,6 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if operands:
         merged["operands"] = operands
     return merged
-
-
-def _field_path(error: jsonschema.ValidationError) -> str:
-    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
 def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> QuantSpec:
@@ -188,12 +181,12 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             "enum": lambda: f"allowed: {e.validator_value}",
             "additionalProperties": lambda: f"allowed fields: {sorted(e.schema.get('properties', {}))}",
             "pattern": lambda: "a Python slice of layer indices such as '-4:' or '0:2', or one index such as '7'"
-            if _field_path(e).endswith("layers") else f"must match {e.validator_value}",
+            if schema_field(e).endswith("layers") else f"must match {e.validator_value}",
             "required": lambda: f"missing required field(s): {e.validator_value}",
         }.get(e.validator, lambda: e.message)()
         value = e.instance if e.validator != "additionalProperties" else \
             sorted(set(e.instance) - set(e.schema.get("properties", {})))
-        raise RecipeError(f"{path}: field '{_field_path(e)}': value {value!r}: {allowed}")
+        raise RecipeError(f"{path}: field '{schema_field(e)}': value {value!r}: {allowed}")
     recipe = Recipe(name=raw["name"], path=str(path), description=raw.get("description", ""),
                     defaults=raw["defaults"], operands=dict(raw.get("operands") or {}),
                     overrides=tuple(raw.get("overrides") or ()))

@@ -13,7 +13,6 @@ Inputs, all in the results layout:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fp4repro.util import atomic_write_text, read_yaml, schema_error
+from fp4repro.results import last_checkpoint, read_json, read_table
+from fp4repro.util import atomic_write_text, read_yaml, schema_error, schema_field
 
 EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}
 
@@ -82,8 +82,7 @@ def load_claims(path: str | Path) -> tuple[dict, list[Claim]]:
     raw = read_yaml(path, ReportError)
     error = schema_error(raw, "claims.schema.json")
     if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ReportError(f"{path}: field '{where}': value {error.instance!r}: {error.message}")
+        raise ReportError(f"{path}: field '{schema_field(error)}': value {error.instance!r}: {error.message}")
     ids = [c["id"] for c in raw["claims"]]
     if len(set(ids)) != len(ids):
         raise ReportError(f"{path}: field 'claims': ids must be unique, got {ids}")
@@ -93,40 +92,35 @@ def load_claims(path: str | Path) -> tuple[dict, list[Claim]]:
 
 # ---------------------------------------------------------------------------------- measures
 
-def _read_parquet(path: Path, columns: list[str]) -> pd.DataFrame:
-    table = pd.read_parquet(path)
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise ReportError(f"{path}: missing column(s) {missing}")
-    return table
+# the file of each measure, under results/<exp>/
+MEASURE_FILES = {"final_loss": "eval/{}/final_loss.json", "heldout_nll": "eval/{}/nll.parquet",
+                 "downstream": "eval/{}/downstream.parquet", "telemetry": "train/{}/telemetry.parquet"}
 
 
-def _last_checkpoint(table: pd.DataFrame, policy: str) -> pd.DataFrame:
-    rows = table[table["policy"] == policy]
-    return rows[rows["step"] == rows["step"].max()] if len(rows) else rows
-
-
-def final_loss(root: Path, recipe: str) -> tuple[float, float]:
+def final_loss(path: Path) -> tuple[float, float]:
     """Final-window training loss and its standard error."""
-    path = root / "eval" / recipe / "final_loss.json"
-    raw = json.loads(path.read_text())
+    raw = read_json(path, ("loss",), "a final-window loss summary (fp4repro evaluate)", ReportError)
     return raw["loss"], raw.get("loss_stderr", math.nan)
 
 
-def heldout_nll(root: Path, recipe: str, policy: str) -> tuple[int, float]:
+def _at_last_checkpoint(path: Path, columns: list[str], what: str, policy: str) -> pd.DataFrame:
+    table = read_table(path, ["step", "policy", *columns], what, ReportError)
+    return last_checkpoint(table[table["policy"] == policy], [])
+
+
+def heldout_nll(path: Path, policy: str) -> tuple[int, float]:
     """(step, NLL of the final-stage blend) at the last checkpoint (no standard error: one fixed split)."""
-    path = root / "eval" / recipe / "nll.parquet"
-    rows = _last_checkpoint(_read_parquet(path, ["step", "policy", "source", "nll"]), policy)
+    rows = _at_last_checkpoint(path, ["source", "nll"], "a held-out NLL table (fp4repro evaluate)", policy)
     blend = rows[rows["source"] == "blend"]
     if blend.empty:
         raise ReportError(f"{path}: no blend row for policy {policy!r}")
     return int(blend["step"].iloc[0]), float(blend["nll"].iloc[0])
 
 
-def downstream(root: Path, recipe: str, policy: str) -> tuple[int, dict[str, tuple[float, float]]]:
+def downstream(path: Path, policy: str) -> tuple[int, dict[str, tuple[float, float]]]:
     """(step, aggregate -> (value, stderr)) at the last checkpoint."""
-    path = root / "eval" / recipe / "downstream.parquet"
-    rows = _last_checkpoint(_read_parquet(path, ["step", "policy", "level", "aggregate", "value", "stderr"]), policy)
+    rows = _at_last_checkpoint(path, ["level", "aggregate", "value", "stderr"],
+                               "a downstream results table (fp4repro evaluate)", policy)
     rows = rows[rows["level"] == "aggregate"]
     step = int(rows["step"].iloc[0]) if len(rows) else -1
     return step, {r.aggregate: (float(r.value), float(r.stderr)) for r in rows.itertuples()}
@@ -138,12 +132,12 @@ def _same_step(claim: Claim, a: int, b: int) -> Row | None:
     return None
 
 
-def event_rate(root: Path, recipe: str, event: str, operands: tuple[str, ...]) -> tuple[float, int, int]:
+def event_rate(path: Path, event: str, operands: tuple[str, ...]) -> tuple[float, int, int]:
     """Share of quantized blocks with ``event`` over the whole run, summed over layers and the
     listed operands: (rate, events, blocks)."""
-    path = root / "train" / recipe / "telemetry.parquet"
     column = EVENT_COLUMNS[event]
-    table = _read_parquet(path, ["operand", "blocks", column])
+    table = read_table(path, ["operand", "blocks", column], "a quantization telemetry table (fp4repro train)",
+                       ReportError)
     rows = table[table["operand"].isin(operands)]
     blocks, events = int(rows["blocks"].sum()), int(rows[column].sum())
     return (events / blocks if blocks else math.nan), events, blocks
@@ -157,36 +151,35 @@ def measure(claim: Claim, root: Path, recipes: tuple[str, ...]) -> list[Row]:
     if claim.measure == "throughput":
         return [Row(claim, claim.id, note="not measured: needs native FP4 GEMMs; the throughput ablations are "
                                           "not part of this DAG yet")]
-    try:
-        if claim.measure == "final_loss":
-            (a, sa), (b, sb) = final_loss(root, claim.recipe), final_loss(root, claim.baseline)
-            return [Row(claim, claim.id, a, b, math.hypot(sa, sb), "final-window mean loss ± SE of the steps")]
-        if claim.measure == "heldout_nll":
-            (sa, a), (sb, b) = heldout_nll(root, claim.recipe, claim.policy), heldout_nll(root, claim.baseline,
-                                                                                           claim.policy)
-            return [_same_step(claim, sa, sb) or
-                    Row(claim, claim.id, a, b, note=f"blend NLL (nats/token) at step {sa}, {claim.policy} policy")]
-        if claim.measure == "downstream":
-            (sa, ours), (sb, base) = downstream(root, claim.recipe, claim.policy), downstream(root, claim.baseline,
-                                                                                            claim.policy)
-            mismatch = _same_step(claim, sa, sb)
-            if mismatch:
-                return [mismatch]
-            return [Row(claim, f"{claim.id}: {agg}", ours[agg][0], base[agg][0], math.hypot(ours[agg][1], base[agg][1]),
-                        f"accuracy at step {sa}, {claim.policy} policy")
-                    for agg in sorted(set(ours) & set(base))] or \
-                [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
-        if claim.measure == "telemetry":
-            a, ea, na = event_rate(root, claim.recipe, claim.event, claim.operands)
-            b, eb, nb = event_rate(root, claim.baseline, claim.event, claim.operands)
-            note = (f"{claim.event} blocks of {', '.join(claim.operands)}: {ea:,} of {na:,} vs {eb:,} of {nb:,}")
-            if ea == eb == 0:
-                return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({note})")]
-            # binomial SE of each rate (blocks treated as independent: an underestimate)
-            se = math.hypot(math.sqrt(a * (1 - a) / na), math.sqrt(b * (1 - b) / nb))
-            return [Row(claim, claim.id, a, b, se, note)]
-    except FileNotFoundError as err:
-        return [Row(claim, claim.id, note=f"not measured: {err.filename} missing")]
+    path, base_path = (root / MEASURE_FILES[claim.measure].format(r) for r in (claim.recipe, claim.baseline))
+    missing = [str(p) for p in (path, base_path) if not p.is_file()]
+    if missing:
+        return [Row(claim, claim.id, note=f"not measured: {', '.join(missing)} missing")]
+    if claim.measure == "final_loss":
+        (a, sa), (b, sb) = final_loss(path), final_loss(base_path)
+        return [Row(claim, claim.id, a, b, math.hypot(sa, sb), "final-window mean loss ± SE of the steps")]
+    if claim.measure == "heldout_nll":
+        (sa, a), (sb, b) = heldout_nll(path, claim.policy), heldout_nll(base_path, claim.policy)
+        return [_same_step(claim, sa, sb) or
+                Row(claim, claim.id, a, b, note=f"blend NLL (nats/token) at step {sa}, {claim.policy} policy")]
+    if claim.measure == "downstream":
+        (sa, ours), (sb, base) = downstream(path, claim.policy), downstream(base_path, claim.policy)
+        mismatch = _same_step(claim, sa, sb)
+        if mismatch:
+            return [mismatch]
+        return [Row(claim, f"{claim.id}: {agg}", ours[agg][0], base[agg][0], math.hypot(ours[agg][1], base[agg][1]),
+                    f"accuracy at step {sa}, {claim.policy} policy")
+                for agg in sorted(set(ours) & set(base))] or \
+            [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
+    if claim.measure == "telemetry":
+        a, ea, na = event_rate(path, claim.event, claim.operands)
+        b, eb, nb = event_rate(base_path, claim.event, claim.operands)
+        note = (f"{claim.event} blocks of {', '.join(claim.operands)}: {ea:,} of {na:,} vs {eb:,} of {nb:,}")
+        if ea == eb == 0:
+            return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({note})")]
+        # binomial SE of each rate (blocks treated as independent: an underestimate)
+        se = math.hypot(math.sqrt(a * (1 - a) / na), math.sqrt(b * (1 - b) / nb))
+        return [Row(claim, claim.id, a, b, se, note)]
     raise ReportError(f"claim {claim.id}: unknown measure {claim.measure!r}")
 
 
@@ -243,7 +236,7 @@ def run_scale(exp) -> str:
 
 
 def report_main(experiment: str, claims: str | Path, out: str | Path, results: str | Path = "results",
-                figures: list[str | Path] = ()) -> int:
+                figures: list[str | Path] = (), quiet: bool = False) -> int:
     from fp4repro.experiment import load_experiment
 
     exp = load_experiment(experiment)
@@ -253,6 +246,8 @@ def report_main(experiment: str, claims: str | Path, out: str | Path, results: s
     out = Path(out)
     text = render(paper, rows, exp, run_scale(exp), [Path(f) for f in figures], out)
     atomic_write_text(out, text)
+    if quiet:
+        return 0
     measured = sum(r.measured for r in rows)
     print(f"wrote {out}: {len(rows)} lines, {measured} measured, "
           f"{sum(r.measured and r.reproduced for r in rows)} in the paper's direction")

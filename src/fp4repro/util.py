@@ -85,6 +85,11 @@ def read_yaml(path: Path, error: type[Exception]):
         raise error(f"{path}: not valid YAML: {err}") from None
 
 
+def schema_field(error: jsonschema.ValidationError) -> str:
+    """Where a schema violation is, as a dotted field path ('(top level)' for the document)."""
+    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
 def schema_error(raw, schema_name: str) -> jsonschema.ValidationError | None:
     """The most relevant violation of ``fp4repro/schemas/<schema_name>`` by ``raw``, or None."""
     schema = json.loads(resources.files("fp4repro.schemas").joinpath(schema_name).read_text())

@@ -18,7 +18,7 @@ except ValueError as err:  # ExperimentError, RecipeError, EvalError: file, fiel
 EXPERIMENT = EXP.path                  # absolute path of the experiment YAML, passed to every command
 RECIPES = list(EXP.recipes)
 RESULTS = f"results/{EXP.name}"
-FIGURE = f"figures/{EXP.name}/{{figure}}"
+FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 REPORT = "paper/report.md"
 LOGS = f"logs/{EXP.name}"
 REPO = Path(workflow.basedir).parent   # the repository root (configs/, paper/)

@@ -6,7 +6,7 @@ rule report:
         nll=per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
         downstream=per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
         telemetry=per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
-        figures=expand(FIGURE + ".png", figure=FIGURES),
+        figures=FIGURE_FILES,
     output:
         REPORT,
     log:

@@ -11,7 +11,7 @@ The recipe of an input file is the name of the folder that holds it.
 
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
 
 import matplotlib
@@ -19,9 +19,9 @@ import matplotlib
 matplotlib.use("Agg")  # non-interactive: figures are files, never windows
 
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from fp4repro import results  # noqa: E402
 from fp4repro.plots.catalog import FIGURE_INPUTS, PlotError  # noqa: E402
 from fp4repro.util import atomic_path  # noqa: E402
 
@@ -57,37 +57,10 @@ def experiment_of(path: Path) -> str | None:
     return None
 
 
-def check_exists(path: Path) -> Path:
-    path = Path(path)
-    if not path.is_file():
-        raise PlotError(f"{path}: no such file")
-    return path
-
-
-def read_table(path: Path, columns: tuple[str, ...], what: str) -> pd.DataFrame:
-    """A parquet table that must have ``columns``; the error names the file and what it should be."""
-    path = check_exists(path)
-    try:
-        df = pd.read_parquet(path)
-    except Exception as err:  # pyarrow raises several types for a file that is not parquet
-        raise PlotError(f"{path}: not a readable parquet file ({what}): {err}") from err
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise PlotError(f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
-                        f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})")
-    return df
-
-
-def read_json(path: Path, keys: tuple[str, ...], what: str) -> dict:
-    path = check_exists(path)
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PlotError(f"{path}: not valid JSON ({what}): {err}") from err
-    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
-    if missing:
-        raise PlotError(f"{path}: missing key(s) {', '.join(missing)}: expected {what}")
-    return data
+# the checked readers of the results layout, raising PlotError
+check_exists = functools.partial(results.check_exists, error=PlotError)
+read_table = functools.partial(results.read_table, error=PlotError)
+read_json = functools.partial(results.read_json, error=PlotError)
 
 
 def by_recipe(paths: list[Path], kind: str) -> dict[str, Path]:

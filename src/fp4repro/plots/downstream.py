@@ -12,6 +12,7 @@ from matplotlib.ticker import FuncFormatter
 
 from fp4repro.plots.common import (DOWNSTREAM_COLUMNS, POLICY_ORDER, PlotError, by_recipe, ordered, read_table,
                                    recipe_colors, save, split_by_suffix, theme, tokens_formatter)
+from fp4repro.results import last_checkpoint
 
 
 POLICY_STYLE = {"bf16": "-", "quantized": "--"}
@@ -47,8 +48,7 @@ def plot_downstream(inputs: list[Path], out_png: Path) -> None:
     aggregates = list(dict.fromkeys(df["aggregate"]))
     metric = {a: "/".join(ordered(df.loc[df["aggregate"] == a, "metric"].unique(), ("acc",))) for a in aggregates}
     colors = recipe_colors(recipes)
-    last_step = df.groupby(["recipe", "policy"])["step"].transform("max")   # each one's last checkpoint evaluated
-    final = df[df["step"] == last_step]
+    final = last_checkpoint(df, ["recipe", "policy"])   # each one's last checkpoint evaluated
     max_step = int(df["step"].max())
     over_time = df.groupby("recipe")["step"].nunique().max() > 1
 

@@ -13,16 +13,11 @@ from matplotlib.ticker import FuncFormatter
 
 from fp4repro.plots.common import (NLL_COLUMNS, POLICY_ORDER, PlotError, by_recipe, ordered, read_table,
                                    recipe_colors, save, split_by_suffix, theme, tokens_formatter)
+from fp4repro.results import last_checkpoint
 
 
 POLICY_TITLES = {"bf16": "policy bf16 (no quantization)",
                  "quantized": "policy quantized (recipe's forward, current amax)"}
-
-
-def final_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Each recipe's last evaluated checkpoint (per policy and source)."""
-    last = df.groupby(["recipe", "policy", "source"])["step"].transform("max")
-    return df[df["step"] == last]
 
 
 def read_nll(inputs: list[Path]) -> pd.DataFrame:
@@ -50,7 +45,7 @@ def plot_nll(inputs: list[Path], out_png: Path) -> None:
     theme()
     fig, axes = plt.subplots(len(sources), len(policies), figsize=(5.2 * len(policies) + 0.6, 3.3 * len(sources)),
                              sharex=True, sharey="row", squeeze=False)
-    last = final_rows(df)
+    last = last_checkpoint(df, ["recipe", "policy", "source"])
     for i, source in enumerate(sources):
         for j, policy in enumerate(policies):
             ax = axes[i][j]

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 
 import functools
+import math
+import operator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -76,10 +79,6 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     return qs, d
 
 
-def _f32(v: float) -> float:
-    return float(torch.tensor(v, dtype=torch.float32))
-
-
 @functools.lru_cache(maxsize=None)
 def _alpha_stub(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """addmm's ignored input (beta = 0): a scalar that broadcasts, never read."""
@@ -95,25 +94,20 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     and scaled in one pass. On CPU the product is taken in FP32.
     """
     on_gpu = a.is_cuda and out_dtype in (torch.bfloat16, torch.float16)
-    if on_gpu and all(d is None or isinstance(d, float) for d in (da, db)):
-        alpha = 1.0
-        for d in (da, db):
-            if d is not None:
-                alpha = _f32(alpha * d)       # float32 product (exact in double, rounded once)
+    scales = [d for d in (da, db) if d is not None]
+    if on_gpu and all(isinstance(d, float) for d in scales):
+        # the float32 product of float32 values: exact in double, rounded once
+        alpha = float(np.float32(math.prod(scales)))
         a, b = a.to(out_dtype), b.to(out_dtype).t()
         if alpha == 1.0:
             return torch.mm(a, b)
         return torch.addmm(_alpha_stub(a.device, out_dtype), a, b, beta=0, alpha=alpha)
-    da, db = (torch.tensor(d, dtype=torch.float32, device=a.device) if isinstance(d, float) else d
-              for d in (da, db))
     if on_gpu:
         acc = torch.mm(a.to(out_dtype), b.to(out_dtype).t(), out_dtype=torch.float32)
     else:
         acc = a.to(torch.float32) @ b.to(torch.float32).t()
-    alpha = None
-    for d in (da, db):
-        if d is not None:
-            alpha = d if alpha is None else alpha * d
+    scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in scales]
+    alpha = functools.reduce(operator.mul, scales) if scales else None
     if alpha is None:
         return acc.to(out_dtype)
     if acc.is_cuda:

@@ -114,12 +114,11 @@ def _worst_operands(rows: list[dict], n: int = 5) -> str:
                      f"{r['saturated_blocks']} saturated of {r['blocks']} blocks" for r in ranked)
 
 
-def run_fingerprint(exp: ExperimentConfig, recipe_name: str, data_hash: str) -> str:
+def run_fingerprint(train_config, model_config, recipe, data_hash: str) -> str:
     """A digest of everything a training run's result depends on: the training config, the model
     config, the recipe's resolved numerics and the prepared data. A resume checkpoint is trusted
     only by a run with the same fingerprint (an edited recipe or schedule starts from step 0)."""
-    recipe = load_recipe(recipe_name)
-    parts = (exp.train, load_model_config(exp.model), recipe.defaults, recipe.operands, recipe.overrides, data_hash)
+    parts = (train_config, model_config, recipe.defaults, recipe.operands, recipe.overrides, data_hash)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
@@ -139,7 +138,8 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
 
     # ---- model, optimizer, schedule, data: all a function of the config and the seed
     torch.manual_seed(t.seed)
-    model = NemotronH(load_model_config(exp.model), load_recipe(recipe_name)).to(device)
+    model_config, recipe = load_model_config(exp.model), load_recipe(recipe_name)
+    model = NemotronH(model_config, recipe).to(device)
     state = model.quant_state
     optimizer = build_optimizer(model, exp)
     schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
@@ -152,7 +152,7 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
     # ---- resume (only what this very config produced)
-    fingerprint = run_fingerprint(exp, recipe_name, manifest.data_hash)
+    fingerprint = run_fingerprint(t, model_config, recipe, manifest.data_hash)
     start_step, metrics, telemetry = 0, [], []
     resume = load_latest_resume(resume_dir)
     if resume is not None and resume.get("fingerprint") != fingerprint:

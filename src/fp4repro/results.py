@@ -1,0 +1,56 @@
+"""Reading the files of the results layout, checked (the plots and the report read the same files):
+
+    results/<experiment>/train/<recipe>/{metrics.parquet, telemetry.parquet, done.json}
+    results/<experiment>/eval/<recipe>/{nll.parquet, downstream.parquet, final_loss.json}
+
+A missing file, a file that is not parquet or JSON, or a missing column or key raises the
+caller's ``error`` class with the file's path and what it should have been.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+
+def check_exists(path: Path, error: type[Exception] = ValueError) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: no such file")
+    return path
+
+
+def read_table(path: Path, columns, what: str, error: type[Exception] = ValueError) -> pd.DataFrame:
+    """A parquet table that must have ``columns``."""
+    path = check_exists(path, error)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for a file that is not parquet
+        raise error(f"{path}: not a readable parquet file ({what}): {err}") from err
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise error(f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
+                    f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})")
+    return df
+
+
+def read_json(path: Path, keys, what: str, error: type[Exception] = ValueError) -> dict:
+    """A JSON object that must have ``keys``."""
+    path = check_exists(path, error)
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise error(f"{path}: not valid JSON ({what}): {err}") from err
+    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise error(f"{path}: missing key(s) {', '.join(missing)}: expected {what}")
+    return data
+
+
+def last_checkpoint(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """The rows of each ``by`` group's last evaluated checkpoint (largest step)."""
+    if not by:
+        return df[df["step"] == df["step"].max()]
+    return df[df["step"] == df.groupby(by)["step"].transform("max")]
