@@ -46,18 +46,18 @@ def reference_only():
         _FORCE_REFERENCE[0] = previous
 
 
-def _columnwise(x: torch.Tensor) -> bool:
+def _columnwise(shape: tuple[int, int], strides: tuple[int, int]) -> bool:
     """A transposed view (memory runs down the rows), as wgrad passes Xᵀ and dYᵀ."""
-    return x.stride(0) == 1 and x.stride(1) != 1 and x.shape[1] > 1
+    return strides[0] == 1 and strides[1] != 1 and shape[1] > 1
 
 
-def _tiles(spec: QuantSpec, x: torch.Tensor) -> tuple[int, int, int]:
+def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
     """(TILE_R, TILE_C, num_warps), tiles long along the axis that is contiguous in memory. Chosen
     by sweeps on an H200 (8192x8192 BF16, fraction of copy): row-major 16x128 with 4 warps
-    (RNE 0.92; 32x128 0.87, 8 warps 0.77; SR 0.57 for every tile tried); column-wise 1024x16
-    (RNE 0.95, 512x16 0.71) but 512x16 for SR (0.40, 1024x16 0.34)."""
+    (RNE 0.92; 32x128 0.87, 8 warps 0.77; SR 0.55-0.58 for every tile tried); column-wise
+    1024x16 (RNE 0.95, 512x16 0.71) but 512x16 for SR (0.40, 1024x16 0.34)."""
     rows_block, cols_block = spec.block
-    if _columnwise(x):
+    if columnwise:
         return (512 if spec.rounding == "sr" or spec.rht else 1024), max(16, cols_block), 4
     return max(16, rows_block), 128, 4
 
@@ -75,19 +75,49 @@ def _launch_args(spec: QuantSpec) -> dict:
     )
 
 
+@functools.lru_cache(maxsize=None)
+def _launcher(kernel: str):
+    """The ``Launcher`` of a kernel of ``fp4repro.kernels.quantize`` (one per kernel)."""
+    from fp4repro.kernels import quantize
+    from fp4repro.kernels.launch import Launcher
+
+    return Launcher(getattr(quantize, kernel))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> tuple:
+    return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, RHT=rht, SIGN_BITS=SIGN_BITS, COLUMNWISE=columnwise).items())
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, int], write_qs: bool,
+                   codes: bool, stats: bool) -> tuple:
+    """What a quantization of this spec, shape and memory order launches, worked out once:
+    (padded shape, column-wise, grid, constexprs, num_warps)."""
+    rows, cols = shape
+    rows_p, cols_p = padded_shape(rows, cols, spec)
+    columnwise = _columnwise(shape, strides)
+    tile_r, tile_c, warps = _tiles(spec, columnwise)
+    constexprs = dict(TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0],
+                      BLOCK_C=spec.block[1], WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats,
+                      EVEN=rows % tile_r == 0 and cols % tile_c == 0, **_launch_args(spec))
+    grid = (_cdiv(rows_p, tile_r), _cdiv(cols_p, tile_c))
+    return (rows_p, cols_p), columnwise, grid, tuple(constexprs.items()), warps
+
+
 def tensor_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Current amax (finite elements, after the RHT if spec.rht) of a 2-D tensor, float32 scalar."""
-    import triton
-
-    from fp4repro.kernels.quantize import _amax_kernel
-
     rows, cols = x.shape
-    tile_r, tile_c, warps = _tiles(spec, x)
+    columnwise = _columnwise(x.shape, x.stride())
+    tile_r, tile_c, warps = _tiles(spec, columnwise)
     bits = torch.zeros(1, dtype=torch.int32, device=x.device)
-    grid = (triton.cdiv(rows, tile_r), triton.cdiv(cols, tile_c))
-    _amax_kernel[grid](x, bits, rows, cols, x.stride(0), x.stride(1),
-                       TILE_R=tile_r, TILE_C=tile_c, RHT=spec.rht, SIGN_BITS=SIGN_BITS,
-                       COLUMNWISE=_columnwise(x), num_warps=warps)
+    _launcher("_amax_kernel")((_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
+                              (x, bits, rows, cols, x.stride(0), x.stride(1)),
+                              _amax_constexprs(tile_r, tile_c, spec.rht, columnwise), warps)
     return bits.view(torch.float32)[0]
 
 
@@ -95,11 +125,11 @@ def _amax_arg(amax, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """The amax the kernel reads: the held value as a float32 device scalar, else the current
     amax (its own pass); a stand-in when the spec has no tensor scale (the kernel ignores it)."""
     if spec.target is None:
-        return _dummy(x.device, torch.float32).reshape(())
+        return _dummy(x.device, torch.float32)
     if amax is None:
         return tensor_amax(x, spec)
     if isinstance(amax, torch.Tensor) and amax.dtype == torch.float32 and amax.device == x.device:
-        return amax.reshape(())
+        return amax if amax.dim() == 0 else amax.reshape(())
     return torch.as_tensor(amax, dtype=torch.float32, device=x.device).reshape(())
 
 
@@ -118,21 +148,19 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     asked ``codes`` / ``scale_codes`` (the layouts of ``BlockQuantized``) and ``counts`` / ``sums``
     telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
     a single kernel launch. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
-    runs are reproducible; ``rand_offset`` (a multiple of 16) shifts the random stream.
+    runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream.
     """
-    import triton
-
-    from fp4repro.kernels.quantize import _quantize_kernel
-
-    rows, cols = x.shape
-    rows_p, cols_p = padded_shape(rows, cols, spec)
-    device = x.device
-    if rand_offset % 16:
-        raise ValueError(f"rand_offset must be a multiple of 16 (one Philox call serves 16 elements), "
+    if rand_offset % 8:
+        raise ValueError(f"rand_offset must be a multiple of 8 (one Philox call serves 8 elements), "
                          f"got {rand_offset}")
-    columnwise = _columnwise(x)
-    if not columnwise and x.stride(1) != 1:
+    strides = x.stride()
+    if strides[1] != 1 and not _columnwise(x.shape, strides):
         x = x.contiguous()
+        strides = x.stride()
+    (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(spec, x.shape, strides, write_qs,
+                                                                          codes, stats)
+    rows, cols = x.shape
+    device = x.device
     amax = _amax_arg(amax, x, spec)
     if spec.rounding == "sr" and seed is None:
         seed = _draw_seed()
@@ -145,17 +173,11 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     counts = torch.zeros(5, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
-    tile_r, tile_c, warps = _tiles(spec, x)
-    grid = (triton.cdiv(rows_p, tile_r), triton.cdiv(cols_p, tile_c))
-    _quantize_kernel[grid](
-        x, amax, qs, code_buf, scale_buf, counts, sums, d,
-        rows, cols, cols_p, x.stride(0), x.stride(1),
-        qs.stride(0) if write_qs else 0, qs.stride(1) if write_qs else 0,
-        seed or 0, rand_offset,
-        TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0], BLOCK_C=spec.block[1],
-        WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats, EVEN=rows % tile_r == 0 and cols % tile_c == 0,
-        num_warps=warps, **_launch_args(spec),
-    )
+    out_strides = qs.stride() if write_qs else (0, 0)
+    _launcher("_quantize_kernel")(
+        grid, (x, amax, qs, code_buf, scale_buf, counts, sums, d, rows, cols, cols_p, *strides, *out_strides,
+               seed or 0, rand_offset),
+        constexprs, warps)
     out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
@@ -166,19 +188,16 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
 
 @functools.lru_cache(maxsize=None)
 def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A one-element stand-in for an output the kernel is told not to write."""
-    return torch.empty(1, dtype=dtype, device=device)
+    """A one-element (0-d) stand-in for an argument the kernel is told not to use."""
+    return torch.empty((), dtype=dtype, device=device)
 
 
 def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """(acc · alpha).to(out_dtype) in one pass (acc float32 contiguous, alpha a float32 scalar)."""
-    import triton
-
-    from fp4repro.kernels.quantize import _scale_cast_kernel
-
     out = torch.empty_like(acc, dtype=out_dtype)
     n = acc.numel()
-    _scale_cast_kernel[(triton.cdiv(n, 4096),)](acc, alpha.to(torch.float32).reshape(1), out, n, BLOCK=4096)
+    _launcher("_scale_cast_kernel")((_cdiv(n, 4096),), (acc, alpha.to(torch.float32).reshape(1), out, n),
+                                    (("BLOCK", 4096),), 4)
     return out
 
 
@@ -190,7 +209,7 @@ def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> t
 
     from fp4repro.kernels.quantize import _philox_uniform_kernel
 
-    skip = rand_offset % 16
+    skip = rand_offset % 8
     out = torch.empty(n + skip, dtype=torch.float32, device=device)
     _philox_uniform_kernel[(triton.cdiv(n + skip, 1024),)](out, n + skip, seed, rand_offset - skip, BLOCK=1024)
     return out[skip:]
