@@ -6,9 +6,12 @@ before anything imports triton); with CUDA the same tests run them compiled on t
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fp4repro.kernels import philox_uniforms, quantize_2d, reference_only
 from fp4repro.quant import QuantSpec, TensorScaling, quantize, scaled_operand
+from fp4repro.kernels.quantize import philox2x32
 from fp4repro.quant.block import _rows_cols, padded_shape
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -142,8 +145,31 @@ def test_philox_uniforms_are_8_bit_cell_midpoints_and_reproducible():
     counts = torch.bincount(k.long(), minlength=256).double()
     expected = u.numel() / 256
     assert ((counts - expected) ** 2 / expected).sum() < 255 + 5 * (2 * 255) ** 0.5
-    # the 16 bytes of one Philox call are 16 different positions: neighbours are not copies
+    # the 8 bytes of one Philox call are 8 different positions: neighbours are not copies
     assert (u[:-1] != u[1:]).float().mean() > 0.99
+
+
+@triton.jit
+def _philox_kat_kernel(words_ptr, out_ptr):
+    c0 = tl.load(words_ptr).to(tl.uint32, bitcast=True)
+    c1 = tl.load(words_ptr + 1).to(tl.uint32, bitcast=True)
+    key = tl.load(words_ptr + 2).to(tl.uint32, bitcast=True)
+    w0, w1 = philox2x32(c0, c1, key)
+    tl.store(out_ptr, w0.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 1, w1.to(tl.int32, bitcast=True))
+
+
+@pytest.mark.parametrize("counter, key, expected", [
+    # Random123's known-answer vectors for philox2x32 with 10 rounds (kat_vectors)
+    ((0x00000000, 0x00000000), 0x00000000, (0xFF1DAE59, 0x6CD10DF2)),
+    ((0xFFFFFFFF, 0xFFFFFFFF), 0xFFFFFFFF, (0x2C3F628B, 0xAB4FD7AD)),
+    ((0x243F6A88, 0x85A308D3), 0x13198A2E, (0xDD7CE038, 0xF62A4C12)),
+])
+def test_philox2x32_matches_random123_known_answers(counter, key, expected):
+    words = torch.tensor([*counter, key], dtype=torch.int64).to(torch.int32).to(DEVICE)
+    out = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    _philox_kat_kernel[(1,)](words, out)
+    assert [w & 0xFFFFFFFF for w in out.tolist()] == list(expected)
 
 
 def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
