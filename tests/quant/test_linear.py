@@ -174,3 +174,42 @@ def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
                             torch.bfloat16)
         assert host.dtype == dev.dtype == torch.bfloat16
         assert torch.equal(host, dev), (da, db)
+
+
+@pytest.mark.parametrize("recipe", ["ue5m3", "nvfp4"])
+def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
+    # 16x16 RNE weights: Q(Wᵀ) = Q(W)ᵀ under the same amax, so dgrad takes the forward's operand
+    # (ue5m3: held amaxes, from the second step on; nvfp4: current amax, every step). The
+    # gradients equal those of quantizing Wᵀ afresh, bit for bit.
+    import fp4repro.quant.linear as linear
+
+    specs = _rne(load_recipe(recipe).linear_specs(0, 8))
+    assert linear.transposable_weight_spec(specs)
+
+    def run(reuse: bool):
+        calls = []
+        original = linear.quantized_operand
+
+        def counting(t, spec, state, layer, operand):
+            calls.append(operand)
+            return original(t, spec, state, layer, operand)
+
+        monkeypatch.setattr(linear, "quantized_operand", counting)
+        if not reuse:
+            monkeypatch.setattr(linear, "transposable_weight_spec", lambda specs: False)
+        lin = _layer(specs, bias=False)
+        grads = []
+        for step in range(3):
+            x = torch.randn(4, 20, 64, generator=torch.Generator().manual_seed(step), requires_grad=True)
+            dx, dw = torch.autograd.grad(lin(x).square().sum(), (x, lin.weight))
+            grads += [dx, dw]
+            with torch.no_grad():
+                lin.weight -= 0.01 * dw
+            lin.state.advance()
+        monkeypatch.undo()
+        return grads, calls.count("dgrad.w")
+
+    reused, fresh = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(reused[0], fresh[0]))
+    assert fresh[1] == 3
+    assert reused[1] == (1 if recipe == "ue5m3" else 0)   # ue5m3 samples dgrad.w's amax on step 0

@@ -269,8 +269,7 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
     if _kernel_path(x, generator, rand):
         from fp4repro.kernels import quantize_2d
 
-        rows, cols = _rows_cols(x.shape)
-        k = quantize_2d(x.reshape(rows, cols), spec, amax=amax, stats=stats)
+        k = quantize_2d(x if x.dim() == 2 else x.reshape(_rows_cols(x.shape)), spec, amax=amax, stats=stats)
         return k["qs"], k["decode_scale"], k["amax"], (_kernel_stats(k, x, spec, amax) if stats else None)
     b = _quantize_blocks(x, spec, amax, generator, rand, stats)
     rows, cols = _rows_cols(x.shape)

@@ -22,6 +22,11 @@ by alpha in FP32 and rounds once to the output dtype, the same epilogue as below
 FP32 output tensor and the extra pass (measured on an H200, 8192x4096x4096: 0.403 ms against
 0.430 + 0.049 ms). Otherwise (current amax: d lives on the device) the product is taken with an
 FP32 output and one fused scale-and-cast kernel applies alpha.
+
+Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop whenever that is exact (``transposable_weight_spec``: one
+16×16 RNE spec for both, the same amax), so the forward's operand is kept and transposed instead
+of quantizing W again. The step's host time matters as much as its kernels (an eager step is
+issued by Python): no no-op casts or contexts on this path.
 """
 
 from __future__ import annotations
@@ -79,6 +84,12 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     return qs, d
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype; t itself when it already is (``Tensor.to`` costs a dispatch even as a no-op,
+    and the layer's step is bound by host time)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 @functools.lru_cache(maxsize=None)
 def _alpha_stub(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """addmm's ignored input (beta = 0): a scalar that broadcasts, never read."""
@@ -98,12 +109,12 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     if on_gpu and all(isinstance(d, float) for d in scales):
         # the float32 product of float32 values: exact in double, rounded once
         alpha = float(np.float32(math.prod(scales)))
-        a, b = a.to(out_dtype), b.to(out_dtype).t()
+        a, b = _as(a, out_dtype), _as(b, out_dtype).t()
         if alpha == 1.0:
             return torch.mm(a, b)
         return torch.addmm(_alpha_stub(a.device, out_dtype), a, b, beta=0, alpha=alpha)
     if on_gpu:
-        acc = torch.mm(a.to(out_dtype), b.to(out_dtype).t(), out_dtype=torch.float32)
+        acc = torch.mm(_as(a, out_dtype), _as(b, out_dtype).t(), out_dtype=torch.float32)
     else:
         acc = a.to(torch.float32) @ b.to(torch.float32).t()
     scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in scales]
@@ -118,15 +129,40 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     return (acc * alpha).to(out_dtype)
 
 
+def transposable_weight_spec(specs: LinearSpecs) -> bool:
+    """Whether Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop given the same amax: one spec for both, square
+    blocks (a block of Wᵀ is the transpose of a block of W, with the same amax and scale) and
+    deterministic element rounding (RNE, no RHT, whose 16-point transform runs along rows)."""
+    spec = specs.fprop_w
+    return (spec is not None and spec == specs.dgrad_w and spec.block[0] == spec.block[1]
+            and spec.rounding == "rne" and not spec.rht)
+
+
+def _same_weight_amax(state: QuantState | None, spec: QuantSpec, layer: str) -> bool:
+    """Whether dgrad's Q(Wᵀ) would use the amax fprop's Q(W) used: the current amax of the same
+    tensor, or two held amaxes of equal value (both sampled at the same step; on a step where
+    dgrad.w samples afresh it is quantized itself). Not while telemetry records every operand."""
+    if state is None or spec.tensor_scaling.kind == "current":
+        return state is None or not state.telemetry
+    if state.telemetry:
+        return False
+    fprop_key, dgrad_key = f"{layer}.fprop.w", f"{layer}.dgrad.w"
+    return (state.held_amax(fprop_key, spec.tensor_scaling) is not None
+            and state.held_amax(dgrad_key, spec.tensor_scaling) is not None
+            and state.held_amax_value(fprop_key) == state.held_amax_value(dgrad_key))
+
+
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype):
         x2 = x.reshape(-1, x.shape[-1])
         qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x")
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w")
-        y = emulated_gemm(qx.to(compute_dtype), dx, qw.to(compute_dtype), dw, compute_dtype)
+        y = emulated_gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
             y = y + bias.to(compute_dtype)
+        # Q(W) is kept for dgrad when its transpose can serve (one quantization fewer per step)
+        ctx.qw = (qw, dw) if transposable_weight_spec(specs) else None
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype = compute_dtype, x.shape, x.dtype
@@ -136,16 +172,20 @@ class _QuantLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
         specs, state, layer, cdt = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(cdt)
+        dy2 = _as(dy.reshape(-1, dy.shape[-1]), cdt)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy")
-            qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w")
-            dx = emulated_gemm(qdy.to(cdt), ddy, qwt.to(cdt), dwt, cdt).reshape(ctx.x_shape).to(ctx.x_dtype)
+            if ctx.qw is not None and _same_weight_amax(state, specs.dgrad_w, layer):
+                qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
+            else:
+                qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w")
+            dx = _as(emulated_gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy")
-            qxt, dxt = quantized_operand(x2.t().to(cdt), specs.wgrad_x, state, layer, "wgrad.x")
-            dw = emulated_gemm(qdyt.to(cdt), ddyt, qxt.to(cdt), dxt, cdt).to(weight.dtype)
+            qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x")
+            dw = _as(emulated_gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
+        ctx.qw = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)
         return dx, dw, db, None, None, None, None
@@ -177,9 +217,11 @@ class QuantLinear(torch.nn.Linear):
             compute_dtype = x.dtype
         if device_type == "cpu":
             compute_dtype = torch.float32   # the CPU emulation is float32 end to end
+        args = (x, self.weight, self.bias, self.specs, self.state, self.name, compute_dtype)
+        if not torch.is_autocast_enabled(device_type):
+            return _QuantLinearFunction.apply(*args)
         with torch.autocast(device_type, enabled=False):
-            return _QuantLinearFunction.apply(x, self.weight, self.bias, self.specs, self.state,
-                                              self.name, compute_dtype)
+            return _QuantLinearFunction.apply(*args)
 
     def describe(self) -> dict[str, str]:
         """Operand name -> spec summary ("bf16" for unquantized operands)."""
