@@ -114,6 +114,34 @@ def test_odd_shapes(shape):
             _compare(_inputs("heavy", shape, seed=sum(shape)), SPECS[name], columnwise=True)
 
 
+@pytest.mark.parametrize("layout", ["broadcast rows", "broadcast columns", "gapped column-major",
+                                    "gapped row-major"])
+@pytest.mark.parametrize("name", ["ue5m3-held", "nvfp4-rht-sr"])
+def test_strided_and_broadcast_views_equal_reference(layout, name):
+    # what autograd can hand the layer: dY of `y.sum(-1)` is a broadcast (stride 0) view, and
+    # slices leave gaps between rows or columns; the kernel reads them through their strides
+    spec = SPECS[name]
+    g = torch.Generator().manual_seed(9)
+    if layout == "broadcast rows":
+        x = torch.randn(1, 48, generator=g).expand(40, 48)
+    elif layout == "broadcast columns":
+        x = torch.randn(40, 1, generator=g).expand(40, 48)
+    elif layout == "gapped column-major":
+        x = torch.randn(48, 50, generator=g)[:, :40].t()          # strides (1, 50), shape (40, 48)
+    else:
+        x = torch.randn(40, 60, generator=g)[:, 5:53]            # strides (60, 1)
+    held = torch.tensor(float(x.abs().max()) * 0.5) if spec.tensor_scaling.kind == "periodic" else None
+    seed, rp_cp = 77, padded_shape(*x.shape, spec)
+    k = quantize_2d(x.to(DEVICE), spec, amax=held, seed=seed, rand_offset=8, out_dtype=torch.float32)
+    rand = None
+    if spec.rounding == "sr":   # rand_offset 8: the stream starts half-way into a 16-element group
+        rand = philox_uniforms(rp_cp[0] * rp_cp[1], seed, 8, device=DEVICE).cpu().reshape(rp_cp)
+    ref, *_ = scaled_operand(x.contiguous(), spec, amax=held, rand=rand)
+    assert torch.equal(k["qs"].cpu(), ref)
+    if layout == "gapped column-major":
+        assert x.stride() == (1, 50) and k["qs"].stride() == (1, 40)
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_shapes_that_tiles_cover_exactly(name):
     # the unmasked (EVEN) kernel variant: row-major 32x128 tiles, column-wise 512x16 tiles

@@ -47,8 +47,9 @@ def reference_only():
 
 
 def _columnwise(shape: tuple[int, int], strides: tuple[int, int]) -> bool:
-    """A transposed view (memory runs down the rows), as wgrad passes Xᵀ and dYᵀ."""
-    return strides[0] == 1 and strides[1] != 1 and shape[1] > 1
+    """A column-major matrix without overlap (memory runs down the rows), as wgrad passes the
+    transposed views Xᵀ and dYᵀ. Broadcast strides (0) are not: such a tensor is made contiguous."""
+    return strides[0] == 1 and strides[1] >= max(shape[0], 2) and shape[1] > 1
 
 
 def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
@@ -143,13 +144,15 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
                 codes: bool = False, stats: bool = False) -> dict:
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
-    Returns a dict with ``qs`` (q·s_b, x's logical shape and memory order, ``out_dtype`` or x's
-    dtype), ``decode_scale`` d (float32 scalar written by the kernel), ``amax`` (A used), and when
+    Returns a dict with ``qs`` (q·s_b in x's logical shape, dense: column-major for a column-major
+    x, else row-major; ``out_dtype`` or x's dtype), ``decode_scale`` d (float32 scalar written by the kernel), ``amax`` (A used), and when
     asked ``codes`` / ``scale_codes`` (the layouts of ``BlockQuantized``) and ``counts`` / ``sums``
     telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
     a single kernel launch. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
     runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream.
     """
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in [0, 2^32) (the 32-bit Philox2x32 key), got {seed}")
     if rand_offset % 8:
         raise ValueError(f"rand_offset must be a multiple of 8 (one Philox call serves 8 elements), "
                          f"got {rand_offset}")
@@ -165,7 +168,12 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     if spec.rounding == "sr" and seed is None:
         seed = _draw_seed()
     out_dtype = out_dtype or (x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32)
-    qs = torch.empty_like(x, dtype=out_dtype) if write_qs else _dummy(device, out_dtype)
+    if not write_qs:
+        qs = _dummy(device, out_dtype)
+    elif columnwise:   # the kernel stores column-wise tiles down the rows: a dense column-major qs
+        qs = torch.empty_strided((rows, cols), (1, rows), dtype=out_dtype, device=device)
+    else:
+        qs = torch.empty((rows, cols), dtype=out_dtype, device=device)
     code_buf = torch.empty((rows_p, cols_p // 2), dtype=torch.uint8, device=device) if codes \
         else _dummy(device, torch.uint8)
     scale_buf = torch.empty((rows_p // spec.block[0], cols_p // spec.block[1]), dtype=torch.uint8,

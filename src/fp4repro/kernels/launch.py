@@ -15,8 +15,8 @@ ever reused for arguments Triton would have compiled identically; a miss goes th
 which compiles (or finds) the kernel and launches it.
 
 The direct call is the ``CompiledKernel.run`` protocol of Triton 3.x (grid, stream, function,
-metadata, hooks, arguments in signature order). With another Triton, or while a launch hook is
-installed (profilers such as Proton), every launch goes through the JIT.
+metadata, hooks, arguments in signature order). With another Triton, with Triton's debug mode on,
+or while a launch hook is installed (profilers such as Proton), every launch goes through the JIT.
 """
 
 from __future__ import annotations
@@ -75,11 +75,13 @@ class Launcher:
         device = driver.active.get_current_device()    # a compiled kernel is loaded per device
         key = (device, num_warps, constexprs, tuple(map(_arg_key, args)))
         hit = self._compiled.get(key)
-        if hit is None or _hooked(knobs.runtime.launch_enter_hook):
+        runtime = knobs.runtime
+        if hit is None or runtime.debug or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             named = dict(constexprs)
             compiled = self.jit_fn[grid](*args, **named, num_warps=num_warps)
-            self._compiled[key] = (compiled, tuple(named[name] if name in named else self.defaults[name]
-                                                   for name in self.names[len(args):]))
+            if compiled is not None and hasattr(compiled, "run"):
+                self._compiled[key] = (compiled, tuple(named[name] if name in named else self.defaults[name]
+                                                       for name in self.names[len(args):]))
             return
         compiled, const_values = hit
         grid = tuple(grid) + (1,) * (3 - len(grid))

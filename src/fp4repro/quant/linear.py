@@ -138,31 +138,35 @@ def transposable_weight_spec(specs: LinearSpecs) -> bool:
             and spec.rounding == "rne" and not spec.rht)
 
 
-def _same_weight_amax(state: QuantState | None, spec: QuantSpec, layer: str) -> bool:
-    """Whether dgrad's Q(Wᵀ) would use the amax fprop's Q(W) used: the current amax of the same
-    tensor, or two held amaxes of equal value (both sampled at the same step; on a step where
-    dgrad.w samples afresh it is quantized itself). Not while telemetry records every operand."""
+def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, operand: str):
+    """What fixes the amax a quantization of W for ``operand`` uses at this point: "current" (the
+    current amax of W itself), the held amax as a float, or None when it samples a fresh amax now
+    (or telemetry is on: then every operand is quantized and recorded itself)."""
+    if state is not None and state.telemetry:
+        return None
     if state is None or spec.tensor_scaling.kind == "current":
-        return state is None or not state.telemetry
-    if state.telemetry:
-        return False
-    fprop_key, dgrad_key = f"{layer}.fprop.w", f"{layer}.dgrad.w"
-    return (state.held_amax(fprop_key, spec.tensor_scaling) is not None
-            and state.held_amax(dgrad_key, spec.tensor_scaling) is not None
-            and state.held_amax_value(fprop_key) == state.held_amax_value(dgrad_key))
+        return "current"
+    key = f"{layer}.{operand}"
+    if state.held_amax(key, spec.tensor_scaling) is None:
+        return None
+    return state.held_amax_value(key)
 
 
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype):
         x2 = x.reshape(-1, x.shape[-1])
+        # Q(W) is kept for dgrad when its transpose can serve (one quantization fewer per step),
+        # with the amax it was made with; in the compute dtype, which holds q·s exactly
+        keep_qw = ctx.needs_input_grad[0] and transposable_weight_spec(specs)
+        w_amax = _weight_amax_used(state, specs.fprop_w, layer, "fprop.w") if keep_qw else None
         qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x")
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w")
+        qw = _as(qw, compute_dtype)
         y = emulated_gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
             y = y + bias.to(compute_dtype)
-        # Q(W) is kept for dgrad when its transpose can serve (one quantization fewer per step)
-        ctx.qw = (qw, dw) if transposable_weight_spec(specs) else None
+        ctx.qw = (qw, dw, w_amax) if w_amax is not None else None
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype = compute_dtype, x.shape, x.dtype
@@ -176,7 +180,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy")
-            if ctx.qw is not None and _same_weight_amax(state, specs.dgrad_w, layer):
+            if ctx.qw is not None and ctx.qw[2] == _weight_amax_used(state, specs.dgrad_w, layer, "dgrad.w"):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
             else:
                 qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w")
