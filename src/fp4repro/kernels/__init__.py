@@ -213,11 +213,8 @@ def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> t
     """The n float32 uniforms the SR kernels draw for offsets rand_offset .. rand_offset + n - 1:
     (byte + 1/2) / 256 with 8 random bits each (see ``fp4repro.kernels.quantize``), to feed the
     reference (``rand=``) so that kernel and reference round identically."""
-    import triton
-
-    from fp4repro.kernels.quantize import _philox_uniform_kernel
-
     skip = rand_offset % 8
     out = torch.empty(n + skip, dtype=torch.float32, device=device)
-    _philox_uniform_kernel[(triton.cdiv(n + skip, 1024),)](out, n + skip, seed, rand_offset - skip, BLOCK=1024)
+    _launcher("_philox_uniform_kernel")((_cdiv(n + skip, 1024),), (out, n + skip, seed, rand_offset - skip),
+                                        (("BLOCK", 1024),), 4)
     return out[skip:]

@@ -267,8 +267,7 @@ def _quantize_blocks(xb, g, d, rand, SR: tl.constexpr,
     # s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))
     multiplier = g * tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.full((), E_MAX, tl.float32))
     unclamped = tl.minimum(block_amax * multiplier, flt_max)
-    s = _round_grid(tl.minimum(unclamped, S_MAX), 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO,
-                    2 if S_ROUND_UP else 0)
+    s = _round_grid(unclamped, 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, 2 if S_ROUND_UP else 0)
     keep = (s != 0.0) & (~block_bad)
 
     # q = round_elem(clamp(x · min(1 / (s_b · d), FLT_MAX), ±Emax)); 0 where s_b is 0 or NaN
