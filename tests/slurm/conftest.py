@@ -36,7 +36,6 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
 CONF_DIR = Path("/etc/slurm")
 CONF_PATH = CONF_DIR / "slurm.conf"
 CONF_MARKER = "# Written by fp4repro's tests/slurm/conftest.py (slurm_cluster fixture); removed at teardown."
@@ -55,13 +54,6 @@ END_STATES = frozenset(
     {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
      "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "SPECIAL_EXIT", "REVOKED"}
 )  # fmt: skip
-
-
-def pytest_collection_modifyitems(config, items):
-    marker = pytest.mark.slurm
-    for item in items:
-        if HERE in Path(str(item.path)).resolve().parents:
-            item.add_marker(marker)
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,10 +89,8 @@ def memory_in_mb(value: str) -> float:
 @dataclasses.dataclass
 class SlurmCluster:
     root: Path  # the temporary directory: state, spool, logs, munge key and socket
-    conf: Path  # /etc/slurm/slurm.conf
     log_dir: Path  # slurmctld.log, slurmd.log, munged.log and the daemons' stderr
     jobcomp_log: Path  # Slurm's job-completion records (jobcomp/filetxt)
-    munge_socket: Path
     node: str
     partition: str
     cpus: int
@@ -358,10 +348,8 @@ def slurm_cluster(request):
         memory_mb = max(_memory_mb(), MIN_NODE_MEMORY_MB)
         cluster = SlurmCluster(
             root=root,
-            conf=CONF_PATH,
             log_dir=log_dir,
             jobcomp_log=root / "jobcomp.log",
-            munge_socket=munge_socket,
             node=node,
             partition=PARTITION,
             cpus=cpus,

@@ -66,7 +66,7 @@ def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, sl
         "figure_downstream": 1, "figure_telemetry": 1, "report": 1}
     for job in (j for js in jobs.values() for j in js):
         assert job["JobState"] == "COMPLETED" and job["NodeList"] == slurm_cluster.node
-    # resources: the experiment's for its heavy rules (smoke.yaml), the workflow profile's for the rest
+    # resources: the experiment's for its heavy rules (smoke.yaml), the workflow's light ones for report
     expected = {"prepare_data": (3000, "00:10:00"), "train": (2000, "00:10:00"),
                 "evaluate": (2000, "00:10:00"), "report": (2000, "00:20:00")}
     for rule, (mem_mb, limit) in expected.items():

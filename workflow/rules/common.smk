@@ -1,11 +1,10 @@
 # Load and validate the experiment before any rule runs; define the paths every rule shares.
 import re
 import sys
-from pathlib import Path
-
 from snakemake.exceptions import WorkflowError
 
-from fp4repro.experiment import load_experiment
+from fp4repro.experiment import REPO_ROOT, load_experiment
+from fp4repro.model.config import model_config_path
 from fp4repro.plots.catalog import CATALOG
 
 FIGURES = list(CATALOG)              # loss, nll, downstream, telemetry: one rule each
@@ -21,11 +20,12 @@ RESULTS = f"results/{EXP.name}"
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 REPORT = "paper/report.md"
 LOGS = f"logs/{EXP.name}"
-REPO = Path(workflow.basedir).parent   # the repository root (configs/, paper/)
 # the fp4repro of the Python that runs Snakemake (an unactivated .venv/bin/snakemake works too)
-FP4REPRO = str(Path(sys.executable).with_name("fp4repro"))
-if not Path(FP4REPRO).exists():
-    FP4REPRO = f"{sys.executable} -m fp4repro.cli"
+FP4REPRO = f"{sys.executable} -m fp4repro.cli"
+# resources of the light rules (figures, report); the heavy rules' scale with the model and come
+# from the experiment (`resources_of`). What a rule leaves out comes from the profile's
+# default-resources (on a cluster: the slurm profile's partition, account, memory, runtime).
+LIGHT = {"mem_mb": 2000, "runtime": 20}
 
 
 wildcard_constraints:
@@ -43,9 +43,15 @@ def per_recipe(pattern):
     return expand(pattern, recipe=RECIPES)
 
 
-def resource(rule_name, key, default=None):
-    """A rule's resource from the experiment's `resources` section (they scale with the model)."""
-    return EXP.resources.get(rule_name, {}).get(key, default)
+def threads_of(rule_name):
+    """A heavy rule's threads from the experiment's `resources` section (1 if not given)."""
+    return EXP.resources.get(rule_name, {}).get("threads", 1)
+
+
+def resources_of(rule_name):
+    """A heavy rule's other resources from the experiment's `resources` section (memory, runtime,
+    nodes, tasks, GPUs); what it leaves out falls back to the profile's default-resources."""
+    return {key: value for key, value in EXP.resources.get(rule_name, {}).items() if key != "threads"}
 
 
 def section(name):

@@ -6,10 +6,9 @@ rule prepare_data:
         data=section("data"),
     log:
         f"{LOGS}/prepare_data.log",
-    threads: resource("prepare_data", "threads", 1)
+    threads: threads_of("prepare_data")
     resources:
-        mem_mb=resource("prepare_data", "mem_mb", 4000),
-        runtime=resource("prepare_data", "runtime", 30),
+        **resources_of("prepare_data"),
     shell:
         "OMP_NUM_THREADS={threads} {FP4REPRO} prepare-data --experiment {EXPERIMENT} "
         "--out {RESULTS}/data 2> {log}"

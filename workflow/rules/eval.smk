@@ -12,11 +12,9 @@ rule evaluate:
         eval=section("eval"),
     log:
         f"{LOGS}/evaluate/{{recipe}}.log",
-    threads: resource("evaluate", "threads", 1)
+    threads: threads_of("evaluate")
     resources:
-        mem_mb=resource("evaluate", "mem_mb", 4000),
-        runtime=resource("evaluate", "runtime", 60),
-        gres=resource("evaluate", "gres", ""),
+        **resources_of("evaluate"),
     shell:
         "OMP_NUM_THREADS={threads} {FP4REPRO} evaluate --experiment {EXPERIMENT} --recipe {wildcards.recipe} "
         "--results results --data {RESULTS}/data 2> {log}"

@@ -14,6 +14,8 @@ rule figure_loss:
         pdf=f"figures/{EXP.name}/loss.pdf",
     log:
         f"{LOGS}/figures/loss.log",
+    resources:
+        **LIGHT,
     shell:
         plot("loss")
 
@@ -26,6 +28,8 @@ rule figure_nll:
         pdf=f"figures/{EXP.name}/nll.pdf",
     log:
         f"{LOGS}/figures/nll.log",
+    resources:
+        **LIGHT,
     shell:
         plot("nll")
 
@@ -38,6 +42,8 @@ rule figure_downstream:
         pdf=f"figures/{EXP.name}/downstream.pdf",
     log:
         f"{LOGS}/figures/downstream.log",
+    resources:
+        **LIGHT,
     shell:
         plot("downstream")
 
@@ -50,5 +56,7 @@ rule figure_telemetry:
         pdf=f"figures/{EXP.name}/telemetry.pdf",
     log:
         f"{LOGS}/figures/telemetry.log",
+    resources:
+        **LIGHT,
     shell:
         plot("telemetry")

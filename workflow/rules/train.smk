@@ -3,7 +3,7 @@ rule train:
     input:
         manifest=rules.prepare_data.output.manifest,
         recipe=recipe_file,
-        model=str(REPO / "configs" / "models" / f"{EXP.model}.yaml"),
+        model=str(model_config_path(EXP.model)),
     output:
         done=f"{RESULTS}/train/{{recipe}}/done.json",
         metrics=f"{RESULTS}/train/{{recipe}}/metrics.parquet",
@@ -13,13 +13,9 @@ rule train:
         backend=EXP.backend,
     log:
         f"{LOGS}/train/{{recipe}}.log",
-    threads: resource("train", "threads", 1)
+    threads: threads_of("train")
     resources:
-        mem_mb=resource("train", "mem_mb", 4000),
-        runtime=resource("train", "runtime", 60),
-        nodes=resource("train", "nodes", 1),
-        tasks=resource("train", "tasks", 1),
-        gres=resource("train", "gres", ""),
+        **resources_of("train"),
     shell:
         "OMP_NUM_THREADS={threads} {FP4REPRO} train --experiment {EXPERIMENT} --recipe {wildcards.recipe} "
         "--data {RESULTS}/data --out {RESULTS}/train/{wildcards.recipe} 2> {log}"

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from fp4repro.util import config_file, config_names
+
 LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
 
 #: configs/models/ of the source tree (src/fp4repro/model/config.py -> repository root).
@@ -169,13 +171,17 @@ def _has_type(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
+def model_config_path(name_or_path: str | Path) -> Path:
+    """A model config name ("tiny", "small", "nemotron_h_8b": configs/models/<name>.yaml) or a
+    path to a YAML file."""
+    return config_file(name_or_path, MODEL_CONFIG_DIR)
+
+
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
     """Load a model config by name ("tiny", "small", "nemotron_h_8b") or from a YAML file path."""
-    path = Path(name_or_path)
+    path = model_config_path(name_or_path)
     if not path.is_file():
-        path = MODEL_CONFIG_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        available = sorted(p.stem for p in MODEL_CONFIG_DIR.glob("*.yaml"))
+        available = config_names(MODEL_CONFIG_DIR)
         raise ModelConfigError(f"model config {str(name_or_path)!r}: no such file; "
                                f"available names: {', '.join(available) or '(none)'}")
     with open(path) as fh:
