@@ -27,12 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fp4repro.eval.policy import POLICIES, EvalError
-from fp4repro.eval.tasks import default_aggregates
+from fp4repro.eval.tasks import OFFLINE_PREFIX, default_aggregates
 
 FIELDS = ("policies", "batch_size", "nll_max_tokens", "n_items", "seed", "num_fewshot", "limit", "include_path",
           "tasks")
 AGGREGATE_FIELDS = ("tasks", "metric", "weight_by_size")
-OFFLINE_PREFIX = "fp4repro_"
 
 
 @dataclass(frozen=True)
@@ -41,10 +40,6 @@ class Aggregate:
     tasks: tuple[str, ...]
     metric: str = "acc"
     weight_by_size: bool = False
-
-    @property
-    def offline(self) -> bool:
-        return all(t.startswith(OFFLINE_PREFIX) for t in self.tasks)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,9 @@ class FP4ReproLM(LM):
         if max_length is None:
             max_length = _experiment_seq_len(ckpt, checkpoint)
         size = 16 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
-        return cls(model, Tokenizer.from_file(str(tokenizer)), int(eod_id), policy=policy, max_length=int(max_length),
+        from fp4repro.data.tokenizer import load_tokenizer
+
+        return cls(model, load_tokenizer(tokenizer), int(eod_id), policy=policy, max_length=int(max_length),
                    batch_size=size, max_gen_toks=int(max_gen_toks), progress=progress)
 
     @classmethod
@@ -148,15 +150,16 @@ class FP4ReproLM(LM):
         padded = torch.full((len(inputs), width), self.eod_id, dtype=torch.long)
         for row, x in enumerate(inputs):
             padded[row, :len(x)] = torch.tensor(x, dtype=torch.long)
-        logprobs = F.log_softmax(logits_of(self.model, padded), dim=-1).cpu()
-        out = []
+        logits = logits_of(self.model, padded)
+        totals, greedy = [], []
         for row, (x, (_, continuation)) in enumerate(zip(inputs, pairs)):
-            n = len(continuation)
-            lp = logprobs[row, len(x) - n:len(x)]
-            target = torch.tensor(continuation, dtype=torch.long)
-            total = float(lp.gather(1, target[:, None]).sum())
-            out.append((total, bool((lp.argmax(-1) == target).all())))
-        return out
+            # only the continuation's positions, on the model's device: a (batch, time, vocab)
+            # log-softmax copied to the host would be tens of GB for a long-context 8B eval
+            lp = F.log_softmax(logits[row, len(x) - len(continuation):len(x)], dim=-1)
+            target = torch.tensor(continuation, dtype=torch.long, device=lp.device)
+            totals.append(lp.gather(1, target[:, None]).sum())
+            greedy.append((lp.argmax(-1) == target).all())
+        return list(zip(torch.stack(totals).tolist(), torch.stack(greedy).tolist()))
 
     # ------------------------------------------------------------------------ lm-eval API
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:

@@ -49,11 +49,12 @@ def windows(stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | N
 
 
 def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """Float32 logits of a (batch, time) int64 tensor, as the training loop computes them
-    (BF16 autocast on CUDA, float32 on CPU), without building a graph."""
-    device = next(model.parameters()).device
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        return model(inputs.to(device)).float()
+    """Float32 logits of a (batch, time) int64 tensor on the model's device, by the training
+    loop's forward (``forward_logits``), without building a graph."""
+    from fp4repro.train.loop import forward_logits
+
+    with torch.no_grad():
+        return forward_logits(model, inputs.to(next(model.parameters()).device))
 
 
 def stream_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_len: int, batch_size: int,

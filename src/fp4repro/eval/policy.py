@@ -123,13 +123,10 @@ def inspect_checkpoint(path: Path, model_config: str, recipe: str | None = None)
                           recipe=ckpt["recipe"], experiment=str(ckpt.get("experiment", "")))
 
 
-def load_eval_model(path: Path, policy: str, device: str = "cpu",
-                    model_config: str | None = None) -> tuple[NemotronH, dict]:
-    """(model in eval mode on ``device`` with the checkpoint's weights, checkpoint metadata).
-
-    The checkpoint's digest is verified (``fp4repro.train.load_checkpoint``); its recipe
-    decides what 'quantized' means. ``model_config`` (default: the checkpoint's own) must match.
-    """
+def checked_checkpoint(path: Path, model_config: str | None = None) -> dict:
+    """A training checkpoint read for evaluation: its digest verified
+    (``fp4repro.train.load_checkpoint``) and its weights checked against ``model_config``
+    (default: the checkpoint's own)."""
     from fp4repro.train import load_checkpoint
 
     ckpt = load_checkpoint(Path(path))
@@ -138,6 +135,19 @@ def load_eval_model(path: Path, policy: str, device: str = "cpu",
     if ckpt["model_config"] != config_name or problems:
         why = "; ".join(problems) or f"written for {ckpt['model_config']!r}"
         raise EvalError(f"{path}: does not match model config {config_name!r}: {why}")
-    model = build_model(config_name, ckpt["recipe"], policy)
-    model.load_state_dict(ckpt.pop("model"))
-    return model.to(device), ckpt
+    return ckpt
+
+
+def load_eval_model(path: Path, policy: str, device: str = "cpu", model_config: str | None = None,
+                    ckpt: dict | None = None) -> tuple[NemotronH, dict]:
+    """(model in eval mode on ``device`` with the checkpoint's weights, checkpoint metadata).
+
+    The checkpoint is read by ``checked_checkpoint`` unless ``ckpt`` is that already (several
+    policies of one checkpoint then read and verify it once); its recipe decides what
+    'quantized' means. ``model_config`` (default: the checkpoint's own) must match.
+    """
+    if ckpt is None:
+        ckpt = checked_checkpoint(path, model_config)
+    model = build_model(model_config or ckpt["model_config"], ckpt["recipe"], policy)
+    model.load_state_dict(ckpt["model"])
+    return model.to(device), {key: value for key, value in ckpt.items() if key != "model"}

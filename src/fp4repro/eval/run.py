@@ -28,7 +28,7 @@ from fp4repro.eval.downstream import COLUMNS as DOWNSTREAM_COLUMNS
 from fp4repro.eval.downstream import result_rows, run_lm_eval, task_manager, write_groups
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import blend_nll, stream_nll
-from fp4repro.eval.policy import CheckpointInfo, EvalError, inspect_checkpoint, load_eval_model
+from fp4repro.eval.policy import CheckpointInfo, EvalError, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.util import atomic_path, atomic_write_text
 
@@ -179,10 +179,13 @@ def evaluate_main(experiment: str, recipe: str, results: str | Path = "results",
             or (downstream and (c.step, p) not in _done_pairs(down_table))]
     bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy", desc=f"evaluate {exp.name}/{recipe}",
                dynamic_ncols=True, file=sys.stderr)
+    ckpt_path = ckpt = None
     try:
-        for info, policy in todo:
+        for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once
             bar.set_postfix(step=info.step, policy=policy)
-            model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model)
+            if info.path != ckpt_path:
+                ckpt_path, ckpt = info.path, checked_checkpoint(info.path, exp.model)
+            model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model, ckpt=ckpt)
             meta = {"recipe": recipe, "step": info.step, "tokens": info.tokens, "policy": policy}
             if nll and (info.step, policy) not in _done_pairs(nll_table):
                 rows = nll_rows(model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, meta)

@@ -58,8 +58,11 @@ class Item:
     label: int
 
 
+OFFLINE_PREFIX = "fp4repro_"   # the tasks this module builds from held-out data (no download)
+
+
 def task_name(source: str, kind: str) -> str:
-    return f"fp4repro_{source}_{kind}"
+    return f"{OFFLINE_PREFIX}{source}_{kind}"
 
 
 def default_aggregates(sources: list[str] | tuple[str, ...]) -> dict[str, list[str]]:

@@ -76,11 +76,16 @@ def build_optimizer(model: torch.nn.Module, exp: ExperimentConfig) -> torch.opti
                              lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=False)
 
 
-def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy: forward under BF16 autocast on CUDA (FP32 on CPU), loss in FP32."""
+def forward_logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The training forward: BF16 autocast on CUDA (FP32 on CPU), logits returned in FP32.
+    Evaluation calls this too, so that it scores the model as it was trained."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
-        logits = model(inputs)
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return model(inputs).float()
+
+
+def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``forward_logits``, in FP32."""
+    return F.cross_entropy(forward_logits(model, inputs).flatten(0, 1), targets.flatten())
 
 
 def _rng_state() -> dict:
