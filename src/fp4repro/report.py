@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fp4repro.results import last_checkpoint, read_json, read_table
+from fp4repro.results import (DOWNSTREAM_COLUMNS, EVENT_COLUMNS, NLL_COLUMNS, TELEMETRY_COLUMNS, block_rates,
+                               last_checkpoint, read_json, read_table)
 from fp4repro.util import atomic_write_text, read_yaml, schema_error, schema_field
-
-EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}
 
 
 class ReportError(ValueError):
@@ -103,14 +102,14 @@ def final_loss(path: Path) -> tuple[float, float]:
     return raw["loss"], raw.get("loss_stderr", math.nan)
 
 
-def _at_last_checkpoint(path: Path, columns: list[str], what: str, policy: str) -> pd.DataFrame:
-    table = read_table(path, ["step", "policy", *columns], what, ReportError)
+def _at_last_checkpoint(path: Path, columns: tuple[str, ...], what: str, policy: str) -> pd.DataFrame:
+    table = read_table(path, columns, what, ReportError)
     return last_checkpoint(table[table["policy"] == policy], [])
 
 
 def heldout_nll(path: Path, policy: str) -> tuple[int, float]:
     """(step, NLL of the final-stage blend) at the last checkpoint (no standard error: one fixed split)."""
-    rows = _at_last_checkpoint(path, ["source", "nll"], "a held-out NLL table (fp4repro evaluate)", policy)
+    rows = _at_last_checkpoint(path, NLL_COLUMNS, "a held-out NLL table (fp4repro evaluate)", policy)
     blend = rows[rows["source"] == "blend"]
     if blend.empty:
         raise ReportError(f"{path}: no blend row for policy {policy!r}")
@@ -119,8 +118,7 @@ def heldout_nll(path: Path, policy: str) -> tuple[int, float]:
 
 def downstream(path: Path, policy: str) -> tuple[int, dict[str, tuple[float, float]]]:
     """(step, aggregate -> (value, stderr)) at the last checkpoint."""
-    rows = _at_last_checkpoint(path, ["level", "aggregate", "value", "stderr"],
-                               "a downstream results table (fp4repro evaluate)", policy)
+    rows = _at_last_checkpoint(path, DOWNSTREAM_COLUMNS, "a downstream results table (fp4repro evaluate)", policy)
     rows = rows[rows["level"] == "aggregate"]
     step = int(rows["step"].iloc[0]) if len(rows) else -1
     return step, {r.aggregate: (float(r.value), float(r.stderr)) for r in rows.itertuples()}
@@ -135,12 +133,9 @@ def _same_step(claim: Claim, a: int, b: int) -> Row | None:
 def event_rate(path: Path, event: str, operands: tuple[str, ...]) -> tuple[float, int, int]:
     """Share of quantized blocks with ``event`` over the whole run, summed over layers and the
     listed operands: (rate, events, blocks)."""
-    column = EVENT_COLUMNS[event]
-    table = read_table(path, ["operand", "blocks", column], "a quantization telemetry table (fp4repro train)",
-                       ReportError)
-    rows = table[table["operand"].isin(operands)]
-    blocks, events = int(rows["blocks"].sum()), int(rows[column].sum())
-    return (events / blocks if blocks else math.nan), events, blocks
+    table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+    total = block_rates(table[table["operand"].isin(operands)], []).iloc[0]
+    return float(total[event]), int(total[EVENT_COLUMNS[event]]), int(total["blocks"])
 
 
 def measure(claim: Claim, root: Path, recipes: tuple[str, ...]) -> list[Row]:
@@ -171,16 +166,15 @@ def measure(claim: Claim, root: Path, recipes: tuple[str, ...]) -> list[Row]:
                     f"accuracy at step {sa}, {claim.policy} policy")
                 for agg in sorted(set(ours) & set(base))] or \
             [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
-    if claim.measure == "telemetry":
-        a, ea, na = event_rate(path, claim.event, claim.operands)
-        b, eb, nb = event_rate(base_path, claim.event, claim.operands)
-        note = (f"{claim.event} blocks of {', '.join(claim.operands)}: {ea:,} of {na:,} vs {eb:,} of {nb:,}")
-        if ea == eb == 0:
-            return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({note})")]
-        # binomial SE of each rate (blocks treated as independent: an underestimate)
-        se = math.hypot(math.sqrt(a * (1 - a) / na), math.sqrt(b * (1 - b) / nb))
-        return [Row(claim, claim.id, a, b, se, note)]
-    raise ReportError(f"claim {claim.id}: unknown measure {claim.measure!r}")
+    # telemetry: the claims schema allows no other measure
+    a, ea, na = event_rate(path, claim.event, claim.operands)
+    b, eb, nb = event_rate(base_path, claim.event, claim.operands)
+    note = (f"{claim.event} blocks of {', '.join(claim.operands)}: {ea:,} of {na:,} vs {eb:,} of {nb:,}")
+    if ea == eb == 0:
+        return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({note})")]
+    # binomial SE of each rate (blocks treated as independent: an underestimate)
+    se = math.hypot(math.sqrt(a * (1 - a) / na), math.sqrt(b * (1 - b) / nb))
+    return [Row(claim, claim.id, a, b, se, note)]
 
 
 # ------------------------------------------------------------------------------------ render

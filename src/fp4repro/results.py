@@ -14,6 +14,16 @@ from pathlib import Path
 
 import pandas as pd
 
+# Columns each table must have for its readers (the plots and the report), all written by the
+# project's writers (train/loop.py ``_write_tables``, eval/run.py, eval/downstream.py).
+METRICS_COLUMNS = ("step", "tokens", "stage", "loss")
+TELEMETRY_COLUMNS = ("step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks")
+NLL_COLUMNS = ("recipe", "step", "tokens", "policy", "source", "nll")
+DOWNSTREAM_COLUMNS = ("recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr")
+FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
+# the telemetry column counting the blocks with each event
+EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}
+
 
 def check_exists(path: Path, error: type[Exception] = ValueError) -> Path:
     path = Path(path)
@@ -54,3 +64,16 @@ def last_checkpoint(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     if not by:
         return df[df["step"] == df["step"].max()]
     return df[df["step"] == df.groupby(by)["step"].transform("max")]
+
+
+def block_rates(telemetry: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Blocks and blocks with each event (``EVENT_COLUMNS``) summed over everything not in ``by``
+    (over all rows when ``by`` is empty), and each event's rate: events / blocks (NaN without
+    blocks)."""
+    counts = ["blocks", *EVENT_COLUMNS.values()]
+    if by:
+        sums = telemetry.groupby(by, sort=False)[counts].sum().reset_index()
+    else:
+        sums = telemetry[counts].sum().to_frame().T
+    blocks = sums["blocks"].where(sums["blocks"] > 0)
+    return sums.assign(**{event: sums[column] / blocks for event, column in EVENT_COLUMNS.items()})

@@ -19,20 +19,13 @@ import matplotlib
 matplotlib.use("Agg")  # non-interactive: figures are files, never windows
 
 import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from fp4repro import results  # noqa: E402
 from fp4repro.plots.catalog import FIGURE_INPUTS, PlotError  # noqa: E402
 from fp4repro.util import atomic_path  # noqa: E402
 
-
-# Columns each input table must have: the ones the figures read, all written by the project's writers
-# (train/loop.py ``_write_tables``, eval/run.py ``NLL_COLUMNS``, eval/downstream.py ``COLUMNS``).
-METRICS_COLUMNS = ("step", "tokens", "stage", "loss")
-TELEMETRY_COLUMNS = ("step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks")
-NLL_COLUMNS = ("recipe", "step", "tokens", "policy", "source", "nll")
-DOWNSTREAM_COLUMNS = ("recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr")
-FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 
 # The study's recipes in a fixed order, so that every figure draws a recipe in the same colour.
 PNG_DPI = 150   # the PDF is vector
@@ -72,6 +65,20 @@ def by_recipe(paths: list[Path], kind: str) -> dict[str, Path]:
             raise PlotError(f"{p}: a second {kind} for recipe {recipe!r} (first: {out[recipe]})")
         out[recipe] = Path(p)
     return out
+
+
+def read_per_recipe(figure: str, inputs: list[Path], file_name: str, columns, what: str) -> dict:
+    """recipe -> (path, checked table) for a figure that takes one parquet table per recipe."""
+    groups = split_by_suffix(figure, inputs, {".parquet": file_name})
+    return {recipe: (path, read_table(path, columns, what))
+            for recipe, path in by_recipe(groups[".parquet"], file_name).items()}
+
+
+def combine(tables: dict, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """recipe -> table as one table with a ``recipe`` column (the folder names the recipe), and
+    ``text_columns`` as str (parquet may give categoricals or bytes)."""
+    df = pd.concat([t.assign(recipe=r) for r, t in tables.items()], ignore_index=True)
+    return df.assign(**{c: df[c].astype(str) for c in ("recipe", *text_columns)})
 
 
 def split_by_suffix(figure: str, inputs: list[Path], accepted: dict[str, str]) -> dict[str, list[Path]]:

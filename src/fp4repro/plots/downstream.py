@@ -10,9 +10,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from fp4repro.plots.common import (DOWNSTREAM_COLUMNS, POLICY_ORDER, PlotError, by_recipe, ordered, read_table,
-                                   recipe_colors, save, split_by_suffix, theme, tokens_formatter)
-from fp4repro.results import last_checkpoint
+from fp4repro.plots.common import (POLICY_ORDER, PlotError, combine, ordered, read_per_recipe, recipe_colors, save,
+                                   theme, tokens_formatter)
+from fp4repro.results import DOWNSTREAM_COLUMNS, last_checkpoint
 
 
 POLICY_STYLE = {"bf16": "-", "quantized": "--"}
@@ -21,21 +21,17 @@ POLICY_MARKER = {"bf16": "o", "quantized": "s"}
 
 def read_aggregates(inputs: list[Path]) -> pd.DataFrame:
     """The aggregate rows of every input (value, stderr per recipe × checkpoint × policy × aggregate)."""
-    groups = split_by_suffix("downstream", inputs, {".parquet": "downstream.parquet"})
-    tables = []
-    for recipe, path in by_recipe(groups[".parquet"], "downstream.parquet").items():
-        df = read_table(path, DOWNSTREAM_COLUMNS, "a downstream results table (fp4repro evaluate)")
-        agg = df[df["level"].astype(str) == "aggregate"]
-        if agg.empty:
+    tables = read_per_recipe("downstream", inputs, "downstream.parquet", DOWNSTREAM_COLUMNS,
+                             "a downstream results table (fp4repro evaluate)")
+    aggregates = {}
+    for recipe, (path, df) in tables.items():
+        aggregates[recipe] = df[df["level"].astype(str) == "aggregate"]
+        if aggregates[recipe].empty:
             raise PlotError(f"{path}: has no aggregate rows (level == 'aggregate'); "
                             f"{'it is empty' if df.empty else 'only task rows'}")
-        tables.append(agg.assign(recipe=recipe))
-    df = pd.concat(tables, ignore_index=True)
-    df = df.assign(recipe=df["recipe"].astype(str), policy=df["policy"].astype(str),
-                   aggregate=df["task"].astype(str), metric=df["metric"].astype(str),
-                   tokens=df["tokens"].astype(float), value=df["value"].astype(float),
-                   stderr=df["stderr"].astype(float))
-    return df
+    df = combine(aggregates, ("policy", "metric"))
+    return df.assign(aggregate=df["task"].astype(str), tokens=df["tokens"].astype(float),
+                     value=df["value"].astype(float), stderr=df["stderr"].astype(float))
 
 
 def plot_downstream(inputs: list[Path], out_png: Path) -> None:

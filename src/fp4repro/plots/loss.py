@@ -12,9 +12,10 @@ import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
 from fp4repro.plots.catalog import FIGURE_INPUTS
-from fp4repro.plots.common import (FINAL_LOSS_KEYS, METRICS_COLUMNS, PlotError, by_recipe, experiment_of, ordered,
+from fp4repro.plots.common import (PlotError, by_recipe, experiment_of, ordered,
                                    read_json, read_table, recipe_colors, recipe_of, save, split_by_suffix, theme,
                                    tokens_formatter)
+from fp4repro.results import FINAL_LOSS_KEYS, METRICS_COLUMNS
 
 
 

@@ -11,9 +11,9 @@ from matplotlib.lines import Line2D
 from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.ticker import FuncFormatter
 
-from fp4repro.plots.common import (NLL_COLUMNS, POLICY_ORDER, PlotError, by_recipe, ordered, read_table,
-                                   recipe_colors, save, split_by_suffix, theme, tokens_formatter)
-from fp4repro.results import last_checkpoint
+from fp4repro.plots.common import (POLICY_ORDER, PlotError, combine, ordered, read_per_recipe, recipe_colors, save,
+                                   theme, tokens_formatter)
+from fp4repro.results import NLL_COLUMNS, last_checkpoint
 
 
 POLICY_TITLES = {"bf16": "policy bf16 (no quantization)",
@@ -21,22 +21,18 @@ POLICY_TITLES = {"bf16": "policy bf16 (no quantization)",
 
 
 def read_nll(inputs: list[Path]) -> pd.DataFrame:
-    groups = split_by_suffix("nll", inputs, {".parquet": "nll.parquet"})
-    tables = []
-    for recipe, path in by_recipe(groups[".parquet"], "nll.parquet").items():
-        df = read_table(path, NLL_COLUMNS, "a held-out NLL table (fp4repro evaluate)")
+    tables = read_per_recipe("nll", inputs, "nll.parquet", NLL_COLUMNS, "a held-out NLL table (fp4repro evaluate)")
+    for path, df in tables.values():
         if df.empty:
             raise PlotError(f"{path}: has no rows (no checkpoint evaluated yet)")
-        tables.append(df.assign(recipe=recipe))   # the folder names the recipe
-    return pd.concat(tables, ignore_index=True)
+    df = combine({r: df for r, (_, df) in tables.items()}, ("policy", "source"))
+    return df.assign(tokens=df["tokens"].astype(float))
 
 
 def plot_nll(inputs: list[Path], out_png: Path) -> None:
     """Rows: the final blend's NLL, then each source's; columns: policies. Lines per recipe over
     checkpoint tokens; each panel lists every recipe's NLL at its last evaluated checkpoint."""
     df = read_nll(inputs)
-    df = df.assign(tokens=df["tokens"].astype(float), policy=df["policy"].astype(str),
-                   source=df["source"].astype(str), recipe=df["recipe"].astype(str))
     recipes = ordered(df["recipe"].unique())
     policies = ordered(df["policy"].unique(), POLICY_ORDER)
     sources = ordered(df["source"].unique(), ("blend",))

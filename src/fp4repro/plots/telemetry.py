@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from fp4repro.plots.common import (TELEMETRY_COLUMNS, PlotError, by_recipe, ordered, read_table, recipe_colors, save,
-                                   split_by_suffix, theme)
+from fp4repro.plots.common import PlotError, combine, ordered, read_per_recipe, recipe_colors, save, theme
+from fp4repro.results import TELEMETRY_COLUMNS, block_rates
 
 
 # What sets a recipe's scale range, for the legend (other recipes are shown by name only).
@@ -23,25 +23,13 @@ RATES = (("underflow_blocks", "underflow", "underflowed blocks / blocks\n(non-ze
 
 
 def read_telemetry(inputs: list[Path]) -> pd.DataFrame:
-    groups = split_by_suffix("telemetry", inputs, {".parquet": "telemetry.parquet"})
-    tables = []
-    for recipe, path in by_recipe(groups[".parquet"], "telemetry.parquet").items():
-        df = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)")
-        if not df.empty:
-            tables.append(df.assign(recipe=recipe))
+    tables = read_per_recipe("telemetry", inputs, "telemetry.parquet", TELEMETRY_COLUMNS,
+                             "a quantization telemetry table (fp4repro train)")
+    tables = {r: df for r, (_, df) in tables.items() if not df.empty}
     if not tables:
         raise PlotError("figure 'telemetry': every input table is empty (an unquantized recipe such as bf16 has "
                         "no telemetry): " + ", ".join(map(str, inputs)))
-    df = pd.concat(tables, ignore_index=True)
-    return df.assign(recipe=df["recipe"].astype(str), operand=df["operand"].astype(str),
-                     layer=df["layer"].astype(str))
-
-
-def rates(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Summed blocks, underflowed and saturated blocks over everything not in ``by``, and their rates."""
-    g = df.groupby(by, sort=False)[["blocks", "underflow_blocks", "saturated_blocks"]].sum().reset_index()
-    blocks = g["blocks"].where(g["blocks"] > 0)
-    return g.assign(underflow=g["underflow_blocks"] / blocks, saturation=g["saturated_blocks"] / blocks)
+    return combine(tables, ("operand", "layer"))
 
 
 def _log_limits(values: np.ndarray) -> tuple[float, float] | None:
@@ -66,9 +54,9 @@ def plot_telemetry(inputs: list[Path], out_png: Path) -> None:
     colors = recipe_colors(recipes)
     n_linears = df.groupby("recipe")["layer"].nunique()
     labels = {r: _label(r, int(n_linears[r])) for r in recipes}
-    per_operand = rates(df, ["recipe", "operand"])
+    per_operand = block_rates(df, ["recipe", "operand"])
     grads = df[df["operand"].str.endswith(".dy")]
-    per_step = rates(grads, ["recipe", "step"]) if not grads.empty else None
+    per_step = block_rates(grads, ["recipe", "step"]) if not grads.empty else None
 
     theme()
     sat_any = bool((per_operand["saturated_blocks"] > 0).any())
