@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from fp4repro.eval.policy import EvalError
+from fp4repro.results import METRICS_COLUMNS, read_table
 
 
 def final_window_loss(metrics: pd.DataFrame | str | Path, window: float) -> dict:
@@ -21,7 +22,9 @@ def final_window_loss(metrics: pd.DataFrame | str | Path, window: float) -> dict
     """
     if not 0 < window <= 1:
         raise EvalError(f"final_window {window!r}: must satisfy 0 < W <= 1")
-    df = pd.read_parquet(metrics) if isinstance(metrics, (str, Path)) else metrics
+    if isinstance(metrics, (str, Path)):
+        metrics = read_table(Path(metrics), METRICS_COLUMNS, "a training metrics table (fp4repro train)", EvalError)
+    df = metrics
     if df.empty:
         raise EvalError("final-window loss: the metrics table has no training steps")
     df = df.sort_values("step")

@@ -30,6 +30,7 @@ from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import blend_nll, stream_nll
 from fp4repro.eval.policy import CheckpointInfo, EvalError, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
+from fp4repro.results import read_table
 from fp4repro.util import atomic_path, atomic_write_text
 
 NLL_COLUMNS = ["recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
@@ -81,7 +82,10 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
 
 
 def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
-    return pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=columns)
+    """This evaluation's earlier rows (checked), or none yet."""
+    if not path.is_file():
+        return pd.DataFrame(columns=columns)
+    return read_table(path, columns, "an evaluation table written by fp4repro evaluate", EvalError)
 
 
 def _write_table(path: Path, table: pd.DataFrame) -> None:
