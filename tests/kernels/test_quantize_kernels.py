@@ -11,7 +11,8 @@ import triton.language as tl
 
 from fp4repro.kernels import philox_uniforms, quantize_2d, reference_only
 from fp4repro.quant import QuantSpec, TensorScaling, quantize, scaled_operand
-from fp4repro.kernels.quantize import philox2x32
+from fp4repro.formats import get_format
+from fp4repro.kernels.quantize import _round_grid, _sr_addend, philox2x32
 from fp4repro.quant.block import _rows_cols, padded_shape
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -198,6 +199,56 @@ def test_philox2x32_matches_random123_known_answers(counter, key, expected):
     out = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     _philox_kat_kernel[(1,)](words, out)
     assert [w & 0xFFFFFFFF for w in out.tolist()] == list(expected)
+
+
+@triton.jit
+def _sr_round_kernel(a_ptr, byte_ptr, out_ptr, n, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask, other=0.0)
+    byte = tl.load(byte_ptr + offs, mask=mask, other=0).to(tl.uint32)
+    q = _round_grid(a, _sr_addend(byte, MAN), EMIN, MAN, MAX, 0.0, True, 1, True)
+    tl.store(out_ptr + offs, q, mask=mask)
+
+
+def _sr_edges(fmt) -> torch.Tensor:
+    """Magnitudes in [0, max] where SR with 8-bit uniforms is decided by the last bit: every
+    threshold lo + (k + 1/2) / 256 · ulp of every grid interval, one float32 step either side,
+    and (below 2^emin, where the kernel rounds a + 2^emin) steps far below float32's resolution
+    at 1; plus 0, max, the grid itself and float32 subnormals."""
+    grid = fmt.values().double()
+    lo, hi = grid[:-1], grid[1:]
+    cells = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
+    t = (lo[:, None] + cells[None, :] * (hi - lo)[:, None]).reshape(-1).float()
+    tiny = torch.exp2(-torch.tensor([24.0, 26.0, 31.0, 40.0], dtype=torch.float64))
+    small = t[t < 2.0 ** fmt.emin].double()
+    below = (small[:, None] + tiny[None, :]).reshape(-1)
+    below = torch.cat([below, (small[:, None] - tiny[None, :]).reshape(-1)]).float()
+    a = torch.cat([t, torch.nextafter(t, torch.tensor(0.0)), torch.nextafter(t, torch.tensor(1e9)), below,
+                   grid.float(), torch.tensor([1e-45, 1e-40, 1.1754942e-38])])
+    return a[(a >= 0) & (a <= fmt.max)]
+
+
+@pytest.mark.parametrize("element", ["e2m1", "e3m2"])
+def test_sr_integer_carry_equals_reference_for_every_random_byte(element):
+    # The kernel rounds by an integer carry (the random byte added below the kept mantissa bits,
+    # and for values below 2^emin, a + 2^emin rounded up); the reference compares u < frac with
+    # u = (255 - byte + 1/2) / 256. Every byte against every threshold and its float32 neighbours.
+    fmt = get_format(element)
+    a = _sr_edges(fmt)
+    byte = torch.arange(256, dtype=torch.int32)
+    aa = a[:, None].expand(-1, 256).reshape(-1).contiguous()
+    bb = byte[None, :].expand(len(a), -1).reshape(-1).contiguous()
+    out = torch.empty_like(aa, device=DEVICE)
+    n = aa.numel()
+    _sr_round_kernel[(triton.cdiv(n, 4096),)](aa.to(DEVICE), bb.to(DEVICE), out, n, fmt.emin, fmt.man_bits,
+                                              fmt.max, BLOCK=4096)
+    ref = fmt.round(aa, "sr", rand=(255 - bb.float() + 0.5) / 256)
+    mismatch = (out.cpu() != ref).nonzero()
+    assert mismatch.numel() == 0, f"{len(mismatch)} mismatches, first: a={aa[mismatch[0]].item()!r} " \
+                                  f"byte={bb[mismatch[0]].item()} kernel={out.cpu()[mismatch[0]].item()} " \
+                                  f"reference={ref[mismatch[0]].item()}"
 
 
 def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():

@@ -211,7 +211,7 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
 
 def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> torch.Tensor:
     """The n float32 uniforms the SR kernels draw for offsets rand_offset .. rand_offset + n - 1:
-    (byte + 1/2) / 256 with 8 random bits each (see ``fp4repro.kernels.quantize``), to feed the
+    (255 - byte + 1/2) / 256 with 8 random bits each (see ``fp4repro.kernels.quantize``), to feed the
     reference (``rand=``) so that kernel and reference round identically."""
     skip = rand_offset % 8
     out = torch.empty(n + skip, dtype=torch.float32, device=device)

@@ -18,32 +18,42 @@ Because M is addressed through strides, the column-wise variant that wgrad needs
 along tokens) is the same kernel on X's transposed view: nothing is materialized.
 
 Every float32 operation mirrors the torch reference in order and rounding: divisions and
-reciprocals use ``div_rn`` (IEEE round-to-nearest, as torch), rounding to a minifloat grid is the
-exact scale/floor/compare sequence of ``Minifloat.round`` (no ``rint``, no fast-math), and the
-RHT butterfly visits pairs in the reference's order (strides 1, 2, 4, 8).
+reciprocals use ``div_rn`` (IEEE round-to-nearest, as torch), rounding to a minifloat grid gives
+exactly ``Minifloat.round``'s value by exact means (RNE: a magic-number add; SR: an integer
+carry; up: the reference's floor/compare; no fast-math), and the RHT butterfly visits pairs in
+the reference's order (strides 1, 2, 4, 8).
 
 Stochastic rounding uses 8 random bits per element, as the hardware does: Blackwell's
 ``cvt.rs.satfinite.e2m1x4.f32`` takes one 32-bit random operand per four FP4 outputs. The bits
 come from Philox2x32-10 (Salmon et al., SC'11; the Random123 generator, checked against its
 known-answer vectors): one call gives 64 bits, the 8 bytes of 8 consecutive elements, which is
 what one thread holds of a row (BF16 loads of 16 bytes), so no thread computes random bits it
-does not use (Philox4x32 per 16 elements computed each call twice, once per half of a group:
-0.55 of copy against 0.60 on the H200). Element i of the padded matrix in M's row-major order
-(i = rand_offset + row · cols_padded + col, rand_offset % 8 == 0) takes byte i % 8 of
-philox2x32(seed, counter = i // 8) — the words w0 then w1, each little end first — as the
-uniform u = (byte + 1/2) / 256, the midpoints of 256 equal cells of [0, 1). SR rounds up when
-u < frac, so P(up) = round(256 · frac) / 256 (ties down): the bias of one rounding is at most
-2^-9 ulp, and it has zero mean for fractions spread over a cell, where k / 256 would round up
-with probability ceil(256 · frac) / 256 (up to 2^-8 ulp, always away from zero).
-``philox_uniforms`` gives the same numbers to feed the reference.
+does not use. Element i of the padded matrix in M's row-major order (i = rand_offset + row ·
+cols_padded + col, rand_offset % 8 == 0) takes byte i % 8 of philox2x32(seed, counter = i // 8)
+(the words w0 then w1, each little end first). Rounding is an integer carry, as SR hardware does
+it: the byte is added just below the grid's last kept mantissa bit (with half a step less one)
+and the discarded bits are cleared (``_round_grid``). That is the reference's ``u < frac`` with
+u = (255 - byte + 1/2) / 256, the midpoints of 256 equal cells of [0, 1): P(up) = round(256 ·
+frac) / 256 (ties down), a bias of at most 2^-9 ulp per rounding with zero mean for fractions
+spread over a cell (k / 256 would round up with probability ceil(256 · frac) / 256: up to 2^-8
+ulp, always away from zero). ``philox_uniforms`` gives the same u to feed the reference.
+
+Why the carry and not the reference's floor/compare: on the H200, SR at 8192x8192 was bound by
+instruction issue, not memory (SASS: 647 instructions per thread for 16 elements against 374
+for RNE, sm_90, 4 warps). The floor/compare form costs ~17 instructions per element, two of them
+float/int conversions; the carry costs 7 (shift and mask of the byte, add, clear, and for values
+below 2^emin one rounded-up add and its undo): 496 instructions per thread.
 """
 
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
+INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
 
 
 @triton.jit
@@ -58,6 +68,19 @@ def _exp2i(e, NORMAL_ONLY: tl.constexpr = False):
 
 
 @triton.jit
+def _add_up(a, b):
+    """a + b rounded toward +inf (float32). PTX ``add.rp.f32`` on a GPU; in Triton's interpreter,
+    which runs no inline assembly, the round-to-nearest sum stepped up one ulp where it fell
+    below the exact sum (for a, b >= 0 and b a power of two >= a's ulp, c - b is exact, so the
+    comparison is too)."""
+    if INTERPRETED:
+        c = a + b
+        return tl.where(c - b < a, (c.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), c)
+    return tl.inline_asm_elementwise("add.rp.f32 $0, $1, $2;", "=f,f,f", [a, b],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr,
                 MIN_POS: tl.constexpr, HAS_ZERO: tl.constexpr, MODE: tl.constexpr,
                 CLAMPED: tl.constexpr = False):
@@ -67,8 +90,20 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
 
     RNE adds and subtracts C = 2^(max(e, EMIN) - MAN + 23), the float32 whose ulp is the grid's
     ulp at a: the hardware's own round-to-nearest-even does the rounding, in two instructions
-    (exact: a < C, and nothing here may reassociate or contract the pair). SR and up use the
-    reference's floor/fraction form.
+    (exact: a < C, and nothing here may reassociate or contract the pair).
+
+    SR (``rand``: the int32 addends of ``_sr_addend``) is an integer carry, as SR hardware
+    does it. In a binade at or above 2^EMIN the grid keeps the top MAN of float32's 23 mantissa
+    bits, so the D = 23 - MAN discarded bits m are exactly frac(a / ulp) · 2^D, and the
+    reference's ``u < frac`` with u = (k + 1/2) / 256 is m > (2k + 1) · 2^(D-9), i.e. a carry
+    out of m + r with r = 2^D - 1 - (2k + 1) · 2^(D-9): q = (bits(a) + r) with the low D bits
+    cleared (a carry past the top mantissa bit moves to the next binade, its next grid value).
+    Below 2^EMIN the grid spacing is that of the binade [2^EMIN, 2^(EMIN+1)), so b = a + 2^EMIN
+    is rounded there and 2^EMIN taken off again (exact). That sum is rounded up: its discarded
+    bits then exceed an integer threshold exactly when those of the exact sum do (the
+    threshold lies on float32's grid there), so the carry decides as the reference does.
+
+    Up (block scales) uses the reference's floor/fraction form.
     """
     max_value = tl.full((), MAX, tl.float32)
     min_pos = tl.full((), MIN_POS, tl.float32)  # may be a float32 subnormal (ue8m0: 2^-127)
@@ -76,23 +111,25 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
         a = tl.minimum(a, max_value)
     if not HAS_ZERO:
         a = tl.maximum(a, min_pos)
-    exp_field = a.to(tl.int32, bitcast=True) >> 23             # a >= 0: no sign bit; 0 below 2^-126
-    exp_field = tl.maximum(exp_field, EMIN + 127)
-    if MODE == 0:
-        c = ((exp_field + (23 - MAN)) << 23).to(tl.float32, bitcast=True)
-        q = (a + c) - c
+    if MODE == 1:
+        tl.static_assert(EMIN >= -126, "SR needs a format whose 2^emin is a normal float32")
+        D: tl.constexpr = 23 - MAN
+        lift = tl.where(a < 2.0 ** EMIN, 2.0 ** EMIN, 0.0)
+        b = _add_up(a, lift)
+        q = ((b.to(tl.int32, bitcast=True) + rand) & -(1 << D)).to(tl.float32, bitcast=True) - lift
     else:
-        ulp_e = exp_field - 127 - MAN
-        normal_ulps: tl.constexpr = EMIN - MAN >= -126
-        t = a * _exp2i(-ulp_e, True)                           # a / ulp, exact (-ulp_e <= 127)
-        floor_i = t.to(tl.int32)                               # t >= 0 and t < 2^(MAN+1)
-        floor = floor_i.to(tl.float32)
-        frac = t - floor
-        if MODE == 1:
-            up = rand < frac
+        exp_field = a.to(tl.int32, bitcast=True) >> 23             # a >= 0: no sign bit; 0 below 2^-126
+        exp_field = tl.maximum(exp_field, EMIN + 127)
+        if MODE == 0:
+            c = ((exp_field + (23 - MAN)) << 23).to(tl.float32, bitcast=True)
+            q = (a + c) - c
         else:
-            up = frac > 0.0
-        q = (floor + up.to(tl.float32)) * _exp2i(ulp_e, normal_ulps)
+            ulp_e = exp_field - 127 - MAN
+            normal_ulps: tl.constexpr = EMIN - MAN >= -126
+            t = a * _exp2i(-ulp_e, True)                           # a / ulp, exact (-ulp_e <= 127)
+            floor_i = t.to(tl.int32)                               # t >= 0 and t < 2^(MAN+1)
+            floor = floor_i.to(tl.float32)
+            q = (floor + (t > floor).to(tl.float32)) * _exp2i(ulp_e, normal_ulps)
     if not CLAMPED:
         q = tl.minimum(q, max_value)
     if not HAS_ZERO:
@@ -163,16 +200,25 @@ def philox2x32(c0, c1, key):
 
 
 @triton.jit
-def _uniforms8(seed, counter, k):
-    """SR uniforms (byte + 1/2) / 256 of the elements taking byte k (0..7) of
-    philox2x32(seed, counter): byte k % 4 of word k // 4. counter (int64, split into the two
-    counter words) and k broadcast against each other: counter has size 1 along the axis that k
-    runs along, so one Philox call serves 8 elements."""
+def _random_bytes8(seed, counter, k):
+    """Byte k (0..7) of philox2x32(seed, counter): byte k % 4 of word k // 4, as uint32.
+    counter (int64, split into the two counter words) and k broadcast against each other:
+    counter has size 1 along the axis that k runs along, so one Philox call serves 8 elements."""
     key = tl.full((), seed, tl.int64).to(tl.uint32)
     w0, w1 = philox2x32(counter.to(tl.uint32), (counter >> 32).to(tl.uint32), key)
     w = tl.where(k < 4, w0, w1)
-    byte = (w >> ((k & 3) * 8).to(tl.uint32)) & 0xFF
-    return (byte * 2 + 1).to(tl.float32) * 0.001953125
+    return (w >> ((k & 3) * 8).to(tl.uint32)) & 0xFF
+
+
+@triton.jit
+def _sr_addend(byte, MAN: tl.constexpr):
+    """r = byte · 2^(D-8) + 2^(D-9) - 1 (int32), D = 23 - MAN: the random byte placed at the top
+    of the D mantissa bits that rounding onto the grid discards, plus half a step less one.
+    ``_round_grid`` rounds up when the discarded bits m carry out of m + r, that is when
+    m > (255 - byte + 1/2) · 2^(D-8), i.e. when u < frac with u = (255 - byte + 1/2) / 256."""
+    D: tl.constexpr = 23 - MAN
+    tl.static_assert(D >= 9, "SR addends need at least 9 discarded mantissa bits")
+    return (byte << (D - 8)).to(tl.int32, bitcast=True) + ((1 << (D - 9)) - 1)
 
 
 @triton.jit
@@ -322,15 +368,15 @@ def _quantize_kernel(
         if COLUMNWISE:   # (TILE_C // 8, 8, TILE_R): group, byte, M row
             counter = (rand_offset // 8 + offs_r[None, None, :].to(tl.int64) * (cols_padded // 8)
                        + grp[:, None, None])
-            rand = _uniforms8(seed, counter, tl.arange(0, 8)[None, :, None])
+            rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN)
             rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
         else:            # (TILE_R, TILE_C // 8, 8): M row, group, byte
             counter = (rand_offset // 8 + offs_r[:, None, None].to(tl.int64) * (cols_padded // 8)
                        + grp[None, :, None])
-            rand = _uniforms8(seed, counter, tl.arange(0, 8)[None, None, :])
+            rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN)
             rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
     else:
-        rand = 0.0
+        rand = 0
     qk, keep, s, a, block_bad, block_amax, unclamped = _quantize_blocks(
         xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
     if WRITE_CODES or STATS:
@@ -408,7 +454,8 @@ def _quantize_kernel(
 def _philox_uniform_kernel(out_ptr, n, seed, rand_offset, BLOCK: tl.constexpr):
     """The uniforms the SR kernels use for offsets rand_offset + 0 .. n - 1 (rand_offset % 8 == 0)."""
     grp = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
-    u = _uniforms8(seed, (rand_offset // 8 + grp.to(tl.int64))[:, None], tl.arange(0, 8)[None, :])
+    byte = _random_bytes8(seed, (rand_offset // 8 + grp.to(tl.int64))[:, None], tl.arange(0, 8)[None, :])
+    u = (511 - byte * 2).to(tl.float32) * 0.001953125   # (255 - byte + 1/2) / 256
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.reshape(u, (BLOCK,)), mask=offs < n)
 
