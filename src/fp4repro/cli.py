@@ -191,6 +191,12 @@ def _cmd_bench(args) -> int:
         out = Path(args.out or "results/bench/kernels.json")
         print_table(run(out=out))
         print(f"wrote {out}")
+    if args.what == "sass":
+        from fp4repro.bench.sass import print_table, run
+
+        out = Path(args.out or f"results/bench/kernels_sass_sm{args.arch}.json")
+        print_table(run(arch=args.arch, out=out))
+        print(f"wrote {out}")
     if args.what == "quant":
         from fp4repro.bench.quant_cpu import run
 
@@ -321,11 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
                                    "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
                                    "against BF16 F.linear for 8192x4096x4096 (default output "
-                                   "results/bench/kernels.json).")
-    b.add_argument("what", choices=["quant", "kernels"])
-    b.add_argument("--size", type=int, default=4096)
-    b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--out", default=None, help="JSON output (default results/bench/quant_cpu.json or kernels.json)")
+                                   "results/bench/kernels.json). sass (no GPU needed): the instructions each "
+                                   "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
+                                   "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
+                                   "held amax (default output results/bench/kernels_sass_smARCH.json).")
+    b.add_argument("what", choices=["quant", "kernels", "sass"])
+    b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
+    b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
+    b.add_argument("--arch", type=int, default=90, help="sass: the CUDA compute capability to compile for "
+                                                         "(90: H100/H200; 100: B200)")
+    b.add_argument("--out", default=None,
+                   help="JSON output (default results/bench/quant_cpu.json, kernels.json or kernels_sass_smARCH.json)")
     b.set_defaults(func=_cmd_bench)
 
     rp = sub.add_parser("report", help="set each paper claim beside what an experiment measured (Markdown)",

@@ -151,6 +151,16 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     a single kernel launch. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
     runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream.
     """
+    launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats)
+    _launcher("_quantize_kernel")(*launch)
+    return out
+
+
+def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
+                    rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
+                    codes: bool = False, stats: bool = False) -> tuple[tuple, dict]:
+    """What ``quantize_2d`` launches, without launching: ((grid, args, constexprs, num_warps) of
+    ``_quantize_kernel``, the output dict with its buffers allocated on x's device)."""
     if seed is not None and not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in [0, 2^32) (the 32-bit Philox2x32 key), got {seed}")
     if rand_offset % 8:
@@ -182,16 +192,14 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
     out_strides = qs.stride() if write_qs else (0, 0)
-    _launcher("_quantize_kernel")(
-        grid, (x, amax, qs, code_buf, scale_buf, counts, sums, d, rows, cols, cols_p, *strides, *out_strides,
-               seed or 0, rand_offset),
-        constexprs, warps)
+    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, rows, cols, cols_p, *strides, *out_strides,
+            seed or 0, rand_offset)
     out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
     if stats:
         out.update(counts=counts, sums=sums, blocks=(rows_p // spec.block[0]) * (cols_p // spec.block[1]))
-    return out
+    return (grid, args, constexprs, warps), out
 
 
 @functools.lru_cache(maxsize=None)

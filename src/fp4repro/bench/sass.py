@@ -1,0 +1,106 @@
+"""Instruction counts of the quantization kernels, compiled for a GPU architecture on any machine.
+
+A memory-bound kernel runs at the copy bandwidth; one that issues too many instructions per byte
+does not, whatever its memory traffic. This counts, without a GPU, what each thread of
+``_quantize_kernel`` issues: Triton compiles the kernel exactly as its JIT would for the
+arguments of ``fp4repro.kernels.quantize_2d`` (same specialization, same constexprs and launch
+plan), for the chosen architecture (default sm_90, the H200), and the SASS comes from the
+``nvdisasm`` that Triton ships. Counted: the main path, the instructions up to the first
+``EXIT`` (the straight-line code every thread runs once: the kernel has no loops; the slow path
+of the IEEE division follows it and runs only for operands that need it), per thread and per
+element of the thread's share of the tile, the opcodes that take most of them, and registers.
+
+The cases are those of ``fp4repro bench kernels`` (BF16 input and q·s output).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fp4repro.util import atomic_write_text
+
+_INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90):
+    """(CompiledKernel, elements per thread) of what ``quantize_2d`` launches for a BF16 tensor of
+    ``shape`` (row-major, or a column-major view when ``columnwise``) with a held amax (none for
+    formats without a tensor scale), compiled for sm_``arch``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from fp4repro.kernels import quantize, quantize_launch
+
+    if quantize.INTERPRETED:
+        raise RuntimeError("TRITON_INTERPRET is set: the kernels were defined for Triton's interpreter "
+                           "(no inline PTX); unset it to count what the GPU runs")
+    rows, cols = shape
+    x = torch.empty((cols, rows) if columnwise else shape, dtype=torch.bfloat16, device="meta")
+    x = x.t() if columnwise else x
+    amax = torch.empty((), dtype=torch.float32, device="meta")   # held: no reduction pass
+    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1)
+    fn = quantize._quantize_kernel
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    kwargs = dict(constexprs, num_warps=num_warps)
+    bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
+    options, signature, constants, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=target, options=options.__dict__)
+    named = dict(constexprs)
+    return kernel, named["TILE_R"] * named["TILE_C"] // (32 * num_warps)
+
+
+def count_instructions(sass: str) -> dict:
+    """Main-path and total instruction counts and the main path's opcode mix of one kernel's SASS."""
+    opcodes = [m.group(1) for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
+    if "EXIT" not in opcodes:
+        raise ValueError("no EXIT in the SASS: not a kernel listing")
+    main = opcodes[:opcodes.index("EXIT") + 1]
+    return {"main": len(main), "total": len(opcodes), "mix": dict(collections.Counter(main).most_common())}
+
+
+def registers(cubin: bytes) -> int:
+    """Registers per thread of the kernel in a cubin (``cuobjdump --dump-resource-usage``)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", str(path)],
+                               capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None = None) -> dict:
+    """Counts for every held-amax case of ``fp4repro bench kernels``; JSON to ``out``."""
+    from fp4repro.bench.kernels import CASES
+
+    rows = []
+    for name, (spec, held, columnwise) in CASES.items():
+        if not held:
+            continue
+        kernel, elements = compile_case(spec, shape, columnwise, arch)
+        counts = count_instructions(kernel.asm["sass"])
+        rows.append({"case": name, "elements_per_thread": elements, "registers": registers(kernel.asm["cubin"]),
+                     "per_element": counts["main"] / elements, **counts})
+    result = {"arch": f"sm_{arch}", "shape": list(shape), "cases": rows}
+    if out is not None:
+        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def print_table(result: dict) -> None:
+    print(f"SASS of _quantize_kernel for {result['arch']}, BF16 {'x'.join(map(str, result['shape']))}, held amax")
+    print(f"{'case':34} {'main path':>9} {'per elem':>8} {'regs':>5}  most issued")
+    for r in result["cases"]:
+        top = ", ".join(f"{op} {n}" for op, n in list(r["mix"].items())[:4])
+        print(f"{r['case']:34} {r['main']:>9} {r['per_element']:>8.1f} {r['registers']:>5}  {top}")
