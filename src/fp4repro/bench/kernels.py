@@ -6,9 +6,17 @@ element; the held-amax path reads once, the current-amax path reads twice and is
 all the same, so its fraction shows the cost of the extra pass). The ceiling is a BF16
 device-to-device copy of the same tensor (also 4 bytes per element), measured in the same run.
 Kernel times are CUDA-graph replays (device time without Python launch overhead). Layers are
-timed twice: CUDA events around the eager autograd step, as the training loop runs it (host launch
-overhead included), and replays of the same step captured in a CUDA graph (the device's time alone,
-what a graph-captured training step would approach).
+timed three ways:
+
+* eager: CUDA events around 10 back-to-back eager autograd steps, per step, as a training loop
+  issues them (the host may run ahead of the device; a step whose host time exceeds its device
+  time shows it here);
+* one step: events around a single step that starts on an idle device and is synchronized after
+  (its latency: the device waits for the host to issue the first kernels);
+* graph: replays of the same step captured in a CUDA graph (the device's time alone).
+
+``host ms`` is the host time to issue one step (no synchronization inside), the figure to compare
+with the device time to see whether eager training of this layer is bound by Python.
 """
 
 from __future__ import annotations
@@ -41,19 +49,37 @@ def _graph_time_ms(fn) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=200))
 
 
-def _event_time_ms(fn, iters: int = 30) -> float:
+def _eager_times_ms(fn, steps: int = 10, repeats: int = 7) -> dict:
+    """Medians over ``repeats`` of: per-step time of ``steps`` back-to-back calls (events), the
+    time of one call from an idle device (events, synchronized), and the host time to issue one
+    call (perf_counter, no synchronization inside)."""
+    import time
+
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
+    back_to_back, one, host = [], [], []
+    for _ in range(repeats):
         start.record()
-        fn()
+        for _ in range(steps):
+            fn()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+        back_to_back.append(start.elapsed_time(end) / steps)
+        for _ in range(steps):
+            start.record()
+            t0 = time.perf_counter()
+            fn()
+            host.append((time.perf_counter() - t0) * 1e3)
+            end.record()
+            torch.cuda.synchronize()
+            one.append(start.elapsed_time(end))
+
+    def median(v):
+        return sorted(v)[len(v) // 2]
+
+    return {"ms": median(back_to_back), "one_step_ms": median(one), "host_ms": median(host)}
 
 
 def bench_quantize(shapes=((8192, 8192), (16384, 8192))) -> list[dict]:
@@ -87,9 +113,14 @@ def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int 
     def step_bf16():
         F.linear(x, weight).backward(dy)
 
-    base, base_graph = _event_time_ms(step_bf16), _graph_time_ms(step_bf16)
-    rows = [{"layer": "F.linear BF16", "shape": [tokens, in_features, out_features], "ms": base, "ratio": 1.0,
-             "graph_ms": base_graph, "graph_ratio": 1.0}]
+    def row(layer: str, step, base: dict | None) -> dict:
+        times = _eager_times_ms(step)   # also warms the held amaxes, so the capture does not sample
+        times["graph_ms"] = _graph_time_ms(step)
+        base = base or times
+        return {"layer": layer, "shape": [tokens, in_features, out_features], **times,
+                **{key.replace("ms", "ratio"): times[key] / base[key] for key in ("ms", "one_step_ms", "graph_ms")}}
+
+    rows = [row("F.linear BF16", step_bf16, None)]
     for recipe in ("ue5m3", "nvfp4", "mxfp4"):
         specs = load_recipe(recipe).linear_specs(0, 52)
         lin = QuantLinear(in_features, out_features, specs=specs, state=QuantState(), name="bench",
@@ -99,10 +130,7 @@ def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int 
         def step():
             lin(x).backward(dy)
 
-        ms = _event_time_ms(step)   # also warms the held amaxes, so the capture does not sample
-        graph_ms = _graph_time_ms(step)
-        rows.append({"layer": f"QuantLinear {recipe}", "shape": [tokens, in_features, out_features],
-                     "ms": ms, "ratio": ms / base, "graph_ms": graph_ms, "graph_ratio": graph_ms / base_graph})
+        rows.append(row(f"QuantLinear {recipe}", step, rows[0]))
     return rows
 
 
@@ -124,7 +152,8 @@ def print_table(result: dict) -> None:
         print(f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['ms']:>8.4f} {r['gb_per_s']:>7.0f} "
               f"{r['fraction_of_copy']:>8.2f}")
     print(f"\n{'layer fwd+bwd':24} {'tokens x in x out':>17} {'eager ms':>9} {'vs BF16':>8} "
-          f"{'graph ms':>9} {'vs BF16':>8}")
+          f"{'one step':>9} {'vs BF16':>8} {'graph ms':>9} {'vs BF16':>8} {'host ms':>8}")
     for r in result["linear"]:
         print(f"{r['layer']:24} {'x'.join(map(str, r['shape'])):>17} {r['ms']:>9.3f} {r['ratio']:>8.2f} "
-              f"{r['graph_ms']:>9.3f} {r['graph_ratio']:>8.2f}")
+              f"{r['one_step_ms']:>9.3f} {r['one_step_ratio']:>8.2f} {r['graph_ms']:>9.3f} "
+              f"{r['graph_ratio']:>8.2f} {r['host_ms']:>8.3f}")
