@@ -42,6 +42,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def atomic_write_json(path: str | Path, obj) -> None:
+    """``atomic_write_text`` of ``obj`` as indented JSON with a final newline."""
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
 class atomic_path:
     """``with atomic_path(p) as tmp: write(tmp)`` — the file appears at ``p`` only if the block
     finishes (fsync + rename), for writers that want a path, such as ``DataFrame.to_parquet``."""

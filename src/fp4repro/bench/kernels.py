@@ -21,14 +21,13 @@ with the device time to see whether eager training of this layer is bound by Pyt
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from fp4repro.quant import QuantLinear, QuantSpec, QuantState, TensorScaling
-from fp4repro.util import atomic_write_text
+from fp4repro.util import atomic_write_json
 
 CASES = {
     "1x16 RNE, held amax": (QuantSpec(scale="ue5m3", tensor_scaling=TensorScaling("periodic", 50)), True, False),
@@ -141,7 +140,7 @@ def run(out: Path | None = None) -> dict:
 
     result["triton"] = triton.__version__
     if out is not None:
-        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+        atomic_write_json(out, result)
     return result
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 import torch
 
 from fp4repro.quant import QuantSpec, TensorScaling, quantize_dequantize
-from fp4repro.util import atomic_write_text
+from fp4repro.util import atomic_write_json
 
 SPECS = {
     "nvfp4 1x16 RNE": QuantSpec(),
@@ -43,5 +42,5 @@ def run(size: int = 4096, repeats: int = 5, out: Path | None = None) -> list[dic
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu_count": os.cpu_count(), "machine": platform.machine(), "rows": rows}
     if out is not None:
-        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+        atomic_write_json(out, result)
     return rows

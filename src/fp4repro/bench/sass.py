@@ -16,7 +16,6 @@ The cases are those of ``fp4repro bench kernels`` (BF16 input and q·s output).
 from __future__ import annotations
 
 import collections
-import json
 import re
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from fp4repro.util import atomic_write_text
+from fp4repro.util import atomic_write_json
 
 _INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
@@ -94,7 +93,7 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
                      "per_element": counts["main"] / elements, **counts})
     result = {"arch": f"sm_{arch}", "shape": list(shape), "cases": rows}
     if out is not None:
-        atomic_write_text(out, json.dumps(result, indent=2) + "\n")
+        atomic_write_json(out, result)
     return result
 
 

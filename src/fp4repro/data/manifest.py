@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import bin_path, idx_path
-from fp4repro.util import atomic_write_text
+from fp4repro.util import atomic_write_json
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -190,5 +190,5 @@ def load_manifest(out_dir: str | Path) -> Manifest:
 def write_manifest(manifest: Manifest) -> Path:
     """Write ``manifest.json`` atomically (temporary file + rename)."""
     path = manifest_path(manifest.root)
-    atomic_write_text(path, json.dumps(manifest.to_json(), indent=2) + "\n")
+    atomic_write_json(path, manifest.to_json())
     return path

@@ -31,7 +31,7 @@ from fp4repro.eval.nll import blend_nll, stream_nll
 from fp4repro.eval.policy import CheckpointInfo, EvalError, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.results import read_table
-from fp4repro.util import atomic_path, atomic_write_text
+from fp4repro.util import atomic_path, atomic_write_json
 
 NLL_COLUMNS = ["recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
 TASKS_STAMP = "offline_tasks.json"
@@ -77,7 +77,7 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
     if empty:
         raise EvalError(f"offline task(s) {empty}: no items: the test split of their source is too small "
                         f"(see {manifest.root}/manifest.json); raise data.split.test or add documents")
-    atomic_write_text(stamp, json.dumps({**wanted, "tasks": counts}, indent=2) + "\n")
+    atomic_write_json(stamp, {**wanted, "tasks": counts})
     return out_dir
 
 
@@ -173,7 +173,7 @@ def evaluate_main(experiment: str, recipe: str, results: str | Path = "results",
     metrics = paths.run / "metrics.parquet"
     if metrics.is_file():
         summary = {"experiment": exp.name, "recipe": recipe, **final_window_loss(metrics, exp.train.final_window)}
-        atomic_write_text(paths.out / "final_loss.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write_json(paths.out / "final_loss.json", summary)
 
     nll_path, down_path = paths.out / "nll.parquet", paths.out / "downstream.parquet"
     nll_table = _read_table(nll_path, NLL_COLUMNS)

@@ -17,7 +17,6 @@ step, metrics so far) every ``resume_every`` steps. Outputs in ``out_dir``:
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 import shutil
@@ -37,7 +36,7 @@ from fp4repro.model import NemotronH, load_model_config
 from fp4repro.recipes import load_recipe
 from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
 from fp4repro.train.schedule import WSDSchedule
-from fp4repro.util import atomic_path, atomic_write_text
+from fp4repro.util import atomic_path, atomic_write_json
 
 
 class NonFiniteLoss(RuntimeError):
@@ -237,10 +236,10 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
 
     if end_step == t.total_steps:
         _write_tables(out_dir, metrics, telemetry)
-        atomic_write_text(out_dir / "done.json", json.dumps(
-            {"experiment": exp.name, "recipe": recipe_name, "fingerprint": fingerprint, "steps": t.total_steps,
-             "tokens": t.total_steps * t.tokens_per_step,
-             "checkpoints": sorted(f"ckpt/step_{s:08d}.pt" for s in eval_steps)}, indent=2) + "\n")
+        atomic_write_json(out_dir / "done.json", {
+            "experiment": exp.name, "recipe": recipe_name, "fingerprint": fingerprint, "steps": t.total_steps,
+            "tokens": t.total_steps * t.tokens_per_step,
+            "checkpoints": sorted(f"ckpt/step_{s:08d}.pt" for s in eval_steps)})
     return out_dir
 
 
