@@ -71,6 +71,7 @@ BAD = {
     "T above scale max": ("defaults: {scale: e4m3, target: 449}", "defaults.target", "0 < T <= 448"),
     "T above ue5m3 max": ("defaults: {scale: ue5m3}\noperands: {dgrad.dy: {target: 200000}}",
                           "operands.dgrad.dy.target", "114688"),
+    "element without a zero": ("defaults: {element: e3m0}", "defaults.element", "must have a zero"),
     "unknown operand": ("defaults: {element: e2m1}\noperands: {fprop.z: bf16}", "operands", "fprop.z"),
     "unknown field": ("defaults: {colour: red}", "defaults", "colour"),
     "bad rounding": ("defaults: {rounding: nearest}", "defaults.rounding", "'sr'"),

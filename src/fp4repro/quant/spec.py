@@ -80,8 +80,11 @@ def spec_problems(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rou
     """Why these QuantSpec fields are invalid, as (field, value, what is allowed) triples."""
     out = []
     try:
-        if not get_format(element).signed:
+        element_format = get_format(element)
+        if not element_format.signed:
             out.append(("element", element, "must be a signed format such as 'e2m1'"))
+        elif not element_format.has_zero:   # q = 0 where s_b == 0, and zero elements stay zero
+            out.append(("element", element, "must have a zero (a format with a mantissa bit, such as 'e2m1')"))
     except ValueError as err:
         out.append(("element", element, str(err)))
     scale_format = None
