@@ -30,9 +30,9 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
         assert sum(r["mix"].values()) == r["main"] and r["mix"]["EXIT"] == 1
     assert "1x16 SR, held amax" in proc.stdout
     # SR rounds by an integer carry, 7 instructions per element: 1.33x the RNE kernel on sm_90
-    # with Triton 3.6. The reference's floor/compare form in the kernel was 1.73x (0.60 of copy
-    # against 0.73 on an H200): this fails if SR falls back to anything like it.
-    assert rows["1x16 SR, held amax"]["main"] <= 1.5 * rows["1x16 RNE, held amax"]["main"]
+    # with Triton 3.6 (496 vs 374). The reference's floor/compare form in the kernel was 1.73x
+    # (0.60 of copy against 0.73 on an H200): this fails if SR falls back to anything like it.
+    assert rows["1x16 SR, held amax"]["main"] <= 1.4 * rows["1x16 RNE, held amax"]["main"]
 
 
 def test_count_instructions_reads_the_main_path_up_to_exit():

@@ -230,7 +230,7 @@ def _sr_edges(fmt) -> torch.Tensor:
     return a[(a >= 0) & (a <= fmt.max)]
 
 
-@pytest.mark.parametrize("element", ["e2m1", "e3m2"])
+@pytest.mark.parametrize("element", ["e2m1", "e3m2", "e2m3", "e1m2"])   # emin 0, -2, 0, 1; 1-3 mantissa bits
 def test_sr_integer_carry_equals_reference_for_every_random_byte(element):
     # The kernel rounds by an integer carry (the random byte added below the kept mantissa bits,
     # and for values below 2^emin, a + 2^emin rounded up); the reference compares u < frac with

@@ -10,7 +10,8 @@ timed three ways:
 
 * eager: CUDA events around 10 back-to-back eager autograd steps, per step, as a training loop
   issues them (the host may run ahead of the device; a step whose host time exceeds its device
-  time shows it here);
+  time shows it here). The window opens on an idle device, so it also holds a tenth of the first
+  step's issue latency: it errs on the slow side;
 * one step: events around a single step that starts on an idle device and is synchronized after
   (its latency: the device waits for the host to issue the first kernels);
 * graph: replays of the same step captured in a CUDA graph (the device's time alone).

@@ -55,8 +55,9 @@ def _columnwise(shape: tuple[int, int], strides: tuple[int, int]) -> bool:
 def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
     """(TILE_R, TILE_C, num_warps), tiles long along the axis that is contiguous in memory. Chosen
     by sweeps on an H200 (8192x8192 BF16, fraction of copy): row-major 16x128 with 4 warps
-    (RNE 0.92; 32x128 0.87, 8 warps 0.77; SR 0.55-0.58 for every tile tried); column-wise
-    1024x16 (RNE 0.95, 512x16 0.71) but 512x16 for SR (0.40, 1024x16 0.34)."""
+    (RNE 0.92; 32x128 0.87, 8 warps 0.77; SR, then rounded by floor/compare, within 0.03 for
+    every tile tried); column-wise 1024x16 (RNE 0.95, 512x16 0.71) but 512x16 with SR or RHT,
+    whose registers per thread the larger tile raises (SR 0.40 against 0.34 in that sweep)."""
     rows_block, cols_block = spec.block
     if columnwise:
         return (512 if spec.rounding == "sr" or spec.rht else 1024), max(16, cols_block), 4

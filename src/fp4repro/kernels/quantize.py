@@ -95,9 +95,10 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
     SR (``rand``: the int32 addends of ``_sr_addend``) is an integer carry, as SR hardware
     does it. In a binade at or above 2^EMIN the grid keeps the top MAN of float32's 23 mantissa
     bits, so the D = 23 - MAN discarded bits m are exactly frac(a / ulp) · 2^D, and the
-    reference's ``u < frac`` with u = (k + 1/2) / 256 is m > (2k + 1) · 2^(D-9), i.e. a carry
-    out of m + r with r = 2^D - 1 - (2k + 1) · 2^(D-9): q = (bits(a) + r) with the low D bits
-    cleared (a carry past the top mantissa bit moves to the next binade, its next grid value).
+    reference's ``u < frac`` with u = (k + 1/2) / 256 (k = 255 - byte) is m > (2k + 1) · 2^(D-9),
+    i.e. a carry out of m + r with r = 2^D - 1 - (2k + 1) · 2^(D-9) = byte · 2^(D-8) + 2^(D-9) - 1:
+    q = (bits(a) + r) with the low D bits cleared (a carry past the top mantissa bit moves to the
+    next binade, its next grid value).
     Below 2^EMIN the grid spacing is that of the binade [2^EMIN, 2^(EMIN+1)), so b = a + 2^EMIN
     is rounded there and 2^EMIN taken off again (exact). That sum is rounded up: its discarded
     bits then exceed an integer threshold exactly when those of the exact sum do (the
