@@ -22,7 +22,6 @@ or while a launch hook is installed (profilers such as Proton), every launch goe
 from __future__ import annotations
 
 import inspect
-import os
 
 import torch
 
@@ -56,13 +55,13 @@ class Launcher:
 
     def __init__(self, jit_fn) -> None:
         import triton
+        from triton import knobs
 
         self.jit_fn = jit_fn
         self.names = tuple(jit_fn.arg_names)
         self.defaults = {name: p.default for name, p in inspect.signature(jit_fn.fn).parameters.items()
                          if p.default is not inspect.Parameter.empty}
-        self.direct = (triton.__version__.split(".")[0] == "3"
-                       and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+        self.direct = triton.__version__.split(".")[0] == "3" and not knobs.runtime.interpret
         self._compiled: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple[int, ...], args: tuple, constexprs: tuple, num_warps: int) -> None:
