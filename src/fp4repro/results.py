@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 
-# Columns each table must have for its readers (the plots and the report), all written by the
-# project's writers (train/loop.py ``_write_tables``, eval/run.py, eval/downstream.py).
+# Columns each table must have for its readers (the plots, the report, a resumed evaluation).
+# The training tables have more (train/loop.py ``_write_tables``); the evaluation tables are
+# exactly these, in this order (eval/run.py writes them).
 METRICS_COLUMNS = ("step", "tokens", "stage", "loss")
 TELEMETRY_COLUMNS = ("step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks")
-NLL_COLUMNS = ("recipe", "step", "tokens", "policy", "source", "nll")
-DOWNSTREAM_COLUMNS = ("recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr")
+NLL_COLUMNS = ("recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated")
+DOWNSTREAM_COLUMNS = ("recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr",
+                      "n")
 FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 # the telemetry column counting the blocks with each event
 EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}

@@ -8,11 +8,10 @@ import pandas as pd
 import pytest
 
 from fp4repro.cli import main
-from fp4repro.eval.downstream import COLUMNS as DOWNSTREAM_COLUMNS
 from fp4repro.eval.downstream import group_name, result_rows
 from fp4repro.eval.loss import final_window_loss
-from fp4repro.eval.run import NLL_COLUMNS
 from fp4repro.plots import FIGURE_INPUTS, FIGURES, PlotError, plot_figure
+from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS
 from fp4repro.train.loop import _write_tables
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -75,8 +74,8 @@ def results(tmp_path_factory) -> Path:
                 for source, v in (("prose", 6.0), ("code", 5.0), ("blend", 5.5)):
                     nll.append({**meta, "source": source, "nll": v - 0.02 * step + 0.01 * k, "tokens_evaluated": 99})
                 down += result_rows(_lm_eval_results(step, k), meta)
-        pd.DataFrame(nll, columns=NLL_COLUMNS).to_parquet(ev / "nll.parquet", index=False)
-        pd.DataFrame(down, columns=DOWNSTREAM_COLUMNS).to_parquet(ev / "downstream.parquet", index=False)
+        pd.DataFrame(nll, columns=list(NLL_COLUMNS)).to_parquet(ev / "nll.parquet", index=False)
+        pd.DataFrame(down, columns=list(DOWNSTREAM_COLUMNS)).to_parquet(ev / "downstream.parquet", index=False)
     return root
 
 

@@ -20,7 +20,6 @@ from fp4repro.eval.tasks import group_config
 from fp4repro.util import atomic_write_text
 
 GROUP_PREFIX = "fp4repro_aggregate_"
-COLUMNS = ["recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr", "n"]
 
 
 def task_manager(include_path: list[str | Path], names: list[str]):

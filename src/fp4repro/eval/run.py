@@ -24,16 +24,14 @@ import torch
 from tqdm import tqdm
 
 from fp4repro.eval.config import EvalConfig, load_eval_config
-from fp4repro.eval.downstream import COLUMNS as DOWNSTREAM_COLUMNS
 from fp4repro.eval.downstream import result_rows, run_lm_eval, task_manager, write_groups
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import blend_nll, stream_nll
 from fp4repro.eval.policy import CheckpointInfo, EvalError, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
-from fp4repro.results import read_table
+from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS, read_table
 from fp4repro.util import atomic_path, atomic_write_json
 
-NLL_COLUMNS = ["recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
 TASKS_STAMP = "offline_tasks.json"
 
 
@@ -81,10 +79,10 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
     return out_dir
 
 
-def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
+def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     """This evaluation's earlier rows (checked), or none yet."""
     if not path.is_file():
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=list(columns))
     return read_table(path, columns, "an evaluation table written by fp4repro evaluate", EvalError)
 
 
@@ -93,8 +91,8 @@ def _write_table(path: Path, table: pd.DataFrame) -> None:
         table.to_parquet(tmp, index=False)
 
 
-def _append(table: pd.DataFrame, rows: list[dict], columns: list[str]) -> pd.DataFrame:
-    new = pd.DataFrame(rows, columns=columns)
+def _append(table: pd.DataFrame, rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
+    new = pd.DataFrame(rows, columns=list(columns))
     table = new if table.empty else pd.concat([table, new], ignore_index=True)
     return table.sort_values(["step", "policy"], kind="stable", ignore_index=True)
 
