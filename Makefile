@@ -25,7 +25,7 @@ SNAKEMAKE  := $(BIN)/snakemake
 repro: setup   ## the whole study of EXPERIMENT (default tiny) through Snakemake: data, train, evaluate, figures, report
 	$(BIN)/fp4repro explain
 	$(SNAKEMAKE) --cores $(CORES) --config experiment=$(EXPERIMENT)
-	@echo "figures: figures/$(EXPERIMENT)/   report: paper/report.md   logs: logs/$(EXPERIMENT)/"
+	@echo "figures: figures/$(EXPERIMENT)/   report: paper/$(EXPERIMENT)/report.md   logs: logs/$(EXPERIMENT)/"
 
 SLURM_PROFILE_DIR := $(or $(XDG_CONFIG_HOME),$(HOME)/.config)/snakemake/slurm
 

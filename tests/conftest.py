@@ -22,6 +22,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# ---------------------------------------------------------------------------- model configs
+
+#: Every layer type at tiny sizes; a Mamba chunk of 8 makes short sequences span several chunks.
+TEST_MODEL = dict(name="test", pattern="M-M*-", hidden_size=32, vocab_size=64, mlp_hidden_size=64,
+                  attn_heads=4, attn_kv_heads=2, attn_head_dim=8, mamba_heads=8, mamba_head_dim=8,
+                  mamba_state_size=8, mamba_groups=2, mamba_conv_kernel=4, mamba_chunk_size=8)
+
+
+@pytest.fixture
+def make_config():
+    """A ModelConfig of every layer type at tiny sizes, with fields replaced by keyword."""
+    from fp4repro.config.model import ModelConfig
+
+    def make(**overrides) -> ModelConfig:
+        return ModelConfig(**{**TEST_MODEL, **overrides})
+    return make
+
+
 # ------------------------------------------------------------------------- the Snakemake DAG
 
 SNAKEFILE = Path(__file__).resolve().parents[1] / "workflow" / "Snakefile"

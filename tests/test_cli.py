@@ -2,6 +2,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+import fp4repro.cli as cli
 from fp4repro.cli import main
 
 
@@ -56,3 +59,47 @@ def test_experiment_command(capsys):
     assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"]
     assert main(["experiment", "tiny"]) == 0
     assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in capsys.readouterr().out
+
+
+def _fp4repro(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fp4repro.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_a_config_error_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ndefaults: {block: [3, 3]}\n")
+    proc = _fp4repro("recipe", str(bad))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"fp4repro recipe: error: {bad}: field")
+
+
+def test_an_input_error_is_one_line_and_exit_1(tmp_path):
+    proc = _fp4repro("plot", "nll", str(tmp_path / "results/x/eval/a/nll.parquet"), "--out", str(tmp_path / "n.png"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert "nll.parquet: no such file" in proc.stderr
+
+
+def test_debug_shows_the_traceback_of_a_config_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ndefaults: {block: [3, 3]}\n")
+    proc = _fp4repro("--debug", "recipe", str(bad))
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "RecipeError" in proc.stderr
+
+
+def test_any_other_error_keeps_its_traceback(monkeypatch):
+    # a ValueError from torch, pandas or a bug is not a message for the user: it propagates
+    monkeypatch.setattr(cli, "_cmd_formats", lambda args: int("not a number"))
+    with pytest.raises(ValueError, match="invalid literal"):
+        main(["formats"])
+
+
+def test_configs_resolve_in_the_working_directory_first(tmp_path, capsys, monkeypatch):
+    (tmp_path / "configs" / "recipes").mkdir(parents=True)
+    (tmp_path / "configs" / "recipes" / "ue5m3.yaml").write_text("name: ue5m3\ndescription: mine\ndefaults: bf16\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["recipe", "ue5m3", "--layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ue5m3: mine") and "fprop.x   bf16" in out
+    assert main(["recipe"]) == 0
+    listing = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert listing["ue5m3"] == "configs/recipes/ue5m3.yaml" and listing["nvfp4"] == "packaged"

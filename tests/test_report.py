@@ -1,4 +1,4 @@
-"""paper/claims.yaml against measured results: directions, noise, and what cannot be measured."""
+"""The claims file against measured results: directions, noise, and what cannot be measured."""
 
 import json
 import math
@@ -7,9 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fp4repro.report import ReportError, load_claims, measure, report_main
+from fp4repro.config.files import PACKAGED
+from fp4repro.config.study import load_study
+from fp4repro.config.files import claims_path
+from fp4repro.report import ReportError, load_claims, measure, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+CLAIMS = PACKAGED / "claims.yaml"
 
 
 def _results(root: Path, losses: dict, nll: dict, acc: dict, underflow: dict) -> Path:
@@ -32,15 +35,20 @@ def _results(root: Path, losses: dict, nll: dict, acc: dict, underflow: dict) ->
     return exp
 
 
-def test_the_repository_claims_file_is_valid():
-    paper, claims = load_claims(REPO / "paper" / "claims.yaml")
+def test_the_packaged_claims_file_is_valid_and_a_local_one_comes_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert claims_path() == CLAIMS
+    paper, claims = load_claims(CLAIMS)
     assert "UE5M3" in paper["title"] and {c.measure for c in claims} == {
         "final_loss", "heldout_nll", "downstream", "telemetry", "throughput"}
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "claims.yaml").write_text(CLAIMS.read_text())
+    assert claims_path().resolve() == (tmp_path / "configs" / "claims.yaml").resolve()
 
 
 def test_a_broken_claims_file_names_the_field(tmp_path):
     bad = tmp_path / "claims.yaml"
-    bad.write_text((REPO / "paper/claims.yaml").read_text().replace("expect: lower", "expect: smaller", 1))
+    bad.write_text(CLAIMS.read_text().replace("expect: lower", "expect: smaller", 1))
     with pytest.raises(ReportError, match=r"claims.yaml: field 'claims.0.expect': value 'smaller'"):
         load_claims(bad)
 
@@ -51,7 +59,7 @@ def test_directions_noise_and_unmeasured_claims(tmp_path):
                    acc={"nvfp4": {"a": 0.50, "b": 0.40}, "ue5m3": {"a": 0.60, "b": 0.40},
                         "ue5m3_t2048": {"a": 0.5, "b": 0.5}},
                    underflow={"nvfp4": 0, "ue5m3": 40, "ue5m3_t2048": 10})
-    _, claims = load_claims(REPO / "paper/claims.yaml")
+    _, claims = load_claims(CLAIMS)
     recipes = ("nvfp4", "ue5m3", "ue5m3_t2048")
     rows = {r.label: r for c in claims for r in measure(c, exp, recipes)}
     loss = rows["final_loss"]
@@ -67,14 +75,14 @@ def test_directions_noise_and_unmeasured_claims(tmp_path):
     assert rows["throughput_no_rht_no_bf16_tail"].note.startswith("not measured")
 
 
-def test_report_main_writes_markdown_with_figure_links(tmp_path, monkeypatch):
+def test_write_report_writes_markdown_with_figure_links(tmp_path, monkeypatch):
     _results(tmp_path, losses={r: 3.0 for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")},
              nll={r: 3.0 for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")},
              acc={r: {"a": 0.5} for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")},
              underflow={r: 1 for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")})
     monkeypatch.chdir(tmp_path)
-    assert report_main("tiny", REPO / "paper/claims.yaml", "paper/report.md", figures=["figures/tiny/loss.png"]) == 0
-    text = (tmp_path / "paper/report.md").read_text()
+    write_report(load_study("tiny"), "claims", "paper/tiny/report.md", figures=["figures/tiny/loss.png"])
+    text = (tmp_path / "paper/tiny/report.md").read_text()
     assert "from experiment `tiny`" in text and "1,078,464 parameters" in text
-    assert "![loss](../figures/tiny/loss.png)" in text
+    assert "![loss](../../figures/tiny/loss.png)" in text
     assert "| throughput_no_rht_no_bf16_tail | +21.2% tokens/s |" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -27,15 +28,25 @@ def _cmd_formats(args) -> int:
     return 0
 
 
+def _list_configs(kind: str) -> None:
+    """Every config of ``kind`` a name reaches, and the file it resolves to."""
+    from fp4repro.config.files import PACKAGED, available
+
+    for name, path in available(kind).items():
+        where = "packaged" if path.resolve().is_relative_to(PACKAGED) else os.path.relpath(path)
+        print(f"{name:28} {where}")
+
+
 def _cmd_recipe(args) -> int:
-    from fp4repro.quant import OPERANDS
-    from fp4repro.recipes import available_recipes, load_recipe
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.config.spec import OPERANDS
 
     if args.recipe is None:
-        print("\n".join(available_recipes()))
+        _list_configs("recipes")
         return 0
     recipe = load_recipe(args.recipe)
-    print(f"{recipe.name}: {recipe.description.strip()}\n")
+    print(f"{recipe.name}: {recipe.description.strip()}")
+    print(f"read from: {' <- '.join(recipe.files)}\n")
     groups: list[tuple[list[int], object]] = []
     for i in range(args.layers):
         specs = recipe.linear_specs(i, args.layers)
@@ -52,18 +63,27 @@ def _cmd_recipe(args) -> int:
     return 0
 
 
-def _cmd_experiment(args) -> int:
-    from fp4repro.experiment import available_experiments, load_experiment
+def _study(args):
+    """The study the command works on: the experiment, its model and recipes, the recipes added
+    with --add-recipe and the one --recipe names (a recipe outside the experiment joins the
+    study), checked together before any compute."""
+    from fp4repro.config.study import load_study
 
+    added = [*(args.add_recipe or ()), *([args.recipe] if getattr(args, "recipe", None) else [])]
+    return load_study(args.experiment, tuple(added), added_by="the command line")
+
+
+def _cmd_experiment(args) -> int:
     if args.experiment is None:
-        print("\n".join(available_experiments()))
+        _list_configs("experiment")
         return 0
-    exp = load_experiment(args.experiment)
+    study = _study(args)
+    exp = study.experiment
     if args.recipes:
-        print(" ".join(exp.recipes))
+        print(" ".join(study.recipes))
         return 0
     t = exp.train
-    print(f"{exp.name}: model {exp.model}, backend {exp.backend}, recipes {', '.join(exp.recipes)}")
+    print(f"{exp.name} ({exp.path}): model {exp.model}, backend {exp.backend}, recipes {', '.join(study.recipes)}")
     print(f"data: {', '.join(f'{s.name} ({s.kind})' for s in exp.data.sources)}; tokenizer "
           f"{exp.data.tokenizer_path or f'BPE {exp.data.vocab_size}'}")
     print(f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.total_tokens:,} tokens, "
@@ -75,44 +95,93 @@ def _cmd_experiment(args) -> int:
 
 
 def _cmd_prepare_data(args) -> int:
-    from fp4repro.data import prepare_data_main
+    import time
 
-    return prepare_data_main(args.experiment, args.out, progress=not args.quiet)
+    from fp4repro.data import format_summary, prepare_data
+
+    study = _study(args)
+    target = Path(args.out or f"results/{study.name}/data")
+    started = time.perf_counter()
+    manifest = prepare_data(study.experiment, target, progress=not args.quiet)
+    print(format_summary(manifest))
+    print(f"data of experiment '{study.name}' in {target} ({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def _recipe_name(study, reference: str) -> str:
+    """The name of a study's recipe given by its name or its file."""
+    if reference in study.recipes:
+        return reference
+    from fp4repro.config.recipe import load_recipe
+
+    name = load_recipe(reference).name
+    study.recipe(name)
+    return name
 
 
 def _cmd_train(args) -> int:
-    from fp4repro.experiment import load_experiment
-    from fp4repro.train import NonFiniteLoss, train
+    from fp4repro.errors import ConfigError
+    from fp4repro.train import train
 
-    exp = load_experiment(args.experiment)
-    if args.recipe not in exp.recipes:
-        raise ValueError(f"recipe {args.recipe!r} is not in experiment {exp.name!r} (recipes: {', '.join(exp.recipes)})")
+    study = _study(args)
+    exp = study.experiment
+    recipe = _recipe_name(study, args.recipe)
     if exp.backend != "local":
-        print(f"fp4repro train: experiment {exp.name!r} uses backend {exp.backend!r}, which is not available "
-              "yet; only the local backend (the reference model) trains today", file=sys.stderr)
-        return 3
+        raise ConfigError(f"{exp.path}: field 'backend': value {exp.backend!r}: not available yet; only the local "
+                          "backend (the reference model) trains today")
     data = Path(args.data or f"results/{exp.name}/data")
-    out = Path(args.out or f"results/{exp.name}/train/{args.recipe}")
-    try:
-        train(exp, args.recipe, data, out, device=args.device, progress=not args.quiet, stop_after=args.stop_after)
-    except NonFiniteLoss as err:
-        print(f"fp4repro train: stopped: {err}", file=sys.stderr)
-        return 1
+    out = Path(args.out or f"results/{exp.name}/train/{recipe}")
+    train(study, recipe, data, out, device=args.device, progress=not args.quiet, stop_after=args.stop_after)
     return 0
 
 
 def _cmd_evaluate(args) -> int:
-    from fp4repro.eval.run import evaluate_main
+    from fp4repro.eval.run import evaluate
 
-    return evaluate_main(args.experiment, args.recipe, results=args.results, data=args.data, device=args.device,
-                         nll=not args.no_nll, downstream=not args.no_downstream, progress=not args.quiet)
+    study = _study(args)
+    evaluate(study, _recipe_name(study, args.recipe), results=args.results, data=args.data, device=args.device,
+             nll=not args.no_nll, downstream=not args.no_downstream, progress=not args.quiet)
+    return 0
+
+
+def _cmd_runs(args) -> int:
+    import json
+
+    from fp4repro.train.runs import folder_bytes, list_runs, remove_run
+
+    study = _study(args)
+    recipes = [_recipe_name(study, args.recipe)] if args.recipe else list(study.recipes)
+    stale = []
+    print(f"{'recipe':22} {'run':22} {'steps':>7} {'attempts':>8} {'MB':>8}  state")
+    for recipe in recipes:
+        out = Path(args.results) / study.name / "train" / recipe
+        done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
+        current = done.get("fingerprint")
+        for run in list_runs(out):
+            record = run.record() or {}
+            resumes = sorted(run.resume.glob("resume_*.pt"))
+            steps = int(resumes[-1].stem.split("_")[1]) if resumes else 0
+            state = "finished (done.json)" if run.fingerprint == current else "other config"
+            if run.fingerprint != current:
+                stale.append(run)
+            print(f"{recipe:22} {run.relative(run.path):22} {steps:>7} {len(record.get('attempts', [])):>8} "
+                  f"{folder_bytes(run.path) / 1e6:>8.1f}  {state}")
+    if args.prune:
+        for run in stale:
+            remove_run(run)
+            print(f"removed {run.path}")
+    elif stale:
+        print(f"{len(stale)} run(s) not the finished run of their recipe; `fp4repro runs --prune` removes them "
+              "(with their checkpoints)")
+    return 0
 
 
 def _cmd_model(args) -> int:
     import torch
 
-    from fp4repro.model import NemotronH, load_model_config
-    from fp4repro.recipes import load_recipe
+    from fp4repro.config.model import load_model_config
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.model import NemotronH
 
     config = load_model_config(args.config)
     recipe = load_recipe(args.recipe) if args.recipe else None
@@ -138,7 +207,7 @@ def _cmd_explain(args) -> int:
 
     from fp4repro.formats import get_format
     from fp4repro.quant import QuantSpec, quantize
-    from fp4repro.quant.block import global_encode_scale
+    from fp4repro.reference.block import global_encode_scale
 
     spec = QuantSpec(scale=args.scale, target=args.target)
     torch.manual_seed(args.seed)
@@ -163,6 +232,7 @@ def _cmd_explain(args) -> int:
 
 
 def _cmd_plot(args) -> int:
+    from fp4repro.errors import ConfigError
     from fp4repro.plots import plot_figure
     from fp4repro.plots.common import experiment_of
 
@@ -170,7 +240,7 @@ def _cmd_plot(args) -> int:
     if out is None:
         experiments = {experiment_of(Path(p)) for p in args.inputs}
         if len(experiments) != 1 or None in experiments:
-            raise ValueError("cannot tell the experiment from the input paths (expected results/<experiment>/...); "
+            raise ConfigError("cannot tell the experiment from the input paths (expected results/<experiment>/...); "
                              "pass --out figures/<experiment>/<figure>.png")
         out = f"figures/{experiments.pop()}/{args.figure}.png"
     options = {"final_window": args.final_window} if args.figure == "loss" else {}
@@ -210,26 +280,39 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from fp4repro.report import report_main
+    from fp4repro.report import write_report
 
-    return report_main(args.experiment, args.claims, args.out, results=args.results, figures=args.figures,
-                       quiet=args.quiet)
+    study = _study(args)
+    out = Path(args.out or f"paper/{study.name}/report.md")
+    rows = write_report(study, args.claims, out, results=args.results, figures=args.figures)
+    if not args.quiet:
+        print(f"wrote {out}: {len(rows)} lines, {sum(r.measured for r in rows)} measured, "
+              f"{sum(r.measured and r.reproduced for r in rows)} in the paper's direction")
+    return 0
 
 
-def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False) -> None:
+def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False, quiet: bool = True) -> None:
     """The options every step of a study shares: which experiment (and recipe), where its prepared
     data is, which device, and whether to show progress."""
-    p.add_argument("--experiment", default="tiny", help="experiment name or YAML path (default tiny)")
+    p.add_argument("--experiment", default="tiny",
+                   help="experiment name (./configs/experiment/<name>.yaml, else the packaged one) or YAML path "
+                        "(default tiny)")
+    p.add_argument("--add-recipe", action="append", metavar="RECIPE",
+                   help="a recipe (name or YAML path) studied in this run besides the experiment's own; repeatable")
     if recipe:
-        p.add_argument("--recipe", required=True, help="one of the experiment's recipes")
+        p.add_argument("--recipe", required=True,
+                       help="the recipe (name or YAML path); one outside the experiment joins the study")
         p.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
         p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    if quiet:
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fp4repro", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show the traceback of every error (by default, errors "
+                                                          "in configs and inputs print one line)")
     sub = p.add_subparsers(dest="command", metavar="<command>")
 
     f = sub.add_parser("formats", help="list minifloat formats and their ranges",
@@ -251,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and print its model, data, stages and recipes. Without an argument, list "
                                     "the available experiments.")
     ex.add_argument("experiment", nargs="?", help="experiment name or YAML path")
+    ex.add_argument("--add-recipe", action="append", metavar="RECIPE", help="a recipe studied besides the "
+                                                                            "experiment's own; repeatable")
     ex.add_argument("--recipes", action="store_true", help="print only the recipe names")
     ex.set_defaults(func=_cmd_experiment)
 
@@ -347,27 +432,44 @@ def build_parser() -> argparse.ArgumentParser:
                                     "reproduced, whether the difference exceeds twice its standard error, and "
                                     "the scale of both. Claims the experiment cannot measure say why.")
     _experiment_arguments(rp)
-    rp.add_argument("--claims", default="paper/claims.yaml", help="claims YAML (default paper/claims.yaml)")
+    rp.add_argument("--claims", default="claims",
+                    help="claims YAML (default: ./configs/claims.yaml, else the packaged claims)")
     rp.add_argument("--results", default="results", help="results root (default results)")
-    rp.add_argument("--out", default="paper/report.md", help="report to write (default paper/report.md)")
+    rp.add_argument("--out", help="report to write (default paper/<experiment>/report.md)")
     rp.add_argument("figures", nargs="*", help="figure files to embed (links relative to the report)")
     rp.set_defaults(func=_cmd_report)
+    ru = sub.add_parser("runs", help="list a study's training runs (one per config fingerprint); --prune removes old ones",
+                        description="A recipe's training keeps one run folder per fingerprint of what changes its "
+                                    "numbers (model, recipe numerics, data, optimizer, schedule, batch, seed): a "
+                                    "changed config starts a new run beside the old one and never deletes it. List "
+                                    "them with their resume step, attempts and size; --prune deletes every run that "
+                                    "is not its recipe's finished run (done.json), checkpoints included.")
+    _experiment_arguments(ru, quiet=False)
+    ru.add_argument("--recipe", help="only this recipe (default: every recipe of the study)")
+    ru.add_argument("--results", default="results", help="results root (default results)")
+    ru.add_argument("--prune", action="store_true", help="delete the runs listed as 'other config'")
+    ru.set_defaults(func=_cmd_runs)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A configuration error prints one line and exits 2; another error about the
+    user's input (data, checkpoints, results files) one line and exit 1; anything else keeps its
+    traceback (exit 1). ``--debug`` shows the traceback of every error."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
-    from fp4repro.train.checkpoint import CheckpointError
+    from fp4repro.errors import ConfigError, FP4ReproError
 
     try:
         return args.func(args)
-    except (ValueError, CheckpointError) as err:  # config errors (all ValueErrors), unusable checkpoints
+    except FP4ReproError as err:
+        if args.debug:
+            raise
         print(f"fp4repro {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(err, ConfigError) else 1
 
 
 if __name__ == "__main__":

@@ -42,10 +42,16 @@ import re
 import struct
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Minifloat", "get_format", "FORMAT_NAMES", "exp2_exact"]
+
+# A format's definition (fields, range, codes) is plain Python: configs are validated against it
+# without loading torch. Rounding, encoding and decoding tensors import torch where they run.
+FLT32_MAX = 3.4028234663852886e38
 
 _SPECIALS = ("none", "nan", "ieee")
 
@@ -55,6 +61,8 @@ def exp2_exact(e: torch.Tensor, lowest: int = -149) -> torch.Tensor:
 
     ``lowest`` >= -126 (known from the format's range) skips the float32-subnormal branch.
     """
+    import torch
+
     e = e.to(torch.int32)
     if lowest >= -126:
         return ((e + 127) << 23).view(torch.float32)
@@ -87,7 +95,7 @@ class Minifloat:
             raise ValueError(f"format {self.name!r}: ieee specials need a mantissa bit for NaN")
         if not self.subnormals and self.man_bits > 0:
             raise ValueError(f"format {self.name!r}: formats without subnormals must have m == 0")
-        if self.min_positive < 2.0**-149 or self.max > torch.finfo(torch.float32).max:
+        if self.min_positive < 2.0**-149 or self.max > FLT32_MAX:
             raise ValueError(f"format {self.name!r}: range exceeds float32")
 
     # ----------------------------------------------------------------------------- constants
@@ -173,6 +181,8 @@ class Minifloat:
     @cached_property
     def _table(self) -> torch.Tensor:
         """float32 value of every code 0 .. 2^bits - 1 (NaN codes carry the code's sign bit)."""
+        import torch
+
         bits = []
         for code in range(2**self.bits):
             negative = self.signed and bool(code & self._sign_bit)
@@ -193,6 +203,8 @@ class Minifloat:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """uint8 codes -> float32 values (table lookup)."""
+        import torch
+
         if codes.dtype != torch.uint8:
             raise TypeError(f"decode expects uint8 codes, got {codes.dtype}")
         if self.bits < 8 and codes.numel() and int(codes.max()) >= 2**self.bits:
@@ -201,6 +213,8 @@ class Minifloat:
 
     def values(self) -> torch.Tensor:
         """All finite non-negative values of the format, ascending (float32)."""
+        import torch
+
         t = self._table
         return torch.unique(t[torch.isfinite(t)].abs())
 
@@ -224,6 +238,8 @@ class Minifloat:
         value). It rounds up with probability round(256·frac)/256: bias at most 2^-9 ulp.
         Unsigned formats map negative inputs to NaN (they cannot be represented).
         """
+        import torch
+
         x = x.to(torch.float32)
         a = x.abs().clamp(max=self.max)
         if not self.has_zero:
@@ -260,6 +276,8 @@ class Minifloat:
         NaN -> the NaN code (sign kept for signed formats); ±inf -> the inf code where the format
         has one, else NaN; raises for a non-finite input in a format with no special codes.
         """
+        import torch
+
         q = self.round(x)
         finite = torch.isfinite(q)
         if not self.has_nan and not bool(finite.all()):

@@ -22,10 +22,12 @@ import pandas as pd
 
 from fp4repro.results import (DOWNSTREAM_COLUMNS, EVENT_COLUMNS, NLL_COLUMNS, TELEMETRY_COLUMNS, block_rates,
                                last_checkpoint, read_json, read_table)
-from fp4repro.util import atomic_write_text, read_yaml, schema_error, schema_field
+from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_field
+from fp4repro.errors import FP4ReproError
+from fp4repro.util import atomic_write_text
 
 
-class ReportError(ValueError):
+class ReportError(FP4ReproError):
     """A claims file or a results file that cannot be used (file, field, what is wrong)."""
 
 
@@ -216,12 +218,12 @@ def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], o
     return "\n".join(lines).rstrip() + "\n"
 
 
-def run_scale(exp) -> str:
+def run_scale(study) -> str:
     import torch
 
-    from fp4repro.model import NemotronH, load_model_config
+    from fp4repro.model import NemotronH
 
-    config = load_model_config(exp.model)
+    exp, config = study.experiment, study.model
     with torch.device("meta"):
         params = NemotronH(config, None).num_parameters()
     stages = ", ".join(f"{s.name} {s.tokens:,}" for s in exp.train.stages)
@@ -229,20 +231,13 @@ def run_scale(exp) -> str:
             f"{exp.train.total_tokens:,} training tokens ({stages}), backend {exp.backend}")
 
 
-def report_main(experiment: str, claims: str | Path, out: str | Path, results: str | Path = "results",
-                figures: list[str | Path] = (), quiet: bool = False) -> int:
-    from fp4repro.experiment import load_experiment
-
-    exp = load_experiment(experiment)
-    paper, claim_list = load_claims(claims)
-    root = Path(results) / exp.name
-    rows = [row for claim in claim_list for row in measure(claim, root, exp.recipes)]
+def write_report(study, claims: str | Path, out: str | Path, results: str | Path = "results",
+                 figures: list[str | Path] = ()) -> list[Row]:
+    """Write the report of ``study``'s results against ``claims`` to ``out``; its lines."""
+    paper, claim_list = load_claims(claims_path(claims))
+    root = Path(results) / study.name
+    rows = [row for claim in claim_list for row in measure(claim, root, list(study.recipes))]
     out = Path(out)
-    text = render(paper, rows, exp, run_scale(exp), [Path(f) for f in figures], out)
+    text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out)
     atomic_write_text(out, text)
-    if quiet:
-        return 0
-    measured = sum(r.measured for r in rows)
-    print(f"wrote {out}: {len(rows)} lines, {measured} measured, "
-          f"{sum(r.measured and r.reproduced for r in rows)} in the paper's direction")
-    return 0
+    return rows

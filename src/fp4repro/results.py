@@ -1,10 +1,13 @@
-"""Reading the files of the results layout, checked (the plots and the report read the same files):
+"""The files of the results layout: written with their provenance, read back checked (the
+plots, the report and a resumed evaluation read the same files):
 
     results/<experiment>/train/<recipe>/{metrics.parquet, telemetry.parquet, done.json}
     results/<experiment>/eval/<recipe>/{nll.parquet, downstream.parquet, final_loss.json}
 
-A missing file, a file that is not parquet or JSON, or a missing column or key raises the
-caller's ``error`` class with the file's path and what it should have been.
+Every table and JSON result carries a provenance record (``fp4repro.provenance``): in a JSON
+object under the key ``provenance``, in a parquet file as the schema metadata key
+``fp4repro.provenance``. A missing file, a file that is not parquet or JSON, or a missing column
+or key raises the caller's ``error`` class with the file's path and what it should have been.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+
+from fp4repro.util import atomic_path, atomic_write_json
+
+PROVENANCE_KEY = "fp4repro.provenance"
 
 # Columns each table must have for its readers (the plots, the report, a resumed evaluation).
 # The training tables have more (train/loop.py ``_write_tables``); the evaluation tables are
@@ -25,6 +32,31 @@ DOWNSTREAM_COLUMNS = ("recipe", "step", "tokens", "policy", "aggregate", "task",
 FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 # the telemetry column counting the blocks with each event
 EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}
+
+
+def write_table(path: Path, table: pd.DataFrame, provenance: dict) -> None:
+    """``table`` as parquet at ``path`` (atomically, no index) with ``provenance`` in its metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrow = pa.Table.from_pandas(table, preserve_index=False)
+    metadata = {**(arrow.schema.metadata or {}), PROVENANCE_KEY.encode(): json.dumps(provenance).encode()}
+    with atomic_path(path) as tmp:
+        pq.write_table(arrow.replace_schema_metadata(metadata), tmp)
+
+
+def table_provenance(path: Path) -> dict | None:
+    """The provenance record of a parquet table written by ``write_table`` (None if it has none)."""
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(path).metadata or {}
+    raw = metadata.get(PROVENANCE_KEY.encode())
+    return json.loads(raw) if raw is not None else None
+
+
+def write_json(path: Path, obj: dict, provenance: dict) -> None:
+    """``obj`` as indented JSON at ``path`` (atomically), with ``provenance`` under its key."""
+    atomic_write_json(path, {**obj, "provenance": provenance})
 
 
 def check_exists(path: Path, error: type[Exception] = ValueError) -> Path:

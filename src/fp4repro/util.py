@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from importlib import resources
 from pathlib import Path
 
-import jsonschema
-import yaml
 
 
 def _umask_mode() -> int:
@@ -69,33 +66,3 @@ class atomic_path:
             os.fsync(f.fileno())
         os.chmod(self.tmp, _umask_mode())
         os.replace(self.tmp, self.path)
-
-
-def config_file(name_or_path: str | Path, folder: Path) -> Path:
-    """A config given by name (``<folder>/<name>.yaml``) or as a path to a YAML file."""
-    p = Path(name_or_path)
-    return p if p.suffix in (".yaml", ".yml") else folder / f"{name_or_path}.yaml"
-
-
-def config_names(folder: Path) -> list[str]:
-    """The names of the configs in ``folder``."""
-    return sorted(p.stem for p in folder.glob("*.yaml"))
-
-
-def read_yaml(path: Path, error: type[Exception]):
-    """A YAML file's content; ``error(f"{path}: not valid YAML: ...")`` when it does not parse."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as err:
-        raise error(f"{path}: not valid YAML: {err}") from None
-
-
-def schema_field(error: jsonschema.ValidationError) -> str:
-    """Where a schema violation is, as a dotted field path ('(top level)' for the document)."""
-    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
-
-
-def schema_error(raw, schema_name: str) -> jsonschema.ValidationError | None:
-    """The most relevant violation of ``fp4repro/schemas/<schema_name>`` by ``raw``, or None."""
-    schema = json.loads(resources.files("fp4repro.schemas").joinpath(schema_name).read_text())
-    return jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(raw))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from fp4repro.experiment import load_experiment
+from fp4repro.config.experiment import load_experiment
 
 ALPHA_LETTERS = "abcdefghijklm"
 BETA_LETTERS = "nopqrstuvwxyz"

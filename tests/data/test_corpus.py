@@ -12,7 +12,7 @@ from fp4repro.data.corpus import (SPLITS, dedup_and_split, document_hash, expand
                                   read_file_source, split_of)
 from fp4repro.data.stdlib import (TOPICS_FILE, docstrings, read_python_source, read_stdlib, spread_sample,
                                   stdlib_files, stdlib_root, strip_docstrings)
-from fp4repro.experiment import Source
+from fp4repro.config.experiment import Source
 
 
 # ---- standard library -------------------------------------------------------------------------

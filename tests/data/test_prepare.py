@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fp4repro.data import DataError, load_manifest, prepare_data, prepare_data_main, validation_tokens
+from fp4repro.cli import main
+from fp4repro.data import DataError, load_manifest, prepare_data, validation_tokens
 from fp4repro.data.corpus import normalize_text
 from fp4repro.data.indexed import write_indexed_dataset
 from fp4repro.data.prepare import data_fingerprint, data_hash
@@ -182,7 +183,7 @@ def test_special_token_text_inside_a_document_is_not_an_eod(prepared):
 def test_cli_prints_summary_and_reports_bad_inputs(synthetic_inputs, tmp_path, capsys, monkeypatch, make_experiment):
     exp = make_experiment(tmp_path, {"beta": synthetic_inputs["beta"]})
     monkeypatch.chdir(tmp_path)
-    assert prepare_data_main(exp.path, None, progress=False) == 0
+    assert main(["prepare-data", "--experiment", exp.path, "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "source  split  documents" in out and "beta    train" in out
     assert (tmp_path / "results" / "datatest" / "data" / "manifest.json").is_file()
@@ -190,11 +191,18 @@ def test_cli_prints_summary_and_reports_bad_inputs(synthetic_inputs, tmp_path, c
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"content": "x"}) + "\n")
     bad_exp = make_experiment(tmp_path, {"web": {"kind": "jsonl", "paths": [str(bad)]}}, name="bad")
-    assert prepare_data_main(bad_exp.path, str(tmp_path / "bad_data"), progress=False) == 1
+    assert main(["prepare-data", "--experiment", bad_exp.path, "--out", str(tmp_path / "bad_data"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "source 'web'" in err and f"{bad}:1: record has no field 'text'" in err
 
     empty_exp = make_experiment(tmp_path, {"web": {"kind": "text", "paths": ["nowhere/*.txt"]}}, name="empty")
-    assert prepare_data_main(empty_exp.path, str(tmp_path / "empty_data"), progress=False) == 1
+    assert main(["prepare-data", "--experiment", empty_exp.path, "--out", str(tmp_path / "empty_data"), "--quiet"]) == 1
     assert "source 'web': path 'nowhere/*.txt' matches no files" in capsys.readouterr().err
-    assert prepare_data_main(str(tmp_path / "missing.yaml"), None) == 2
+    assert main(["prepare-data", "--experiment", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml: no such file" in capsys.readouterr().err
+
+
+def test_input_files_are_the_files_a_preparation_reads(synthetic_inputs, tmp_path, make_experiment):
+    exp = make_experiment(tmp_path, {"beta": synthetic_inputs["beta"]})
+    folder = Path(synthetic_inputs["beta"]["paths"][0]).parent
+    assert exp.data.input_files() == [folder / f"doc{i:02d}.txt" for i in range(40)]

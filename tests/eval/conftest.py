@@ -14,9 +14,10 @@ import pytest
 import torch
 import yaml
 
-from fp4repro.experiment import load_experiment
-from fp4repro.model import NemotronH, load_model_config
-from fp4repro.recipes import load_recipe
+from fp4repro.config.experiment import load_experiment
+from fp4repro.config.model import load_model_config
+from fp4repro.config.recipe import load_recipe
+from fp4repro.model import NemotronH
 from fp4repro.train import save_checkpoint
 
 EXPERIMENT = {
@@ -45,12 +46,14 @@ def make_run(results: Path, experiment: str, recipe: str, steps=STEPS, seed: int
     run = results / experiment / "train" / recipe
     torch.manual_seed(seed)
     model = NemotronH(load_model_config("tiny"), load_recipe(recipe))
+    stored = load_recipe(recipe).config
     for step in steps:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))      # every checkpoint has its own weights
         save_checkpoint({"model": model.state_dict(), "step": step, "tokens": step * 512, "stage": "s1",
-                         "model_config": "tiny", "recipe": recipe, "experiment": experiment},
+                         "model_config": "tiny", "recipe": recipe, "recipe_config": stored,
+                         "experiment": experiment},
                         run / "ckpt" / f"step_{step:08d}.pt")
     pd.DataFrame({"step": range(1, 13), "tokens": [512 * i for i in range(1, 13)], "stage": "s1",
                   "loss": [8.0 - 0.25 * i for i in range(1, 13)], "lr": 1e-3, "grad_norm": 1.0,
@@ -98,5 +101,5 @@ def offline_tasks(prepared, manifest):
     from fp4repro.eval.run import ensure_offline_tasks
 
     exp, _, results = prepared
-    return ensure_offline_tasks(manifest, results / exp.name / "eval" / "tasks", n_items=exp.eval["n_items"],
-                                seed=exp.eval["seed"])
+    return ensure_offline_tasks(manifest, results / exp.name / "eval" / "tasks", n_items=exp.eval.n_items,
+                                seed=exp.eval.seed)

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from fp4repro.eval import NLLResult, blend_nll, final_window_loss, load_eval_model, stream_nll, windows
-from fp4repro.model import NemotronH, load_model_config
-from fp4repro.recipes import load_recipe
+from fp4repro.config.model import load_model_config
+from fp4repro.model import NemotronH
+from fp4repro.config.recipe import load_recipe
 from fp4repro.train.loop import lm_loss
 
 

@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from fp4repro.config.recipe import load_recipe
 from fp4repro.eval import EvalError, build_model, inspect_checkpoint, load_eval_model
-from fp4repro.model import NemotronH, load_model_config
+from fp4repro.config.model import load_model_config
+from fp4repro.model import NemotronH
 from fp4repro.train import save_checkpoint
 
 
@@ -47,7 +49,7 @@ def test_periodic_scaling_holds_no_amax_at_inference(runs, tokens):
 
 def test_quantized_policy_keeps_the_recipes_exemptions():
     """nvfp4 keeps the last 4 layers in BF16: only layer 0's linears quantize."""
-    model = build_model("tiny", "nvfp4", "quantized")
+    model = build_model("tiny", load_recipe("nvfp4"), "quantized")
     quantized = {name for name, m in model.linears() if getattr(m, "specs", None) is not None}
     assert quantized == {"layers.0.mixer.in_proj", "layers.0.mixer.out_proj"}
 

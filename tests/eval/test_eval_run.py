@@ -1,4 +1,4 @@
-"""``evaluate_main`` end to end: NLL and lm-eval tables, resume, and failures before any work."""
+"""``evaluate`` end to end: NLL and lm-eval tables, resume, and failures before any work."""
 
 import json
 import math
@@ -7,9 +7,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from fp4repro.eval import EvalError, evaluate_main
+from fp4repro.config.eval import EvalConfigError
+from fp4repro.config.study import load_study
+from fp4repro.eval import EvalError, evaluate
 from fp4repro.eval import run as run_module
-from fp4repro.model import load_model_config
+from fp4repro.config.model import load_model_config
 
 STEPS = (6, 12)       # the checkpoints of conftest's runs
 
@@ -18,8 +20,13 @@ STEPS = (6, 12)       # the checkpoints of conftest's runs
 def evaluated(prepared, runs):
     """The nvfp4 run evaluated once (both policies, NLL and the three offline aggregates)."""
     exp, path, results = prepared
-    assert evaluate_main(str(path), "nvfp4", results=results, progress=False) == 0
+    evaluate_main(str(path), "nvfp4", results=results, progress=False)
     return results / exp.name / "eval" / "nvfp4"
+
+
+def evaluate_main(path: str, recipe: str, **kwargs):
+    """What `fp4repro evaluate --experiment PATH --recipe RECIPE` runs."""
+    return evaluate(load_study(path), recipe, **kwargs)
 
 
 def test_nll_table(evaluated):
@@ -64,7 +71,7 @@ def test_rerun_skips_what_is_there(prepared, evaluated, monkeypatch):
         raise AssertionError("a finished checkpoint x policy was evaluated again")
 
     monkeypatch.setattr(run_module, "load_eval_model", must_not_load)
-    assert evaluate_main(str(path), "nvfp4", results=results, progress=False) == 0
+    evaluate_main(str(path), "nvfp4", results=results, progress=False)
     assert {name: (evaluated / name).read_bytes() for name in before} == before
 
 
@@ -93,10 +100,10 @@ def test_bad_eval_config_fails_with_the_field(prepared, helpers, tmp_path):
     _, _, results = prepared
     write_experiment = helpers["write_experiment"]
     path = write_experiment(tmp_path, eval={"policies": ["bf16", "fp8"]})
-    with pytest.raises(EvalError, match=r"field 'eval.policies': value \['bf16', 'fp8'\]"):
+    with pytest.raises(EvalConfigError, match=r"field 'eval.policies': value \['bf16', 'fp8'\]"):
         evaluate_main(str(path), "ue5m3", results=results, progress=False)
     path = write_experiment(tmp_path, eval={"task": {}})
-    with pytest.raises(EvalError, match=r"unknown field\(s\) \['task'\]"):
+    with pytest.raises(EvalConfigError, match=r"unknown field\(s\) \['task'\]"):
         evaluate_main(str(path), "ue5m3", results=results, progress=False)
 
 

@@ -2,7 +2,8 @@
 
 import json
 
-from fp4repro.eval import default_aggregates, write_offline_tasks
+from fp4repro.config.eval import default_aggregates
+from fp4repro.eval import write_offline_tasks
 from fp4repro.eval.tasks import N_CHOICES, WORD, heldout_documents
 
 

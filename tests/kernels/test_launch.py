@@ -4,9 +4,9 @@ compiles apart (here: a 16-byte-aligned input and one that is not)."""
 import pytest
 import torch
 
-from fp4repro.kernels import _launcher, quantize_2d, reference_only
+from fp4repro.kernels import _launcher, quantize_2d
 from fp4repro.kernels.launch import _arg_key
-from fp4repro.quant import QuantSpec, scaled_operand
+from fp4repro.quant import QuantSpec, reference_only, scaled_operand
 
 
 def test_arg_key_separates_what_triton_specializes_on():

@@ -4,16 +4,20 @@ Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set in
 before anything imports triton); with CUDA the same tests run them compiled on the GPU.
 """
 
+import zlib
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from fp4repro.kernels import philox_uniforms, quantize_2d, reference_only
-from fp4repro.quant import QuantSpec, TensorScaling, quantize, scaled_operand
 from fp4repro.formats import get_format
+from fp4repro.kernels import philox_uniforms, quantize_2d
 from fp4repro.kernels.quantize import _round_grid, _sr_addend, philox2x32
-from fp4repro.quant.block import _rows_cols, padded_shape
+from fp4repro.quant import QuantSpec, TensorScaling, reference_only
+from fp4repro.quant import scaled_operand as front_scaled_operand
+from fp4repro.reference.block import quantize, scaled_operand
+from fp4repro.reference.geometry import padded_shape, rows_cols
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter evaluates the kernels with numpy, which warns on IEEE events the kernels rely on
@@ -88,7 +92,7 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
 @pytest.mark.parametrize("kind", ["normal", "heavy", "adversarial"])
 def test_rowwise_kernel_equals_reference(name, kind):
     spec = SPECS[name]
-    x = _inputs(kind, (40, 72), seed=hash((name, kind)) % 1000)
+    x = _inputs(kind, (40, 72), seed=zlib.crc32(f"{name}/{kind}".encode()) % 1000)   # stable across processes
     held = None
     if spec.tensor_scaling.kind == "periodic":
         held = torch.tensor(float(x[torch.isfinite(x)].abs().max()) * 0.01)  # grew 100x: saturation
@@ -280,9 +284,9 @@ def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
 def test_dispatch_uses_kernels_for_cuda_tensors_and_reference_on_request():
     x = torch.randn(512, 1024, device="cuda") * 3
     spec = SPECS["nvfp4-rht-16x16"]
-    fast, d1, _, _ = scaled_operand(x, spec)
+    fast, d1, _, _ = front_scaled_operand(x, spec)
     with reference_only():
-        ref, d2, _, _ = scaled_operand(x, spec)
+        ref, d2, _, _ = front_scaled_operand(x, spec)
     assert torch.equal(fast.float(), ref) and torch.equal(d1, d2)
 
 
@@ -294,4 +298,4 @@ def test_large_tensors_on_gpu(name):
     held = torch.tensor(float(x.abs().max()) * 0.01) if spec.tensor_scaling.kind == "periodic" else None
     _compare(x, spec, held)
     _compare(x, spec, held, columnwise=True)
-    assert _rows_cols(x.shape) == (1024, 4096)
+    assert rows_cols(x.shape) == (1024, 4096)

@@ -3,7 +3,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4repro.model import OPERANDS, NemotronH, load_model_config
+from fp4repro.config.model import load_model_config
+from fp4repro.config.spec import OPERANDS
+from fp4repro.model import NemotronH
 from fp4repro.model.layers import GatedRMSNorm, Mamba2Mixer
 
 

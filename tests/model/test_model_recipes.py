@@ -5,10 +5,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4repro.model import OPERANDS, NemotronH, load_model_config
-
+import fp4repro.config.recipe as recipes
 import fp4repro.quant as quant
-import fp4repro.recipes as recipes
+from fp4repro.config.files import SCHEMAS
+from fp4repro.config.model import load_model_config
+from fp4repro.config.spec import OPERANDS
+from fp4repro.model import NemotronH
 
 INTERNAL = ("in_proj", "out_proj", "qkv_proj", "o_proj", "fc1", "fc2")
 
@@ -30,9 +32,8 @@ def assert_embedding_and_lm_head_plain(model: NemotronH) -> None:
 
 def test_recipe_schema_knows_every_linear_name():
     import json
-    from importlib import resources
 
-    schema = json.loads(resources.files("fp4repro.schemas").joinpath("recipe.schema.json").read_text())
+    schema = json.loads((SCHEMAS / "recipe.schema.json").read_text())
     allowed = schema["properties"]["overrides"]["items"]["properties"]["linears"]["items"]["enum"]
     assert set(allowed) == set(INTERNAL)
 

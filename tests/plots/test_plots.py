@@ -12,7 +12,7 @@ from fp4repro.eval.downstream import group_name, result_rows
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.plots import FIGURE_INPUTS, FIGURES, PlotError, plot_figure
 from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS
-from fp4repro.train.loop import _write_tables
+from fp4repro.train.loop import METRICS, TELEMETRY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECIPES = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048")
@@ -64,7 +64,8 @@ def results(tmp_path_factory) -> Path:
         train, ev = root / "train" / recipe, root / "eval" / recipe
         train.mkdir(parents=True)
         ev.mkdir(parents=True)
-        _write_tables(train, _metrics(k), _telemetry(recipe))
+        pd.DataFrame(_metrics(k), columns=METRICS).to_parquet(train / "metrics.parquet", index=False)
+        pd.DataFrame(_telemetry(recipe), columns=TELEMETRY).to_parquet(train / "telemetry.parquet", index=False)
         summary = {"experiment": "toy", "recipe": recipe, **final_window_loss(train / "metrics.parquet", 0.1)}
         (ev / "final_loss.json").write_text(json.dumps(summary))
         nll, down = [], []
@@ -162,7 +163,7 @@ def test_cli_plot(results, tmp_path, capsys, monkeypatch):
     assert_figure(tmp_path / "figures" / "toy" / "nll.png")
     capsys.readouterr()
     missing = tmp_path / "missing" / "metrics.parquet"
-    assert main(["plot", "loss", "--out", str(out), str(missing)]) == 2
+    assert main(["plot", "loss", "--out", str(out), str(missing)]) == 1          # an input that is not there
     assert f"{missing}: no such file" in capsys.readouterr().err
-    assert main(["plot", "loss", str(results / "train/ue5m3/metrics.parquet"), str(out)]) == 2
+    assert main(["plot", "loss", str(results / "train/ue5m3/metrics.parquet"), str(out)]) == 2   # options
     assert "cannot tell the experiment from the input paths" in capsys.readouterr().err

@@ -1,9 +1,10 @@
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fp4repro.quant import LinearSpecs, QuantLinear, QuantSpec, QuantState, quantize_dequantize, quantized_operand
-from fp4repro.recipes import load_recipe
+from fp4repro.config.recipe import load_recipe
 
 
 def _layer(specs, bias=True, seed=0):
@@ -135,15 +136,28 @@ def test_cuda_quantizer_equals_cpu_reference():
         assert torch.equal(quantize_dequantize(x.cuda(), spec).cpu(), quantize_dequantize(x, spec)), str(spec)
 
 
+def _decode_scale_by_numpy(amax: float, target: float | None) -> float:
+    """d = 1 / min(Emax·T / A, FLT_MAX) in IEEE float32 arithmetic (numpy), 1 without a target or amax."""
+    if target is None or amax == 0:
+        return 1.0
+    with np.errstate(over="ignore", divide="ignore"):
+        g = np.float32(6.0 * target) / np.float32(amax)
+    return float(np.float32(1.0) / min(g, np.finfo(np.float32).max))
+
+
 @pytest.mark.parametrize("amax", [0.0, 1e-45, 3e-39, 1e-30, 0.37, 1.0, 448.0, 6.5e4, 3e38])
 @pytest.mark.parametrize("target", [448.0, 2048.0, None])
-def test_host_decode_scale_equals_the_kernels_and_reference(amax, target):
-    # the cuBLAS-alpha epilogue takes d from the host: it must be the very float32 the device has
-    from fp4repro.quant.block import global_encode_scale
+def test_host_decode_scale_equals_the_kernels_and_float32_arithmetic(amax, target):
+    # the cuBLAS-alpha epilogue takes d from the host: it must be the very float32 the kernel
+    # computes on the device (in Triton's interpreter here) from the same held amax
+    from fp4repro.kernels import quantize_2d
     from fp4repro.quant.linear import host_decode_scale
 
-    d_ref = torch.reciprocal(global_encode_scale(torch.tensor(amax), 6.0, target))
-    assert host_decode_scale(amax, 6.0, target) == float(d_ref)
+    spec = QuantSpec(scale="ue5m3", target=target) if target is not None else \
+        QuantSpec(scale="ue8m0", block=(1, 32), target=None)
+    held = torch.tensor(amax, dtype=torch.float32)
+    kernel_d = float(quantize_2d(torch.ones(1, 32), spec, amax=held)["decode_scale"])
+    assert host_decode_scale(float(held), 6.0, target) == kernel_d == _decode_scale_by_numpy(float(held), target)
 
 
 def test_periodic_state_reads_the_held_amax_back_once_per_sample():

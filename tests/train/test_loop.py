@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,9 +12,12 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from fp4repro.experiment import load_experiment
-from fp4repro.train import NonFiniteLoss, train
+from fp4repro.config.study import load_study
+from fp4repro.results import table_provenance
+from fp4repro.train import NonFiniteLoss, list_runs, train
+from fp4repro.train.checkpoint import resume_checkpoints
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 EXPERIMENT = f"""name: smalltest
@@ -45,9 +49,9 @@ def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     path = root / "smalltest.yaml"
     path.write_text(EXPERIMENT)
-    exp = load_experiment(path)
-    prepare_data(exp, root / "data", progress=False)
-    return exp, path, root
+    study = load_study(path)
+    prepare_data(study.experiment, root / "data", progress=False)
+    return study, path, root
 
 
 def _cli(path, recipe, root, out, *extra):
@@ -55,39 +59,66 @@ def _cli(path, recipe, root, out, *extra):
             "--data", str(root / "data"), "--out", str(out), "--quiet", *extra]
 
 
+def _run_folder(out) -> "Path":
+    (run,) = list_runs(out)
+    return run
+
+
 def test_resume_after_sigkill_is_bit_exact(prepared):
-    exp, path, root = prepared
+    """Kill a run right after its step-10 resume checkpoint: the second process resumes from the
+    newest checkpoint on disk, runs only the steps after it, and ends bit for bit like an
+    uninterrupted run. Without resume/ the same command starts over (and says so)."""
+    study, path, root = prepared
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     full = root / "full"
     subprocess.run(_cli(path, "ue5m3", root, full), check=True, env=env)
     killed = root / "killed"
-    proc = subprocess.Popen(_cli(path, "ue5m3", root, killed), env=env)
-    marker = killed / "resume" / "resume_00000010.pt.sha256"
+    proc = subprocess.Popen(_cli(path, "ue5m3", root, killed), env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+    while proc.poll() is None and time.time() < deadline and not \
+            any(killed.glob("runs/*/resume/resume_00000010.pt.sha256")):
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "done.json").exists(), "the run finished before it could be killed"
-    subprocess.run(_cli(path, "ue5m3", root, killed), check=True, env=env)
+    run = _run_folder(killed)
+    newest = int(resume_checkpoints(run.resume)[0].name[7:15])     # resume_<step>.pt
+    assert newest >= 10
+
+    second = subprocess.run(_cli(path, "ue5m3", root, killed), check=True, env=env, capture_output=True, text=True)
+    assert f"resuming from step {newest} of 60" in second.stderr
     a = pd.read_parquet(full / "metrics.parquet")
     b = pd.read_parquet(killed / "metrics.parquet")
-    assert len(a) == exp.train.total_steps == 60
+    assert len(a) == study.experiment.train.total_steps == 60
+    assert b["step"].tolist() == list(range(1, 61))
+    # steps 1..newest come from the killed process, only the later ones were computed again
+    assert (b["attempt"] == (b["step"] > newest).astype(int)).all()
     assert np.array_equal(a["loss"].to_numpy(), b["loss"].to_numpy())          # bit for bit
     assert np.array_equal(a["grad_norm"].to_numpy(), b["grad_norm"].to_numpy())
     ta, tb = pd.read_parquet(full / "telemetry.parquet"), pd.read_parquet(killed / "telemetry.parquet")
-    assert ta.drop(columns=[]).equals(tb)
+    assert ta.equals(tb)
+
+    # the same command without resume/ recomputes everything, from step 0
+    shutil.rmtree(run.resume)
+    (killed / "done.json").unlink()
+    third = subprocess.run(_cli(path, "ue5m3", root, killed), check=True, env=env, capture_output=True, text=True)
+    assert "starting at step 0 of 60" in third.stderr and "resuming" not in third.stderr
+    c = pd.read_parquet(killed / "metrics.parquet")
+    assert (c["attempt"] == 2).all() and np.array_equal(a["loss"].to_numpy(), c["loss"].to_numpy())
 
 
 def test_outputs_of_a_finished_run(prepared):
-    exp, path, root = prepared
+    study, path, root = prepared
     out = root / "nvfp4"
-    train(exp, "nvfp4", root / "data", out, device="cpu", progress=False)
+    train(study, "nvfp4", root / "data", out, device="cpu", progress=False)
     done = json.loads((out / "done.json").read_text())
-    ckpts = sorted((out / "ckpt").glob("step_*.pt"))
-    assert len(ckpts) == 12 and done["checkpoints"] == [f"ckpt/{p.name}" for p in ckpts]
+    run = _run_folder(out)
+    ckpts = sorted(run.ckpt.glob("step_*.pt"))
+    assert len(ckpts) == 12 and done["checkpoints"] == [f"runs/{run.fingerprint}/ckpt/{p.name}" for p in ckpts]
+    assert done["fingerprint"] == run.fingerprint and done["provenance"]["device"].startswith("cpu")
+    assert table_provenance(out / "metrics.parquet")["packages"]["torch"] == torch.__version__
     m = pd.read_parquet(out / "metrics.parquet")
-    assert list(m.columns) == ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s"]
+    assert list(m.columns) == ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
     assert m["stage"].tolist() == ["s1"] * 40 + ["s2"] * 20
     assert m["loss"].iloc[-5:].mean() < m["loss"].iloc[:5].mean()             # it learns
     t = pd.read_parquet(out / "telemetry.parquet")
@@ -96,41 +127,72 @@ def test_outputs_of_a_finished_run(prepared):
 
 
 def test_periodic_amax_is_held_between_refreshes(prepared):
-    exp, path, root = prepared
+    study, path, root = prepared
     out = root / "ue5m3"
-    train(exp, "ue5m3", root / "data", out, device="cpu", progress=False, stop_after=20)
-    t = pd.read_parquet(out / "telemetry.parquet")
+    train(study, "ue5m3", root / "data", out, device="cpu", progress=False, stop_after=20)
+    t = _run_folder(out).assemble("telemetry", ["step", "amax_ratio"])
     assert (t.loc[t["step"] == 0, "amax_ratio"] == 1.0).all()          # sampled at the first step
     assert (t.loc[t["step"] > 0, "amax_ratio"] != 1.0).any()           # held afterwards
     assert not (out / "done.json").exists()
 
 
 def test_non_finite_loss_stops_with_a_diagnosis(prepared, tmp_path):
-    exp, path, root = prepared
+    study, path, root = prepared
     bad = tmp_path / "bad.yaml"
-    bad.write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6").replace("grad_clip", "grad_clip"))
-    exp_bad = load_experiment(bad)
+    bad.write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6"))
+    study_bad = load_study(bad)
     out = tmp_path / "run"
     with pytest.raises(NonFiniteLoss) as err:
-        train(exp_bad, "ue5m3", root / "data", out, device="cpu", progress=False)
+        train(study_bad, "ue5m3", root / "data", out, device="cpu", progress=False)
     msg = str(err.value)
     assert msg.startswith("step ") and "worst operands: layers." in msg
     m = pd.read_parquet(out / "metrics.parquet")
     assert np.isfinite(m["loss"]).all() and not (out / "done.json").exists()
 
 
-def test_resume_is_refused_after_the_config_changes(prepared, tmp_path, capsys):
-    """A stale resume checkpoint (other schedule) must not be continued: the run starts at step 0
-    and ends exactly like a fresh run of the new config."""
+def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared, tmp_path, capsys):
+    """Another learning rate is another run: it starts at step 0 in its own folder, says which
+    field changed, and leaves the old run (and its checkpoints) where it was; it ends exactly
+    like a fresh run of the new config."""
     import dataclasses
 
-    exp, path, root = prepared
+    study, path, root = prepared
     out = tmp_path / "run"
-    train(exp, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
-    changed = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr=1.0e-3))
+    train(study, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
+    (old,) = list_runs(out)
+    old_files = sorted(p.name for p in old.path.rglob("*"))
+    changed = dataclasses.replace(study, experiment=dataclasses.replace(
+        study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)))
+    capsys.readouterr()
     train(changed, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
-    assert "starting from step 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "starting at step 0 of 60" in err and "train.lr differ" in err and "fp4repro runs --prune" in err
+    assert {r.fingerprint for r in list_runs(out)} == {old.fingerprint, _new_fingerprint(out, old)}
+    assert sorted(p.name for p in old.path.rglob("*")) == old_files           # nothing of the old run touched
     fresh = tmp_path / "fresh"
     train(changed, "bf16", root / "data", fresh, device="cpu", progress=False, stop_after=20)
-    a, b = pd.read_parquet(out / "metrics.parquet"), pd.read_parquet(fresh / "metrics.parquet")
+    new_run = next(r for r in list_runs(out) if r.fingerprint != old.fingerprint)
+    a = new_run.assemble("metrics", ["step", "loss"])
+    b = _run_folder(fresh).assemble("metrics", ["step", "loss"])
     assert len(a) == 20 and np.array_equal(a["loss"].to_numpy(), b["loss"].to_numpy())
+
+
+def _new_fingerprint(out, old) -> str:
+    return next(r.fingerprint for r in list_runs(out) if r.fingerprint != old.fingerprint)
+
+
+def test_a_change_of_what_is_recorded_resumes(prepared, tmp_path, capsys):
+    """telemetry_every and resume_every change what is recorded, not the numbers: the run resumes."""
+    import dataclasses
+
+    study, path, root = prepared
+    out = tmp_path / "run"
+    train(study, "ue5m3", root / "data", out, device="cpu", progress=False, stop_after=20)
+    recorded = dataclasses.replace(study, experiment=dataclasses.replace(
+        study.experiment, train=dataclasses.replace(study.experiment.train, telemetry_every=7, resume_every=3)))
+    capsys.readouterr()
+    train(recorded, "ue5m3", root / "data", out, device="cpu", progress=False)
+    assert "resuming from step 20 of 60" in capsys.readouterr().err
+    assert len(list_runs(out)) == 1
+    t = pd.read_parquet(out / "telemetry.parquet")
+    assert set(t["step"]) == set(range(0, 20, 5)) | set(range(21, 60, 7))

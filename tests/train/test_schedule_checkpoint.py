@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from fp4repro.train import WSDSchedule, eval_checkpoint_steps, load_checkpoint, save_checkpoint
@@ -31,7 +32,18 @@ def test_checkpoint_round_trip_and_corruption(tmp_path, capsys):
     assert "truncated or corrupt" in capsys.readouterr().err
     (folder / "resume_00000020.pt.sha256").unlink()          # a write that never finished
     assert load_latest_resume(folder) is None
-    try:
+    with pytest.raises(CheckpointError, match=r"resume_00000030\.pt: sha256 .* truncated or corrupt"):
         load_checkpoint(newest)
-    except CheckpointError as err:
-        assert "resume_00000030.pt" in str(err)
+
+
+class _NotATensor:
+    """An object a checkpoint of ours never holds: pickling it in means the file is not ours."""
+
+
+def test_checkpoints_are_read_without_running_code_from_them(tmp_path):
+    ckpt = tmp_path / "resume_00000001.pt"
+    save_checkpoint({"step": 1, "w": torch.ones(2), "numpy_like": (3, "x", None)}, ckpt)
+    assert load_checkpoint(ckpt)["numpy_like"] == (3, "x", None)
+    save_checkpoint({"step": 1, "payload": _NotATensor()}, ckpt)        # digest fine, content refused
+    with pytest.raises(CheckpointError, match="holds test_schedule_checkpoint._NotATensor, not only tensors"):
+        load_checkpoint(ckpt)

@@ -2,7 +2,9 @@
 study (configs/experiment/smoke.yaml) run end to end through Snakemake in a temporary folder."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fp4repro.config.files import PACKAGED
+
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ["loss", "nll", "downstream", "telemetry"]
+CHAIN = {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1, "figure_downstream": 1,
+         "figure_telemetry": 1, "report": 1, "all": 1}
 
 
 @pytest.mark.parametrize("experiment, recipes", [("tiny", 5), ("paper8b", 5), ("smoke", 4)])
@@ -32,11 +38,11 @@ def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
 def test_paper8b_training_says_the_backend_is_missing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fp4repro.cli", "train", "--experiment", "paper8b",
                            "--recipe", "ue5m3"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 3 and "backend 'megatron'" in proc.stdout + proc.stderr and "not available" in proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "field 'backend': value 'megatron': not available yet" in proc.stderr
 
 
 def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
-    text = (REPO / "configs/experiment/tiny.yaml").read_text().replace("batch_size: 16", "batch_size: -3")
+    text = (PACKAGED / "experiment/tiny.yaml").read_text().replace("batch_size: 16", "batch_size: -3")
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     proc = snakemake(tmp_path, "-n", "--config", f"experiment={bad}", check=False)
@@ -46,8 +52,8 @@ def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, sna
 
 def test_broken_recipe_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
     recipe = tmp_path / "broken.yaml"
-    recipe.write_text((REPO / "configs/recipes/ue5m3.yaml").read_text() + "\ndefaults: {scale: e9m9}\n")
-    text = (REPO / "configs/experiment/tiny.yaml").read_text().replace("recipes: [bf16,", f"recipes: [{recipe},")
+    recipe.write_text((PACKAGED / "recipes/ue5m3.yaml").read_text() + "\ndefaults: {scale: e9m9}\n")
+    text = (PACKAGED / "experiment/tiny.yaml").read_text().replace("recipes: [bf16,", f"recipes: [{recipe},")
     exp = tmp_path / "exp.yaml"
     exp.write_text(text)
     proc = snakemake(tmp_path, "-n", "--config", f"experiment={exp}", check=False)
@@ -68,10 +74,10 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
     for name in FIGURES:
         png, pdf = smoke_run / f"figures/smoke/{name}.png", smoke_run / f"figures/smoke/{name}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
-    report = (smoke_run / "paper/report.md").read_text()
+    report = (smoke_run / "paper/smoke/report.md").read_text()
     assert "from experiment `smoke`" in report and "| final_loss | UE5M3 < NVFP4 | ue5m3 | nvfp4 |" in report
     for name in FIGURES:
-        assert f"![{name}](../figures/smoke/{name}.png)" in report
+        assert f"![{name}](../../figures/smoke/{name}.png)" in report
     for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048"):
         done = json.loads((smoke_run / f"results/smoke/train/{recipe}/done.json").read_text())
         assert done["steps"] == 24 and len(done["checkpoints"]) == 3
@@ -94,18 +100,88 @@ def test_one_figure_reruns_only_its_rule(smoke_run, snakemake):
     assert changed == ["nll.pdf", "nll.png"]
 
 
+def _copy(workdir: Path, to: Path) -> Path:
+    """A copy of a finished workflow folder (results, Snakemake's records), to change freely."""
+    shutil.copytree(workdir, to, symlinks=True)
+    return to
+
+
 @pytest.mark.slow
-def test_editing_one_recipe_reruns_only_what_depends_on_it(smoke_run, snakemake):
-    # Snakemake 9 reruns a job when an input is newer *and* its content differs from what the last
-    # run recorded: a bare `touch` reruns nothing, an edit reruns that recipe's chain only.
-    recipe = REPO / "configs/recipes/ue5m3_t2048.yaml"
-    text = recipe.read_text()
-    try:
-        recipe.write_text(text + "\n# an edit\n")
-        plan = snakemake(smoke_run, "-n", "--config", "experiment=smoke")
-    finally:
-        recipe.write_text(text)
-    assert snakemake.planned_jobs(plan) == {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1,
-                                  "figure_downstream": 1, "figure_telemetry": 1, "report": 1, "all": 1}
-    assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3_t2048"}
-    assert snakemake.planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}
+def test_editing_a_recipe_reruns_exactly_its_chain_and_a_touch_nothing(smoke_run, snakemake, tmp_path):
+    # A recipe in the working directory's configs/ takes the place of the packaged one; it is
+    # ue5m3's file and the base of ue5m3_t2048, so both chains rerun, nothing else. Snakemake 9
+    # reruns a job when an input's content differs from what its last run recorded: a bare
+    # `touch` reruns nothing.
+    work = _copy(smoke_run, tmp_path / "work")
+    local = work / "configs" / "recipes" / "ue5m3.yaml"
+    local.parent.mkdir(parents=True)
+    local.write_text((PACKAGED / "recipes/ue5m3.yaml").read_text() + "\n# an edit\n")
+    plan = snakemake(work, "-n", "--config", "experiment=smoke")
+    assert snakemake.planned_jobs(plan) == {**CHAIN, "train": 2, "evaluate": 2}
+    assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3", "ue5m3_t2048"}
+    snakemake(work, "--cores", "2", "--config", "experiment=smoke")
+    done = json.loads((work / "results/smoke/train/ue5m3_t2048/done.json").read_text())
+    assert done["recipe_files"] == [str(PACKAGED / "recipes/ue5m3_t2048.yaml"), str(local.resolve())]
+    local.touch()
+    assert snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=smoke")) == {}
+    local.write_text(local.read_text().replace("interval: 50", "interval: 5"))   # the numbers change
+    assert snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=smoke")) == \
+        {**CHAIN, "train": 2, "evaluate": 2}
+
+
+@pytest.mark.slow
+def test_an_added_recipe_joins_the_study_from_the_command_line(smoke_run, snakemake, tmp_path):
+    work = _copy(smoke_run, tmp_path / "work")
+    (work / "configs" / "recipes").mkdir(parents=True)
+    (work / "configs" / "recipes" / "ue5m3_k5.yaml").write_text(
+        "name: ue5m3_k5\nbase: ue5m3\ndefaults: {tensor_scaling: {kind: periodic, interval: 5}}\n")
+    plan = snakemake(work, "-n", "--config", "experiment=smoke", "add_recipes=[ue5m3_k5]")
+    assert snakemake.planned_jobs(plan) == CHAIN
+    assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3_k5"}
+    assert "--add-recipe ue5m3_k5" in plan.stdout
+    proc = snakemake(work, "-n", "--config", "experiment=smoke", "add_recipes=[no_such]", check=False)
+    assert proc.returncode != 0 and "--config add_recipes: added recipe: value 'no_such'" in proc.stdout + proc.stderr
+
+
+def test_data_sources_are_inputs_of_data_preparation(tmp_path, snakemake):
+    (tmp_path / "corpus").mkdir()
+    for i in range(3):
+        (tmp_path / "corpus" / f"doc{i}.txt").write_text(f"document {i}: " + "some words of text " * 40 + "\n")
+    exp = tmp_path / "texts.yaml"
+    model = tmp_path / "tiny300.yaml"      # a vocabulary that three short documents can train
+    model.write_text((PACKAGED / "models/tiny.yaml").read_text().replace("vocab_size: 2048", "vocab_size: 300"))
+    exp.write_text((PACKAGED / "experiment/smoke.yaml").read_text()
+                   .replace("prose: {kind: stdlib_prose}", f"prose: {{kind: text, paths: ['{tmp_path}/corpus/*.txt']}}")
+                   .replace("code: {kind: stdlib_code}", f"code: {{kind: text, paths: ['{tmp_path}/corpus/doc0.txt']}}")
+                   .replace("vocab_size: 2048", "vocab_size: 300").replace("model: tiny", f"model: {model}"))
+    target = "results/smoke/data/manifest.json"
+    snakemake(tmp_path, target, "--cores", "1", "--config", f"experiment={exp}")
+    (tmp_path / "corpus" / "doc1.txt").touch()
+    assert snakemake.planned_jobs(snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")) == {}
+    (tmp_path / "corpus" / "doc1.txt").write_text("an edited document " * 30 + "\n")
+    assert snakemake.planned_jobs(snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")) == \
+        {"prepare_data": 1}
+    (tmp_path / "corpus" / "doc3.txt").write_text("a new document " * 30 + "\n")     # the glob matches one more
+    plan = snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")
+    assert snakemake.planned_jobs(plan) == {"prepare_data": 1} and "doc3.txt" in plan.stdout
+
+
+@pytest.mark.slow
+def test_snakemake_report_shows_figures_with_captions_and_the_claims(smoke_run, snakemake, tmp_path):
+    out = tmp_path / "report.html"
+    snakemake(smoke_run, "--report", str(out), "--config", "experiment=smoke")
+    html = out.read_text()
+    for caption in ("Training loss against tokens for each recipe", "Held-out negative log-likelihood",
+                    "Downstream aggregates (lm-eval groups", "Block-scale events by GEMM operand",
+                    "The claims report: each claim of the paper"):
+        assert caption in html
+    for name in FIGURES:
+        assert f"{name}.png" in html
+    assert "report.md" in html and '"rule": "train"' in html and "starttime" in html
+
+
+def test_lint_finds_nothing_but_software_deployment(tmp_path, snakemake):
+    proc = snakemake(tmp_path, "--lint", "--config", "experiment=smoke", check=False)
+    text = proc.stdout + proc.stderr
+    findings = set(re.findall(r"^    \* (.+?):?$", text, re.M))
+    assert findings == {"Specify a conda environment or container for each rule."}, text[-3000:]

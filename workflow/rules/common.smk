@@ -1,42 +1,60 @@
-# Load and validate the experiment before any rule runs; define the paths every rule shares.
+# Load and check the study before any rule runs; define the paths every rule shares.
+import os
 import re
+import shlex
 import sys
+
 from snakemake.exceptions import WorkflowError
 
-from fp4repro.experiment import REPO_ROOT, load_experiment
-from fp4repro.model.config import model_config_path
+from fp4repro.config.files import claims_path
+from fp4repro.config.model import model_config_path
+from fp4repro.config.recipe import recipe_chain
+from fp4repro.config.study import load_study
+from fp4repro.errors import ConfigError
 from fp4repro.plots.catalog import CATALOG
 
-FIGURES = list(CATALOG)              # loss, nll, downstream, telemetry: one rule each
+FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry: one rule each
 
-try:
-    EXP = load_experiment(config["experiment"])  # schema + cross-field checks, recipes and eval included
-except ValueError as err:  # ExperimentError, RecipeError, EvalError: file, field, value, what is allowed
+
+def _as_list(value):
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+ADDED_RECIPES = _as_list(config.get("add_recipes"))
+try:  # schema, cross-file checks, recipes (added ones too) and eval section; names resolve in ./configs first
+    STUDY = load_study(config["experiment"], ADDED_RECIPES, added_by="--config add_recipes")
+except ConfigError as err:  # file, field, value, what is allowed
     raise WorkflowError(f"invalid experiment config: {err}") from None
 
-EXPERIMENT = EXP.path                  # absolute path of the experiment YAML, passed to every command
-RECIPES = list(EXP.recipes)
+EXP = STUDY.experiment
+RECIPES = list(STUDY.recipes)  # recipe names: they name the result folders
 RESULTS = f"results/{EXP.name}"
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
-REPORT = "paper/report.md"
+REPORT = f"paper/{EXP.name}/report.md"
 LOGS = f"logs/{EXP.name}"
-# the fp4repro of the Python that runs Snakemake (an unactivated .venv/bin/snakemake works too)
-FP4REPRO = f"{sys.executable} -m fp4repro.cli"
+# The experiment as given (it resolves in each job's working directory as it did here). A job of
+# one recipe names its recipe as given too (an added one joins the study), so that adding a
+# recipe changes no other recipe's jobs; the report studies them all.
+EXPERIMENT_ARG = f"--experiment {shlex.quote(str(config['experiment']))}"
+RECIPE_REFS = STUDY.references
+STUDY_ARGS = " ".join([EXPERIMENT_ARG] + [f"--add-recipe {shlex.quote(r)}" for r in ADDED_RECIPES])
 # resources of the light rules (figures, report); the heavy rules' scale with the model and come
 # from the experiment (`resources_of`). What a rule leaves out comes from the profile's
 # default-resources (on a cluster: the slurm profile's partition, account, memory, runtime).
 LIGHT = {"mem_mb": 2000, "runtime": 20}
 
-
-wildcard_constraints:
-    recipe="|".join(re.escape(r) for r in RECIPES),
+RECIPE_PATTERN = "|".join(re.escape(r) for r in RECIPES)
 
 
-def recipe_file(wildcards):
-    """The recipe YAML a training run reads: editing it reruns that recipe's chain only."""
-    from fp4repro.recipes import recipe_path
+def recipe_arg(wildcards):
+    """A recipe job's --experiment and --recipe arguments."""
+    return f"{EXPERIMENT_ARG} --recipe {shlex.quote(RECIPE_REFS[wildcards.recipe])}"
 
-    return str(recipe_path(wildcards.recipe))
+
+def recipe_files(wildcards):
+    """The files a recipe is read from, its `base:` chain included: editing any of them reruns
+    that recipe's chain (and every recipe built on it), nothing else."""
+    return [str(p) for p in recipe_chain(STUDY.recipes[wildcards.recipe].path)]
 
 
 def per_recipe(pattern):
@@ -55,5 +73,19 @@ def resources_of(rule_name):
 
 
 def section(name):
-    """A config section as a rule parameter: changing it reruns the rules that read it."""
+    """A config section as a rule parameter (editing it reruns the rules that read it)."""
     return repr(getattr(EXP, name))
+
+
+def plot(figure):
+    return f"fp4repro plot {figure} --out {{output.png}} {{input}} 2> {{log}}"
+
+
+def figure(name):
+    """A figure's PNG, shown in `snakemake --report` with its caption (workflow/report/NAME.rst)."""
+    return report(
+        f"figures/{EXP.name}/{name}.png",
+        caption=f"../report/{name}.rst",
+        category="Figures",
+        labels={"figure": name},
+    )

@@ -10,11 +10,13 @@ rule evaluate:
         final_loss=f"{RESULTS}/eval/{{recipe}}/final_loss.json",
     params:
         eval=section("eval"),
+        recipe=recipe_arg,
+        data=lambda wildcards, input: os.path.dirname(input.manifest),
     log:
         f"{LOGS}/evaluate/{{recipe}}.log",
     threads: threads_of("evaluate")
     resources:
         **resources_of("evaluate"),
     shell:
-        "OMP_NUM_THREADS={threads} {FP4REPRO} evaluate --experiment {EXPERIMENT} --recipe {wildcards.recipe} "
-        "--results results --data {RESULTS}/data 2> {log}"
+        "OMP_NUM_THREADS={threads} fp4repro evaluate {params.recipe} "
+        "--results results --data {params.data} 2> {log}"

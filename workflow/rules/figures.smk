@@ -1,8 +1,12 @@
 # One rule per figure, so that `snakemake figures/<experiment>/<name>.png` redraws just that one.
+# Light and local: under a cluster profile they run beside Snakemake, not as jobs.
 
 
-def plot(figure):
-    return f"{FP4REPRO} plot {figure} --out {{output.png}} {{input}} 2> {{log}}"
+localrules:
+    figure_loss,
+    figure_nll,
+    figure_downstream,
+    figure_telemetry,
 
 
 rule figure_loss:
@@ -10,7 +14,7 @@ rule figure_loss:
         metrics=per_recipe(f"{RESULTS}/train/{{recipe}}/metrics.parquet"),
         final_loss=per_recipe(f"{RESULTS}/eval/{{recipe}}/final_loss.json"),
     output:
-        png=f"figures/{EXP.name}/loss.png",
+        png=figure("loss"),
         pdf=f"figures/{EXP.name}/loss.pdf",
     log:
         f"{LOGS}/figures/loss.log",
@@ -24,7 +28,7 @@ rule figure_nll:
     input:
         per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
     output:
-        png=f"figures/{EXP.name}/nll.png",
+        png=figure("nll"),
         pdf=f"figures/{EXP.name}/nll.pdf",
     log:
         f"{LOGS}/figures/nll.log",
@@ -38,7 +42,7 @@ rule figure_downstream:
     input:
         per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
     output:
-        png=f"figures/{EXP.name}/downstream.png",
+        png=figure("downstream"),
         pdf=f"figures/{EXP.name}/downstream.pdf",
     log:
         f"{LOGS}/figures/downstream.log",
@@ -52,7 +56,7 @@ rule figure_telemetry:
     input:
         per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
     output:
-        png=f"figures/{EXP.name}/telemetry.png",
+        png=figure("telemetry"),
         pdf=f"figures/{EXP.name}/telemetry.pdf",
     log:
         f"{LOGS}/figures/telemetry.log",

@@ -1,18 +1,24 @@
+localrules:
+    report,
+
+
 rule report:
-    """Each claim of paper/claims.yaml beside what this experiment measured."""
+    """Each claim of the claims file beside what this experiment measured."""
     input:
-        claims=str(REPO_ROOT / "paper" / "claims.yaml"),
+        claims=str(claims_path()),
         final_loss=per_recipe(f"{RESULTS}/eval/{{recipe}}/final_loss.json"),
         nll=per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
         downstream=per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
         telemetry=per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
         figures=FIGURE_FILES,
     output:
-        REPORT,
+        report(REPORT, caption="../report/claims.rst", category="Claims"),
+    params:
+        study=STUDY_ARGS,
     log:
         f"{LOGS}/report.log",
     resources:
         **LIGHT,
     shell:
-        "{FP4REPRO} report --experiment {EXPERIMENT} --claims {input.claims} --results results "
+        "fp4repro report {params.study} --claims {input.claims} --results results "
         "--out {output} {input.figures} 2> {log}"

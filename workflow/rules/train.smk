@@ -2,7 +2,7 @@ rule train:
     """One recipe over every stage; resumes from its newest resume checkpoint when rerun."""
     input:
         manifest=rules.prepare_data.output.manifest,
-        recipe=recipe_file,
+        recipe=recipe_files,
         model=str(model_config_path(EXP.model)),
     output:
         done=f"{RESULTS}/train/{{recipe}}/done.json",
@@ -11,11 +11,14 @@ rule train:
     params:
         train=section("train"),
         backend=EXP.backend,
+        recipe=recipe_arg,
+        data=lambda wildcards, input: os.path.dirname(input.manifest),
+        out=lambda wildcards, output: os.path.dirname(output.done),
     log:
         f"{LOGS}/train/{{recipe}}.log",
     threads: threads_of("train")
     resources:
         **resources_of("train"),
     shell:
-        "OMP_NUM_THREADS={threads} {FP4REPRO} train --experiment {EXPERIMENT} --recipe {wildcards.recipe} "
-        "--data {RESULTS}/data --out {RESULTS}/train/{wildcards.recipe} 2> {log}"
+        "OMP_NUM_THREADS={threads} fp4repro train {params.recipe} "
+        "--data {params.data} --out {params.out} 2> {log}"

@@ -103,7 +103,7 @@ def bench_quantize(shapes=((8192, 8192), (16384, 8192))) -> list[dict]:
 
 
 def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int = 4096) -> list[dict]:
-    from fp4repro.recipes import load_recipe
+    from fp4repro.config.recipe import load_recipe
 
     torch.manual_seed(0)
     x = torch.randn(tokens, in_features, device="cuda", dtype=torch.bfloat16, requires_grad=True)

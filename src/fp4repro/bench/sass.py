@@ -38,6 +38,7 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90)
     from triton.runtime.jit import create_function_from_signature
 
     from fp4repro.kernels import quantize, quantize_launch
+    from fp4repro.kernels.launch import COMPILE_OPTIONS
 
     if quantize.INTERPRETED:
         raise RuntimeError("TRITON_INTERPRET is set: the kernels were defined for Triton's interpreter "
@@ -50,7 +51,7 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90)
     fn = quantize._quantize_kernel
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
-    kwargs = dict(constexprs, num_warps=num_warps)
+    kwargs = dict(constexprs, num_warps=num_warps, **dict(COMPILE_OPTIONS))
     bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
     options, signature, constants, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=target, options=options.__dict__)

@@ -7,11 +7,10 @@
     validation_tokens(manifest, "prose")         # held-out token stream, documents joined by EOD
 """
 
-from fp4repro.data.cli import prepare_data_main
 from fp4repro.data.errors import DataError
 from fp4repro.data.manifest import Manifest, load_manifest
 from fp4repro.data.prepare import format_summary, prepare_data
 from fp4repro.data.sampler import StageSampler, validation_tokens
 
 __all__ = ["DataError", "Manifest", "StageSampler", "format_summary", "load_manifest", "prepare_data",
-           "prepare_data_main", "validation_tokens"]
+           "validation_tokens"]

@@ -24,12 +24,9 @@ from tqdm import tqdm
 
 from fp4repro.data.errors import DataError
 from fp4repro.data.stdlib import StdlibCorpus, read_stdlib, spread_sample
-from fp4repro.experiment import DataConfig, Source
+from fp4repro.config.experiment import STDLIB_KINDS, TEXT_KINDS, DataConfig, Source
 
 SPLITS = ("train", "valid", "test")
-STDLIB_KINDS = ("stdlib_prose", "stdlib_code")
-FILE_KINDS = ("jsonl", "parquet", "text")
-TEXT_KINDS = STDLIB_KINDS + FILE_KINDS   # sources that are tokenized here (not `indexed`)
 
 
 def normalize_text(text: str) -> str:

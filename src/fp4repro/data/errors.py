@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fp4repro.errors import FP4ReproError
 
-class DataError(ValueError):
+
+class DataError(FP4ReproError):
     """Input data or prepared data that cannot be used; the message names the source and the path."""

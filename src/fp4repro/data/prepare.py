@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import platform
 import re
 import sys
 from pathlib import Path
@@ -26,13 +25,12 @@ import numpy as np
 import tokenizers
 from tqdm import tqdm
 
-from fp4repro.data.corpus import (FILE_KINDS, SPLITS, STDLIB_KINDS, TEXT_KINDS, SplitCorpus, expand_paths,
-                                  read_corpora)
+from fp4repro.config.experiment import FILE_KINDS, TEXT_KINDS, DataConfig, ExperimentConfig, Source
+from fp4repro.data.corpus import SPLITS, SplitCorpus, expand_paths, read_corpora
 from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import bin_path, idx_path, read_indexed_stats, token_dtype, write_indexed_dataset
 from fp4repro.data.manifest import DatasetEntry, Manifest, SourceEntry, manifest_path, read_manifest, write_manifest
 from fp4repro.data.tokenizer import eod_id, encode_documents, file_sha256, load_tokenizer, train_bpe
-from fp4repro.experiment import DataConfig, ExperimentConfig, Source
 from fp4repro.util import atomic_write_text
 
 # Bump when normalization, splitting, tokenization or the file layout change: old folders are redone.
@@ -75,12 +73,11 @@ def data_fingerprint(data: DataConfig, max_files: int | None = None) -> dict:
         if not path.is_file():
             raise DataError(f"tokenizer: {path}: no such file")
         inputs["tokenizer"] = _file_fingerprint(path)
-    uses_stdlib = any(s.kind in STDLIB_KINDS for s in data.sources)
     return {
         "format": DATA_FORMAT,
         "config": dataclasses.asdict(data),
         "max_files": max_files,
-        "python": f"{platform.python_implementation()} {platform.python_version()}" if uses_stdlib else None,
+        "python": data.stdlib(),
         "tokenizers": tokenizers.__version__,
         "inputs": inputs,
     }

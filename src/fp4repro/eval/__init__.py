@@ -1,6 +1,6 @@
 """Evaluation: held-out NLL, quantized-inference policies, the lm-eval adapter and offline tasks.
 
-    evaluate_main("tiny", "ue5m3")                          # every checkpoint x policy of a run
+    evaluate(load_study("tiny"), "ue5m3")                    # every checkpoint x policy of a run
     model, ckpt = load_eval_model(path, "quantized")         # a checkpoint under a policy
     stream_nll(model, validation_tokens(manifest, "prose"), seq_len, batch_size)
     write_offline_tasks(data_dir, out_dir, n_items=200, seed=1234)
@@ -9,14 +9,13 @@
 The lm-eval adapter is imported lazily (``fp4repro.eval.lm``), so that the rest works without lm-eval.
 """
 
-from fp4repro.eval.config import Aggregate, EvalConfig, load_eval_config
+from fp4repro.eval.errors import EvalError
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import NLLResult, blend_nll, stream_nll, windows
-from fp4repro.eval.policy import (POLICIES, CheckpointInfo, CurrentAmaxState, EvalError, build_model,
-                                  inspect_checkpoint, load_eval_model)
-from fp4repro.eval.run import evaluate_main
-from fp4repro.eval.tasks import default_aggregates, write_offline_tasks
+from fp4repro.eval.policy import CheckpointInfo, CurrentAmaxState, build_model, inspect_checkpoint, load_eval_model
+from fp4repro.eval.run import evaluate
+from fp4repro.eval.tasks import write_offline_tasks
 
-__all__ = ["Aggregate", "EvalConfig", "load_eval_config", "final_window_loss", "NLLResult", "blend_nll", "stream_nll",
-           "windows", "POLICIES", "CheckpointInfo", "CurrentAmaxState", "EvalError", "build_model",
-           "inspect_checkpoint", "load_eval_model", "evaluate_main", "default_aggregates", "write_offline_tasks"]
+__all__ = ["EvalError", "final_window_loss", "NLLResult", "blend_nll", "stream_nll", "windows", "CheckpointInfo",
+           "CurrentAmaxState", "build_model", "inspect_checkpoint", "load_eval_model", "evaluate",
+           "write_offline_tasks"]

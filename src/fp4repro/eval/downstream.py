@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from fp4repro.eval.config import EvalConfig
-from fp4repro.eval.policy import EvalError
+from fp4repro.config.eval import EvalConfig
+from fp4repro.eval.errors import EvalError
 from fp4repro.eval.tasks import group_config
 from fp4repro.util import atomic_write_text
 

@@ -29,7 +29,8 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from fp4repro.eval.nll import logits_of
-from fp4repro.eval.policy import EvalError, check_policy, load_eval_model
+from fp4repro.eval.errors import EvalError
+from fp4repro.eval.policy import check_policy, load_eval_model
 
 
 
@@ -217,10 +218,11 @@ class FP4ReproLM(LM):
 
 
 def _experiment_seq_len(ckpt: dict, checkpoint) -> int:
-    from fp4repro.experiment import ExperimentError, load_experiment
+    from fp4repro.config.experiment import load_experiment
+    from fp4repro.errors import ConfigError
 
     try:
         return load_experiment(ckpt.get("experiment", "")).train.seq_len
-    except ExperimentError:
+    except ConfigError:
         raise EvalError(f"{checkpoint}: its experiment {ckpt.get('experiment')!r} is not a known experiment; "
                         "give max_length=<context window in tokens>") from None

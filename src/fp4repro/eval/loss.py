@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fp4repro.eval.policy import EvalError
+from fp4repro.eval.errors import EvalError
 from fp4repro.results import METRICS_COLUMNS, read_table
 
 

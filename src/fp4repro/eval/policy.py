@@ -4,7 +4,7 @@ A *policy* says how the evaluated model computes its forward pass:
 
     bf16       no quantization: every internal linear is a plain ``nn.Linear`` (BF16 autocast on
                CUDA, FP32 on CPU, exactly as the training loop runs an unquantized forward)
-    quantized  the checkpoint's recipe: the forward operands (``fprop.x``, ``fprop.w``) of every
+    quantized  the recipe that trained the checkpoint (stored in it): the forward operands (``fprop.x``, ``fprop.w``) of every
                linear the recipe quantizes, with its layer exemptions, each quantized with the
                *current* amax of the tensor being quantized (periodic scaling holds nothing at
                inference: ``CurrentAmaxState``). Backward operands never run.
@@ -19,16 +19,14 @@ from pathlib import Path
 
 import torch
 
-from fp4repro.model import NemotronH, load_model_config
+from fp4repro.config.eval import POLICIES
+from fp4repro.config.model import load_model_config
+from fp4repro.config.recipe import Recipe, RecipeError, recipe_from_config
+from fp4repro.config.spec import TensorScaling
+from fp4repro.eval.errors import EvalError
+from fp4repro.model import NemotronH
 from fp4repro.quant import QuantState
-from fp4repro.quant.spec import TensorScaling
-from fp4repro.recipes import load_recipe
-
-POLICIES = ("bf16", "quantized")
-
-
-class EvalError(ValueError):
-    """An evaluation that cannot run (bad config, checkpoint, task name): says what and why."""
+from fp4repro.train import load_checkpoint
 
 
 class CurrentAmaxState(QuantState):
@@ -60,14 +58,24 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def build_model(model_config: str, recipe: str | None, policy: str) -> NemotronH:
+def build_model(model_config: str, recipe: Recipe | None, policy: str) -> NemotronH:
     """The evaluation model (random weights, eval mode) for ``policy``: the recipe's forward
     quantization with current amaxes for 'quantized', plain linears for 'bf16'."""
     check_policy(policy)
     config = load_model_config(model_config)
     if policy == "bf16" or recipe is None:
         return NemotronH(config).eval()
-    return NemotronH(config, load_recipe(recipe), state=CurrentAmaxState()).eval()
+    return NemotronH(config, recipe, state=CurrentAmaxState()).eval()
+
+
+def checkpoint_recipe(ckpt: dict, path: Path) -> Recipe:
+    """The recipe an evaluation checkpoint was trained with, as it stores it."""
+    if "recipe_config" not in ckpt:
+        raise EvalError(f"{path}: stores no recipe (key 'recipe_config'): not written by `fp4repro train`")
+    try:
+        return recipe_from_config(ckpt["recipe_config"], f"{path} (its stored recipe)")
+    except RecipeError as err:
+        raise EvalError(str(err)) from None
 
 
 def state_dict_mismatch(state_dict: dict, model_config: str) -> list[str]:
@@ -103,7 +111,7 @@ def inspect_checkpoint(path: Path, model_config: str, recipe: str | None = None)
     if not path.is_file():
         raise EvalError(f"{path}: no such checkpoint")
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:
         raise EvalError(f"{path}: unreadable checkpoint: {err}") from None
     required = ("model", "step", "tokens", "model_config", "recipe")
@@ -127,8 +135,6 @@ def checked_checkpoint(path: Path, model_config: str | None = None) -> dict:
     """A training checkpoint read for evaluation: its digest verified
     (``fp4repro.train.load_checkpoint``) and its weights checked against ``model_config``
     (default: the checkpoint's own)."""
-    from fp4repro.train import load_checkpoint
-
     ckpt = load_checkpoint(Path(path))
     config_name = model_config or ckpt["model_config"]
     problems = state_dict_mismatch(ckpt["model"], config_name)
@@ -143,11 +149,11 @@ def load_eval_model(path: Path, policy: str, device: str = "cpu", model_config: 
     """(model in eval mode on ``device`` with the checkpoint's weights, checkpoint metadata).
 
     The checkpoint is read by ``checked_checkpoint`` unless ``ckpt`` is that already (several
-    policies of one checkpoint then read and verify it once); its recipe decides what
+    policies of one checkpoint then read and verify it once); the recipe it stores decides what
     'quantized' means. ``model_config`` (default: the checkpoint's own) must match.
     """
     if ckpt is None:
         ckpt = checked_checkpoint(path, model_config)
-    model = build_model(model_config or ckpt["model_config"], ckpt["recipe"], policy)
+    model = build_model(model_config or ckpt["model_config"], checkpoint_recipe(ckpt, Path(path)), policy)
     model.load_state_dict(ckpt["model"])
     return model.to(device), {key: value for key, value in ckpt.items() if key != "model"}

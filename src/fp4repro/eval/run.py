@@ -1,6 +1,6 @@
 """``fp4repro evaluate``: every checkpoint of a finished training run, under every policy.
 
-Inputs:  results/<exp>/train/<recipe>/{done.json, ckpt/step_*.pt, metrics.parquet}
+Inputs:  results/<exp>/train/<recipe>/{done.json, metrics.parquet} and the checkpoints done.json lists
          results/<exp>/data/ (prepared data: validation and test splits, tokenizer)
 Outputs: results/<exp>/eval/<recipe>/nll.parquet         held-out NLL per checkpoint × policy × source
          results/<exp>/eval/<recipe>/downstream.parquet  lm-eval tasks and aggregates, with stderr
@@ -10,6 +10,7 @@ Outputs: results/<exp>/eval/<recipe>/nll.parquet         held-out NLL per checkp
 Everything that can be wrong (config, checkpoints, task names) is checked before the first
 forward pass. Rows already present for a checkpoint × policy are kept and not recomputed, and
 each table is rewritten atomically after every checkpoint × policy, so an interrupted run resumes.
+Every output records its provenance (``fp4repro.provenance``).
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from fp4repro.eval.config import EvalConfig, load_eval_config
+from fp4repro.config.eval import EvalConfig
+from fp4repro.config.study import Study
+from fp4repro.data import load_manifest, validation_tokens
 from fp4repro.eval.downstream import result_rows, run_lm_eval, task_manager, write_groups
+from fp4repro.eval.errors import EvalError
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import blend_nll, stream_nll
-from fp4repro.eval.policy import CheckpointInfo, EvalError, checked_checkpoint, inspect_checkpoint, load_eval_model
+from fp4repro.eval.policy import CheckpointInfo, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
-from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS, read_table
-from fp4repro.util import atomic_path, atomic_write_json
+from fp4repro.provenance import provenance
+from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS, read_table, write_json, write_table
+from fp4repro.util import atomic_write_json
 
 TASKS_STAMP = "offline_tasks.json"
 
@@ -86,11 +91,6 @@ def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return read_table(path, columns, "an evaluation table written by fp4repro evaluate", EvalError)
 
 
-def _write_table(path: Path, table: pd.DataFrame) -> None:
-    with atomic_path(path) as tmp:
-        table.to_parquet(tmp, index=False)
-
-
 def _append(table: pd.DataFrame, rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
     new = pd.DataFrame(rows, columns=list(columns))
     table = new if table.empty else pd.concat([table, new], ignore_index=True)
@@ -133,8 +133,6 @@ def prepare_tasks(cfg: EvalConfig, manifest, paths: EvalPaths):
 
 def validation_streams(manifest, blend: dict[str, float]) -> dict:
     """Each source's validation token stream; every source the blend uses must have one."""
-    from fp4repro.data import validation_tokens
-
     streams = {s: validation_tokens(manifest, s) for s in manifest.source_names}
     streams = {s: t for s, t in streams.items() if len(t) > 1}
     missing = [s for s, w in blend.items() if w > 0 and s not in streams]
@@ -143,19 +141,14 @@ def validation_streams(manifest, blend: dict[str, float]) -> dict:
     return streams
 
 
-def evaluate_main(experiment: str, recipe: str, results: str | Path = "results", data: str | Path | None = None,
-                  device: str | None = None, nll: bool = True, downstream: bool = True,
-                  progress: bool = True) -> int:
+def evaluate(study: Study, recipe: str, results: str | Path = "results", data: str | Path | None = None,
+             device: str | None = None, nll: bool = True, downstream: bool = True, progress: bool = True) -> Path:
     """Evaluate every checkpoint of ``results/<experiment>/train/<recipe>`` under each policy of
     the experiment's eval config: held-out NLL, lm-eval downstream tasks, final-window loss.
-    Returns 0; raises EvalError (a ValueError) with a clear message when something cannot run."""
-    from fp4repro.data import load_manifest
-    from fp4repro.experiment import load_experiment
-
-    exp = load_experiment(experiment)
-    if recipe not in exp.recipes:
-        raise EvalError(f"recipe {recipe!r} is not in experiment {exp.name!r} (recipes: {', '.join(exp.recipes)})")
-    cfg = load_eval_config(exp)
+    Returns the output folder; raises EvalError with a clear message when something cannot run."""
+    exp = study.experiment
+    study.recipe(recipe)
+    cfg = exp.eval
     paths = EvalPaths.of(Path(results), exp.name, recipe, Path(data) if data else None)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     seq_len, blend = exp.train.seq_len, dict(exp.train.stages[-1].blend)
@@ -168,10 +161,11 @@ def evaluate_main(experiment: str, recipe: str, results: str | Path = "results",
     tokenizer = manifest.load_tokenizer()
 
     paths.out.mkdir(parents=True, exist_ok=True)
+    origin = provenance(device)
     metrics = paths.run / "metrics.parquet"
     if metrics.is_file():
         summary = {"experiment": exp.name, "recipe": recipe, **final_window_loss(metrics, exp.train.final_window)}
-        atomic_write_json(paths.out / "final_loss.json", summary)
+        write_json(paths.out / "final_loss.json", summary, origin)
 
     nll_path, down_path = paths.out / "nll.parquet", paths.out / "downstream.parquet"
     nll_table = _read_table(nll_path, NLL_COLUMNS)
@@ -192,12 +186,12 @@ def evaluate_main(experiment: str, recipe: str, results: str | Path = "results",
             if nll and (info.step, policy) not in _done_pairs(nll_table):
                 rows = nll_rows(model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, meta)
                 nll_table = _append(nll_table, rows, NLL_COLUMNS)
-                _write_table(nll_path, nll_table)
+                write_table(nll_path, nll_table, origin)
             if downstream and (info.step, policy) not in _done_pairs(down_table):
                 rows = downstream_rows(model, tokenizer, manifest.eod_id, cfg, manager, seq_len, meta)
                 down_table = _append(down_table, rows, DOWNSTREAM_COLUMNS)
-                _write_table(down_path, down_table)
+                write_table(down_path, down_table, origin)
             bar.update(1)
     finally:
         bar.close()
-    return 0
+    return paths.out

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from fp4repro.config.eval import default_aggregates, task_name
 from fp4repro.util import atomic_write_text
 
 TASKS_FORMAT = 1          # bump when item generation changes, so that stored tasks are rebuilt
@@ -56,21 +57,6 @@ class Item:
     context: str
     choices: tuple[str, ...]
     label: int
-
-
-OFFLINE_PREFIX = "fp4repro_"   # the tasks this module builds from held-out data (no download)
-
-
-def task_name(source: str, kind: str) -> str:
-    return f"{OFFLINE_PREFIX}{source}_{kind}"
-
-
-def default_aggregates(sources: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
-    """One next-line aggregate per source and one cloze aggregate over all sources; with the
-    default sources: prose_next_line, code_next_line and cloze."""
-    aggregates = {f"{s}_next_line": [task_name(s, "next_line")] for s in sources}
-    aggregates["cloze"] = [task_name(s, "cloze") for s in sources]
-    return aggregates
 
 
 # ---------------------------------------------------------------------------------- documents

@@ -1,26 +1,24 @@
-"""Triton kernels with the exact semantics of fp4repro.quant (used for CUDA tensors).
+"""Triton kernels with the exact semantics of the torch reference (``fp4repro.reference``).
 
-``fp4repro.quant`` dispatches here automatically for CUDA tensors when Triton imports; set
-``FP4REPRO_REFERENCE=1`` or use ``with reference_only():`` to force the torch reference (for
-debugging, and in the tests that compare the two). Under ``TRITON_INTERPRET=1`` the same kernels
-run on CPU tensors, which is how ``make test`` checks them without a GPU.
+A leaf below the front: this package knows nothing of when it is used. ``fp4repro.quant``
+dispatches CUDA tensors here when Triton imports (and the reference is not forced); the
+kernels take their geometry and the RHT sign vector from the reference they must equal. Under
+``TRITON_INTERPRET=1`` the same kernels run on CPU tensors, which is how ``make test`` checks
+them without a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
-import os
 
 import torch
 
+from fp4repro.config.spec import QuantSpec
 from fp4repro.formats import get_format
-from fp4repro.quant.block import padded_shape
-from fp4repro.quant.rht import TE_SIGNS
-from fp4repro.quant.spec import QuantSpec
+from fp4repro.reference.geometry import padded_shape
+from fp4repro.reference.rht import TE_SIGNS
 
-_FORCE_REFERENCE = [os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0")]
 SIGN_BITS = sum(1 << i for i, s in enumerate(TE_SIGNS) if s < 0)
 
 
@@ -28,22 +26,6 @@ SIGN_BITS = sum(1 << i for i, s in enumerate(TE_SIGNS) if s < 0)
 def available() -> bool:
     """Triton importable (CUDA tensors use it; CPU tensors only under TRITON_INTERPRET=1)."""
     return importlib.util.find_spec("triton") is not None
-
-
-def use_kernels(x: torch.Tensor) -> bool:
-    """Whether ``fp4repro.quant`` runs this tensor's quantization as a Triton kernel: CUDA
-    tensors, unless the reference is forced."""
-    return x.is_cuda and not _FORCE_REFERENCE[0] and available()
-
-
-@contextlib.contextmanager
-def reference_only():
-    """Within this block, fp4repro.quant uses the torch reference even for CUDA tensors."""
-    previous, _FORCE_REFERENCE[0] = _FORCE_REFERENCE[0], True
-    try:
-        yield
-    finally:
-        _FORCE_REFERENCE[0] = previous
 
 
 def _columnwise(shape: tuple[int, int], strides: tuple[int, int]) -> bool:

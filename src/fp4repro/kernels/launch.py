@@ -26,6 +26,10 @@ import inspect
 import torch
 
 _INT32 = range(-(2**31), 2**31)
+#: Compile options of every kernel of this package. No FMA contraction: the kernels must round
+#: exactly as the torch reference does, one IEEE operation at a time, and bit-exactness should
+#: not depend on where LLVM would fuse a multiply into an add (Triton fuses by default).
+COMPILE_OPTIONS = (("enable_fp_fusion", False),)
 
 
 def _arg_key(arg):
@@ -69,7 +73,7 @@ class Launcher:
         from triton.runtime import driver
 
         if not self.direct:
-            self.jit_fn[grid](*args, **dict(constexprs), num_warps=num_warps)
+            self.jit_fn[grid](*args, **dict(constexprs), num_warps=num_warps, **dict(COMPILE_OPTIONS))
             return
         device = driver.active.get_current_device()    # a compiled kernel is loaded per device
         key = (device, num_warps, constexprs, tuple(map(_arg_key, args)))
@@ -77,7 +81,7 @@ class Launcher:
         runtime = knobs.runtime
         if hit is None or runtime.debug or _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
             named = dict(constexprs)
-            compiled = self.jit_fn[grid](*args, **named, num_warps=num_warps)
+            compiled = self.jit_fn[grid](*args, **named, num_warps=num_warps, **dict(COMPILE_OPTIONS))
             if compiled is not None and hasattr(compiled, "run"):
                 self._compiled[key] = (compiled, tuple(named[name] if name in named else self.defaults[name]
                                                        for name in self.names[len(args):]))

@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fp4repro.config.model import ModelConfig
 from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
-from fp4repro.model.config import ModelConfig
 from fp4repro.model.ssd import ssd_chunked
 
 #: (in_features, out_features, name within the mixer) -> a bias-free linear module

@@ -18,26 +18,24 @@ unquantized linear then run as BF16 GEMMs, while norms, conv1d and the SSD scan 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import torch
 import torch.nn as nn
 
-from fp4repro.model.config import ModelConfig
+from fp4repro.config.model import ModelConfig
+from fp4repro.config.recipe import Recipe
+from fp4repro.config.spec import OPERANDS
 from fp4repro.model.layers import MIXERS, LinearFactory, RMSNorm
-from fp4repro.quant.spec import OPERANDS
+from fp4repro.quant.linear import QuantLinear
+from fp4repro.quant.state import QuantState
 
-if TYPE_CHECKING:
-    from fp4repro.quant import QuantState
-    from fp4repro.recipes import Recipe
 
-def _linear_factory(layer_index: int, n_layers: int, recipe: "Recipe | None",
-                    state: "QuantState | None") -> LinearFactory:
+def _linear_factory(layer_index: int, n_layers: int, recipe: Recipe | None,
+                    state: QuantState | None) -> LinearFactory:
     """The constructor of the internal linears of one layer."""
     if recipe is None:
         return lambda in_features, out_features, name: nn.Linear(in_features, out_features, bias=False)
-
-    from fp4repro.quant import QuantLinear
 
     def make(in_features: int, out_features: int, name: str) -> nn.Module:
         # A recipe may override single linears by name (in_proj, out_proj, qkv_proj, o_proj, fc1, fc2).
@@ -69,11 +67,10 @@ class NemotronH(nn.Module):
              is given without one
     """
 
-    def __init__(self, config: ModelConfig, recipe: "Recipe | None" = None,
-                 state: "QuantState | None" = None):
+    def __init__(self, config: ModelConfig, recipe: Recipe | None = None,
+                 state: QuantState | None = None):
         super().__init__()
         if recipe is not None and state is None:
-            from fp4repro.quant import QuantState
             state = QuantState()
         self.config = config
         self.recipe = recipe

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import textwrap
 
+from fp4repro.errors import FP4ReproError
 
-class PlotError(ValueError):
+
+class PlotError(FP4ReproError):
     """A figure that cannot be drawn from its inputs (missing file, wrong columns, no inputs)."""
 
 

@@ -30,7 +30,7 @@ def _final_window_fraction(final_window: float | None, summaries: dict[str, dict
         return float(final_window)
     if summaries:
         return float(next(iter(summaries.values()))["final_window"])
-    from fp4repro.experiment import available_experiments, load_experiment
+    from fp4repro.config.experiment import available_experiments, load_experiment
 
     names = {experiment_of(p) for p in metrics.values()}
     if len(names) == 1 and (name := names.pop()) in available_experiments():

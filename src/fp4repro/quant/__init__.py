@@ -1,14 +1,19 @@
-"""Block quantization (torch reference), RHT, tensor-scaling state, telemetry and QuantLinear."""
+"""Quantization as training runs it: the front that picks kernel or reference, the run-wide
+quantization state (held amaxes, telemetry) and ``QuantLinear``.
 
-from fp4repro.quant.block import (BlockQuantized, OperandStats, quantize, quantize_dequantize, scaled_operand,
-                                  tensor_amax)
+The numerics themselves are defined once, by the torch reference (``fp4repro.reference``);
+the Triton kernels (``fp4repro.kernels``) equal it bit for bit; ``quantize``, ``scaled_operand``
+and ``quantize_dequantize`` here run whichever applies (``reference_only()`` forces the reference).
+"""
+
+from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling
 from fp4repro.quant.linear import QuantLinear, emulated_gemm, quantized_operand
-from fp4repro.quant.rht import TE_SIGNS, inverse_rht, rht
-from fp4repro.quant.spec import OPERANDS, GEMMS, LinearSpecs, QuantSpec, TensorScaling
+from fp4repro.quant.ops import quantize, quantize_dequantize, reference_only, scaled_operand
 from fp4repro.quant.state import QuantState
+from fp4repro.reference.block import BlockQuantized, OperandStats
 
 __all__ = [
-    "BlockQuantized", "OperandStats", "quantize", "quantize_dequantize", "scaled_operand", "tensor_amax",
-    "QuantLinear", "emulated_gemm", "quantized_operand", "TE_SIGNS", "inverse_rht", "rht",
+    "BlockQuantized", "OperandStats", "quantize", "quantize_dequantize", "scaled_operand", "reference_only",
+    "QuantLinear", "emulated_gemm", "quantized_operand",
     "OPERANDS", "GEMMS", "LinearSpecs", "QuantSpec", "TensorScaling", "QuantState",
 ]

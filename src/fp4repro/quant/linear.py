@@ -31,7 +31,6 @@ issued by Python): no no-op casts or contexts on this path.
 
 from __future__ import annotations
 
-
 import functools
 import math
 import operator
@@ -40,10 +39,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
-from fp4repro.quant.block import global_encode_scale, scaled_operand
-from fp4repro.quant.spec import LinearSpecs, QuantSpec
+from fp4repro.quant.ops import scaled_operand
 from fp4repro.quant.state import QuantState
+from fp4repro.reference.block import global_encode_scale
 
 
 @functools.lru_cache(maxsize=4096)

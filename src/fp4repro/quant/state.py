@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 import torch
 
-from fp4repro.quant.block import OperandStats
-from fp4repro.quant.spec import TensorScaling
+from fp4repro.config.spec import TensorScaling
+from fp4repro.reference.block import OperandStats
 
 
 class QuantState:

@@ -3,26 +3,29 @@
 Each checkpoint is written to a temporary file in the same folder, fsynced and renamed; a
 ``<file>.sha256`` sidecar (also written atomically, after the checkpoint) holds its digest. A
 checkpoint whose sidecar is missing or does not match, or that torch cannot read, is reported
-and skipped in favour of the previous one.
+and skipped in favour of the previous one. Checkpoints hold tensors and plain Python values
+only, and are read with ``weights_only=True``: reading one never runs code from the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 import re
 import sys
 from pathlib import Path
 
 import torch
 
+from fp4repro.errors import FP4ReproError
 from fp4repro.util import atomic_write_bytes, atomic_write_text
 
 RESUME_PATTERN = re.compile(r"^resume_(\d{8})\.pt$")
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(FP4ReproError):
+    """A checkpoint that is missing, half-written, corrupt or not one of ours."""
 
 
 def _sha256(path: Path) -> str:
@@ -53,7 +56,11 @@ def load_checkpoint(path: Path) -> dict:
         raise CheckpointError(f"{path}: sha256 {actual[:12]}… does not match {sidecar.name} ({expected[:12]}…): "
                               "truncated or corrupt")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:   # an object other than tensors and plain values
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        raise CheckpointError(f"{path}: holds {found.group(1) if found else 'an object'}, not only tensors and "
+                              "plain values: not a checkpoint written by fp4repro, so it is not loaded") from None
     except Exception as err:  # a digest match with unreadable content: written by something else
         raise CheckpointError(f"{path}: unreadable: {err}") from None
 

@@ -6,41 +6,48 @@ only the step), forward (BF16 autocast on CUDA, FP32 on CPU), cross-entropy, bac
 non-finite loss or gradient, clip, AdamW, advance the quantization state (periodic amax refresh
 counts optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
 spaced in tokens; a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
-step, metrics so far) every ``resume_every`` steps. Outputs in ``out_dir``:
+step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
+one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). Outputs in
+``out_dir``, written when the run finishes:
 
-    metrics.parquet     one row per step: step, tokens, stage, loss, lr, grad_norm, tokens_per_s
+    metrics.parquet     one row per step: step, tokens, stage, loss, lr, grad_norm, tokens_per_s,
+                        attempt (0 for the process that started the run, +1 per resume)
     telemetry.parquet   every ``telemetry_every`` steps, one row per layer × operand × quantization
-    ckpt/step_XXXXXXXX.pt   evaluation checkpoints;  resume/resume_XXXXXXXX.pt   resume checkpoints
-    done.json           written last: the run finished
+    done.json           written last: the run finished, its fingerprint and its evaluation checkpoints
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from fp4repro.experiment import ExperimentConfig
-from fp4repro.model import NemotronH, load_model_config
-from fp4repro.recipes import load_recipe
+from fp4repro.config.experiment import TrainConfig
+from fp4repro.config.study import Study
+from fp4repro.data import StageSampler, load_manifest
+from fp4repro.errors import FP4ReproError
+from fp4repro.model import NemotronH
+from fp4repro.provenance import provenance
+from fp4repro.results import write_json, write_table
 from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
+from fp4repro.train.runs import RunFolder, changed_fields, fingerprint_of, list_runs, run_numerics
 from fp4repro.train.schedule import WSDSchedule
-from fp4repro.util import atomic_path, atomic_write_json
+
+METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
+TELEMETRY = ["step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks", "nonzero_elements",
+             "zeroed_elements", "nonfinite_blocks", "sq_error", "sq_norm", "amax_ratio", "rel_error"]
 
 
-class NonFiniteLoss(RuntimeError):
-    pass
+class NonFiniteLoss(FP4ReproError):
+    """The loss or the gradient norm became NaN or inf; the message names the worst operands."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +72,10 @@ def eval_checkpoint_steps(total_steps: int, count: int) -> list[int]:
     return sorted({max(1, round(i * total_steps / count)) for i in range(1, count + 1)})
 
 
-def build_optimizer(model: torch.nn.Module, exp: ExperimentConfig) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    t = exp.train
     return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=False)
@@ -88,7 +94,11 @@ def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor)
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every random generator's state, as tensors and plain values (a checkpoint read with
+    ``weights_only=True`` can hold nothing else)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -97,19 +107,10 @@ def _rng_state() -> dict:
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write_tables(out_dir: Path, metrics: list[dict], telemetry: list[dict]) -> None:
-    with atomic_path(out_dir / "metrics.parquet") as tmp:
-        pd.DataFrame(metrics, columns=["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s"]
-                     ).to_parquet(tmp, index=False)
-    columns = ["step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks", "nonzero_elements",
-               "zeroed_elements", "nonfinite_blocks", "sq_error", "sq_norm", "amax_ratio", "rel_error"]
-    with atomic_path(out_dir / "telemetry.parquet") as tmp:
-        pd.DataFrame(telemetry, columns=columns).to_parquet(tmp, index=False)
 
 
 def _worst_operands(rows: list[dict], n: int = 5) -> str:
@@ -118,34 +119,45 @@ def _worst_operands(rows: list[dict], n: int = 5) -> str:
                      f"{r['saturated_blocks']} saturated of {r['blocks']} blocks" for r in ranked)
 
 
-def run_fingerprint(train_config, model_config, recipe, data_hash: str) -> str:
-    """A digest of everything a training run's result depends on: the training config, the model
-    config, the recipe's resolved numerics and the prepared data. A resume checkpoint is trusted
-    only by a run with the same fingerprint (an edited recipe or schedule starts from step 0)."""
-    parts = (train_config, model_config, recipe.defaults, recipe.operands, recipe.overrides, data_hash)
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
-def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path,
-          device: str | None = None, progress: bool = True, stop_after: int | None = None) -> Path:
-    """Train (or resume) one recipe of an experiment; returns ``out_dir``.
+def _announce(run: RunFolder, numerics: dict, start_step: int, total_steps: int) -> None:
+    """Say which run this is, and whether it resumes, starts fresh, or starts beside other runs."""
+    where = f"{run.out}: run {run.relative(run.path)}"
+    if start_step:
+        _say(f"{where}: resuming from step {start_step} of {total_steps}")
+        return
+    others = [r for r in list_runs(run.out) if r.fingerprint != run.fingerprint and r.record()]
+    if not others:
+        _say(f"{where}: starting at step 0 of {total_steps}")
+        return
+    newest = max(others, key=lambda r: r.record_path.stat().st_mtime)
+    changed = changed_fields(newest.record()["numerics"], numerics)
+    _say(f"{where}: starting at step 0 of {total_steps}: the config changes the numbers "
+         f"({', '.join(changed) or 'fingerprint'} differ from {run.relative(newest.path)}); "
+         f"{len(others)} other run(s) of this recipe are kept in {run.relative(run.out / 'runs')}/ "
+         "(`fp4repro runs --prune` removes them)")
+
+
+def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device: str | None = None,
+          progress: bool = True, stop_after: int | None = None) -> Path:
+    """Train (or resume) one recipe of a study; returns ``out_dir``.
 
     stop_after: end after this many optimizer steps in total (for tests and dry runs); the run
     stays resumable and is not marked done.
     """
-    from fp4repro.data import StageSampler, load_manifest
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    t = exp.train
-    out_dir.mkdir(parents=True, exist_ok=True)
-    resume_dir, ckpt_dir = out_dir / "resume", out_dir / "ckpt"
+    exp, t = study.experiment, study.experiment.train
+    out_dir = Path(out_dir)
 
     # ---- model, optimizer, schedule, data: all a function of the config and the seed
     torch.manual_seed(t.seed)
-    model_config, recipe = load_model_config(exp.model), load_recipe(recipe_name)
-    model = NemotronH(model_config, recipe).to(device)
+    recipe = study.recipe(recipe_name)
+    model = NemotronH(study.model, recipe).to(device)
     state = model.quant_state
-    optimizer = build_optimizer(model, exp)
+    optimizer = build_optimizer(model, t)
     schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
     stage_steps = t.stage_steps()
     plan = StepPlan.build(stage_steps)
@@ -155,35 +167,43 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
                 for i, (stage, n) in enumerate(zip(t.stages, stage_steps))]
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
-    # ---- resume (only what this very config produced)
-    fingerprint = run_fingerprint(t, model_config, recipe, manifest.data_hash)
-    start_step, metrics, telemetry = 0, [], []
-    resume = load_latest_resume(resume_dir)
-    if resume is not None and resume.get("fingerprint") != fingerprint:
-        print(f"{out_dir}: the resume checkpoints were made with another config, recipe or data "
-              f"(fingerprint {resume.get('fingerprint')} != {fingerprint}); starting from step 0", file=sys.stderr)
-        for stale in (resume_dir, ckpt_dir):
-            shutil.rmtree(stale, ignore_errors=True)
-        (out_dir / "done.json").unlink(missing_ok=True)
-        resume = None
+    # ---- this config's run folder, resumed where its last attempt left off
+    numerics = run_numerics(study.model, recipe, manifest.data_hash, t)
+    run = RunFolder(out_dir, fingerprint_of(numerics))
+    start_step = 0
+    resume = load_latest_resume(run.resume)
     if resume is not None:
         model.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
-        if state is not None:
-            state.load_state_dict(resume["quant_state"])
-            state.to(device)
+        state.load_state_dict(resume["quant_state"])
+        state.to(device)
         _set_rng_state(resume["rng"])
-        start_step, metrics, telemetry = resume["step"], resume["metrics"], resume["telemetry"]
-        print(f"{out_dir}: resuming from step {start_step} of {t.total_steps}", file=sys.stderr)
+        start_step = resume["step"]
+    run.drop_parts_after(start_step)
+    _announce(run, numerics, start_step, t.total_steps)
+    origin = provenance(device)
+    attempt = run.start_attempt(numerics, start_step, origin)
+    metrics: list[dict] = []       # rows since the last part
+    telemetry: list[dict] = []
+
+    def write_parts(step: int) -> None:
+        nonlocal metrics, telemetry
+        for kind, rows, columns in (("metrics", metrics, METRICS), ("telemetry", telemetry, TELEMETRY)):
+            if rows:
+                run.write_part(kind, step, rows, columns, origin)
+        metrics, telemetry = [], []
 
     def save_resume(step: int) -> None:
+        write_parts(step)
         save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "quant_state": state.state_dict() if state is not None else None, "rng": _rng_state(),
-                         "metrics": metrics, "telemetry": telemetry, "recipe": recipe_name, "experiment": exp.name,
-                         "fingerprint": fingerprint},
-                        resume_dir / f"resume_{step:08d}.pt")
-        prune_resume(resume_dir)
-        _write_tables(out_dir, metrics, telemetry)
+                         "quant_state": state.state_dict(), "rng": _rng_state(),
+                         "recipe": recipe.name, "experiment": exp.name, "fingerprint": run.fingerprint},
+                        run.resume / f"resume_{step:08d}.pt")
+        prune_resume(run.resume)
+
+    def write_tables() -> None:
+        write_table(out_dir / "metrics.parquet", run.assemble("metrics", METRICS), origin)
+        write_table(out_dir / "telemetry.parquet", run.assemble("telemetry", TELEMETRY), origin)
 
     end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
     bar = tqdm(total=t.total_steps, initial=start_step, disable=not progress, unit="step",
@@ -199,8 +219,7 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
             lr = schedule(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            if state is not None:
-                state.telemetry = step % t.telemetry_every == 0
+            state.telemetry = step % t.telemetry_every == 0
 
             loss = lm_loss(model, inputs, targets)
             loss.backward()
@@ -209,14 +228,14 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
                 raise NonFiniteLoss(_diagnose(model, inputs, targets, step, loss.item(), grad_norm.item()))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if state is not None:
-                state.advance()
-                telemetry.extend(state.pop_telemetry())
+            state.advance()
+            telemetry.extend(state.pop_telemetry())
 
             elapsed = time.perf_counter() - started
             tokens = (step + 1) * t.tokens_per_step
             metrics.append({"step": step + 1, "tokens": tokens, "stage": t.stages[stage].name, "loss": loss.item(),
-                            "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": t.tokens_per_step / elapsed})
+                            "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": t.tokens_per_step / elapsed,
+                            "attempt": attempt})
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}",
                             stage=t.stages[stage].name)
@@ -224,22 +243,27 @@ def train(exp: ExperimentConfig, recipe_name: str, data_dir: Path, out_dir: Path
             done = step + 1
             if done in eval_steps:
                 save_checkpoint({"model": model.state_dict(), "step": done, "tokens": tokens,
-                                 "stage": t.stages[stage].name, "model_config": exp.model, "recipe": recipe_name,
-                                 "experiment": exp.name}, ckpt_dir / f"step_{done:08d}.pt")
+                                 "stage": t.stages[stage].name, "model_config": exp.model, "recipe": recipe.name,
+                                 "recipe_config": recipe.config, "experiment": exp.name,
+                                 "fingerprint": run.fingerprint},
+                                run.ckpt / f"step_{done:08d}.pt")
             if done % t.resume_every == 0 or done == end_step:
                 save_resume(done)
-    except NonFiniteLoss:
-        _write_tables(out_dir, metrics, telemetry)   # the steps before the failure, nothing after
-        raise
+    except NonFiniteLoss as err:
+        write_parts(step)            # the steps before the failure, nothing after
+        write_tables()
+        _say(f"{run.out}: stopped at step {step + 1}; metrics and telemetry of the steps before it are in "
+             f"{out_dir / 'metrics.parquet'} and telemetry.parquet")
+        raise err
     finally:
         bar.close()
 
     if end_step == t.total_steps:
-        _write_tables(out_dir, metrics, telemetry)
-        atomic_write_json(out_dir / "done.json", {
-            "experiment": exp.name, "recipe": recipe_name, "fingerprint": fingerprint, "steps": t.total_steps,
-            "tokens": t.total_steps * t.tokens_per_step,
-            "checkpoints": sorted(f"ckpt/step_{s:08d}.pt" for s in eval_steps)})
+        write_tables()
+        write_json(out_dir / "done.json", {
+            "experiment": exp.name, "recipe": recipe.name, "recipe_files": list(recipe.files),
+            "fingerprint": run.fingerprint, "steps": t.total_steps, "tokens": t.total_steps * t.tokens_per_step,
+            "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps)}, origin)
     return out_dir
 
 
@@ -249,11 +273,9 @@ def _diagnose(model, inputs, targets, step, loss, grad_norm) -> str:
     message = f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} " \
               f"(loss {loss}, grad norm {grad_norm})"
     state = model.quant_state
-    if state is None:
-        return message + "; recipe bf16 has no quantization telemetry"
     state.pop_telemetry()
     state.telemetry = True
     model.zero_grad(set_to_none=True)
     lm_loss(model, inputs, targets).backward()
     rows = state.pop_telemetry()
-    return message + "; worst operands: " + _worst_operands(rows)
+    return message + ("; worst operands: " + _worst_operands(rows) if rows else "; the recipe quantizes nothing")

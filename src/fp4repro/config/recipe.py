@@ -29,41 +29,57 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from fp4repro.quant.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
-from fp4repro.util import config_file, config_names, read_yaml, schema_error, schema_field
+from fp4repro.config.files import find_config, is_path, not_found, read_yaml, schema_error, schema_field
+from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
+from fp4repro.errors import ConfigError
 
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
 
 
-class RecipeError(ValueError):
+class RecipeError(ConfigError):
     """A recipe file that cannot be used, with file, field, value and what is allowed."""
 
 
 def recipe_path(name_or_path: str | Path) -> Path:
-    """A recipe name (``configs/recipes/<name>.yaml``) or a path to a YAML file."""
-    return config_file(name_or_path, RECIPE_DIR)
+    """The file of a recipe name (``configs/recipes/<name>.yaml``, see ``fp4repro.config.files``)
+    or path."""
+    return find_config("recipes", name_or_path)
 
 
-def available_recipes() -> list[str]:
-    return config_names(RECIPE_DIR)
+def _base_path(base, referrer: Path) -> Path:
+    """A ``base:`` reference: a name is looked up like any recipe name; a relative path is
+    relative to the folder of the recipe that names it."""
+    path = recipe_path(str(base))
+    return referrer.parent / path if is_path(str(base)) and not path.is_absolute() else path
 
 
-def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """Raw recipe dict with `base` resolved."""
+def recipe_chain(name_or_path: str | Path) -> list[Path]:
+    """The files a recipe is read from: its own file, then its ``base:`` chain (what a run of it
+    depends on; the workflow makes them its training rule's inputs)."""
+    return list(_read(_existing(name_or_path))[1])
+
+
+def _existing(name_or_path: str | Path) -> Path:
+    path = recipe_path(name_or_path)
     if not path.is_file():
-        raise RecipeError(f"{path}: no such recipe file (available: {', '.join(available_recipes())})")
+        raise RecipeError(f"recipe: {not_found('recipes', name_or_path)}")
+    return path
+
+
+def _read(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, ...]]:
+    """(raw recipe dict with `base` resolved, the files it was read from, this one first);
+    ``path`` exists."""
     raw = read_yaml(path, RecipeError)
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     if "base" not in raw:
-        return raw
-    base_path = recipe_path(raw["base"])
-    if not base_path.is_absolute() and not base_path.exists():
-        base_path = path.parent / base_path
-    if base_path.resolve() in seen:
+        return raw, (path,)
+    base_path = _base_path(raw["base"], path)
+    if base_path.resolve() in seen + (path.resolve(),):
         raise RecipeError(f"{path}: field 'base': {raw['base']!r} forms a cycle")
-    base = _read(base_path, seen + (path.resolve(),))
+    if not base_path.is_file():
+        raise RecipeError(f"{path}: field 'base': value {raw['base']!r}: {not_found('recipes', raw['base'])}")
+    base, files = _read(base_path, seen + (path.resolve(),))
     merged = {**base, **{k: v for k, v in raw.items() if k not in ("base", "operands")}}
     operands = dict(base.get("operands") or {})
     for name, value in (raw.get("operands") or {}).items():
@@ -73,7 +89,7 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             operands[name] = value
     if operands:
         merged["operands"] = operands
-    return merged
+    return merged, (path, *files)
 
 
 def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> QuantSpec:
@@ -111,6 +127,18 @@ class Recipe:
     defaults: object
     operands: dict
     overrides: tuple = ()
+    files: tuple[str, ...] = ()     # the file and its `base:` chain, as read
+
+    def numerics(self) -> tuple:
+        """What the recipe makes a run compute (not its name, description or files)."""
+        return self.defaults, self.operands, self.overrides
+
+    @property
+    def config(self) -> dict:
+        """The recipe's content with ``base:`` resolved: ``recipe_from_config`` rebuilds it (an
+        evaluation checkpoint stores it, so that it says which numerics trained it)."""
+        return {"name": self.name, "description": self.description, "defaults": self.defaults,
+                "operands": dict(self.operands), "overrides": list(self.overrides)}
 
     # -------------------------------------------------------------------------------- resolve
     def operand_fields(self, layer_index: int | None = None, n_layers: int | None = None,
@@ -172,9 +200,16 @@ def _check_rht_pairs(specs: dict, where: str) -> None:
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
-    """Load and validate a recipe by name (``configs/recipes/<name>.yaml``) or path."""
-    path = recipe_path(name_or_path)
-    raw = _read(path)
+    """Load and validate a recipe by name (``configs/recipes/<name>.yaml``, see
+    ``fp4repro.config.files``) or path."""
+    path = _existing(name_or_path)
+    raw, files = _read(path)
+    return recipe_from_config(raw, str(path), files)
+
+
+def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> Recipe:
+    """A recipe from its content (``base:`` already resolved), validated as a file would be;
+    ``where`` names its origin in errors (a file, or a checkpoint that stores its recipe)."""
     e = schema_error(raw, "recipe.schema.json")
     if e is not None:
         allowed = {
@@ -186,10 +221,10 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         }.get(e.validator, lambda: e.message)()
         value = e.instance if e.validator != "additionalProperties" else \
             sorted(set(e.instance) - set(e.schema.get("properties", {})))
-        raise RecipeError(f"{path}: field '{schema_field(e)}': value {value!r}: {allowed}")
-    recipe = Recipe(name=raw["name"], path=str(path), description=raw.get("description", ""),
+        raise RecipeError(f"{where}: field '{schema_field(e)}': value {value!r}: {allowed}")
+    recipe = Recipe(name=raw["name"], path=where, description=raw.get("description", ""),
                     defaults=raw["defaults"], operands=dict(raw.get("operands") or {}),
-                    overrides=tuple(raw.get("overrides") or ()))
+                    overrides=tuple(raw.get("overrides") or ()), files=tuple(str(f) for f in files))
     _validate_semantics(recipe)
     return recipe
 

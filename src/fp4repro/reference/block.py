@@ -1,5 +1,9 @@
 """Two-level block quantization: the torch reference of the numerics contract.
 
+A pure reference, as Transformer Engine's reference quantizers are: plain torch, one function
+per step, on any device. It never dispatches to the kernels; ``fp4repro.quant`` is the front
+that picks this or the Triton kernels (``fp4repro.kernels``), which must equal it bit for bit.
+
 For a tensor x, quantized along its last dimension in blocks b (1×16, 1×32 or 16×16 tiles)::
 
     A   = tensor amax over finite elements   (current), or a held value (periodic scaling)
@@ -30,9 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fp4repro.config.spec import QuantSpec
 from fp4repro.formats import Minifloat, get_format
-from fp4repro.quant.rht import RHT_SIZE, rht
-from fp4repro.quant.spec import QuantSpec
+from fp4repro.reference.geometry import from_blocks, pad_to_blocks, rows_cols, to_blocks
+from fp4repro.reference.rht import rht
 
 FLT_MAX = torch.finfo(torch.float32).max
 
@@ -98,50 +103,11 @@ class BlockQuantized:
     def dequantize(self) -> torch.Tensor:
         """x̂ = (q · s_b) · d, float32, in x's shape (in the RHT domain when spec.rht)."""
         x2d = self.scaled_elements() * self.decode_scale
-        rows, cols = _rows_cols(self.shape)
+        rows, cols = rows_cols(self.shape)
         return x2d[:rows, :cols].reshape(self.shape)
 
 
 # ------------------------------------------------------------------------------------ steps
-def _rows_cols(shape: torch.Size) -> tuple[int, int]:
-    cols = shape[-1] if len(shape) else 1
-    rows = 1
-    for n in shape[:-1]:
-        rows *= n
-    return rows, cols
-
-
-def padded_shape(rows: int, cols: int, spec: QuantSpec) -> tuple[int, int]:
-    """(rows, cols) rounded up to whole blocks (and to whole 16-groups along cols for the RHT)."""
-    block_rows, block_cols = spec.block
-    col_multiple = max(block_cols, RHT_SIZE) if spec.rht else block_cols
-    return rows + -rows % block_rows, cols + -cols % col_multiple
-
-
-def pad_to_blocks(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """x as a float32 2-D (rows, cols) view, zero-padded to ``padded_shape``."""
-    rows, cols = _rows_cols(x.shape)
-    x2d = x.reshape(rows, cols).to(torch.float32)
-    rows_p, cols_p = padded_shape(rows, cols, spec)
-    if (rows_p, cols_p) != (rows, cols):
-        x2d = torch.nn.functional.pad(x2d, (0, cols_p - cols, 0, rows_p - rows))
-    return x2d
-
-
-def to_blocks(x2d: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """(R, C) -> (R/r, C/c, r·c): one row per block."""
-    r, c = block
-    rows, cols = x2d.shape
-    return x2d.reshape(rows // r, r, cols // c, c).permute(0, 2, 1, 3).reshape(rows // r, cols // c, r * c)
-
-
-def from_blocks(xb: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """Inverse of ``to_blocks``."""
-    r, c = block
-    nbr, nbc, _ = xb.shape
-    return xb.reshape(nbr, nbc, r, c).permute(0, 2, 1, 3).reshape(nbr * r, nbc * c)
-
-
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """A = max |x| over finite elements (float32 scalar; 0 for an empty or all-non-finite tensor)."""
     a = x.abs().to(torch.float32)
@@ -242,13 +208,6 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
     element, scale = get_format(spec.element), get_format(spec.scale)
     if element.bits != 4:
         raise ValueError(f"packed codes need a 4-bit element format, got {spec.element!r}")
-    if _kernel_path(x, generator, rand):
-        from fp4repro.kernels import quantize_2d
-
-        k = quantize_2d(x.reshape(_rows_cols(x.shape)), spec, amax=amax, write_qs=False, codes=True, stats=stats)
-        return BlockQuantized(codes=k["codes"], scale_codes=k["scale_codes"], decode_scale=k["decode_scale"],
-                              amax=k["amax"], spec=spec, shape=x.shape,
-                              stats=_kernel_stats(k, x, spec, amax) if stats else None)
     b = _quantize_blocks(x, spec, amax, generator, rand, stats)
     out = BlockQuantized(
         codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))), scale_codes=scale.encode(b.s),
@@ -266,39 +225,10 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
 
     Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
     """
-    if _kernel_path(x, generator, rand):
-        from fp4repro.kernels import quantize_2d
-
-        k = quantize_2d(x if x.dim() == 2 else x.reshape(_rows_cols(x.shape)), spec, amax=amax, stats=stats)
-        return k["qs"], k["decode_scale"], k["amax"], (_kernel_stats(k, x, spec, amax) if stats else None)
     b = _quantize_blocks(x, spec, amax, generator, rand, stats)
-    rows, cols = _rows_cols(x.shape)
+    rows, cols = rows_cols(x.shape)
     qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
     return qs, b.d, b.held, (_operand_stats(b, spec.block) if stats else None)
-
-
-def _kernel_path(x: torch.Tensor, generator, rand) -> bool:
-    """CUDA tensors go to the Triton kernels (``fp4repro.kernels``), unless the caller supplies
-    its own random source or the reference is forced (``fp4repro.kernels.reference_only``)."""
-    if not x.is_cuda or generator is not None or rand is not None:
-        return False
-    from fp4repro.kernels import use_kernels
-
-    return use_kernels(x)
-
-
-def _kernel_stats(k: dict, x: torch.Tensor, spec: QuantSpec, held) -> OperandStats:
-    from fp4repro.kernels import tensor_amax as kernel_amax
-
-    counts, sums = k["counts"].tolist(), k["sums"].tolist()
-    ratio = 1.0
-    if held is not None:
-        current = float(kernel_amax(x.reshape(_rows_cols(x.shape)), spec))
-        ratio = float(held) / current if current > 0 else 1.0
-    return OperandStats(blocks=k["blocks"], saturated_blocks=counts[0], underflow_blocks=counts[1],
-                        nonzero_elements=counts[2], zeroed_elements=counts[3], nonfinite_blocks=counts[4],
-                        sq_error=sums[0],
-                        sq_norm=sums[1], amax_ratio=ratio)
 
 
 def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,

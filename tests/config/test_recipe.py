@@ -3,15 +3,16 @@ from pathlib import Path
 import pytest
 
 from fp4repro.quant import OPERANDS
-from fp4repro.recipes import RecipeError, available_recipes, load_recipe
+from fp4repro.config.files import available
+from fp4repro.config.recipe import RecipeError, load_recipe
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
             "nvfp4_no_rht_no_bf16_tail"}
 
 
 def test_all_recipe_files_load():
-    assert REQUIRED <= set(available_recipes())
-    for name in available_recipes():
+    assert REQUIRED <= set(available("recipes"))
+    for name in available("recipes"):
         assert load_recipe(name).name == name
 
 

@@ -26,12 +26,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fp4repro.eval.policy import POLICIES, EvalError
-from fp4repro.eval.tasks import OFFLINE_PREFIX, default_aggregates
+from fp4repro.errors import ConfigError
+
+#: Inference policies (``fp4repro.eval.policy`` says what each computes).
+POLICIES = ("bf16", "quantized")
+#: The offline tasks ``fp4repro.eval.tasks`` builds from held-out data (no download) start with this.
+OFFLINE_PREFIX = "fp4repro_"
 
 FIELDS = ("policies", "batch_size", "nll_max_tokens", "n_items", "seed", "num_fewshot", "limit", "include_path",
           "tasks")
 AGGREGATE_FIELDS = ("tasks", "metric", "weight_by_size")
+
+
+class EvalConfigError(ConfigError):
+    """An ``eval`` section that cannot be used (file, field, value, what is allowed)."""
+
+
+def task_name(source: str, kind: str) -> str:
+    """The offline task of one source and kind (next_line, cloze)."""
+    return f"{OFFLINE_PREFIX}{source}_{kind}"
+
+
+def default_aggregates(sources: list[str] | tuple[str, ...]) -> dict[str, list[str]]:
+    """One next-line aggregate per source and one cloze aggregate over all sources; with the
+    default sources: prose_next_line, code_next_line and cloze."""
+    aggregates = {f"{s}_next_line": [task_name(s, "next_line")] for s in sources}
+    aggregates["cloze"] = [task_name(s, "cloze") for s in sources]
+    return aggregates
 
 
 @dataclass(frozen=True)
@@ -64,7 +85,7 @@ class EvalConfig:
 
 
 def _fail(where: str, field_name: str, value, allowed: str):
-    raise EvalError(f"{where}: field 'eval.{field_name}': value {value!r}: {allowed}")
+    raise EvalConfigError(f"{where}: field 'eval.{field_name}': value {value!r}: {allowed}")
 
 
 def _int(where: str, raw: dict, name: str, default, minimum: int, nullable: bool = False):
@@ -96,15 +117,17 @@ def _aggregate(where: str, name: str, value) -> Aggregate:
     return Aggregate(name=name, tasks=tuple(tasks), metric=metric, weight_by_size=weight)
 
 
-def load_eval_config(exp) -> EvalConfig:
-    """The validated ``eval`` section of an ExperimentConfig; errors name the file and field."""
-    raw = exp.eval or {}
-    where = exp.path
+def parse_eval_config(raw, where: str, sources: list[str], default_batch_size: int) -> EvalConfig:
+    """The validated ``eval`` section of the experiment file ``where``, whose data sources are
+    ``sources`` (they name the default offline tasks) and whose training batch size is the
+    default evaluation batch size. Errors name the file and the field."""
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         _fail(where, "", raw, "a mapping")
     extra = sorted(set(raw) - set(FIELDS))
     if extra:
-        raise EvalError(f"{where}: field 'eval': unknown field(s) {extra}; allowed fields: {list(FIELDS)}")
+        raise EvalConfigError(f"{where}: field 'eval': unknown field(s) {extra}; allowed fields: {list(FIELDS)}")
     policies = raw.get("policies", list(POLICIES))
     if not isinstance(policies, list) or not policies or any(p not in POLICIES for p in policies) \
             or len(set(policies)) != len(policies):
@@ -113,7 +136,6 @@ def load_eval_config(exp) -> EvalConfig:
     include = [include] if isinstance(include, str) else include
     if not isinstance(include, list) or not all(isinstance(p, str) for p in include):
         _fail(where, "include_path", include, "a folder or a list of folders of lm-eval task YAMLs")
-    sources = [s.name for s in exp.data.sources]
     tasks = raw.get("tasks", default_aggregates(sources))
     if not isinstance(tasks, dict) or not tasks:
         _fail(where, "tasks", tasks, "a non-empty mapping of aggregate name -> lm-eval task names")
@@ -121,7 +143,7 @@ def load_eval_config(exp) -> EvalConfig:
     _check_disjoint(where, aggregates)
     return EvalConfig(
         policies=tuple(policies),
-        batch_size=_int(where, raw, "batch_size", exp.train.batch_size, 1),
+        batch_size=_int(where, raw, "batch_size", default_batch_size, 1),
         nll_max_tokens=_int(where, raw, "nll_max_tokens", None, 1, nullable=True),
         n_items=_int(where, raw, "n_items", 200, 1),
         seed=_int(where, raw, "seed", 1234, 0),

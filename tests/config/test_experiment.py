@@ -1,6 +1,7 @@
 import pytest
 
-from fp4repro.experiment import ExperimentError, available_experiments, load_experiment
+from fp4repro.config.experiment import ExperimentError, available_experiments, load_experiment
+from fp4repro.config.study import load_study
 
 BASE = """name: t
 model: tiny
@@ -44,12 +45,17 @@ BAD = {
     "stage without tokens": (("tokens: 2048", "tokens: 0"), "train.stages.1.tokens", "minimum"),
     "unknown source": (("prose: 0.4, code: 0.6", "prose: 0.4, web: 0.6"), "train.stages.1.blend.web", "unknown source"),
     "sequence length": (("seq_len: 64", "seq_len: 60"), "train.seq_len", "multiple of 16"),
-    "vocab mismatch": (("vocab_size: 2048", "vocab_size: 4096"), "data.tokenizer.vocab_size", "2048"),
-    "unknown recipe": (("[bf16, ue5m3]", "[bf16, fp3]"), "recipes.1", "no such recipe"),
-    "unknown model": (("model: tiny", "model: huge"), "model", "available names"),
     "unknown field": (("batch_size: 4", "batch_size: 4\n  momentum: 0.9"), "train", "momentum"),
     "source kind": (("{kind: stdlib_code}", "{kind: web}"), "data.sources.code.kind", "web"),
     "jsonl without paths": (("{kind: stdlib_code}", "{kind: jsonl}"), "data.sources.code.paths", "path glob"),
+}
+
+
+# what one file cannot tell about itself: checked where the study is composed (load_study)
+BAD_TOGETHER = {
+    "vocab mismatch": (("vocab_size: 2048", "vocab_size: 4096"), "data.tokenizer.vocab_size", "2048"),
+    "unknown recipe": (("[bf16, ue5m3]", "[bf16, fp3]"), "recipes.1", "no recipe named 'fp3'"),
+    "unknown model": (("model: tiny", "model: huge"), "model", "no model config named 'huge'"),
 }
 
 
@@ -62,3 +68,24 @@ def test_bad_experiments_name_file_and_field(tmp_path, case):
         load_experiment(p)
     msg = str(err.value)
     assert str(p) in msg and field in msg and allowed in msg, msg
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TOGETHER))
+def test_bad_studies_name_file_and_field(tmp_path, case):
+    (old, new), field, allowed = BAD_TOGETHER[case]
+    assert old in BASE
+    p = _write(tmp_path, BASE.replace(old, new, 1))
+    load_experiment(p)                       # the file on its own is fine
+    with pytest.raises(ExperimentError) as err:
+        load_study(p)
+    msg = str(err.value)
+    assert str(p) in msg and f"'{field}'" in msg and allowed in msg, msg
+
+
+def test_recipe_names_must_differ(tmp_path):
+    twin = tmp_path / "twin.yaml"
+    twin.write_text("name: ue5m3\ndefaults: bf16\n")
+    with pytest.raises(ExperimentError, match="recipe name 'ue5m3' is also the name of"):
+        load_study(_write(tmp_path, BASE), add_recipes=[str(twin)])
+    assert list(load_study(_write(tmp_path, BASE), add_recipes=["ue5m3_t2048"]).recipes) == \
+        ["bf16", "ue5m3", "ue5m3_t2048"]

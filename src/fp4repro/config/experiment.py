@@ -1,24 +1,32 @@
-"""Experiment configs: ``configs/experiment/<name>.yaml`` -> frozen dataclasses, validated first.
+"""Experiment configs: ``configs/experiment/<name>.yaml`` -> frozen dataclasses.
 
-Validation happens before any compute: the JSON schema (``schemas/experiment.schema.json``) for
-structure, then the cross-field rules (blend weights summing to 1 over known sources, the model,
-recipes and sequence length). Every error names the file, the field, the value and what is allowed.
+``load_experiment`` checks what one file can say about itself: the JSON schema
+(``config/schemas/experiment.schema.json``) for structure, then the rules between its own fields
+(blend weights summing to 1 over known sources, warmup + decay, sequence length, the eval section).
+What needs other files (the model config, the recipes) is checked where the pieces are composed:
+``fp4repro.config.study``. Every error names the file, the field, the value and what is allowed.
 """
 
 from __future__ import annotations
 
+import glob
 import math
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fp4repro.util import config_file, config_names, read_yaml, schema_error, schema_field
+from fp4repro.config.eval import EvalConfig, parse_eval_config
+from fp4repro.config.files import available, find_config, not_found, read_yaml, schema_error, schema_field
+from fp4repro.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENT_DIR = REPO_ROOT / "configs" / "experiment"
 
-
-class ExperimentError(ValueError):
+class ExperimentError(ConfigError):
     """An experiment config that cannot be used (file, field, value, what is allowed)."""
+
+
+STDLIB_KINDS = ("stdlib_prose", "stdlib_code")   # the running interpreter's standard library
+FILE_KINDS = ("jsonl", "parquet", "text")          # files matched by path globs
+TEXT_KINDS = STDLIB_KINDS + FILE_KINDS             # sources that are tokenized (not `indexed`)
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,27 @@ class DataConfig:
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
+
+    def input_files(self) -> list[Path]:
+        """The existing files the prepared data is read from: what the sources' globs match, the
+        .bin/.idx of indexed sources and a given tokenizer (the inputs of the workflow's data
+        preparation; a glob that matches nothing is reported by data preparation itself)."""
+        files: set[Path] = set()
+        for source in self.sources:
+            for pattern in source.paths if source.kind in FILE_KINDS else ():
+                files.update(Path(p).resolve() for p in glob.glob(str(Path(pattern).expanduser()), recursive=True))
+            for _, prefix in source.prefixes:
+                prefix = Path(prefix).expanduser().absolute()
+                files.update((Path(f"{prefix}.bin"), Path(f"{prefix}.idx")))
+        if self.tokenizer_path is not None:
+            files.add(Path(self.tokenizer_path).expanduser().absolute())
+        return sorted(p for p in files if p.is_file())
+
+    def stdlib(self) -> str | None:
+        """The interpreter whose standard library a ``stdlib_*`` source reads (None: no such source)."""
+        if not any(s.kind in STDLIB_KINDS for s in self.sources):
+            return None
+        return f"{platform.python_implementation()} {platform.python_version()}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +97,17 @@ class TrainConfig:
     resume_every: int = 50
     final_window: float = 0.1
 
+    #: The fields that change what a run computes. The others (how often to record telemetry or
+    #: save a resume checkpoint, the final-window share that evaluation reads) only change what is
+    #: recorded, so a run resumes across a change of them. ``checkpoints`` is here because a run
+    #: resumed under another spacing would miss evaluation checkpoints it has already passed.
+    NUMERIC_FIELDS = ("seq_len", "batch_size", "stages", "seed", "lr", "min_lr_ratio", "warmup_fraction",
+                      "decay_fraction", "betas", "weight_decay", "grad_clip", "checkpoints")
+
+    def numerics(self) -> dict:
+        """The fields in ``NUMERIC_FIELDS`` by name."""
+        return {name: getattr(self, name) for name in self.NUMERIC_FIELDS}
+
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.batch_size
@@ -93,19 +133,20 @@ class ExperimentConfig:
     recipes: tuple[str, ...]
     data: DataConfig
     train: TrainConfig
+    eval: EvalConfig
     backend: str = "local"
     description: str = ""
-    eval: dict = field(default_factory=dict, hash=False, compare=False)
     resources: dict = field(default_factory=dict, hash=False, compare=False)   # rule -> workflow resources
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
-    """An experiment name (``configs/experiment/<name>.yaml``) or a path to a YAML file."""
-    return config_file(name_or_path, EXPERIMENT_DIR)
+    """The file of an experiment name (``configs/experiment/<name>.yaml``, see
+    ``fp4repro.config.files``) or path."""
+    return find_config("experiment", name_or_path)
 
 
 def available_experiments() -> list[str]:
-    return config_names(EXPERIMENT_DIR)
+    return list(available("experiment"))
 
 
 def _fail(path: Path, where: str, value, allowed: str):
@@ -113,11 +154,12 @@ def _fail(path: Path, where: str, value, allowed: str):
 
 
 def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
-    """Load and validate an experiment (name in configs/experiment/ or a YAML path)."""
+    """Load an experiment (a name or a YAML path) and check it on its own (see the module
+    docstring; ``fp4repro.config.study.load_study`` checks it against its model and recipes)."""
     path = experiment_path(name_or_path)
     if not path.is_file():
-        raise ExperimentError(f"{path}: no such experiment file "
-                              f"(available: {', '.join(available_experiments()) or 'none'})")
+        raise ExperimentError(f"experiment: {not_found('experiment', name_or_path)}")
+    path = path.resolve()
     raw = read_yaml(path, ExperimentError)
     error = schema_error(raw, "experiment.schema.json")
     if error is not None:
@@ -165,31 +207,10 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         _fail(path, "train.warmup_fraction", train.warmup_fraction,
               f"warmup_fraction + decay_fraction must be <= 1 (decay_fraction is {train.decay_fraction})")
 
-    from fp4repro.model import ModelConfigError, load_model_config
-    from fp4repro.recipes import RecipeError, load_recipe
-
-    try:
-        model = load_model_config(raw["model"])
-    except ModelConfigError as err:
-        _fail(path, "model", raw["model"], str(err))
-    if data.vocab_size is not None and data.vocab_size != model.vocab_size:
-        _fail(path, "data.tokenizer.vocab_size", data.vocab_size,
-              f"must equal the model's vocab_size ({model.vocab_size} in {raw['model']!r})")
-    if model.rope is False and train.seq_len > 1 << 20:
-        _fail(path, "train.seq_len", train.seq_len, "at most 2^20")
     if train.seq_len % 16:
         _fail(path, "train.seq_len", train.seq_len,
               "a multiple of 16, so that FP4 blocks along tokens never straddle sequences unevenly")
-    for i, r in enumerate(raw["recipes"]):
-        try:
-            load_recipe(r)
-        except RecipeError as err:
-            _fail(path, f"recipes.{i}", r, str(err))
-    backend = raw.get("backend", "local")
-    exp = ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
-                           data=data, train=train, backend=backend, description=raw.get("description", ""),
-                           eval=raw.get("eval", {}), resources=raw.get("resources", {}))
-    from fp4repro.eval.config import load_eval_config
-
-    load_eval_config(exp)   # the eval section fails here too, before any compute
-    return exp
+    eval_config = parse_eval_config(raw.get("eval", {}), str(path), [s.name for s in sources], train.batch_size)
+    return ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
+                            data=data, train=train, eval=eval_config, backend=raw.get("backend", "local"),
+                            description=raw.get("description", ""), resources=raw.get("resources", {}))

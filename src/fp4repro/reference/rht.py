@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-RHT_SIZE = 16
+from fp4repro.reference.geometry import RHT_SIZE
+
 #: Transformer Engine's wgrad RHT sign vector.
 TE_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 

@@ -2,8 +2,11 @@ import pytest
 import torch
 import yaml
 
-from fp4repro.model import ModelConfig, ModelConfigError, NemotronH, load_model_config
-from fp4repro.model.config import MODEL_CONFIG_DIR
+from fp4repro.config.files import PACKAGED
+from fp4repro.config.model import ModelConfig, ModelConfigError, load_model_config
+from fp4repro.model import NemotronH
+
+MODEL_CONFIG_DIR = PACKAGED / "models"
 
 
 def count_on_meta(config: ModelConfig, **kwargs) -> int:
@@ -87,5 +90,5 @@ def test_unknown_and_missing_fields_list_allowed_fields(tmp_path):
 
 
 def test_unknown_name_lists_available_configs():
-    with pytest.raises(ModelConfigError, match="available names: .*tiny"):
+    with pytest.raises(ModelConfigError, match="available: .*tiny"):
         load_model_config("no_such_model")

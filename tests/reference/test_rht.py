@@ -1,6 +1,6 @@
 import torch
 
-from fp4repro.quant.rht import TE_SIGNS, hadamard_matrix, inverse_rht, rht, rht_matrix
+from fp4repro.reference.rht import TE_SIGNS, hadamard_matrix, inverse_rht, rht, rht_matrix
 
 
 def test_te_sign_vector():

@@ -1,4 +1,5 @@
-"""Model configuration: one frozen dataclass, loaded from `configs/models/<name>.yaml`.
+"""Model configuration: one frozen dataclass, loaded from `configs/models/<name>.yaml` (see
+``fp4repro.config.files`` for where a name is looked up).
 
 The layer stack is a *hybrid pattern* string with one character per layer, as in Megatron's
 `hybrid_override_pattern`:
@@ -17,17 +18,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from fp4repro.util import config_file, config_names
+from fp4repro.config.files import find_config, not_found, read_yaml
+from fp4repro.errors import ConfigError
 
 LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
 
-#: configs/models/ of the source tree (src/fp4repro/model/config.py -> repository root).
-MODEL_CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "models"
 
-
-class ModelConfigError(ValueError):
+class ModelConfigError(ConfigError):
     """A model config field is missing, unknown, of the wrong type or out of range."""
 
 
@@ -172,18 +169,13 @@ def _has_type(value: Any, expected: type) -> bool:
 
 
 def model_config_path(name_or_path: str | Path) -> Path:
-    """A model config name ("tiny", "small", "nemotron_h_8b": configs/models/<name>.yaml) or a
-    path to a YAML file."""
-    return config_file(name_or_path, MODEL_CONFIG_DIR)
+    """The file of a model config name ("tiny", "small", "nemotron_h_8b") or path."""
+    return find_config("models", name_or_path)
 
 
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
     """Load a model config by name ("tiny", "small", "nemotron_h_8b") or from a YAML file path."""
     path = model_config_path(name_or_path)
     if not path.is_file():
-        available = config_names(MODEL_CONFIG_DIR)
-        raise ModelConfigError(f"model config {str(name_or_path)!r}: no such file; "
-                               f"available names: {', '.join(available) or '(none)'}")
-    with open(path) as fh:
-        data = yaml.safe_load(fh)
-    return ModelConfig.from_dict(data, name=path.stem)
+        raise ModelConfigError(f"model config: {not_found('models', name_or_path)}")
+    return ModelConfig.from_dict(read_yaml(path, ModelConfigError), name=path.stem)

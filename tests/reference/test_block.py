@@ -168,15 +168,31 @@ def test_stochastic_rounding_of_elements_is_unbiased_after_scaling():
 
 
 def test_given_uniforms_reproduce_generator_draws():
-    x = torch.randn(5, 40)
+    # Without `rand`, SR draws u = (k + 1/2) / 256 from the generator, one byte k per element of the
+    # padded matrix in row-major order (the block layout of 1x16 blocks is that order). Handing
+    # the reference those very uniforms must round every element the same way.
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(1))
     spec = QuantSpec(rounding="sr")
-    padded = torch.nn.functional.pad(x, (0, 8))
-    rand = torch.rand(padded.shape, generator=torch.Generator().manual_seed(3))
-    a = quantize_dequantize(x, spec, rand=rand)
-    b = quantize_dequantize(x, spec, rand=rand)
-    assert torch.equal(a, b)
-    assert torch.equal(quantize_dequantize(x, spec, rand=torch.zeros_like(padded)).abs() >=
-                       quantize_dequantize(x, QuantSpec()).abs() * 0, torch.ones_like(x, dtype=torch.bool))
+    drawn = quantize_dequantize(x, spec, generator=torch.Generator().manual_seed(3))
+    k = torch.randint(0, 256, (5, 48), generator=torch.Generator().manual_seed(3))
+    given = quantize_dequantize(x, spec, rand=(k.to(torch.float32) + 0.5) / 256)
+    assert torch.equal(drawn, given)
+    other = quantize_dequantize(x, spec, generator=torch.Generator().manual_seed(4))
+    assert not torch.equal(drawn, other)                  # the draws matter: a different seed rounds differently
+
+
+def test_sr_rounds_up_for_small_uniforms_and_down_for_large():
+    # "up when u < frac": u = 0 rounds every off-grid element away from zero, u just below 1
+    # toward zero, and RNE lies between; the block scales do not depend on the rounding.
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
+    sr, rne = QuantSpec(rounding="sr"), QuantSpec()
+    up = quantize(x, sr, rand=torch.zeros(8, 64))
+    down = quantize(x, sr, rand=torch.full((8, 64), 1 - 2**-24))
+    nearest = quantize(x, rne)
+    assert torch.equal(up.scale_codes, nearest.scale_codes) and torch.equal(down.scale_codes, nearest.scale_codes)
+    q_up, q_down, q = up.elements().abs(), down.elements().abs(), nearest.elements().abs()
+    assert (q_down <= q).all() and (q <= q_up).all()
+    assert (q_down < q_up).sum() > 256          # most elements lie between two grid points
 
 
 # ------------------------------------------------------------------ the paper's mechanism

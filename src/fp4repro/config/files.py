@@ -1,0 +1,97 @@
+"""Where configs are found, and how they are read and checked against their JSON schema.
+
+A config is given by name or as a path. A name resolves first in ``configs/<kind>/`` of the
+working directory (where the CLI and Snakemake run), then in the defaults shipped with the
+package (``fp4repro/configs/<kind>/``); a path (ending in ``.yaml``/``.yml``, or containing a
+``/``) is that file::
+
+    find_config("recipes", "ue5m3")          ./configs/recipes/ue5m3.yaml, else the packaged one
+    find_config("recipes", "lab/my.yaml")    that file
+
+So a recipe edited (or added) in the working directory's ``configs/`` is the one every command
+and workflow rule reads, whichever checkout or wheel the package was installed from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from fp4repro.errors import ConfigError
+
+#: The defaults shipped with the package: configs/{experiment,models,recipes}/*.yaml, claims.yaml.
+PACKAGED = Path(__file__).resolve().parents[1] / "configs"
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
+KINDS = ("experiment", "models", "recipes")   # folders; the claims file is configs/claims.yaml
+
+
+def search_roots() -> tuple[Path, ...]:
+    """The folders a name is looked up in, in order: ./configs, then the packaged defaults."""
+    return Path.cwd() / "configs", PACKAGED
+
+
+def is_path(name_or_path: str | Path) -> bool:
+    """Whether a config reference is a file path rather than a name."""
+    text = str(name_or_path)
+    return text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text
+
+
+def find_config(kind: str, name_or_path: str | Path) -> Path:
+    """The file a config reference means (see the module docstring). A name found nowhere
+    gives the path it would have in the working directory, so that the caller's "no such file"
+    error names where to put it."""
+    if is_path(name_or_path):
+        return Path(name_or_path).expanduser()
+    for root in search_roots():
+        candidate = root / kind / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            return candidate
+    return Path("configs") / kind / f"{name_or_path}.yaml"
+
+
+def available(kind: str) -> dict[str, Path]:
+    """Every config of ``kind`` that a name reaches: name -> the file it resolves to."""
+    found: dict[str, Path] = {}
+    for root in reversed(search_roots()):
+        found.update({p.stem: p for p in sorted((root / kind).glob("*.yaml"))})
+    return dict(sorted(found.items()))
+
+
+_NOUNS = {"experiment": "experiment", "models": "model config", "recipes": "recipe", "": "claims file"}
+
+
+def not_found(kind: str, name_or_path: str | Path) -> str:
+    """What to say when a config reference reaches no file."""
+    if is_path(name_or_path):
+        return f"{name_or_path}: no such file"
+    names = ", ".join(available(kind)) or "none"
+    return (f"no {_NOUNS.get(kind, kind)} named {str(name_or_path)!r} in {Path('configs') / kind}/ of the working "
+            f"directory or in the packaged defaults (available: {names})")
+
+
+def read_yaml(path: Path, error: type[Exception] = ConfigError):
+    """A YAML file's content; ``error(f"{path}: not valid YAML: ...")`` when it does not parse."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise error(f"{path}: not valid YAML: {err}") from None
+
+
+def schema_field(error: jsonschema.ValidationError) -> str:
+    """Where a schema violation is, as a dotted field path ('(top level)' for the document)."""
+    return ".".join(str(p) for p in error.absolute_path) or "(top level)"
+
+
+def schema_error(raw, schema_name: str) -> jsonschema.ValidationError | None:
+    """The most relevant violation of ``config/schemas/<schema_name>`` by ``raw``, or None."""
+    schema = json.loads((SCHEMAS / schema_name).read_text())
+    return jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(raw))
+
+
+def claims_path(name_or_path: str | Path = "claims") -> Path:
+    """The claims file: ``configs/claims.yaml`` of the working directory, else the packaged one,
+    or a path."""
+    return find_config("", name_or_path)

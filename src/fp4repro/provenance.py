@@ -1,0 +1,71 @@
+"""Where a result came from: recorded in every result file a workflow rule writes.
+
+    {"fp4repro": "0.1.0", "git_commit": "<sha>" | null, "git_dirty": bool | null,
+     "packages": {"torch": ..., "triton": ..., "megatron-core": ..., "lm-eval": ...},
+     "python": "3.11.7", "device": "NVIDIA H200" | "cpu (x86_64, 2 threads)", "created": ISO 8601 UTC}
+
+``git_commit`` is the commit of the source tree the package was imported from (an editable
+install or a checkout); null for an installed wheel, whose ``fp4repro`` version says what it is.
+Package versions come from the installed distributions' metadata (nothing is imported).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib.metadata
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import fp4repro
+
+PACKAGES = ("torch", "triton", "megatron-core", "lm-eval")
+
+
+@functools.lru_cache(maxsize=None)
+def _git() -> tuple[str | None, bool | None]:
+    source = Path(fp4repro.__file__).resolve().parent
+    try:
+        top = subprocess.run(["git", "-C", str(source), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode != 0 or not (source.is_relative_to(Path(top.stdout.strip()))):
+            return None, None
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--", str(source)],
+                                capture_output=True, text=True, timeout=10).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+@functools.lru_cache(maxsize=None)
+def package_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def describe_device(device: str | None = None) -> str:
+    """The device a result was computed on, in words (only asks torch when it is loaded)."""
+    torch = sys.modules.get("torch")
+    if device is not None and str(device).startswith("cuda") and torch is not None and torch.cuda.is_available():
+        index = torch.device(device).index
+        return torch.cuda.get_device_name(index if index is not None else torch.cuda.current_device())
+    threads = torch.get_num_threads() if torch is not None else 1
+    return f"cpu ({platform.machine()}, {threads} thread{'s' if threads != 1 else ''})"
+
+
+def provenance(device: str | None = None) -> dict:
+    """The record described in the module docstring, for a result computed on ``device``."""
+    commit, dirty = _git()
+    return {"fp4repro": fp4repro.__version__, "git_commit": commit, "git_dirty": dirty,
+            "packages": package_versions(), "python": platform.python_version(),
+            "device": describe_device(device),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -1,0 +1,94 @@
+"""The one front that runs a quantization: the Triton kernel or the torch reference.
+
+``quantize``, ``scaled_operand`` and ``quantize_dequantize`` have the
+reference's signatures and results (``fp4repro.reference.block``). A CUDA tensor goes to the
+Triton kernels (``fp4repro.kernels``), which equal the reference bit for bit, unless the caller
+supplies its own random source (``generator``/``rand``: only the reference takes one) or the
+reference is forced: by ``FP4REPRO_REFERENCE=1`` in the environment, or within
+``with reference_only():`` (a context variable, so it holds for this thread or task only).
+Everything else runs the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+
+import torch
+
+from fp4repro.config.spec import QuantSpec
+from fp4repro.reference import block as reference
+from fp4repro.reference.block import BlockQuantized, OperandStats
+from fp4repro.reference.geometry import rows_cols
+
+_force_reference = contextvars.ContextVar("fp4repro_force_reference",
+                                          default=os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0"))
+
+
+@contextlib.contextmanager
+def reference_only():
+    """Within this block, every quantization runs the torch reference, CUDA tensors included."""
+    token = _force_reference.set(True)
+    try:
+        yield
+    finally:
+        _force_reference.reset(token)
+
+
+def uses_kernel(x: torch.Tensor, generator=None, rand=None) -> bool:
+    """Whether a quantization of ``x`` runs as a Triton kernel (see the module docstring)."""
+    if not x.is_cuda or generator is not None or rand is not None or _force_reference.get():
+        return False
+    from fp4repro.kernels import available
+
+    return available()
+
+
+def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> OperandStats:
+    """The kernel's telemetry counters as the reference's OperandStats."""
+    from fp4repro.kernels import tensor_amax as kernel_amax
+
+    counts, sums = k["counts"].tolist(), k["sums"].tolist()
+    ratio = 1.0
+    if held is not None:
+        current = float(kernel_amax(x2d, spec))
+        ratio = float(held) / current if current > 0 else 1.0
+    return OperandStats(blocks=k["blocks"], saturated_blocks=counts[0], underflow_blocks=counts[1],
+                        nonzero_elements=counts[2], zeroed_elements=counts[3], nonfinite_blocks=counts[4],
+                        sq_error=sums[0], sq_norm=sums[1], amax_ratio=ratio)
+
+
+def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+             generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
+             stats: bool = False) -> BlockQuantized:
+    """Packed codes and scale codes of x (``fp4repro.reference.block.quantize``)."""
+    if not uses_kernel(x, generator, rand):
+        return reference.quantize(x, spec, amax=amax, generator=generator, rand=rand, stats=stats)
+    from fp4repro.kernels import quantize_2d
+
+    x2d = x.reshape(rows_cols(x.shape))
+    k = quantize_2d(x2d, spec, amax=amax, write_qs=False, codes=True, stats=stats)
+    return BlockQuantized(codes=k["codes"], scale_codes=k["scale_codes"], decode_scale=k["decode_scale"],
+                          amax=k["amax"], spec=spec, shape=x.shape,
+                          stats=_kernel_stats(k, x2d, spec, amax) if stats else None)
+
+
+def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+                   generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
+                   stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
+    """(q · s_b in x's 2-D shape, d, A used, stats) (``fp4repro.reference.block.scaled_operand``)."""
+    if not uses_kernel(x, generator, rand):
+        return reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats)
+    from fp4repro.kernels import quantize_2d
+
+    x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
+    k = quantize_2d(x2d, spec, amax=amax, stats=stats)
+    return k["qs"], k["decode_scale"], k["amax"], (_kernel_stats(k, x2d, spec, amax) if stats else None)
+
+
+def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+                        generator: torch.Generator | None = None, rand: torch.Tensor | None = None) -> torch.Tensor:
+    """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
+    qs, d, _, _ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
+    return (qs.to(torch.float32) * d).reshape(x.shape)

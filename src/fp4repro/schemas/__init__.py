@@ -1,1 +1,0 @@
-"""JSON schemas validating configs before anything runs."""

@@ -1,0 +1,146 @@
+"""The folders of a recipe's training runs: one per fingerprint, kept side by side.
+
+    results/<experiment>/train/<recipe>/           ``out``: what the workflow reads
+      done.json, metrics.parquet, telemetry.parquet    the finished run (written last)
+      runs/<fingerprint>/                          one run: everything it needs to resume
+        run.json                                   what the fingerprint covers; every attempt on it
+        resume/resume_<step>.pt                    rolling resume checkpoints (the newest two)
+        ckpt/step_<step>.pt                        evaluation checkpoints
+        metrics/upto_<step>.parquet                the rows of the steps after the previous part,
+        telemetry/upto_<step>.parquet              up to and including <step>
+
+A run's *fingerprint* is a digest of what changes the numbers it computes: the model config,
+the recipe's numerics, the prepared data, and the training fields that change the optimization
+(``TrainConfig.NUMERIC_FIELDS``). Anything else (telemetry cadence, resume cadence, the final
+window) can change and the run resumes. A changed fingerprint starts a new run folder beside the
+old ones, which are kept until ``fp4repro runs --prune`` removes them.
+
+Metrics and telemetry are written as parts, one per resume checkpoint and before it, so a resume
+checkpoint holds only the state to continue from (it does not grow with the run). Resuming from
+step S drops the parts after S (written by an attempt that died before its next checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from fp4repro.results import write_table
+from fp4repro.util import atomic_write_json
+
+RUNS = "runs"
+PART = re.compile(r"^upto_(\d{8})\.parquet$")
+
+
+def _plain(value):
+    """Dataclasses, tuples and mappings as JSON values (for a canonical digest)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def run_numerics(model_config, recipe, data_hash: str, train_config) -> dict:
+    """What a run's numbers depend on, as JSON values (the fingerprint's content)."""
+    defaults, operands, overrides = recipe.numerics()
+    return _plain({"model": model_config, "recipe": {"defaults": defaults, "operands": operands,
+                                                     "overrides": overrides},
+                   "data": data_hash, "train": train_config.numerics()})
+
+
+def fingerprint_of(numerics: dict) -> str:
+    return hashlib.sha256(json.dumps(numerics, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def changed_fields(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted names of the fields that differ between two ``run_numerics`` records."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new)):
+            out += changed_fields(old.get(key), new.get(key), f"{prefix}{key}.")
+        return out
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+class RunFolder:
+    """``out/runs/<fingerprint>``: one run's checkpoints, parts and record."""
+
+    def __init__(self, out: Path, fingerprint: str):
+        self.out = Path(out)
+        self.fingerprint = fingerprint
+        self.path = self.out / RUNS / fingerprint
+        self.resume = self.path / "resume"
+        self.ckpt = self.path / "ckpt"
+        self.record_path = self.path / "run.json"
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to ``out`` (how done.json names checkpoints)."""
+        return Path(path).relative_to(self.out).as_posix()
+
+    # ------------------------------------------------------------------------------ record
+    def record(self) -> dict | None:
+        return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
+
+    def start_attempt(self, numerics: dict, from_step: int, provenance: dict) -> int:
+        """Record that a process starts working on this run at ``from_step``; its attempt number."""
+        record = self.record() or {"fingerprint": self.fingerprint, "numerics": numerics, "attempts": []}
+        record["attempts"].append({"from_step": from_step, "provenance": provenance})
+        atomic_write_json(self.record_path, record)
+        return len(record["attempts"]) - 1
+
+    # ------------------------------------------------------------------------------- parts
+    def parts(self, kind: str) -> list[tuple[int, Path]]:
+        """(last step, file) of the parts of ``kind`` (metrics or telemetry), by step."""
+        folder = self.path / kind
+        if not folder.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := PART.match(p.name))]
+        return sorted(found)
+
+    def drop_parts_after(self, step: int) -> None:
+        for kind in ("metrics", "telemetry"):
+            for last, path in self.parts(kind):
+                if last > step:
+                    path.unlink()
+
+    def write_part(self, kind: str, step: int, rows: list[dict], columns: list[str], provenance: dict) -> None:
+        write_table(self.path / kind / f"upto_{step:08d}.parquet", pd.DataFrame(rows, columns=columns), provenance)
+
+    def assemble(self, kind: str, columns: list[str]) -> pd.DataFrame:
+        """Every part of ``kind`` as one table, in step order."""
+        tables = [pd.read_parquet(path) for _, path in self.parts(kind)]
+        tables = [t for t in tables if len(t)]
+        if not tables:
+            return pd.DataFrame(columns=columns)
+        return pd.concat(tables, ignore_index=True)[columns]
+
+
+def list_runs(out: Path) -> list[RunFolder]:
+    """Every run folder under ``out/runs``."""
+    root = Path(out) / RUNS
+    if not root.is_dir():
+        return []
+    return [RunFolder(out, p.name) for p in sorted(root.iterdir()) if p.is_dir()]
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def remove_run(run: RunFolder) -> None:
+    """Delete a run folder (only ever called on the user's explicit request)."""
+    shutil.rmtree(run.path)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
