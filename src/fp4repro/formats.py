@@ -241,11 +241,16 @@ class Minifloat:
         import torch
 
         x = x.to(torch.float32)
-        a = x.abs().clamp(max=self.max)
+        magnitude = x.abs()
+        # NaN or inf anywhere shows in the amax (cheap): only then are non-finite lanes restored
+        finite = not magnitude.numel() or bool(torch.isfinite(magnitude.amax()))
+        a = magnitude.clamp(max=self.max)
         if not self.has_zero:
             a = a.clamp(min=self.min_positive)
-        _, frexp_exp = torch.frexp(a)
-        e = (frexp_exp - 1).clamp(min=self.emin)  # floor(log2 a) for a > 0; e_min for a == 0
+        # floor(log2 a), clamped to e_min, from a's exponent field: exact for a normal float32 a;
+        # a zero or float32-subnormal a has field 0 (-127 after the bias), and every format's
+        # e_min is >= -127, so the clamp gives e_min exactly as floor(log2 a) < -126 would
+        e = ((a.view(torch.int32) >> 23) - 127).clamp(min=self.emin)
         ulp_exp = e - self.man_bits
         lowest_ulp = self.emin - self.man_bits
         t = a * exp2_exact(-ulp_exp, lowest=self.man_bits - self.emax)   # a / ulp, exact
@@ -267,7 +272,7 @@ class Minifloat:
         if not self.has_zero:
             q = q.clamp(min=self.min_positive)
         q = torch.copysign(q, x) if self.signed else torch.where(x < 0, torch.nan, q)
-        return torch.where(torch.isfinite(x), q, x)
+        return q if finite else torch.where(torch.isfinite(x), q, x)
 
     # ----------------------------------------------------------------------------- encode
     def encode(self, x: torch.Tensor) -> torch.Tensor:

@@ -124,3 +124,25 @@ def test_unfinished_run_is_refused(prepared, tmp_path):
     _, path, _ = prepared
     with pytest.raises(EvalError, match="has not finished"):
         evaluate_main(str(path), "ue5m3", results=tmp_path, progress=False)
+
+
+def test_a_policy_that_quantizes_nothing_is_not_computed_twice(prepared, runs, tmp_path, monkeypatch):
+    """The bf16 recipe's quantized policy is its bf16 model: one NLL pass per checkpoint, two rows
+    sets; an FP4 recipe's two policies are two passes."""
+    exp, path, _ = prepared
+    results = tmp_path / "results"
+    (results / exp.name).mkdir(parents=True)
+    (results / exp.name / "data").symlink_to(prepared[2] / exp.name / "data")
+    for recipe in ("bf16", "ue5m3"):
+        (results / exp.name / "train").mkdir(exist_ok=True)
+        (results / exp.name / "train" / recipe).symlink_to(runs[recipe])
+    passes = []
+    original = run_module.nll_rows
+    monkeypatch.setattr(run_module, "nll_rows", lambda *a, **k: passes.append(a[-1]["policy"]) or original(*a, **k))
+    evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
+    assert passes == ["bf16"] * len(STEPS)
+    table = pd.read_parquet(results / exp.name / "eval" / "bf16" / "nll.parquet")
+    assert sorted(set(table["policy"])) == ["bf16", "quantized"] and len(table) == 2 * len(STEPS) * 3
+    passes.clear()
+    evaluate_main(str(path), "ue5m3", results=results, downstream=False, progress=False)
+    assert passes == ["bf16", "quantized"] * len(STEPS)

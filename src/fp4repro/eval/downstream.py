@@ -69,15 +69,32 @@ def write_groups(cfg: EvalConfig, out_dir: Path) -> Path:
 
 
 def run_lm_eval(lm, cfg: EvalConfig, manager) -> dict:
-    """``lm_eval.simple_evaluate`` over the aggregates' groups; returns lm-eval's results dict."""
-    import lm_eval
+    """lm-eval's ``evaluate`` over the aggregates' groups; returns lm-eval's results dict.
+
+    The steps of ``simple_evaluate`` that apply to a model given as an object: seed python, numpy
+    and torch, load the groups through the task manager, set each task's few-shot count (the
+    config's, else the task's own, else 0) and few-shot seed, then evaluate. What it adds after
+    evaluating (the environment and tokenizer report, git hash) is left out: it runs pip and
+    collect_env in subprocesses on every call, and each result file records its own provenance.
+    """
+    import random
+
+    import numpy as np
+    import torch
+    from lm_eval.evaluator import evaluate
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
-    groups = [group_name(a.name) for a in cfg.aggregates]
-    return lm_eval.simple_evaluate(model=lm, tasks=groups, task_manager=manager,
-                                   num_fewshot=cfg.num_fewshot, limit=cfg.limit, log_samples=False,
-                                   bootstrap_iters=1000, random_seed=cfg.seed, numpy_random_seed=cfg.seed,
-                                   torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    loaded = manager.load([group_name(a.name) for a in cfg.aggregates])
+    for task in loaded["tasks"].values():
+        if cfg.num_fewshot is not None and task.get_config("num_fewshot") != 0:
+            task.set_config(key="num_fewshot", value=cfg.num_fewshot)
+        elif task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=cfg.seed)
+    return evaluate(lm=lm, task_dict=loaded, limit=cfg.limit, bootstrap_iters=1000, log_samples=False)
 
 
 def _number(value) -> float:

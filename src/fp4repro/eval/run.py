@@ -111,6 +111,18 @@ def nll_rows(model, streams: dict, blend: dict[str, float], seq_len: int, batch_
     return [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()]
 
 
+def _quantizes(model) -> bool:
+    """Whether any linear of the model quantizes an operand."""
+    return any(getattr(m, "specs", None) is not None for m in model.modules())
+
+
+def _rows(computed: dict, key: tuple, meta: dict, compute) -> list[dict]:
+    """The rows of ``key``, computed once: a second policy with the same model takes them over."""
+    if key not in computed:
+        computed[key] = compute()
+    return [{**row, **meta} for row in computed[key]]
+
+
 def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq_len: int, meta: dict) -> list[dict]:
     from fp4repro.eval.lm import FP4ReproLM
 
@@ -176,6 +188,7 @@ def evaluate(study: Study, recipe: str, results: str | Path = "results", data: s
     bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy", desc=f"evaluate {exp.name}/{recipe}",
                dynamic_ncols=True, file=sys.stderr)
     ckpt_path = ckpt = None
+    computed: dict[tuple, list[dict]] = {}   # (step, table, what the model computes) -> rows
     try:
         for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once
             bar.set_postfix(step=info.step, policy=policy)
@@ -183,12 +196,17 @@ def evaluate(study: Study, recipe: str, results: str | Path = "results", data: s
                 ckpt_path, ckpt = info.path, checked_checkpoint(info.path, exp.model)
             model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model, ckpt=ckpt)
             meta = {"recipe": recipe, "step": info.step, "tokens": info.tokens, "policy": policy}
+            # a policy that quantizes nothing (any policy of the bf16 recipe) computes what bf16
+            # does: its rows are the bf16 policy's, not computed twice
+            computes = policy if _quantizes(model) else "unquantized"
             if nll and (info.step, policy) not in _done_pairs(nll_table):
-                rows = nll_rows(model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, meta)
+                rows = _rows(computed, (info.step, "nll", computes), meta, lambda: nll_rows(
+                    model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, meta))
                 nll_table = _append(nll_table, rows, NLL_COLUMNS)
                 write_table(nll_path, nll_table, origin)
             if downstream and (info.step, policy) not in _done_pairs(down_table):
-                rows = downstream_rows(model, tokenizer, manifest.eod_id, cfg, manager, seq_len, meta)
+                rows = _rows(computed, (info.step, "downstream", computes), meta, lambda: downstream_rows(
+                    model, tokenizer, manifest.eod_id, cfg, manager, seq_len, meta))
                 down_table = _append(down_table, rows, DOWNSTREAM_COLUMNS)
                 write_table(down_path, down_table, origin)
             bar.update(1)

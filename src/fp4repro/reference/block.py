@@ -111,8 +111,12 @@ class BlockQuantized:
 def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     """A = max |x| over finite elements (float32 scalar; 0 for an empty or all-non-finite tensor)."""
     a = x.abs().to(torch.float32)
-    a = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device))
-    return a.amax() if a.numel() else torch.zeros((), device=x.device)
+    if not a.numel():
+        return torch.zeros((), device=x.device)
+    amax = a.amax()                  # NaN or inf if any element is: only then mask (a full pass)
+    if not torch.isfinite(amax):
+        amax = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device)).amax()
+    return amax
 
 
 def global_encode_scale(amax: torch.Tensor, emax: float, target: float | None) -> torch.Tensor:
@@ -152,6 +156,8 @@ def quantize_elements(xb: torch.Tensor, s: torch.Tensor, encode: torch.Tensor, e
     scaled = torch.clamp(xb * encode.unsqueeze(-1), -element.max, element.max)
     q = element.round(scaled, mode=rounding, generator=generator, rand=rand)
     keep = (s != 0) & ~torch.isnan(s)
+    if bool(keep.all()):             # the usual case: no block to zero (skips a full pass)
+        return q
     return torch.where(keep.unsqueeze(-1), q, torch.zeros((), device=q.device))
 
 
