@@ -147,32 +147,42 @@ def _cmd_evaluate(args) -> int:
 def _cmd_runs(args) -> int:
     import json
 
-    from fp4repro.train.runs import folder_bytes, list_runs, remove_run
+    from fp4repro.data import DataError, load_manifest
+    from fp4repro.errors import ConfigError
+    from fp4repro.train.runs import fingerprint_of, folder_bytes, list_runs, remove_run, run_numerics
 
     study = _study(args)
     recipes = [_recipe_name(study, args.recipe)] if args.recipe else list(study.recipes)
-    stale = []
+    try:
+        data_hash = load_manifest(Path(args.data or f"{args.results}/{study.name}/data")).data_hash
+    except DataError as err:
+        if args.prune:
+            raise ConfigError(f"--prune: cannot tell which run the current config makes ({err})") from None
+        data_hash = None
+    removable = []
     print(f"{'recipe':22} {'run':22} {'steps':>7} {'attempts':>8} {'MB':>8}  state")
     for recipe in recipes:
         out = Path(args.results) / study.name / "train" / recipe
         done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
-        current = done.get("fingerprint")
+        current = None if data_hash is None else fingerprint_of(
+            run_numerics(study.model, study.recipes[recipe], data_hash, study.experiment.train))
         for run in list_runs(out):
-            record = run.record() or {}
             resumes = sorted(run.resume.glob("resume_*.pt"))
-            steps = int(resumes[-1].stem.split("_")[1]) if resumes else 0
-            state = "finished (done.json)" if run.fingerprint == current else "other config"
-            if run.fingerprint != current:
-                stale.append(run)
-            print(f"{recipe:22} {run.relative(run.path):22} {steps:>7} {len(record.get('attempts', [])):>8} "
-                  f"{folder_bytes(run.path) / 1e6:>8.1f}  {state}")
+            steps = int(resumes[-1].name[7:15]) if resumes else 0
+            states = [name for name, fingerprint in (("current config", current),
+                                                     ("finished (done.json)", done.get("fingerprint")))
+                      if run.fingerprint == fingerprint]
+            if not states:
+                removable.append(run)
+            print(f"{recipe:22} {run.relative(run.path):22} {steps:>7} "
+                  f"{len((run.record() or {}).get('attempts', [])):>8} {folder_bytes(run.path) / 1e6:>8.1f}  "
+                  f"{', '.join(states) or 'other config'}")
     if args.prune:
-        for run in stale:
+        for run in removable:
             remove_run(run)
             print(f"removed {run.path}")
-    elif stale:
-        print(f"{len(stale)} run(s) not the finished run of their recipe; `fp4repro runs --prune` removes them "
-              "(with their checkpoints)")
+    elif removable:
+        print(f"{len(removable)} run(s) of another config; `fp4repro runs --prune` deletes them, checkpoints included")
     return 0
 
 
@@ -443,10 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "numbers (model, recipe numerics, data, optimizer, schedule, batch, seed): a "
                                     "changed config starts a new run beside the old one and never deletes it. List "
                                     "them with their resume step, attempts and size; --prune deletes every run that "
-                                    "is not its recipe's finished run (done.json), checkpoints included.")
+                                    "is neither the current config's nor its recipe's finished run (done.json), "
+                                    "checkpoints included.")
     _experiment_arguments(ru, quiet=False)
     ru.add_argument("--recipe", help="only this recipe (default: every recipe of the study)")
     ru.add_argument("--results", default="results", help="results root (default results)")
+    ru.add_argument("--data", help="prepared data folder (default <results>/<experiment>/data): the current "
+                                   "config's fingerprint includes the data")
     ru.add_argument("--prune", action="store_true", help="delete the runs listed as 'other config'")
     ru.set_defaults(func=_cmd_runs)
     return p

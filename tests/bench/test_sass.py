@@ -27,6 +27,7 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
     assert set(rows) == {name for name, (_, held, _) in CASES.items() if held}
     for r in rows.values():
         assert 0 < r["main"] <= r["total"] and 0 < r["registers"] <= 255
+        assert r["fp_fusion"] is False          # compiled as launched: no FMA contraction
         assert sum(r["mix"].values()) == r["main"] and r["mix"]["EXIT"] == 1
     assert "1x16 SR, held amax" in proc.stdout
     # SR rounds by an integer carry, 7 instructions per element: 1.33x the RNE kernel on sm_90

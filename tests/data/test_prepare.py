@@ -19,7 +19,13 @@ OUTPUT_SUFFIXES = (".bin", ".idx", ".json")
 
 
 def output_bytes(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in OUTPUT_SUFFIXES}
+    """Every output file's bytes; the manifest without its provenance (when and where it ran)."""
+    out = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in OUTPUT_SUFFIXES}
+    if "manifest.json" in out:
+        manifest = json.loads(out["manifest.json"])
+        assert manifest.pop("provenance")["created"]
+        out["manifest.json"] = json.dumps(manifest).encode()
+    return out
 
 
 def documents_of(manifest, source, split) -> list[str]:
@@ -200,6 +206,12 @@ def test_cli_prints_summary_and_reports_bad_inputs(synthetic_inputs, tmp_path, c
     assert "source 'web': path 'nowhere/*.txt' matches no files" in capsys.readouterr().err
     assert main(["prepare-data", "--experiment", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml: no such file" in capsys.readouterr().err
+
+
+def test_the_manifest_records_its_provenance(prepared):
+    exp, manifest = prepared
+    raw = json.loads((manifest.root / "manifest.json").read_text())
+    assert raw["provenance"]["packages"]["torch"] and raw["provenance"]["device"].startswith("cpu")
 
 
 def test_input_files_are_the_files_a_preparation_reads(synthetic_inputs, tmp_path, make_experiment):

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from fp4repro.config.eval import EvalConfigError
+from fp4repro.config.model import load_model_config
 from fp4repro.config.study import load_study
 from fp4repro.eval import EvalError, evaluate
 from fp4repro.eval import run as run_module
-from fp4repro.config.model import load_model_config
+from fp4repro.results import table_provenance
 
 STEPS = (6, 12)       # the checkpoints of conftest's runs
 
@@ -27,6 +28,12 @@ def evaluated(prepared, runs):
 def evaluate_main(path: str, recipe: str, **kwargs):
     """What `fp4repro evaluate --experiment PATH --recipe RECIPE` runs."""
     return evaluate(load_study(path), recipe, **kwargs)
+
+
+def test_every_output_records_its_provenance(evaluated):
+    for table in ("nll.parquet", "downstream.parquet"):
+        assert table_provenance(evaluated / table)["device"].startswith("cpu")
+    assert json.loads((evaluated / "final_loss.json").read_text())["provenance"]["packages"]["lm-eval"]
 
 
 def test_nll_table(evaluated):

@@ -40,3 +40,26 @@ def test_direct_launch_equals_jit_and_reference(offset):
     with reference_only():
         ref, *_ = scaled_operand(x.float(), rne, amax=amax)
     assert torch.equal(quantize_2d(x, rne, amax=amax)["qs"].float(), ref)
+
+
+def test_launches_compile_without_fp_contraction():
+    # bit-exactness with the reference must not depend on where LLVM would fuse a multiply into an
+    # add: every launch passes enable_fp_fusion=False (here through the JIT, as a first launch does)
+    from fp4repro.kernels.launch import Launcher
+
+    seen = []
+
+    class Jit:
+        arg_names = ["x", "BLOCK"]
+
+        @staticmethod
+        def fn(x, BLOCK=4):
+            pass
+
+        def __getitem__(self, grid):
+            return lambda *args, **options: seen.append(options)
+
+    launcher = Launcher(Jit())
+    launcher.direct = False
+    launcher((1,), (torch.zeros(1),), (("BLOCK", 4),), 4)
+    assert seen == [{"BLOCK": 4, "num_warps": 4, "enable_fp_fusion": False}]

@@ -196,3 +196,29 @@ def test_a_change_of_what_is_recorded_resumes(prepared, tmp_path, capsys):
     assert len(list_runs(out)) == 1
     t = pd.read_parquet(out / "telemetry.parquet")
     assert set(t["step"]) == set(range(0, 20, 5)) | set(range(21, 60, 7))
+
+
+def test_runs_lists_every_run_and_prune_removes_only_other_configs(prepared, tmp_path, capsys):
+    import dataclasses
+
+    from fp4repro.cli import main
+
+    study, path, root = prepared
+    results = tmp_path / "results"
+    out = results / study.name / "train" / "bf16"
+    other = dataclasses.replace(study, experiment=dataclasses.replace(
+        study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)))
+    train(other, "bf16", root / "data", out, device="cpu", progress=False, stop_after=3)
+    train(study, "bf16", root / "data", out, device="cpu", progress=False, stop_after=3)
+    assert len(list_runs(out)) == 2
+    capsys.readouterr()
+    args = ["runs", "--experiment", str(path), "--recipe", "bf16", "--results", str(results),
+            "--data", str(root / "data")]
+    assert main(args) == 0
+    listing = capsys.readouterr().out
+    states = [line.rsplit("  ", 1)[-1] for line in listing.splitlines()[1:3]]
+    assert sorted(states) == ["current config", "other config"]
+    assert "`fp4repro runs --prune` deletes them" in listing and len(list_runs(out)) == 2   # listing deletes nothing
+    assert main([*args, "--prune"]) == 0
+    (kept,) = list_runs(out)
+    assert kept.record()["numerics"]["train"]["lr"] == study.experiment.train.lr

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from fp4repro.quant import QuantLinear, QuantSpec, QuantState, TensorScaling
-from fp4repro.util import atomic_write_json
+from fp4repro.provenance import provenance
+from fp4repro.results import write_json
 
 CASES = {
     "1x16 RNE, held amax": (QuantSpec(scale="ue5m3", tensor_scaling=TensorScaling("periodic", 50)), True, False),
@@ -141,7 +142,7 @@ def run(out: Path | None = None) -> dict:
 
     result["triton"] = triton.__version__
     if out is not None:
-        atomic_write_json(out, result)
+        write_json(out, result, provenance("cuda"))
     return result
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from fp4repro.quant import QuantSpec, TensorScaling, quantize_dequantize
-from fp4repro.util import atomic_write_json
+from fp4repro.provenance import provenance
+from fp4repro.results import write_json
 
 SPECS = {
     "nvfp4 1x16 RNE": QuantSpec(),
@@ -42,5 +43,5 @@ def run(size: int = 4096, repeats: int = 5, out: Path | None = None) -> list[dic
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu_count": os.cpu_count(), "machine": platform.machine(), "rows": rows}
     if out is not None:
-        atomic_write_json(out, result)
+        write_json(out, result, provenance("cpu"))
     return rows

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from fp4repro.util import atomic_write_json
+from fp4repro.provenance import provenance
+from fp4repro.results import write_json
 
 _INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
@@ -91,10 +92,11 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
         kernel, elements = compile_case(spec, shape, columnwise, arch)
         counts = count_instructions(kernel.asm["sass"])
         rows.append({"case": name, "elements_per_thread": elements, "registers": registers(kernel.asm["cubin"]),
-                     "per_element": counts["main"] / elements, **counts})
+                     "per_element": counts["main"] / elements, "fp_fusion": bool(kernel.metadata.enable_fp_fusion),
+                     **counts})
     result = {"arch": f"sm_{arch}", "shape": list(shape), "cases": rows}
     if out is not None:
-        atomic_write_json(out, result)
+        write_json(out, result, provenance(None))
     return result
 
 

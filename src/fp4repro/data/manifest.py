@@ -59,6 +59,7 @@ class Manifest:
     token_dtype: str
     sources: dict[str, SourceEntry]
     inputs: dict = field(default_factory=dict, compare=False)   # what data_hash was computed from
+    provenance: dict = field(default_factory=dict, compare=False)   # code, packages, device that wrote it
 
     # ---- lookups used by training and evaluation
 
@@ -140,6 +141,7 @@ class Manifest:
                                     for split, e in s.datasets.items()}}
                 for s in self.sources.values()},
             "inputs": self.inputs,
+            "provenance": self.provenance,
         }
 
     @classmethod
@@ -154,7 +156,7 @@ class Manifest:
         return cls(root=Path(root), data_hash=raw["data_hash"], tokenizer_file=tok["path"],
                    tokenizer_sha256=tok["sha256"], tokenizer_bytes=tok["bytes"], vocab_size=tok["vocab_size"],
                    eod_id=tok["eod_id"], token_dtype=raw["token_dtype"], sources=sources,
-                   inputs=raw.get("inputs", {}))
+                   inputs=raw.get("inputs", {}), provenance=raw.get("provenance", {}))
 
 
 def manifest_path(out_dir: str | Path) -> Path:

@@ -31,6 +31,7 @@ from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import bin_path, idx_path, read_indexed_stats, token_dtype, write_indexed_dataset
 from fp4repro.data.manifest import DatasetEntry, Manifest, SourceEntry, manifest_path, read_manifest, write_manifest
 from fp4repro.data.tokenizer import eod_id, encode_documents, file_sha256, load_tokenizer, train_bpe
+from fp4repro.provenance import provenance
 from fp4repro.util import atomic_write_text
 
 # Bump when normalization, splitting, tokenization or the file layout change: old folders are redone.
@@ -197,7 +198,7 @@ def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True, *,
     manifest = Manifest(root=out_dir, data_hash=wanted, tokenizer_file=TOKENIZER_FILE,
                         tokenizer_sha256=file_sha256(tokenizer_file), tokenizer_bytes=tokenizer_file.stat().st_size,
                         vocab_size=vocab_size, eod_id=eod, token_dtype=np.dtype(dtype).name, sources=sources,
-                        inputs=fingerprint)
+                        inputs=fingerprint, provenance=provenance("cpu"))
     write_manifest(manifest)
     return manifest
 

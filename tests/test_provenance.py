@@ -1,0 +1,39 @@
+"""Provenance: the commit, package versions and device recorded in every result file."""
+
+import importlib.metadata
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import fp4repro
+from fp4repro.provenance import describe_device, provenance
+from fp4repro.results import table_provenance, write_json, write_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_records_the_checkout_commit_packages_and_device():
+    record = provenance("cpu")
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if Path(fp4repro.__file__).resolve().is_relative_to(REPO):      # an editable install of this checkout
+        assert record["git_commit"] == head and isinstance(record["git_dirty"], bool)
+    assert record["packages"] == {name: importlib.metadata.version(name)
+                                  for name in ("torch", "triton", "megatron-core", "lm-eval")}
+    assert record["fp4repro"] == fp4repro.__version__
+    assert record["device"] == f"cpu ({__import__('platform').machine()}, {torch.get_num_threads()} " \
+                               f"thread{'s' if torch.get_num_threads() != 1 else ''})"
+    assert describe_device("cuda") == (torch.cuda.get_device_name() if torch.cuda.is_available()
+                                       else record["device"])
+
+
+def test_tables_and_json_carry_it(tmp_path):
+    record = provenance("cpu")
+    write_table(tmp_path / "t.parquet", pd.DataFrame({"step": [1, 2]}), record)
+    assert table_provenance(tmp_path / "t.parquet") == record
+    assert pd.read_parquet(tmp_path / "t.parquet")["step"].tolist() == [1, 2]
+    pd.DataFrame({"step": [1]}).to_parquet(tmp_path / "plain.parquet")
+    assert table_provenance(tmp_path / "plain.parquet") is None
+    write_json(tmp_path / "r.json", {"loss": 1.5}, record)
+    assert __import__("json").loads((tmp_path / "r.json").read_text()) == {"loss": 1.5, "provenance": record}
