@@ -155,8 +155,9 @@ def test_host_decode_scale_equals_the_kernels_and_float32_arithmetic(amax, targe
 
     spec = QuantSpec(scale="ue5m3", target=target) if target is not None else \
         QuantSpec(scale="ue8m0", block=(1, 32), target=None)
+    device = "cuda" if torch.cuda.is_available() else "cpu"      # compiled on a GPU, interpreted on a CPU
     held = torch.tensor(amax, dtype=torch.float32)
-    kernel_d = float(quantize_2d(torch.ones(1, 32), spec, amax=held)["decode_scale"])
+    kernel_d = float(quantize_2d(torch.ones(1, 32, device=device), spec, amax=held.to(device))["decode_scale"])
     assert host_decode_scale(float(held), 6.0, target) == kernel_d == _decode_scale_by_numpy(float(held), target)
 
 
