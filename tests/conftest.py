@@ -13,6 +13,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _outside_the_checkout(tmp_path, monkeypatch):
+    """Every test runs in its own empty folder: configs are looked up in ./configs first, so a
+    user's ./configs at the repository root must not change what the tests see."""
+    monkeypatch.chdir(tmp_path)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -79,8 +86,8 @@ def snakemake() -> Snakemake:
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory, snakemake) -> Path:
-    """The reduced study (configs/experiment/smoke.yaml) run locally through Snakemake, once per
-    session: its working directory (results/, figures/, paper/report.md, logs/)."""
+    """The reduced study (the packaged configs/experiment/smoke.yaml) run locally through Snakemake,
+    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/)."""
     workdir = tmp_path_factory.mktemp("smoke-local")
     snakemake(workdir, "--cores", "2", "--config", "experiment=smoke")
     return workdir

@@ -103,3 +103,10 @@ def test_configs_resolve_in_the_working_directory_first(tmp_path, capsys, monkey
     assert main(["recipe"]) == 0
     listing = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert listing["ue5m3"] == "configs/recipes/ue5m3.yaml" and listing["nvfp4"] == "packaged"
+
+
+def test_bad_command_options_are_config_errors(capsys):
+    assert main(["formats", "e9m9"]) == 2
+    assert "format 'e9m9': 19 bits; at most 8 are supported" in capsys.readouterr().err
+    assert main(["explain", "--scale", "e4m3", "--target", "1000"]) == 2
+    assert "--target: value 1000.0: must satisfy 0 < T <= 448" in capsys.readouterr().err

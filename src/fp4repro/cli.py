@@ -17,12 +17,16 @@ recipe's scale format and q the E2M1 element (see README, "Numerics").
 
 
 def _cmd_formats(args) -> int:
+    from fp4repro.errors import ConfigError
     from fp4repro.formats import FORMAT_NAMES, get_format
 
     names = args.names or list(FORMAT_NAMES)
     print(f"{'format':8} {'bits':>4} {'signed':>6} {'specials':>8} {'max':>12} {'min normal':>12} {'min subnormal':>14}")
     for name in names:
-        f = get_format(name)
+        try:
+            f = get_format(name)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         print(f"{f.name:8} {f.bits:>4} {str(f.signed):>6} {f.specials:>8} {f.max:>12.6g} "
               f"{f.min_normal:>12.6g} {f.min_subnormal:>14.6g}")
     return 0
@@ -149,7 +153,7 @@ def _cmd_runs(args) -> int:
 
     from fp4repro.data import DataError, load_manifest
     from fp4repro.errors import ConfigError
-    from fp4repro.train.runs import fingerprint_of, folder_bytes, list_runs, remove_run, run_numerics
+    from fp4repro.train.runs import folder_bytes, list_runs, remove_run, run_fingerprint
 
     study = _study(args)
     recipes = [_recipe_name(study, args.recipe)] if args.recipe else list(study.recipes)
@@ -164,11 +168,9 @@ def _cmd_runs(args) -> int:
     for recipe in recipes:
         out = Path(args.results) / study.name / "train" / recipe
         done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
-        current = None if data_hash is None else fingerprint_of(
-            run_numerics(study.model, study.recipes[recipe], data_hash, study.experiment.train))
+        current = None if data_hash is None else run_fingerprint(study, recipe, data_hash)[1]
         for run in list_runs(out):
-            resumes = sorted(run.resume.glob("resume_*.pt"))
-            steps = int(resumes[-1].name[7:15]) if resumes else 0
+            steps = run.resume_step()
             states = [name for name, fingerprint in (("current config", current),
                                                      ("finished (done.json)", done.get("fingerprint")))
                       if run.fingerprint == fingerprint]
@@ -215,10 +217,14 @@ def _cmd_model(args) -> int:
 def _cmd_explain(args) -> int:
     import torch
 
+    from fp4repro.config.spec import spec_problems
+    from fp4repro.errors import ConfigError
     from fp4repro.formats import get_format
     from fp4repro.quant import QuantSpec, quantize
     from fp4repro.reference.block import global_encode_scale
 
+    for name, value, allowed in spec_problems(scale=args.scale, target=args.target):
+        raise ConfigError(f"--{name}: value {value!r}: {allowed}")
     spec = QuantSpec(scale=args.scale, target=args.target)
     torch.manual_seed(args.seed)
     x = (torch.randn(2, 16) * torch.tensor([[1.0], [1e-3]])).round(decimals=5)
@@ -436,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=_cmd_bench)
 
     rp = sub.add_parser("report", help="set each paper claim beside what an experiment measured (Markdown)",
-                        description="Read paper/claims.yaml and an experiment's results (final-window loss, "
+                        description="Read the claims file (configs/claims.yaml) and an experiment's results (final-window loss, "
                                     "held-out NLL, downstream aggregates, block-scale telemetry) and write a "
                                     "Markdown report: per claim the paper's value, ours, whether the direction "
                                     "reproduced, whether the difference exceeds twice its standard error, and "

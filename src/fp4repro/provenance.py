@@ -32,6 +32,10 @@ def _git() -> tuple[str | None, bool | None]:
                              text=True, timeout=10)
         if top.returncode != 0 or not (source.is_relative_to(Path(top.stdout.strip()))):
             return None, None
+        tracked = subprocess.run(["git", "-C", str(source), "ls-files", "--error-unmatch", "__init__.py"],
+                                 capture_output=True, text=True, timeout=10)
+        if tracked.returncode != 0:   # e.g. a wheel installed into a venv inside a checkout
+            return None, None
         commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or None
         status = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--", str(source)],

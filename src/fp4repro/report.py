@@ -1,4 +1,5 @@
-"""``fp4repro report``: each claim of ``paper/claims.yaml`` beside what one experiment measured.
+"""``fp4repro report``: each claim of the claims file (``configs/claims.yaml``) beside what one
+experiment measured, written to ``paper/<experiment>/report.md``.
 
 For every claim the report gives the paper's value, ours (recipe, baseline, difference and, where
 the measure has one, the standard error of the difference), whether the direction reproduced,

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from fp4repro.quant import OPERANDS
-from fp4repro.config.files import available
+from fp4repro.config.files import PACKAGED, available
 from fp4repro.config.recipe import RecipeError, load_recipe
+from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
             "nvfp4_no_rht_no_bf16_tail"}
@@ -107,3 +107,16 @@ def test_missing_recipe_lists_available():
             load_recipe(p)
         finally:
             p.unlink()
+
+
+def test_a_local_recipe_can_extend_the_packaged_one_of_its_own_name(tmp_path, monkeypatch):
+    local = tmp_path / "configs" / "recipes" / "ue5m3.yaml"
+    local.parent.mkdir(parents=True)
+    local.write_text("name: ue5m3\nbase: ue5m3\noperands: {dgrad.dy: {target: 1024}}\n")
+    monkeypatch.chdir(tmp_path)
+    r = load_recipe("ue5m3")
+    assert [Path(f).resolve() for f in r.files] == [local.resolve(), (PACKAGED / "recipes/ue5m3.yaml").resolve()]
+    assert r.linear_specs(0, 4).dgrad_dy.target == 1024 and r.linear_specs(0, 4).wgrad_dy.target == 448
+    local.write_text("name: ue5m3\nbase: ./ue5m3.yaml\n")            # a path to itself is a cycle
+    with pytest.raises(RecipeError, match="forms a cycle"):
+        load_recipe("ue5m3")

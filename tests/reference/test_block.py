@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from fp4repro.quant import QuantSpec, TensorScaling, quantize, quantize_dequantize
+from fp4repro.config.spec import QuantSpec, TensorScaling
+from fp4repro.reference.block import quantize, quantize_dequantize
 
 FLT_MAX = torch.finfo(torch.float32).max
 SIGNS = torch.tensor([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=torch.float32)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,11 +83,11 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
     proc.wait()
     assert not (killed / "done.json").exists(), "the run finished before it could be killed"
     run = _run_folder(killed)
-    newest = int(resume_checkpoints(run.resume)[0].name[7:15])     # resume_<step>.pt
-    assert newest >= 10
-
+    complete = [int(p.name[7:15]) for p in resume_checkpoints(run.resume)          # resume_<step>.pt
+                if p.with_name(p.name + ".sha256").is_file()]                      # with its digest
     second = subprocess.run(_cli(path, "ue5m3", root, killed), check=True, env=env, capture_output=True, text=True)
-    assert f"resuming from step {newest} of 60" in second.stderr
+    newest = int(re.search(r"resuming from step (\d+) of 60", second.stderr).group(1))
+    assert newest == max(complete) and newest >= 10              # the newest checkpoint that was complete
     a = pd.read_parquet(full / "metrics.parquet")
     b = pd.read_parquet(killed / "metrics.parquet")
     assert len(a) == study.experiment.train.total_steps == 60
@@ -158,7 +159,8 @@ def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared
 
     study, path, root = prepared
     out = tmp_path / "run"
-    train(study, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
+    train(study, "bf16", root / "data", out, device="cpu", progress=False)          # a finished run
+    assert (out / "done.json").is_file()
     (old,) = list_runs(out)
     old_files = sorted(p.name for p in old.path.rglob("*"))
     changed = dataclasses.replace(study, experiment=dataclasses.replace(
@@ -167,6 +169,9 @@ def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared
     train(changed, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
     err = capsys.readouterr().err
     assert "starting at step 0 of 60" in err and "train.lr differ" in err and "fp4repro runs --prune" in err
+    # the finished run's done.json and tables no longer describe this folder; its run folder stays
+    assert "done.json and the tables of the finished run of another config were removed" in err
+    assert not (out / "done.json").exists() and not (out / "metrics.parquet").exists()
     assert {r.fingerprint for r in list_runs(out)} == {old.fingerprint, _new_fingerprint(out, old)}
     assert sorted(p.name for p in old.path.rglob("*")) == old_files           # nothing of the old run touched
     fresh = tmp_path / "fresh"

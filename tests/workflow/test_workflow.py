@@ -1,5 +1,5 @@
 """The Snakemake DAG: plans for every experiment, clear errors for broken configs, and the reduced
-study (configs/experiment/smoke.yaml) run end to end through Snakemake in a temporary folder."""
+study (the packaged configs/experiment/smoke.yaml) run end to end through Snakemake in a temporary folder."""
 
 import json
 import os

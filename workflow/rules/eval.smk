@@ -10,6 +10,7 @@ rule evaluate:
         final_loss=f"{RESULTS}/eval/{{recipe}}/final_loss.json",
     params:
         eval=section("eval"),
+        final_window=EXP.train.final_window,
         recipe=recipe_arg,
         data=lambda wildcards, input: os.path.dirname(input.manifest),
     log:

@@ -9,7 +9,9 @@ rule train:
         metrics=f"{RESULTS}/train/{{recipe}}/metrics.parquet",
         telemetry=f"{RESULTS}/train/{{recipe}}/telemetry.parquet",
     params:
-        train=section("train"),
+        # what changes the numbers (TrainConfig.NUMERIC_FIELDS): a change of telemetry or resume
+        # cadence, or of the final window, resumes nothing and reruns nothing here
+        train=repr(EXP.train.numerics()),
         backend=EXP.backend,
         recipe=recipe_arg,
         data=lambda wildcards, input: os.path.dirname(input.manifest),

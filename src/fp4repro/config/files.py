@@ -39,15 +39,16 @@ def is_path(name_or_path: str | Path) -> bool:
     return text.endswith((".yaml", ".yml")) or "/" in text or "\\" in text
 
 
-def find_config(kind: str, name_or_path: str | Path) -> Path:
-    """The file a config reference means (see the module docstring). A name found nowhere
-    gives the path it would have in the working directory, so that the caller's "no such file"
-    error names where to put it."""
+def find_config(kind: str, name_or_path: str | Path, skip: Path | None = None) -> Path:
+    """The file a config reference means (see the module docstring). ``skip``: a file the name
+    must not resolve to (a recipe in ./configs that names the packaged one of its own name as its
+    base extends it). A name found nowhere gives the path it would have in the working directory,
+    so that the caller's "no such file" error names where to put it."""
     if is_path(name_or_path):
         return Path(name_or_path).expanduser()
     for root in search_roots():
         candidate = root / kind / f"{name_or_path}.yaml"
-        if candidate.is_file():
+        if candidate.is_file() and (skip is None or candidate.resolve() != Path(skip).resolve()):
             return candidate
     return Path("configs") / kind / f"{name_or_path}.yaml"
 

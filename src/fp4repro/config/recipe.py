@@ -1,6 +1,6 @@
 """Recipe files -> per-layer, per-operand QuantSpecs.
 
-A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/schemas/recipe.schema.json``)::
+A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas/recipe.schema.json``)::
 
     name: nvfp4
     base: other_recipe        # optional: start from another recipe (keys below replace its keys;
@@ -47,10 +47,13 @@ def recipe_path(name_or_path: str | Path) -> Path:
 
 
 def _base_path(base, referrer: Path) -> Path:
-    """A ``base:`` reference: a name is looked up like any recipe name; a relative path is
-    relative to the folder of the recipe that names it."""
-    path = recipe_path(str(base))
-    return referrer.parent / path if is_path(str(base)) and not path.is_absolute() else path
+    """A ``base:`` reference: a name is looked up like any recipe name, past the referring file
+    itself (so ./configs/recipes/ue5m3.yaml with ``base: ue5m3`` extends the packaged ue5m3); a
+    relative path is relative to the folder of the recipe that names it."""
+    if not is_path(str(base)):
+        return find_config("recipes", str(base), skip=referrer)
+    path = Path(str(base)).expanduser()
+    return path if path.is_absolute() else referrer.parent / path
 
 
 def recipe_chain(name_or_path: str | Path) -> list[Path]:

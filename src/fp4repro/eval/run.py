@@ -35,7 +35,6 @@ from fp4repro.eval.policy import CheckpointInfo, checked_checkpoint, inspect_che
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.provenance import provenance
 from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS, read_table, write_json, write_table
-from fp4repro.util import atomic_write_json
 
 TASKS_STAMP = "offline_tasks.json"
 
@@ -80,7 +79,7 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
     if empty:
         raise EvalError(f"offline task(s) {empty}: no items: the test split of their source is too small "
                         f"(see {manifest.root}/manifest.json); raise data.split.test or add documents")
-    atomic_write_json(stamp, {**wanted, "tasks": counts})
+    write_json(stamp, {**wanted, "tasks": counts}, provenance("cpu"))
     return out_dir
 
 

@@ -1,4 +1,4 @@
-"""Triton kernels for two-level block quantization, with the exact numerics of fp4repro.quant.block.
+"""Triton kernels for two-level block quantization, with the exact numerics of fp4repro.reference.block.
 
 Kernels over a logical 2-D matrix M (rows, cols) given by a pointer and two strides, blocks
 running along its columns (the GEMM's reduction dimension):

@@ -63,6 +63,7 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
              generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
              stats: bool = False) -> BlockQuantized:
     """Packed codes and scale codes of x (``fp4repro.reference.block.quantize``)."""
+    reference.check_packable(spec)
     if not uses_kernel(x, generator, rand):
         return reference.quantize(x, spec, amax=amax, generator=generator, rand=rand, stats=stats)
     from fp4repro.kernels import quantize_2d

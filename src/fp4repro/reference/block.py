@@ -20,7 +20,7 @@ on purpose: A is taken over finite elements only (one Inf must not flush every o
 block holding NaN/Inf gets a NaN scale, so it dequantizes to NaN; g = 1 (not FLT_MAX) when A == 0;
 codes of a block whose scale flushed to zero are 0 (TE stores ±6 there; both dequantize to 0).
 
-With ``rht`` the tensor is first transformed (``fp4repro.quant.rht``) and everything above,
+With ``rht`` the tensor is first transformed (``fp4repro.reference.rht``) and everything above,
 including A, applies to the transformed tensor; ``dequantize`` returns the operand in that
 transformed domain, which is what the GEMM consumes.
 
@@ -161,6 +161,12 @@ def quantize_elements(xb: torch.Tensor, s: torch.Tensor, encode: torch.Tensor, e
     return torch.where(keep.unsqueeze(-1), q, torch.zeros((), device=q.device))
 
 
+def check_packable(spec: QuantSpec) -> None:
+    """Packed codes hold two 4-bit elements per byte: other element formats have none."""
+    if get_format(spec.element).bits != 4:
+        raise ValueError(f"packed codes need a 4-bit element format, got {spec.element!r}")
+
+
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """(R, C) 4-bit codes -> (R, C/2) bytes, element 2i in the low nibble."""
     return codes[:, 0::2] | (codes[:, 1::2] << 4)
@@ -211,9 +217,8 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
     of the padded 2-D shape, so kernels can be checked against this reference bit for bit).
     stats: also compute ``OperandStats`` telemetry (an extra pass or two).
     """
+    check_packable(spec)
     element, scale = get_format(spec.element), get_format(spec.scale)
-    if element.bits != 4:
-        raise ValueError(f"packed codes need a 4-bit element format, got {spec.element!r}")
     b = _quantize_blocks(x, spec, amax, generator, rand, stats)
     out = BlockQuantized(
         codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))), scale_codes=scale.encode(b.s),

@@ -11,13 +11,15 @@ one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). 
 ``out_dir``, written when the run finishes:
 
     metrics.parquet     one row per step: step, tokens, stage, loss, lr, grad_norm, tokens_per_s,
-                        attempt (0 for the process that started the run, +1 per resume)
+                        attempt (which process computed the step: 0 for the first to work on the
+                        run folder, +1 for each later one, a resume or a restart)
     telemetry.parquet   every ``telemetry_every`` steps, one row per layer × operand × quantization
     done.json           written last: the run finished, its fingerprint and its evaluation checkpoints
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -38,7 +40,7 @@ from fp4repro.model import NemotronH
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
 from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
-from fp4repro.train.runs import RunFolder, changed_fields, fingerprint_of, list_runs, run_numerics
+from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
 from fp4repro.train.schedule import WSDSchedule
 
 METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
@@ -141,6 +143,19 @@ def _announce(run: RunFolder, numerics: dict, start_step: int, total_steps: int)
          "(`fp4repro runs --prune` removes them)")
 
 
+def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
+    """A run of another config starts: the folder's finished-run outputs stop describing it. They
+    are removed (the old run's folder keeps its checkpoints and parts), so that nothing reads a
+    finished run's done.json beside another run's tables."""
+    done = out_dir / "done.json"
+    if not done.is_file() or json.loads(done.read_text()).get("fingerprint") == fingerprint:
+        return
+    for name in ("done.json", "metrics.parquet", "telemetry.parquet"):
+        (out_dir / name).unlink(missing_ok=True)
+    _say(f"{out_dir}: done.json and the tables of the finished run of another config were removed "
+         "(its run folder and checkpoints stay)")
+
+
 def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device: str | None = None,
           progress: bool = True, stop_after: int | None = None) -> Path:
     """Train (or resume) one recipe of a study; returns ``out_dir``.
@@ -168,8 +183,9 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device:
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
     # ---- this config's run folder, resumed where its last attempt left off
-    numerics = run_numerics(study.model, recipe, manifest.data_hash, t)
-    run = RunFolder(out_dir, fingerprint_of(numerics))
+    numerics, fingerprint = run_fingerprint(study, recipe_name, manifest.data_hash)
+    run = RunFolder(out_dir, fingerprint)
+    _retire_finished_outputs(out_dir, fingerprint)
     start_step = 0
     resume = load_latest_resume(run.resume)
     if resume is not None:

@@ -23,7 +23,6 @@ step S drops the parts after S (written by an attempt that died before its next 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import json
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from fp4repro.results import write_table
+from fp4repro.train.checkpoint import RESUME_PATTERN
 from fp4repro.util import atomic_write_json
 
 RUNS = "runs"
@@ -62,6 +62,12 @@ def fingerprint_of(numerics: dict) -> str:
     return hashlib.sha256(json.dumps(numerics, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def run_fingerprint(study, recipe: str, data_hash: str) -> tuple[dict, str]:
+    """(what a run of ``recipe`` in ``study`` on this data computes, its fingerprint)."""
+    numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train)
+    return numerics, fingerprint_of(numerics)
+
+
 def changed_fields(old: dict, new: dict, prefix: str = "") -> list[str]:
     """The dotted names of the fields that differ between two ``run_numerics`` records."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -88,11 +94,18 @@ class RunFolder:
         return Path(path).relative_to(self.out).as_posix()
 
     # ------------------------------------------------------------------------------ record
+    def resume_step(self) -> int:
+        """The step of the newest resume checkpoint on disk (0 without one; not verified)."""
+        steps = [int(m.group(1)) for p in (self.resume.iterdir() if self.resume.is_dir() else ())
+                 if (m := RESUME_PATTERN.match(p.name))]
+        return max(steps, default=0)
+
     def record(self) -> dict | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
 
     def start_attempt(self, numerics: dict, from_step: int, provenance: dict) -> int:
-        """Record that a process starts working on this run at ``from_step``; its attempt number."""
+        """Record that a process starts working on this run at ``from_step``; its number among the
+        processes that have worked on this run folder (0 for the first)."""
         record = self.record() or {"fingerprint": self.fingerprint, "numerics": numerics, "attempts": []}
         record["attempts"].append({"from_step": from_step, "provenance": provenance})
         atomic_write_json(self.record_path, record)
@@ -140,7 +153,3 @@ def folder_bytes(path: Path) -> int:
 def remove_run(run: RunFolder) -> None:
     """Delete a run folder (only ever called on the user's explicit request)."""
     shutil.rmtree(run.path)
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
