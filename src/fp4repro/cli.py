@@ -133,9 +133,13 @@ def _cmd_train(args) -> int:
     if exp.backend != "local":
         raise ConfigError(f"{exp.path}: field 'backend': value {exp.backend!r}: not available yet; only the local "
                           "backend (the reference model) trains today")
+    from fp4repro.results import run_dir
+
+    seed = exp.train.seeds[0] if args.seed is None else args.seed
     data = Path(args.data or f"results/{exp.name}/data")
-    out = Path(args.out or f"results/{exp.name}/train/{recipe}")
-    train(study, recipe, data, out, device=args.device, progress=not args.quiet, stop_after=args.stop_after)
+    out = Path(args.out or run_dir("results", exp.name, recipe, seed))
+    train(study, recipe, data, out, seed=seed, device=args.device, progress=not args.quiet,
+          stop_after=args.stop_after)
     return 0
 
 
@@ -143,8 +147,8 @@ def _cmd_evaluate(args) -> int:
     from fp4repro.eval.run import evaluate
 
     study = _study(args)
-    evaluate(study, _recipe_name(study, args.recipe), results=args.results, data=args.data, device=args.device,
-             nll=not args.no_nll, downstream=not args.no_downstream, progress=not args.quiet)
+    evaluate(study, _recipe_name(study, args.recipe), seed=args.seed, results=args.results, data=args.data,
+             device=args.device, nll=not args.no_nll, downstream=not args.no_downstream, progress=not args.quiet)
     return 0
 
 
@@ -153,7 +157,8 @@ def _cmd_runs(args) -> int:
 
     from fp4repro.data import DataError, load_manifest
     from fp4repro.errors import ConfigError
-    from fp4repro.train.runs import folder_bytes, list_runs, remove_run, run_fingerprint
+    from fp4repro.results import SEED_FOLDER, run_dir
+    from fp4repro.train.runs import remove_run, run_fingerprint
 
     study = _study(args)
     recipes = [_recipe_name(study, args.recipe)] if args.recipe else list(study.recipes)
@@ -164,21 +169,15 @@ def _cmd_runs(args) -> int:
             raise ConfigError(f"--prune: cannot tell which run the current config makes ({err})") from None
         data_hash = None
     removable = []
-    print(f"{'recipe':22} {'run':22} {'steps':>7} {'attempts':>8} {'MB':>8}  state")
+    print(f"{'recipe':22} {'seed':>4} {'run':22} {'steps':>7} {'attempts':>8} {'MB':>8}  state")
     for recipe in recipes:
-        out = Path(args.results) / study.name / "train" / recipe
-        done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
-        current = None if data_hash is None else run_fingerprint(study, recipe, data_hash)[1]
-        for run in list_runs(out):
-            steps = run.resume_step()
-            states = [name for name, fingerprint in (("current config", current),
-                                                     ("finished (done.json)", done.get("fingerprint")))
-                      if run.fingerprint == fingerprint]
-            if not states:
-                removable.append(run)
-            print(f"{recipe:22} {run.relative(run.path):22} {steps:>7} "
-                  f"{len((run.record() or {}).get('attempts', [])):>8} {folder_bytes(run.path) / 1e6:>8.1f}  "
-                  f"{', '.join(states) or 'other config'}")
+        on_disk = {int(m.group(1)) for p in (Path(args.results) / study.name / "train" / recipe).glob("seed*")
+                   if (m := SEED_FOLDER.match(p.name))}
+        for seed in sorted(set(study.experiment.train.seeds) | on_disk):
+            out = run_dir(args.results, study.name, recipe, seed)
+            done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
+            current = None if data_hash is None else run_fingerprint(study, recipe, seed, data_hash)[1]
+            removable += _list_runs(out, recipe, seed, current, done.get("fingerprint"))
     if args.prune:
         for run in removable:
             remove_run(run)
@@ -186,6 +185,22 @@ def _cmd_runs(args) -> int:
     elif removable:
         print(f"{len(removable)} run(s) of another config; `fp4repro runs --prune` deletes them, checkpoints included")
     return 0
+
+
+def _list_runs(out: Path, recipe: str, seed: int, current: str | None, finished: str | None) -> list:
+    """Print the run folders of one recipe and seed; those of another config (to prune)."""
+    from fp4repro.train.runs import folder_bytes, list_runs
+
+    other = []
+    for run in list_runs(out):
+        states = [name for name, fingerprint in (("current config", current), ("finished (done.json)", finished))
+                  if run.fingerprint == fingerprint]
+        if not states:
+            other.append(run)
+        print(f"{recipe:22} {seed:>4} {run.relative(run.path):22} {run.resume_step():>7} "
+              f"{len((run.record() or {}).get('attempts', [])):>8} {folder_bytes(run.path) / 1e6:>8.1f}  "
+              f"{', '.join(states) or 'other config'}")
+    return other
 
 
 def _cmd_model(args) -> int:
@@ -318,6 +333,7 @@ def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False, quie
     if recipe:
         p.add_argument("--recipe", required=True,
                        help="the recipe (name or YAML path); one outside the experiment joins the study")
+        p.add_argument("--seed", type=int, help="the run's seed (default: the experiment's first, train.seeds)")
         p.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
         p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     if quiet:
@@ -365,12 +381,14 @@ def build_parser() -> argparse.ArgumentParser:
     pd_.set_defaults(func=_cmd_prepare_data)
 
     tr = sub.add_parser("train", help="train one recipe of an experiment (resumes where it stopped)",
-                        description="Train the reference model under one recipe over all stages of the experiment. "
-                                    "Rerunning the same command resumes from the newest valid resume checkpoint, "
-                                    "bit for bit on CPU. Writes metrics.parquet, telemetry.parquet, evaluation "
-                                    "checkpoints in ckpt/ and done.json at the end.")
+                        description="Train the reference model under one recipe and one seed over all stages of the "
+                                    "experiment (a seed sets initialisation and data order: the same seed gives every "
+                                    "recipe the same batches). Rerunning the same command resumes from the newest "
+                                    "valid resume checkpoint, bit for bit on CPU. Writes metrics.parquet, "
+                                    "telemetry.parquet and done.json at the end; checkpoints live in "
+                                    "runs/<fingerprint>/ (see `fp4repro runs`).")
     _experiment_arguments(tr, recipe=True)
-    tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>)")
+    tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>/seed<seed>)")
     tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
     tr.set_defaults(func=_cmd_train)
 
@@ -379,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "experiment's eval config (bf16: no quantization; quantized: the recipe's forward "
                                     "quantization with current amaxes): held-out NLL per source and for the final "
                                     "blend, lm-eval tasks and aggregates with standard errors, and the final-window "
-                                    "training loss. Writes results/<experiment>/eval/<recipe>/{nll,downstream}.parquet "
+                                    "training loss. Writes results/<experiment>/eval/<recipe>/seed<seed>/{nll,downstream}.parquet "
                                     "and final_loss.json; rerunning skips checkpoint x policy rows already there.")
     _experiment_arguments(ev, recipe=True)
     ev.add_argument("--results", default="results", help="results root (default results)")
@@ -411,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "of an input is the name of its folder) and write it as PNG and, beside it,\n"
                                     "PDF, each atomically. Figures and the inputs each takes:\n\n" + figure_help(),
                         epilog="example: fp4repro plot loss --out figures/tiny/loss.png "
-                               "results/tiny/train/*/metrics.parquet results/tiny/eval/*/final_loss.json",
+                               "results/tiny/train/*/seed*/metrics.parquet results/tiny/eval/*/seed*/final_loss.json",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     pl.add_argument("figure", choices=list(FIGURE_INPUTS), help="which figure")
     pl.add_argument("inputs", nargs="+", metavar="INPUT", help="input files (see above)")

@@ -1,15 +1,23 @@
 """``fp4repro report``: each claim of the claims file (``configs/claims.yaml``) beside what one
-experiment measured, written to ``paper/<experiment>/report.md``.
+experiment measured, judged with paired statistics, written to ``paper/<experiment>/report.md``.
 
-For every claim the report gives the paper's value, ours (recipe, baseline, difference and, where
-the measure has one, the standard error of the difference), whether the direction reproduced,
-whether the difference is larger than its noise (|diff| > 2·SE), and the scale it was measured at.
-A claim whose inputs the experiment lacks (a recipe it does not train, a measure that no rule of
-the DAG produces yet) is listed as "not measured" with the reason, never silently dropped.
+Every claim compares a recipe with a baseline. Runs of the same seed see the same batches, and
+evaluation scores the same documents and items, so every comparison is paired
+(``fp4repro.statistics``): with two seeds or more, the verdict uses the per-seed difference (paired
+t over seeds); with one seed, each measure uses the test that fits its units: the final-window loss
+the per-step difference with a batch-means standard error (steps are autocorrelated), held-out
+NLL a paired bootstrap over documents (stratified by source), downstream aggregates a paired
+item-level test, the telemetry events per-step rate differences with batch means. With one seed an
+outcome of training (loss, NLL, downstream) cannot be told apart from the seed: its verdict is at
+most "suggestive". Each line gives the paper's claim (and magnitude, where the paper states one),
+ours (recipe / baseline), the difference with its 95% interval, the test, its minimum detectable
+effect (MDE) and the verdict. A claim whose inputs the experiment lacks (a recipe it does not
+train, a measure no rule produces yet) says "not measured" and why, never silently dropped.
 
-Inputs, all in the results layout:
-    results/<exp>/eval/<recipe>/final_loss.json, nll.parquet, downstream.parquet
-    results/<exp>/train/<recipe>/telemetry.parquet
+Inputs, per recipe and seed in the results layout (``fp4repro.results``):
+    eval/<recipe>/seed<seed>/final_loss.json, nll.parquet, nll_documents.parquet, downstream.parquet,
+                             downstream_items.parquet
+    train/<recipe>/seed<seed>/metrics.parquet, telemetry.parquet
 """
 
 from __future__ import annotations
@@ -19,13 +27,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from fp4repro.results import (DOWNSTREAM_COLUMNS, EVENT_COLUMNS, NLL_COLUMNS, TELEMETRY_COLUMNS, block_rates,
-                               last_checkpoint, read_json, read_table)
 from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_field
 from fp4repro.errors import FP4ReproError
+from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
+                              NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, TELEMETRY_COLUMNS, eval_dir, last_checkpoint,
+                              read_json, read_table, run_dir)
+from fp4repro.statistics import (NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison,
+                                 batch_means, paired_bootstrap, paired_items, seed_level)
 from fp4repro.util import atomic_write_text
+
+VERDICTS = (REPRODUCED, SUGGESTIVE, WITHIN_NOISE, OPPOSITE, NO_DIFFERENCE)
 
 
 class ReportError(FP4ReproError):
@@ -41,9 +55,11 @@ class Claim:
     baseline: str
     expect: str                  # lower | higher
     paper: str
+    magnitude: str | None = None  # the paper's number, where its summary gives one
     policy: str = "quantized"
     event: str | None = None
     operands: tuple[str, ...] = ()
+    mechanism: str = ""          # why the measure should move as the paper says (telemetry claims)
 
 
 @dataclass(frozen=True)
@@ -54,24 +70,19 @@ class Row:
     label: str
     recipe_value: float | None = None
     baseline_value: float | None = None
-    stderr: float = math.nan                   # standard error of the difference (nan: none)
-    note: str = ""                             # why not measured, or what the values are
+    comparison: Comparison | None = None
+    capped: bool = False                       # one seed on an outcome of training: at most suggestive
+    note: str = ""                             # what was compared, or why it was not
 
     @property
     def measured(self) -> bool:
-        return self.recipe_value is not None and self.baseline_value is not None
+        return self.comparison is not None
 
     @property
-    def difference(self) -> float:
-        return self.recipe_value - self.baseline_value
-
-    @property
-    def reproduced(self) -> bool:
-        return self.difference < 0 if self.claim.expect == "lower" else self.difference > 0
-
-    @property
-    def beyond_noise(self) -> bool | None:
-        return None if math.isnan(self.stderr) else abs(self.difference) > 2 * self.stderr
+    def verdict(self) -> str:
+        if self.comparison is None:
+            return self.note.split(":")[0]
+        return self.comparison.verdict(self.claim.expect, self.capped)
 
 
 # ------------------------------------------------------------------------------------ claims
@@ -94,90 +105,218 @@ def load_claims(path: str | Path) -> tuple[dict, list[Claim]]:
 
 # ---------------------------------------------------------------------------------- measures
 
-# the file of each measure, under results/<exp>/
-MEASURE_FILES = {"final_loss": "eval/{}/final_loss.json", "heldout_nll": "eval/{}/nll.parquet",
-                 "downstream": "eval/{}/downstream.parquet", "telemetry": "train/{}/telemetry.parquet"}
+def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str, dict[int, Path]] | Row:
+    """recipe -> seed -> the file ``name`` of each run's ``kind`` folder (train | eval), or the
+    "not measured" line naming what is missing."""
+    folder = run_dir if kind == "train" else eval_dir
+    files = {r: {s: folder(root.parent, root.name, r, s) / name for s in seeds} for r in (claim.recipe, claim.baseline)}
+    missing = [str(p) for runs in files.values() for p in runs.values() if not p.is_file()]
+    if missing:
+        return Row(claim, claim.id, note=f"not measured: {', '.join(missing[:2])}{' …' if len(missing) > 2 else ''} "
+                                         "missing")
+    return files
 
 
-def final_loss(path: Path) -> tuple[float, float]:
-    """Final-window training loss and its standard error."""
-    raw = read_json(path, ("loss",), "a final-window loss summary (fp4repro evaluate)", ReportError)
-    return raw["loss"], raw.get("loss_stderr", math.nan)
+def _final_window(metrics: Path, summary: Path) -> pd.DataFrame:
+    """The steps of a run's final window (as ``fp4repro evaluate`` chose them: final_loss.json)."""
+    window = read_json(summary, ("first_step", "last_step", "loss"), "a final-window loss summary", ReportError)
+    table = read_table(metrics, METRICS_COLUMNS, "a training metrics table (fp4repro train)", ReportError)
+    return table[table["step"].between(window["first_step"], window["last_step"])].set_index("step")["loss"]
 
 
-def _at_last_checkpoint(path: Path, columns: tuple[str, ...], what: str, policy: str) -> pd.DataFrame:
+def final_loss(claim: Claim, root: Path, seeds) -> list[Row]:
+    """Final-window training loss: seed-level paired t, or one run's per-step differences (the
+    same batches at the same step) with batch means, then at most "suggestive"."""
+    files = _per_seed(root, claim, seeds, "eval", "final_loss.json")
+    metrics = _per_seed(root, claim, seeds, "train", "metrics.parquet")
+    for got in (files, metrics):
+        if isinstance(got, Row):
+            return [got]
+    windows = {r: {s: _final_window(metrics[r][s], files[r][s]) for s in seeds} for r in files}
+    means = {r: np.array([windows[r][s].mean() for s in seeds]) for r in files}
+    a, b = means[claim.recipe], means[claim.baseline]
+    if len(seeds) > 1:
+        comparison = seed_level(a - b)
+    else:
+        joined = pd.concat([windows[claim.recipe][seeds[0]], windows[claim.baseline][seeds[0]]], axis=1,
+                           join="inner").sort_index()
+        comparison = batch_means((joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy())
+    steps = len(windows[claim.recipe][seeds[0]])
+    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, capped=len(seeds) == 1,
+                note=f"mean loss over the final window ({steps} steps), {len(seeds)} seed(s)")]
+
+
+def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
     table = read_table(path, columns, what, ReportError)
     return last_checkpoint(table[table["policy"] == policy], [])
 
 
-def heldout_nll(path: Path, policy: str) -> tuple[int, float]:
-    """(step, NLL of the final-stage blend) at the last checkpoint (no standard error: one fixed split)."""
-    rows = _at_last_checkpoint(path, NLL_COLUMNS, "a held-out NLL table (fp4repro evaluate)", policy)
-    blend = rows[rows["source"] == "blend"]
-    if blend.empty:
-        raise ReportError(f"{path}: no blend row for policy {policy!r}")
-    return int(blend["step"].iloc[0]), float(blend["nll"].iloc[0])
+def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> list[Row]:
+    """Blend NLL at the last checkpoint: seed-level paired t, or a paired bootstrap over the
+    held-out documents (stratified by source), then at most "suggestive"."""
+    files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
+    if isinstance(files, Row):
+        return [files]
+    last = {r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", claim.policy) for s in seeds}
+            for r in files}
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
+    if len(steps) != 1:
+        return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
+    step = steps.pop()
+    blend_of = {r: np.array([float(t.loc[t["source"] == "blend", "nll"].iloc[0]) for t in last[r].values()])
+                for r in last}
+    a, b = blend_of[claim.recipe], blend_of[claim.baseline]
+    if len(seeds) > 1:
+        comparison = seed_level(a - b)
+    else:
+        docs = _per_seed(root, claim, seeds, "eval", "nll_documents.parquet")
+        if isinstance(docs, Row):
+            return [docs]
+        comparison = _document_bootstrap(docs, seeds[0], claim.policy, step, blend)
+    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, capped=len(seeds) == 1,
+                note=f"blend NLL (nats/token) at step {step}, {claim.policy} policy, {len(seeds)} seed(s)")]
 
 
-def downstream(path: Path, policy: str) -> tuple[int, dict[str, tuple[float, float]]]:
-    """(step, aggregate -> (value, stderr)) at the last checkpoint."""
-    rows = _at_last_checkpoint(path, DOWNSTREAM_COLUMNS, "a downstream results table (fp4repro evaluate)", policy)
-    rows = rows[rows["level"] == "aggregate"]
-    step = int(rows["step"].iloc[0]) if len(rows) else -1
-    return step, {r.aggregate: (float(r.value), float(r.stderr)) for r in rows.itertuples()}
+def _document_bootstrap(docs: dict, seed: int, policy: str, step: int, blend: dict[str, float]) -> Comparison:
+    """Paired bootstrap of the blend-NLL difference over the documents both runs scored."""
+    tables = {}
+    for recipe, runs in docs.items():
+        t = read_table(runs[seed], NLL_DOCUMENT_COLUMNS, "a per-document NLL table", ReportError)
+        tables[recipe] = t[(t["policy"] == policy) & (t["step"] == step)].set_index(["source", "document"])[
+            ["nll_sum", "predicted"]]
+    (ra, ta), (rb, tb) = tables.items()
+    joined = ta.join(tb, lsuffix="_a", rsuffix="_b", how="inner")
+    sources = joined.index.get_level_values("source").to_numpy()
+    used = {s: w for s, w in blend.items() if w > 0 and s in set(sources)}
+    norm = sum(used.values())
+    cols = {c: joined[c].to_numpy(dtype=np.float64) for c in ("nll_sum_a", "predicted_a", "nll_sum_b",
+                                                                 "predicted_b")}
+
+    def difference(weights: np.ndarray) -> float:
+        out = 0.0
+        for source, w in used.items():
+            m = sources == source
+            nll_a = (weights[m] * cols["nll_sum_a"][m]).sum() / (weights[m] * cols["predicted_a"][m]).sum()
+            nll_b = (weights[m] * cols["nll_sum_b"][m]).sum() / (weights[m] * cols["predicted_b"][m]).sum()
+            out += w / norm * (nll_a - nll_b)
+        return out
+
+    keep = np.isin(sources, list(used))
+    if not keep.all():
+        sources = sources[keep]
+        cols = {c: v[keep] for c, v in cols.items()}
+    return paired_bootstrap(difference, len(sources), strata=sources, what="documents")
 
 
-def _same_step(claim: Claim, a: int, b: int) -> Row | None:
-    if a != b:
-        return Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ (step {a} vs {b})")
-    return None
+def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
+    """Each aggregate at the last checkpoint: seed-level paired t, or a paired item-level test over
+    the aggregate's items, then at most "suggestive"."""
+    files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
+    if isinstance(files, Row):
+        return [files]
+    last = {r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", claim.policy)
+                for s in seeds} for r in files}
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
+    if len(steps) != 1:
+        return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
+    step = steps.pop()
+    aggregates = {r: {s: t[t["level"] == "aggregate"].set_index("aggregate") for s, t in runs.items()}
+                  for r, runs in last.items()}
+    names = sorted(set.intersection(*(set(t.index) for runs in aggregates.values() for t in runs.values())))
+    if not names:
+        return [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
+    items = None if len(seeds) > 1 else _per_seed(root, claim, seeds, "eval", "downstream_items.parquet")
+    if isinstance(items, Row):
+        return [items]
+    rows = []
+    for name in names:
+        values = {r: np.array([float(aggregates[r][s].loc[name, "value"]) for s in seeds]) for r in aggregates}
+        a, b = values[claim.recipe], values[claim.baseline]
+        metric = str(aggregates[claim.recipe][seeds[0]].loc[name, "metric"])
+        if len(seeds) > 1:
+            comparison = seed_level(a - b)
+        else:
+            comparison = _item_test(items, seeds[0], claim, step, name, metric)
+        rows.append(Row(claim, f"{claim.id}: {name}", float(a.mean()), float(b.mean()), comparison,
+                        capped=len(seeds) == 1, note=f"{metric} at step {step}, {claim.policy} policy, "
+                                                     f"{len(seeds)} seed(s)"))
+    return rows
 
 
-def event_rate(path: Path, event: str, operands: tuple[str, ...]) -> tuple[float, int, int]:
-    """Share of quantized blocks with ``event`` over the whole run, summed over layers and the
-    listed operands: (rate, events, blocks)."""
+def _item_test(items: dict, seed: int, claim: Claim, step: int, aggregate: str, metric: str) -> Comparison:
+    """The paired item-level test of one aggregate: each task's items under both recipes."""
+    per = {}
+    for recipe, runs in items.items():
+        t = read_table(runs[seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
+        per[recipe] = t[(t["policy"] == claim.policy) & (t["step"] == step) & (t["aggregate"] == aggregate)
+                        & (t["metric"] == metric)].set_index(["task", "doc_id"])["value"]
+    joined = pd.concat([per[claim.recipe], per[claim.baseline]], axis=1, join="inner", keys=["a", "b"])
+    tasks = [(g["a"].to_numpy(), g["b"].to_numpy()) for _, g in joined.groupby(level="task", sort=True)]
+    return paired_items(tasks)
+
+
+MECHANISMS = {
+    "underflow": "a non-zero block whose scale rounds to zero in the scale format (below UE5M3's 2^-17) loses "
+                 "every element; raising T lifts every block scale by T'/T, so fewer small blocks fall below",
+    "saturation": "a block scale clamped at the format's maximum (114688 for UE5M3) clips the block; raising T "
+                  "lifts every block scale, so it can only add saturation: the paper's claim needs another reading",
+    "clipping": "an element clipped at ±6 although its block scale was not clamped: a block whose scale lands in "
+                "the format's subnormal range is rounded down by up to half, pushing its largest elements past 6; "
+                "raising T moves small blocks out of that range",
+}
+
+
+def _event_steps(path: Path, event: str, operands: tuple[str, ...]) -> pd.DataFrame:
+    """Per telemetry step: events and units (blocks, or non-zero elements for clipping) summed
+    over layers and the listed operands."""
+    count, units = EVENTS[event]
     table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
-    total = block_rates(table[table["operand"].isin(operands)], []).iloc[0]
-    return float(total[event]), int(total[EVENT_COLUMNS[event]]), int(total["blocks"])
+    return table[table["operand"].isin(operands)].groupby("step")[[count, units]].sum()
 
 
-def measure(claim: Claim, root: Path, recipes: tuple[str, ...]) -> list[Row]:
+def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
+    """The share of units with an event over the whole run: seed-level paired t, or one run's
+    per-step rate differences (the same batches at the same steps) with batch means."""
+    files = _per_seed(root, claim, seeds, "train", "telemetry.parquet")
+    if isinstance(files, Row):
+        return [files]
+    count, units = EVENTS[claim.event]
+    steps = {r: {s: _event_steps(files[r][s], claim.event, claim.operands) for s in seeds} for r in files}
+    totals = {r: [(int(t[count].sum()), int(t[units].sum())) for t in runs.values()] for r, runs in steps.items()}
+    rates = {r: np.array([e / n if n else math.nan for e, n in totals[r]]) for r in totals}
+    detail = (f"{claim.event} ({count.replace('_', ' ')} / {units.replace('_', ' ')}) of "
+              f"{', '.join(claim.operands)}: {sum(e for e, _ in totals[claim.recipe]):,} of "
+              f"{sum(n for _, n in totals[claim.recipe]):,} vs {sum(e for e, _ in totals[claim.baseline]):,} of "
+              f"{sum(n for _, n in totals[claim.baseline]):,}")
+    if all(e == 0 for runs in totals.values() for e, _ in runs):
+        return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({detail})")]
+    a, b = rates[claim.recipe], rates[claim.baseline]
+    if len(seeds) > 1:
+        comparison = seed_level(a - b)
+    else:
+        ta, tb = steps[claim.recipe][seeds[0]], steps[claim.baseline][seeds[0]]
+        joined = ta.join(tb, lsuffix="_a", rsuffix="_b", how="inner").sort_index()
+        d = joined[f"{count}_a"] / joined[f"{units}_a"] - joined[f"{count}_b"] / joined[f"{units}_b"]
+        comparison = batch_means(d.fillna(0.0).to_numpy())
+    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
+
+
+def measure(claim: Claim, root: Path, recipes, seeds=(0,), blend: dict[str, float] | None = None) -> list[Row]:
     """The report lines of one claim against the results under ``root`` (results/<exp>)."""
     absent = [r for r in (claim.recipe, claim.baseline) if r not in recipes]
     if absent:
         return [Row(claim, claim.id, note=f"not measured: recipe(s) {', '.join(absent)} not in this experiment")]
+    seeds = list(seeds)
     if claim.measure == "throughput":
-        return [Row(claim, claim.id, note="not measured: needs native FP4 GEMMs; the throughput ablations are "
+        return [Row(claim, claim.id, note="not measured: needs native FP4 GEMMs; the throughput ablation is "
                                           "not part of this DAG yet")]
-    path, base_path = (root / MEASURE_FILES[claim.measure].format(r) for r in (claim.recipe, claim.baseline))
-    missing = [str(p) for p in (path, base_path) if not p.is_file()]
-    if missing:
-        return [Row(claim, claim.id, note=f"not measured: {', '.join(missing)} missing")]
     if claim.measure == "final_loss":
-        (a, sa), (b, sb) = final_loss(path), final_loss(base_path)
-        return [Row(claim, claim.id, a, b, math.hypot(sa, sb), "final-window mean loss ± SE of the steps")]
+        return final_loss(claim, root, seeds)
     if claim.measure == "heldout_nll":
-        (sa, a), (sb, b) = heldout_nll(path, claim.policy), heldout_nll(base_path, claim.policy)
-        return [_same_step(claim, sa, sb) or
-                Row(claim, claim.id, a, b, note=f"blend NLL (nats/token) at step {sa}, {claim.policy} policy")]
+        return heldout_nll(claim, root, seeds, blend or {})
     if claim.measure == "downstream":
-        (sa, ours), (sb, base) = downstream(path, claim.policy), downstream(base_path, claim.policy)
-        mismatch = _same_step(claim, sa, sb)
-        if mismatch:
-            return [mismatch]
-        return [Row(claim, f"{claim.id}: {agg}", ours[agg][0], base[agg][0], math.hypot(ours[agg][1], base[agg][1]),
-                    f"accuracy at step {sa}, {claim.policy} policy")
-                for agg in sorted(set(ours) & set(base))] or \
-            [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
-    # telemetry: the claims schema allows no other measure
-    a, ea, na = event_rate(path, claim.event, claim.operands)
-    b, eb, nb = event_rate(base_path, claim.event, claim.operands)
-    note = (f"{claim.event} blocks of {', '.join(claim.operands)}: {ea:,} of {na:,} vs {eb:,} of {nb:,}")
-    if ea == eb == 0:
-        return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({note})")]
-    # binomial SE of each rate (blocks treated as independent: an underestimate)
-    se = math.hypot(math.sqrt(a * (1 - a) / na), math.sqrt(b * (1 - b) / nb))
-    return [Row(claim, claim.id, a, b, se, note)]
+        return downstream(claim, root, seeds)
+    return telemetry(claim, root, seeds)      # the claims schema allows no other measure
 
 
 # ------------------------------------------------------------------------------------ render
@@ -186,31 +325,43 @@ def _fmt(row: Row, value: float) -> str:
     return f"{value:.3e}" if row.claim.measure == "telemetry" else f"{value:.4f}"
 
 
+def _signed(row: Row, value: float) -> str:
+    return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
+
+
 def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], out: Path) -> str:
     """The report as Markdown (figure links relative to the report's folder)."""
+    seeds = len(exp.train.seeds)
     lines = [f"# Reproduction report: {paper['title']}", "",
              f"Generated by `fp4repro report` from experiment `{exp.name}`; rerun the workflow to refresh it.", "",
              f"- **Paper's scale:** {paper['scale']}.",
-             f"- **This run's scale:** {scale}.",
-             "- **Reading it:** *direction* says whether our difference (recipe − baseline) has the sign the "
-             "paper reports; *beyond noise* whether it exceeds twice its standard error. A direction seen "
-             "at a scale this far below the paper's is a consistency check, not a confirmation.", "",
-             "| claim | paper | recipe | baseline | ours (recipe / baseline) | difference | direction | beyond noise |",
+             f"- **This run's scale:** {scale}; {seeds} seed(s) per recipe.",
+             "- **Reading it:** *difference* is recipe − baseline on paired units (the same seeds, batches, "
+             "documents, items) with its 95% interval; *MDE* is the smallest true difference the test would "
+             "detect (80% power, 5% level). *reproduced*: the interval lies wholly on the paper's side of 0; "
+             "*same direction, within noise*: the paper's sign but an interval that includes 0; *opposite "
+             "direction*: the other sign; *suggestive*: beyond the test's noise, but one seed cannot tell a "
+             "recipe's effect on training from the seed's. A direction at a scale this far below the paper's "
+             "is a consistency check, not a confirmation.", "",
+             "| claim | paper | recipe / baseline | ours (recipe / baseline) | difference [95% interval] | test | "
+             "MDE | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         c = row.claim
+        paper_says = c.paper + (f" ({c.magnitude})" if c.magnitude and c.magnitude not in c.paper else "")
         if not row.measured:
-            status = row.note.split(":")[0]
-            lines.append(f"| {row.label} | {c.paper} | {c.recipe} | {c.baseline} | {row.note} | | {status} | |")
+            lines.append(f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {row.note} | | | | "
+                         f"{row.verdict} |")
             continue
-        se = "" if math.isnan(row.stderr) else f" ± {_fmt(row, row.stderr)}"
-        noise = {None: "n/a (no SE)", True: "yes", False: "no"}[row.beyond_noise]
-        lines.append(f"| {row.label} | {c.paper} | {c.recipe} | {c.baseline} | {_fmt(row, row.recipe_value)} / "
-                     f"{_fmt(row, row.baseline_value)} | {row.difference:+.4g}{se} | "
-                     f"{'reproduced' if row.reproduced else 'not reproduced'} | {noise} |")
+        k = row.comparison
+        lines.append(f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {_fmt(row, row.recipe_value)} / "
+                     f"{_fmt(row, row.baseline_value)} | {_signed(row, k.difference)} [{_signed(row, k.low)}, "
+                     f"{_signed(row, k.high)}] | {k.test} | {_fmt(row, k.mde)} | **{row.verdict}** |")
     lines += ["", "## Claims", ""]
     for row in rows:
-        lines.append(f"- **{row.label}** — {row.claim.claim}. {row.note}".rstrip() + ("." if row.note else ""))
+        mechanism = f" Mechanism: {MECHANISMS[row.claim.event]}." if row.claim.event in MECHANISMS else ""
+        lines.append(f"- **{row.label}** — {row.claim.claim}. {row.note}".rstrip()
+                     + ("." if row.note else "") + mechanism)
     if figures:
         lines += ["", "## Figures", ""]
         for fig in figures:
@@ -237,7 +388,10 @@ def write_report(study, claims: str | Path, out: str | Path, results: str | Path
     """Write the report of ``study``'s results against ``claims`` to ``out``; its lines."""
     paper, claim_list = load_claims(claims_path(claims))
     root = Path(results) / study.name
-    rows = [row for claim in claim_list for row in measure(claim, root, list(study.recipes))]
+    exp = study.experiment
+    blend = dict(exp.train.stages[-1].blend)
+    rows = [row for claim in claim_list
+            for row in measure(claim, root, list(study.recipes), exp.train.seeds, blend)]
     out = Path(out)
     text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out)
     atomic_write_text(out, text)

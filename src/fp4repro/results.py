@@ -1,8 +1,10 @@
 """The files of the results layout: written with their provenance, read back checked (the
-plots, the report and a resumed evaluation read the same files):
+plots, the report and a resumed evaluation read the same files). One run per recipe and seed:
 
-    results/<experiment>/train/<recipe>/{metrics.parquet, telemetry.parquet, done.json}
-    results/<experiment>/eval/<recipe>/{nll.parquet, downstream.parquet, final_loss.json}
+    results/<experiment>/train/<recipe>/seed<seed>/{metrics.parquet, telemetry.parquet, done.json}
+    results/<experiment>/eval/<recipe>/seed<seed>/{nll.parquet, nll_documents.parquet,
+                                                   downstream.parquet, downstream_items.parquet,
+                                                   final_loss.json}
 
 Every table and JSON result carries a provenance record (``fp4repro.provenance``): in a JSON
 object under the key ``provenance``, in a parquet file as the schema metadata key
@@ -13,6 +15,7 @@ or key raises the caller's ``error`` class with the file's path and what it shou
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -20,18 +23,51 @@ import pandas as pd
 from fp4repro.util import atomic_path, atomic_write_json
 
 PROVENANCE_KEY = "fp4repro.provenance"
+SEED_FOLDER = re.compile(r"^seed(\d+)$")
+
+
+def run_dir(results: Path, experiment: str, recipe: str, seed: int) -> Path:
+    """The training run of one recipe and seed."""
+    return Path(results) / experiment / "train" / recipe / f"seed{seed}"
+
+
+def eval_dir(results: Path, experiment: str, recipe: str, seed: int) -> Path:
+    """The evaluation of that run."""
+    return Path(results) / experiment / "eval" / recipe / f"seed{seed}"
+
+
+def run_of(path: Path) -> tuple[str, int] | None:
+    """(recipe, seed) of a file in a run's or an evaluation's folder (``.../<recipe>/seed<seed>/file``),
+    or None when the path does not follow the layout."""
+    parts = Path(path).resolve().parts
+    match = SEED_FOLDER.match(parts[-2]) if len(parts) >= 3 else None
+    return (parts[-3], int(match.group(1))) if match else None
+
+
+def experiment_of(path: Path) -> str | None:
+    """``<experiment>`` of results/<experiment>/<train|eval>/<recipe>/seed<seed>/<file>, or None."""
+    parts = Path(path).resolve().parts
+    if len(parts) >= 5 and parts[-4] in ("train", "eval") and SEED_FOLDER.match(parts[-2]):
+        return parts[-5]
+    return None
 
 # Columns each table must have for its readers (the plots, the report, a resumed evaluation).
 # The training tables have more (train/loop.py ``_write_tables``); the evaluation tables are
 # exactly these, in this order (eval/run.py writes them).
 METRICS_COLUMNS = ("step", "tokens", "stage", "loss")
-TELEMETRY_COLUMNS = ("step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks")
-NLL_COLUMNS = ("recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated")
-DOWNSTREAM_COLUMNS = ("recipe", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value", "stderr",
-                      "n")
+TELEMETRY_COLUMNS = ("step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks",
+                     "underflow_blocks", "nonzero_elements", "clipped_elements")
+NLL_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "source", "nll", "tokens_evaluated")
+# per held-out document: summed NLL (nats) over its predicted tokens, for paired bootstraps
+NLL_DOCUMENT_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "source", "document", "nll_sum", "predicted")
+DOWNSTREAM_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value",
+                      "stderr", "n")
+DOWNSTREAM_ITEM_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "aggregate", "task", "doc_id", "metric",
+                           "value")
 FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
-# the telemetry column counting the blocks with each event
-EVENT_COLUMNS = {"underflow": "underflow_blocks", "saturation": "saturated_blocks"}
+# each telemetry event: (the column counting it, the column counting the units it can happen to)
+EVENTS = {"underflow": ("underflow_blocks", "blocks"), "saturation": ("saturated_blocks", "blocks"),
+          "clipping": ("clipped_elements", "nonzero_elements")}
 
 
 def write_table(path: Path, table: pd.DataFrame, provenance: dict) -> None:
@@ -100,14 +136,13 @@ def last_checkpoint(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return df[df["step"] == df.groupby(by)["step"].transform("max")]
 
 
-def block_rates(telemetry: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Blocks and blocks with each event (``EVENT_COLUMNS``) summed over everything not in ``by``
-    (over all rows when ``by`` is empty), and each event's rate: events / blocks (NaN without
-    blocks)."""
-    counts = ["blocks", *EVENT_COLUMNS.values()]
+def event_rates(telemetry: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Each event's count and units (``EVENTS``) summed over everything not in ``by`` (over all
+    rows when ``by`` is empty), and its rate: count / units (NaN without units)."""
+    counts = list(dict.fromkeys(c for pair in EVENTS.values() for c in pair))
     if by:
         sums = telemetry.groupby(by, sort=False)[counts].sum().reset_index()
     else:
         sums = telemetry[counts].sum().to_frame().T
-    blocks = sums["blocks"].where(sums["blocks"] > 0)
-    return sums.assign(**{event: sums[column] / blocks for event, column in EVENT_COLUMNS.items()})
+    return sums.assign(**{event: sums[count] / sums[units].where(sums[units] > 0)
+                          for event, (count, units) in EVENTS.items()})

@@ -18,6 +18,7 @@ from fp4repro.config.experiment import load_experiment
 from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import load_recipe
 from fp4repro.model import NemotronH
+from fp4repro.results import run_dir
 from fp4repro.train import save_checkpoint
 
 EXPERIMENT = {
@@ -42,8 +43,8 @@ def write_experiment(folder: Path, **overrides) -> Path:
 
 
 def make_run(results: Path, experiment: str, recipe: str, steps=STEPS, seed: int = 0) -> Path:
-    """A finished training run of the tiny model: checkpoints, metrics.parquet and done.json."""
-    run = results / experiment / "train" / recipe
+    """A finished training run (seed 0) of the tiny model: checkpoints, metrics.parquet and done.json."""
+    run = run_dir(results, experiment, recipe, 0)
     torch.manual_seed(seed)
     model = NemotronH(load_model_config("tiny"), load_recipe(recipe))
     stored = load_recipe(recipe).config

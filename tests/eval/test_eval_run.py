@@ -22,7 +22,7 @@ def evaluated(prepared, runs):
     """The nvfp4 run evaluated once (both policies, NLL and the three offline aggregates)."""
     exp, path, results = prepared
     evaluate_main(str(path), "nvfp4", results=results, progress=False)
-    return results / exp.name / "eval" / "nvfp4"
+    return results / exp.name / "eval" / "nvfp4" / "seed0"
 
 
 def evaluate_main(path: str, recipe: str, **kwargs):
@@ -38,7 +38,7 @@ def test_every_output_records_its_provenance(evaluated):
 
 def test_nll_table(evaluated):
     nll = pd.read_parquet(evaluated / "nll.parquet")
-    assert list(nll.columns) == ["recipe", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
+    assert list(nll.columns) == ["recipe", "seed", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
     assert len(nll) == len(STEPS) * 2 * 3
     assert set(nll["source"]) == {"prose", "code", "blend"} and set(nll["policy"]) == {"bf16", "quantized"}
     assert (nll["tokens_evaluated"] > 0).all() and nll["nll"].between(0, 20).all()
@@ -84,7 +84,7 @@ def test_rerun_skips_what_is_there(prepared, evaluated, monkeypatch):
 
 def test_only_missing_rows_are_computed(prepared, runs, tmp_path):
     exp, path, results = prepared
-    out = results / exp.name / "eval" / "bf16"
+    out = results / exp.name / "eval" / "bf16" / "seed0"
     evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
     full = pd.read_parquet(out / "nll.parquet")
     full[full["step"] != STEPS[0]].to_parquet(out / "nll.parquet", index=False)    # as if interrupted
@@ -141,15 +141,27 @@ def test_a_policy_that_quantizes_nothing_is_not_computed_twice(prepared, runs, t
     (results / exp.name).mkdir(parents=True)
     (results / exp.name / "data").symlink_to(prepared[2] / exp.name / "data")
     for recipe in ("bf16", "ue5m3"):
-        (results / exp.name / "train").mkdir(exist_ok=True)
-        (results / exp.name / "train" / recipe).symlink_to(runs[recipe])
+        (results / exp.name / "train" / recipe).mkdir(parents=True)
+        (results / exp.name / "train" / recipe / "seed0").symlink_to(runs[recipe])
     passes = []
     original = run_module.nll_rows
     monkeypatch.setattr(run_module, "nll_rows", lambda *a, **k: passes.append(a[-1]["policy"]) or original(*a, **k))
     evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
     assert passes == ["bf16"] * len(STEPS)
-    table = pd.read_parquet(results / exp.name / "eval" / "bf16" / "nll.parquet")
+    table = pd.read_parquet(results / exp.name / "eval" / "bf16" / "seed0" / "nll.parquet")
     assert sorted(set(table["policy"])) == ["bf16", "quantized"] and len(table) == 2 * len(STEPS) * 3
     passes.clear()
     evaluate_main(str(path), "ue5m3", results=results, downstream=False, progress=False)
     assert passes == ["bf16", "quantized"] * len(STEPS)
+
+
+def test_item_outcomes_are_recorded_and_average_to_lm_evals_task_scores(evaluated):
+    items = pd.read_parquet(evaluated / "downstream_items.parquet")
+    down = pd.read_parquet(evaluated / "downstream.parquet")
+    assert set(items["value"].unique()) <= {0.0, 1.0} and set(items["seed"]) == {0}
+    tasks = down[(down["level"] == "task") & (down["metric"] == "acc")]
+    for _, row in tasks.iterrows():
+        mine = items[(items["task"] == row["task"]) & (items["step"] == row["step"]) &
+                     (items["policy"] == row["policy"]) & (items["metric"] == "acc")]
+        assert len(mine) == row["n"] and sorted(mine["doc_id"]) == list(range(row["n"]))
+        assert mine["value"].mean() == pytest.approx(row["value"])     # lm-eval's own task score

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fp4repro.config.study import load_study
-from fp4repro.results import table_provenance
+from fp4repro.results import run_dir, table_provenance
 from fp4repro.train import NonFiniteLoss, list_runs, train
 from fp4repro.train.checkpoint import resume_checkpoints
 
@@ -35,7 +35,7 @@ train:
   batch_size: 4
   lr: 3.0e-3
   checkpoints: 12
-  telemetry_every: 5
+  telemetry_every: 1
   resume_every: 10
   stages:
     - {{name: s1, tokens: 10240, blend: {{prose: 0.7, code: 0.3}}}}
@@ -123,7 +123,7 @@ def test_outputs_of_a_finished_run(prepared):
     assert m["stage"].tolist() == ["s1"] * 40 + ["s2"] * 20
     assert m["loss"].iloc[-5:].mean() < m["loss"].iloc[:5].mean()             # it learns
     t = pd.read_parquet(out / "telemetry.parquet")
-    assert set(t["step"]) == set(range(0, 60, 5)) and (t["blocks"] > 0).all()
+    assert set(t["step"]) == set(range(60)) and (t["blocks"] > 0).all()
     assert set(t["layer"].str.split(".").str[1].astype(int)) == {0}            # nvfp4: last 4 of 5 layers BF16
 
 
@@ -131,7 +131,8 @@ def test_periodic_amax_is_held_between_refreshes(prepared):
     study, path, root = prepared
     out = root / "ue5m3"
     train(study, "ue5m3", root / "data", out, device="cpu", progress=False, stop_after=20)
-    t = _run_folder(out).assemble("telemetry", ["step", "amax_ratio"])
+    t = _run_folder(out).assemble("telemetry", ["step", "operand", "steps_since_refresh", "amax_ratio"])
+    assert (t["steps_since_refresh"] == t["step"] % 50).all()          # the phase of the 50-step refresh
     assert (t.loc[t["step"] == 0, "amax_ratio"] == 1.0).all()          # sampled at the first step
     assert (t.loc[t["step"] > 0, "amax_ratio"] != 1.0).any()           # held afterwards
     assert not (out / "done.json").exists()
@@ -200,7 +201,7 @@ def test_a_change_of_what_is_recorded_resumes(prepared, tmp_path, capsys):
     assert "resuming from step 20 of 60" in capsys.readouterr().err
     assert len(list_runs(out)) == 1
     t = pd.read_parquet(out / "telemetry.parquet")
-    assert set(t["step"]) == set(range(0, 20, 5)) | set(range(21, 60, 7))
+    assert set(t["step"]) == set(range(20)) | set(range(21, 60, 7))
 
 
 def test_runs_lists_every_run_and_prune_removes_only_other_configs(prepared, tmp_path, capsys):
@@ -210,7 +211,7 @@ def test_runs_lists_every_run_and_prune_removes_only_other_configs(prepared, tmp
 
     study, path, root = prepared
     results = tmp_path / "results"
-    out = results / study.name / "train" / "bf16"
+    out = run_dir(results, study.name, "bf16", 0)
     other = dataclasses.replace(study, experiment=dataclasses.replace(
         study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)))
     train(other, "bf16", root / "data", out, device="cpu", progress=False, stop_after=3)

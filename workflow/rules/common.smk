@@ -28,6 +28,7 @@ except ConfigError as err:  # file, field, value, what is allowed
 
 EXP = STUDY.experiment
 RECIPES = list(STUDY.recipes)  # recipe names: they name the result folders
+SEEDS = list(EXP.train.seeds)  # one run per recipe and seed; the same seed gives every recipe the same batches
 RESULTS = f"results/{EXP.name}"
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 REPORT = f"paper/{EXP.name}/report.md"
@@ -47,8 +48,8 @@ RECIPE_PATTERN = "|".join(re.escape(r) for r in RECIPES)
 
 
 def recipe_arg(wildcards):
-    """A recipe job's --experiment and --recipe arguments."""
-    return f"{EXPERIMENT_ARG} --recipe {shlex.quote(RECIPE_REFS[wildcards.recipe])}"
+    """A run's job's --experiment, --recipe and --seed arguments."""
+    return f"{EXPERIMENT_ARG} --recipe {shlex.quote(RECIPE_REFS[wildcards.recipe])} --seed {wildcards.seed}"
 
 
 def recipe_files(wildcards):
@@ -57,8 +58,9 @@ def recipe_files(wildcards):
     return [str(p) for p in recipe_chain(STUDY.recipes[wildcards.recipe].path)]
 
 
-def per_recipe(pattern):
-    return expand(pattern, recipe=RECIPES)
+def per_run(pattern):
+    """``pattern`` for every run: each recipe with each seed."""
+    return expand(pattern, recipe=RECIPES, seed=SEEDS)
 
 
 def threads_of(rule_name):

@@ -5,16 +5,16 @@ rule evaluate:
         done=rules.train.output.done,
         metrics=rules.train.output.metrics,
     output:
-        nll=f"{RESULTS}/eval/{{recipe}}/nll.parquet",
-        downstream=f"{RESULTS}/eval/{{recipe}}/downstream.parquet",
-        final_loss=f"{RESULTS}/eval/{{recipe}}/final_loss.json",
+        nll=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet",
+        downstream=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet",
+        final_loss=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/final_loss.json",
     params:
         eval=section("eval"),
         final_window=EXP.train.final_window,
         recipe=recipe_arg,
         data=lambda wildcards, input: os.path.dirname(input.manifest),
     log:
-        f"{LOGS}/evaluate/{{recipe}}.log",
+        f"{LOGS}/evaluate/{{recipe}}/seed{{seed}}.log",
     threads: threads_of("evaluate")
     resources:
         **resources_of("evaluate"),

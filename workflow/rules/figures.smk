@@ -11,8 +11,8 @@ localrules:
 
 rule figure_loss:
     input:
-        metrics=per_recipe(f"{RESULTS}/train/{{recipe}}/metrics.parquet"),
-        final_loss=per_recipe(f"{RESULTS}/eval/{{recipe}}/final_loss.json"),
+        metrics=per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/metrics.parquet"),
+        final_loss=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/final_loss.json"),
     output:
         png=figure("loss"),
         pdf=f"figures/{EXP.name}/loss.pdf",
@@ -26,7 +26,7 @@ rule figure_loss:
 
 rule figure_nll:
     input:
-        per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
+        per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet"),
     output:
         png=figure("nll"),
         pdf=f"figures/{EXP.name}/nll.pdf",
@@ -40,7 +40,7 @@ rule figure_nll:
 
 rule figure_downstream:
     input:
-        per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
+        per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet"),
     output:
         png=figure("downstream"),
         pdf=f"figures/{EXP.name}/downstream.pdf",
@@ -54,7 +54,7 @@ rule figure_downstream:
 
 rule figure_telemetry:
     input:
-        per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
+        per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/telemetry.parquet"),
     output:
         png=figure("telemetry"),
         pdf=f"figures/{EXP.name}/telemetry.pdf",

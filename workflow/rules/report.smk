@@ -6,10 +6,10 @@ rule report:
     """Each claim of the claims file beside what this experiment measured."""
     input:
         claims=str(claims_path()),
-        final_loss=per_recipe(f"{RESULTS}/eval/{{recipe}}/final_loss.json"),
-        nll=per_recipe(f"{RESULTS}/eval/{{recipe}}/nll.parquet"),
-        downstream=per_recipe(f"{RESULTS}/eval/{{recipe}}/downstream.parquet"),
-        telemetry=per_recipe(f"{RESULTS}/train/{{recipe}}/telemetry.parquet"),
+        final_loss=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/final_loss.json"),
+        nll=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet"),
+        downstream=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet"),
+        telemetry=per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/telemetry.parquet"),
         figures=FIGURE_FILES,
     output:
         report(REPORT, caption="../report/claims.rst", category="Claims"),

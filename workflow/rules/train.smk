@@ -5,9 +5,9 @@ rule train:
         recipe=recipe_files,
         model=str(model_config_path(EXP.model)),
     output:
-        done=f"{RESULTS}/train/{{recipe}}/done.json",
-        metrics=f"{RESULTS}/train/{{recipe}}/metrics.parquet",
-        telemetry=f"{RESULTS}/train/{{recipe}}/telemetry.parquet",
+        done=f"{RESULTS}/train/{{recipe}}/seed{{seed}}/done.json",
+        metrics=f"{RESULTS}/train/{{recipe}}/seed{{seed}}/metrics.parquet",
+        telemetry=f"{RESULTS}/train/{{recipe}}/seed{{seed}}/telemetry.parquet",
     params:
         # what changes the numbers (TrainConfig.NUMERIC_FIELDS): a change of telemetry or resume
         # cadence, or of the final window, resumes nothing and reruns nothing here
@@ -17,7 +17,7 @@ rule train:
         data=lambda wildcards, input: os.path.dirname(input.manifest),
         out=lambda wildcards, output: os.path.dirname(output.done),
     log:
-        f"{LOGS}/train/{{recipe}}.log",
+        f"{LOGS}/train/{{recipe}}/seed{{seed}}.log",
     threads: threads_of("train")
     resources:
         **resources_of("train"),

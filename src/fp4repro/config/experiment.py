@@ -84,7 +84,7 @@ class TrainConfig:
     seq_len: int
     batch_size: int
     stages: tuple[Stage, ...]
-    seed: int = 0
+    seeds: tuple[int, ...] = (0,)               # one run per seed; a run's seed sets init and data order
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.02
@@ -93,15 +93,15 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     checkpoints: int = 12
-    telemetry_every: int = 25
+    telemetry_every: int | None = None          # None: the study chooses one that sees every phase
     resume_every: int = 50
     final_window: float = 0.1
 
-    #: The fields that change what a run computes. The others (how often to record telemetry or
-    #: save a resume checkpoint, the final-window share that evaluation reads) only change what is
-    #: recorded, so a run resumes across a change of them. ``checkpoints`` is here because a run
+    #: The fields that change what a run computes (besides the run's own seed). The others (the
+    #: other seeds, how often to record telemetry or save a resume checkpoint, the final-window
+    #: share that evaluation reads) only change what is recorded, so a run resumes across them. ``checkpoints`` is here because a run
     #: resumed under another spacing would miss evaluation checkpoints it has already passed.
-    NUMERIC_FIELDS = ("seq_len", "batch_size", "stages", "seed", "lr", "min_lr_ratio", "warmup_fraction",
+    NUMERIC_FIELDS = ("seq_len", "batch_size", "stages", "lr", "min_lr_ratio", "warmup_fraction",
                       "decay_fraction", "betas", "weight_decay", "grad_clip", "checkpoints")
 
     def numerics(self) -> dict:

@@ -22,6 +22,8 @@ from fp4repro.config.files import find_config, not_found, read_yaml
 from fp4repro.errors import ConfigError
 
 LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
+#: The internal linears of each layer type (a recipe may name them in an override).
+LINEARS = {"mamba": ("in_proj", "out_proj"), "attention": ("qkv_proj", "o_proj"), "mlp": ("fc1", "fc2")}
 
 
 class ModelConfigError(ConfigError):
@@ -72,6 +74,10 @@ class ModelConfig:
     def layer_types(self) -> tuple[str, ...]:
         """'mamba' | 'attention' | 'mlp' for each layer, in order."""
         return tuple(LAYER_TYPES[c] for c in self.pattern)
+
+    def linears(self) -> list[tuple[int, str]]:
+        """(layer index, linear name) of every internal linear, in order."""
+        return [(i, name) for i, kind in enumerate(self.layer_types) for name in LINEARS[kind]]
 
     @property
     def mamba_d_inner(self) -> int:

@@ -2,13 +2,14 @@
 
 ``load_study`` is where the pieces of a study are composed, so it is where they are checked
 against one another (the experiment file checks only itself): the model config loads and its
-vocabulary matches the tokenizer's, every recipe loads, and no two recipes share a name (a
-recipe's name names its result folders). The CLI and the workflow call it before any compute.
+vocabulary matches the tokenizer's, every recipe loads, no two recipes share a name (a recipe's
+name names its result folders), and the telemetry cadence sees every phase of each amax refresh
+interval the recipes use (chosen here when the experiment leaves it null). The CLI and the workflow call it before any compute.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fp4repro.config.experiment import ExperimentConfig, ExperimentError, load_experiment
@@ -70,4 +71,58 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
                                   f"{other.path}; a recipe's name names its result folders, so names must differ")
         recipes.setdefault(recipe.name, recipe)
         given.setdefault(recipe.name, str(reference))
+    exp = _check_telemetry(exp, recipes, model)
     return Study(experiment=exp, model=model, recipes=recipes, references=given)
+
+
+# ------------------------------------------------------------------------------ telemetry phases
+
+def refresh_intervals(recipe: Recipe, model: ModelConfig) -> set[int]:
+    """The refresh intervals K of the periodic tensor scaling a recipe uses on this model."""
+    intervals = set()
+    for layer, linear in model.linears():
+        specs = recipe.linear_specs(layer, model.n_layers, linear)
+        for _, spec in (specs.items() if specs is not None else ()):
+            if spec is not None and spec.tensor_scaling.kind == "periodic":
+                intervals.add(int(spec.tensor_scaling.interval))
+    return intervals
+
+
+def phases_missed(total_steps: int, every: int, interval: int) -> list[int]:
+    """The phases (steps since the last refresh, 0 .. interval - 1) that occur in a run of
+    ``total_steps`` steps but that telemetry every ``every`` steps never records. Amaxes are
+    sampled at step 0 and every ``interval`` steps after, so step s has phase s mod interval."""
+    occurring = set(range(min(interval, total_steps)))
+    recorded = {s % interval for s in range(0, total_steps, every)}
+    return sorted(occurring - recorded)
+
+
+def telemetry_every(total_steps: int, intervals: set[int], given: int | None) -> int:
+    """``given`` if it records every phase of every interval, else an error; without one, the
+    sparsest cadence that does, at most about 100 records over the run (1 always does)."""
+    if given is not None:
+        return given
+    target = max(1, total_steps // 100)
+    return next(n for n in range(target, 0, -1)
+                if not any(phases_missed(total_steps, n, k) for k in intervals))
+
+
+def _check_telemetry(exp: ExperimentConfig, recipes: dict[str, Recipe], model: ModelConfig) -> ExperimentConfig:
+    """The experiment with a telemetry cadence that sees every phase of every refresh interval
+    its recipes use (the regime the paper is about: an amax held while the tensor drifts)."""
+    t = exp.train
+    intervals = {name: refresh_intervals(r, model) for name, r in recipes.items()}
+    every = telemetry_every(t.total_steps, set().union(*intervals.values()), t.telemetry_every)
+    for name, ks in intervals.items():
+        for k in sorted(ks):
+            missed = phases_missed(t.total_steps, every, k)
+            if missed:
+                fits = [n for n in range(1, every) if not phases_missed(t.total_steps, n, k)]
+                occurring = min(k, t.total_steps)
+                _fail(exp.path, "train.telemetry_every", every,
+                      f"records {occurring - len(missed)} of the {occurring} phases of the {k}-step amax refresh "
+                      f"of recipe {name!r} that occur in {t.total_steps} steps (never steps since refresh "
+                      f"{', '.join(map(str, missed[:5]))}{', …' if len(missed) > 5 else ''}); telemetry must see "
+                      f"every phase: a cadence coprime with {k} that leaves at least {occurring} records"
+                      + (f", such as {fits[-1]}," if fits else "") + " or null to choose one")
+    return replace(exp, train=replace(t, telemetry_every=every))

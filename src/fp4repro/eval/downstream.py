@@ -94,7 +94,8 @@ def run_lm_eval(lm, cfg: EvalConfig, manager) -> dict:
         elif task.get_config("num_fewshot") is None:
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=cfg.seed)
-    return evaluate(lm=lm, task_dict=loaded, limit=cfg.limit, bootstrap_iters=1000, log_samples=False)
+    # log_samples: each item's outcome, for the paired item-level test of the claims report
+    return evaluate(lm=lm, task_dict=loaded, limit=cfg.limit, bootstrap_iters=1000, log_samples=True)
 
 
 def _number(value) -> float:
@@ -118,6 +119,22 @@ def _aggregate_of(results: dict) -> dict[str, str]:
         if name.startswith(GROUP_PREFIX):
             walk(name, name[len(GROUP_PREFIX):])
     return owner
+
+
+def item_rows(results: dict, meta: dict) -> list[dict]:
+    """One row per task × item × metric of lm-eval's logged samples (the same items in the same
+    order under every recipe, so recipes compare paired by item): ``doc_id`` and the item's
+    metric value (acc, acc_norm: 0 or 1)."""
+    owner = _aggregate_of(results)
+    rows = []
+    for task, samples in results.get("samples", {}).items():
+        for sample in samples:
+            for metric in sample.get("metrics", ()):
+                value = _number(sample.get(metric))
+                if math.isfinite(value):
+                    rows.append({**meta, "aggregate": owner.get(task, ""), "task": task,
+                                 "doc_id": int(sample["doc_id"]), "metric": metric, "value": value})
+    return rows
 
 
 def result_rows(results: dict, meta: dict) -> list[dict]:

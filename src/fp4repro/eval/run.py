@@ -1,11 +1,14 @@
 """``fp4repro evaluate``: every checkpoint of a finished training run, under every policy.
 
-Inputs:  results/<exp>/train/<recipe>/{done.json, metrics.parquet} and the checkpoints done.json lists
+One run is one recipe and one seed (``R`` = <recipe>/seed<seed>):
+
+Inputs:  results/<exp>/train/R/{done.json, metrics.parquet} and the checkpoints done.json lists
          results/<exp>/data/ (prepared data: validation and test splits, tokenizer)
-Outputs: results/<exp>/eval/<recipe>/nll.parquet         held-out NLL per checkpoint × policy × source
-         results/<exp>/eval/<recipe>/downstream.parquet  lm-eval tasks and aggregates, with stderr
-         results/<exp>/eval/<recipe>/final_loss.json     final-window training loss
-         results/<exp>/eval/tasks/                       the offline lm-eval tasks (shared by recipes)
+Outputs: results/<exp>/eval/R/nll.parquet               held-out NLL per checkpoint × policy × source
+         results/<exp>/eval/R/downstream.parquet        lm-eval tasks and aggregates, with stderr
+         results/<exp>/eval/R/downstream_items.parquet  each item's outcome (for paired item tests)
+         results/<exp>/eval/R/final_loss.json           final-window training loss
+         results/<exp>/eval/tasks/                the offline lm-eval tasks (shared by every run)
 
 Everything that can be wrong (config, checkpoints, task names) is checked before the first
 forward pass. Rows already present for a checkpoint × policy are kept and not recomputed, and
@@ -27,30 +30,33 @@ from tqdm import tqdm
 from fp4repro.config.eval import EvalConfig
 from fp4repro.config.study import Study
 from fp4repro.data import load_manifest, validation_tokens
-from fp4repro.eval.downstream import result_rows, run_lm_eval, task_manager, write_groups
+from fp4repro.eval.downstream import item_rows, result_rows, run_lm_eval, task_manager, write_groups
 from fp4repro.eval.errors import EvalError
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import blend_nll, stream_nll
 from fp4repro.eval.policy import CheckpointInfo, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.provenance import provenance
-from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS, read_table, write_json, write_table
+from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, eval_dir, read_table,
+                              run_dir, write_json, write_table)
 
 TASKS_STAMP = "offline_tasks.json"
+#: The tables an evaluation writes (``<name>.parquet`` in its folder) and their columns.
+TABLES = {"nll": NLL_COLUMNS, "downstream": DOWNSTREAM_COLUMNS, "downstream_items": DOWNSTREAM_ITEM_COLUMNS}
 
 
 @dataclass(frozen=True)
 class EvalPaths:
-    run: Path           # results/<exp>/train/<recipe>
+    run: Path           # results/<exp>/train/<recipe>/seed<seed>
     data: Path          # results/<exp>/data
-    out: Path           # results/<exp>/eval/<recipe>
+    out: Path           # results/<exp>/eval/<recipe>/seed<seed>
     tasks: Path         # results/<exp>/eval/tasks
 
     @classmethod
-    def of(cls, results: Path, experiment: str, recipe: str, data: Path | None = None) -> "EvalPaths":
+    def of(cls, results: Path, experiment: str, recipe: str, seed: int, data: Path | None = None) -> "EvalPaths":
         root = Path(results) / experiment
-        return cls(run=root / "train" / recipe, data=Path(data) if data else root / "data",
-                   out=root / "eval" / recipe, tasks=root / "eval" / "tasks")
+        return cls(run=run_dir(results, experiment, recipe, seed), data=Path(data) if data else root / "data",
+                   out=eval_dir(results, experiment, recipe, seed), tasks=root / "eval" / "tasks")
 
 
 # ------------------------------------------------------------------------------ preparation
@@ -103,11 +109,11 @@ def _done_pairs(table: pd.DataFrame) -> set[tuple[int, str]]:
 # -------------------------------------------------------------------------------- one model
 
 def nll_rows(model, streams: dict, blend: dict[str, float], seq_len: int, batch_size: int,
-             max_tokens: int | None, meta: dict) -> list[dict]:
-    """One row per source with validation tokens, and one for the blend (final-stage weights)."""
+             max_tokens: int | None, meta: dict) -> dict[str, list[dict]]:
+    """{"nll": one row per source with validation tokens and one for the blend (final-stage weights)}."""
     per_source = {s: stream_nll(model, stream, seq_len, batch_size, max_tokens) for s, stream in streams.items()}
     results = {**per_source, "blend": blend_nll(per_source, blend)}
-    return [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()]
+    return {"nll": [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()]}
 
 
 def _quantizes(model) -> bool:
@@ -115,18 +121,19 @@ def _quantizes(model) -> bool:
     return any(getattr(m, "specs", None) is not None for m in model.modules())
 
 
-def _rows(computed: dict, key: tuple, meta: dict, compute) -> list[dict]:
-    """The rows of ``key``, computed once: a second policy with the same model takes them over."""
+def _rows(computed: dict, key: tuple, meta: dict, compute) -> dict[str, list[dict]]:
+    """table -> rows of ``key``, computed once: a second policy with the same model takes them over."""
     if key not in computed:
         computed[key] = compute()
-    return [{**row, **meta} for row in computed[key]]
+    return {table: [{**row, **meta} for row in rows] for table, rows in computed[key].items()}
 
 
 def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq_len: int, meta: dict) -> list[dict]:
     from fp4repro.eval.lm import FP4ReproLM
 
     lm = FP4ReproLM(model, tokenizer, eod_id, policy=meta["policy"], max_length=seq_len, batch_size=cfg.batch_size)
-    return result_rows(run_lm_eval(lm, cfg, manager), meta)
+    results = run_lm_eval(lm, cfg, manager)
+    return {"downstream": result_rows(results, meta), "downstream_items": item_rows(results, meta)}
 
 
 # ------------------------------------------------------------------------------------ entry
@@ -152,15 +159,18 @@ def validation_streams(manifest, blend: dict[str, float]) -> dict:
     return streams
 
 
-def evaluate(study: Study, recipe: str, results: str | Path = "results", data: str | Path | None = None,
-             device: str | None = None, nll: bool = True, downstream: bool = True, progress: bool = True) -> Path:
-    """Evaluate every checkpoint of ``results/<experiment>/train/<recipe>`` under each policy of
-    the experiment's eval config: held-out NLL, lm-eval downstream tasks, final-window loss.
-    Returns the output folder; raises EvalError with a clear message when something cannot run."""
+def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | Path = "results",
+             data: str | Path | None = None, device: str | None = None, nll: bool = True, downstream: bool = True,
+             progress: bool = True) -> Path:
+    """Evaluate every checkpoint of the run of ``recipe`` and ``seed`` (default: the experiment's
+    first) under each policy of the experiment's eval config: held-out NLL, lm-eval downstream
+    tasks, final-window loss. Returns the output folder; raises EvalError with a clear message
+    when something cannot run."""
     exp = study.experiment
     study.recipe(recipe)
+    seed = exp.train.seeds[0] if seed is None else int(seed)
     cfg = exp.eval
-    paths = EvalPaths.of(Path(results), exp.name, recipe, Path(data) if data else None)
+    paths = EvalPaths.of(Path(results), exp.name, recipe, seed, Path(data) if data else None)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     seq_len, blend = exp.train.seq_len, dict(exp.train.stages[-1].blend)
 
@@ -175,39 +185,43 @@ def evaluate(study: Study, recipe: str, results: str | Path = "results", data: s
     origin = provenance(device)
     metrics = paths.run / "metrics.parquet"
     if metrics.is_file():
-        summary = {"experiment": exp.name, "recipe": recipe, **final_window_loss(metrics, exp.train.final_window)}
+        summary = {"experiment": exp.name, "recipe": recipe, "seed": seed,
+                   **final_window_loss(metrics, exp.train.final_window)}
         write_json(paths.out / "final_loss.json", summary, origin)
 
-    nll_path, down_path = paths.out / "nll.parquet", paths.out / "downstream.parquet"
-    nll_table = _read_table(nll_path, NLL_COLUMNS)
-    down_table = _read_table(down_path, DOWNSTREAM_COLUMNS)
+    tables = {name: _read_table(paths.out / f"{name}.parquet", columns) for name, columns in TABLES.items()}
+
+    def missing(table: str, step: int, policy: str) -> bool:
+        return (step, policy) not in _done_pairs(tables[table])
+
     todo = [(c, p) for c in checkpoints for p in cfg.policies
-            if (nll and (c.step, p) not in _done_pairs(nll_table))
-            or (downstream and (c.step, p) not in _done_pairs(down_table))]
-    bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy", desc=f"evaluate {exp.name}/{recipe}",
+            if (nll and missing("nll", c.step, p)) or (downstream and missing("downstream", c.step, p))]
+    bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy",
+               desc=f"evaluate {exp.name}/{recipe}/seed{seed}",
                dynamic_ncols=True, file=sys.stderr)
     ckpt_path = ckpt = None
-    computed: dict[tuple, list[dict]] = {}   # (step, table, what the model computes) -> rows
+    computed: dict[tuple, dict] = {}   # (step, measure, what the model computes) -> table -> rows
     try:
         for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once
             bar.set_postfix(step=info.step, policy=policy)
             if info.path != ckpt_path:
                 ckpt_path, ckpt = info.path, checked_checkpoint(info.path, exp.model)
             model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model, ckpt=ckpt)
-            meta = {"recipe": recipe, "step": info.step, "tokens": info.tokens, "policy": policy}
+            meta = {"recipe": recipe, "seed": seed, "step": info.step, "tokens": info.tokens, "policy": policy}
             # a policy that quantizes nothing (any policy of the bf16 recipe) computes what bf16
             # does: its rows are the bf16 policy's, not computed twice
             computes = policy if _quantizes(model) else "unquantized"
-            if nll and (info.step, policy) not in _done_pairs(nll_table):
-                rows = _rows(computed, (info.step, "nll", computes), meta, lambda: nll_rows(
-                    model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, meta))
-                nll_table = _append(nll_table, rows, NLL_COLUMNS)
-                write_table(nll_path, nll_table, origin)
-            if downstream and (info.step, policy) not in _done_pairs(down_table):
-                rows = _rows(computed, (info.step, "downstream", computes), meta, lambda: downstream_rows(
-                    model, tokenizer, manifest.eod_id, cfg, manager, seq_len, meta))
-                down_table = _append(down_table, rows, DOWNSTREAM_COLUMNS)
-                write_table(down_path, down_table, origin)
+            measures = []
+            if nll and missing("nll", info.step, policy):
+                measures.append(("nll", lambda: nll_rows(model, streams, blend, seq_len, cfg.batch_size,
+                                                         cfg.nll_max_tokens, meta)))
+            if downstream and missing("downstream", info.step, policy):
+                measures.append(("downstream", lambda: downstream_rows(model, tokenizer, manifest.eod_id, cfg,
+                                                                       manager, seq_len, meta)))
+            for measure, compute in measures:
+                for table, rows in _rows(computed, (info.step, measure, computes), meta, compute).items():
+                    tables[table] = _append(tables[table], rows, TABLES[table])
+                    write_table(paths.out / f"{table}.parquet", tables[table], origin)
             bar.update(1)
     finally:
         bar.close()

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fp4repro.config.model import LINEARS as LINEARS_OF
 from fp4repro.config.model import ModelConfig
 from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
 from fp4repro.model.ssd import ssd_chunked
@@ -103,7 +104,7 @@ class Mamba2Mixer(nn.Module):
     kernels (`use_triton_kernels = False` forces the torch path, e.g. to compare the two).
     """
 
-    LINEARS = ("in_proj", "out_proj")
+    LINEARS = LINEARS_OF["mamba"]
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()
@@ -215,7 +216,7 @@ class CausalSelfAttention(nn.Module):
         out = o_proj(y)
     """
 
-    LINEARS = ("qkv_proj", "o_proj")
+    LINEARS = LINEARS_OF["attention"]
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()
@@ -249,7 +250,7 @@ class CausalSelfAttention(nn.Module):
 class SquaredReLUMLP(nn.Module):
     """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP)."""
 
-    LINEARS = ("fc1", "fc2")
+    LINEARS = LINEARS_OF["mlp"]
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()

@@ -54,9 +54,15 @@ class QuantState:
         """Call once per optimizer step."""
         self.step += 1
 
+    def steps_since_refresh(self, key: str) -> int:
+        """Optimizer steps since ``key``'s held amax was sampled: 0 at a refresh step (held ==
+        current), up to interval - 1 before the next; 0 for an operand that holds no amax."""
+        return self.step - self._held_at[key] if key in self._held_at else 0
+
     # ------------------------------------------------------------------------------ telemetry
     def record(self, layer: str, operand: str, stats: OperandStats) -> None:
-        row = {"step": self.step, "layer": layer, "operand": operand, **asdict(stats)}
+        row = {"step": self.step, "layer": layer, "operand": operand,
+               "steps_since_refresh": self.steps_since_refresh(f"{layer}.{operand}"), **asdict(stats)}
         row["rel_error"] = stats.rel_error
         self._records.append(row)
 

@@ -44,8 +44,9 @@ from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_finger
 from fp4repro.train.schedule import WSDSchedule
 
 METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
-TELEMETRY = ["step", "layer", "operand", "blocks", "saturated_blocks", "underflow_blocks", "nonzero_elements",
-             "zeroed_elements", "nonfinite_blocks", "sq_error", "sq_norm", "amax_ratio", "rel_error"]
+TELEMETRY = ["step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks", "underflow_blocks",
+             "nonzero_elements", "zeroed_elements", "nonfinite_blocks", "sq_error", "sq_norm", "amax_ratio",
+             "rel_error"]
 
 
 class NonFiniteLoss(FP4ReproError):
@@ -156,19 +157,22 @@ def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
          "(its run folder and checkpoints stay)")
 
 
-def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device: str | None = None,
-          progress: bool = True, stop_after: int | None = None) -> Path:
-    """Train (or resume) one recipe of a study; returns ``out_dir``.
+def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: int | None = None,
+          device: str | None = None, progress: bool = True, stop_after: int | None = None) -> Path:
+    """Train (or resume) the run of one recipe and one seed of a study; returns ``out_dir``.
 
+    seed: sets initialisation and data order (default: the experiment's first seed); the same seed
+    gives every recipe the same batches, so recipes compare paired by seed.
     stop_after: end after this many optimizer steps in total (for tests and dry runs); the run
     stays resumable and is not marked done.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     exp, t = study.experiment, study.experiment.train
+    seed = t.seeds[0] if seed is None else int(seed)
     out_dir = Path(out_dir)
 
     # ---- model, optimizer, schedule, data: all a function of the config and the seed
-    torch.manual_seed(t.seed)
+    torch.manual_seed(seed)
     recipe = study.recipe(recipe_name)
     model = NemotronH(study.model, recipe).to(device)
     state = model.quant_state
@@ -177,13 +181,13 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device:
     stage_steps = t.stage_steps()
     plan = StepPlan.build(stage_steps)
     manifest = load_manifest(data_dir)
-    samplers = [StageSampler(manifest, dict(stage.blend), t.seq_len, n * t.batch_size, seed=t.seed + i,
+    samplers = [StageSampler(manifest, dict(stage.blend), t.seq_len, n * t.batch_size, seed=seed + i,
                              cache_dir=data_dir / "cache")
                 for i, (stage, n) in enumerate(zip(t.stages, stage_steps))]
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
     # ---- this config's run folder, resumed where its last attempt left off
-    numerics, fingerprint = run_fingerprint(study, recipe_name, manifest.data_hash)
+    numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash)
     run = RunFolder(out_dir, fingerprint)
     _retire_finished_outputs(out_dir, fingerprint)
     start_step = 0
@@ -223,7 +227,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device:
 
     end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
     bar = tqdm(total=t.total_steps, initial=start_step, disable=not progress, unit="step",
-               desc=f"{exp.name}/{recipe_name}", dynamic_ncols=True, file=sys.stderr)
+               desc=f"{exp.name}/{recipe_name}/seed{seed}", dynamic_ncols=True, file=sys.stderr)
     model.train()
     try:
         for step in range(start_step, end_step):
@@ -260,7 +264,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device:
             if done in eval_steps:
                 save_checkpoint({"model": model.state_dict(), "step": done, "tokens": tokens,
                                  "stage": t.stages[stage].name, "model_config": exp.model, "recipe": recipe.name,
-                                 "recipe_config": recipe.config, "experiment": exp.name,
+                                 "recipe_config": recipe.config, "experiment": exp.name, "seed": seed,
                                  "fingerprint": run.fingerprint},
                                 run.ckpt / f"step_{done:08d}.pt")
             if done % t.resume_every == 0 or done == end_step:
@@ -277,7 +281,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, device:
     if end_step == t.total_steps:
         write_tables()
         write_json(out_dir / "done.json", {
-            "experiment": exp.name, "recipe": recipe.name, "recipe_files": list(recipe.files),
+            "experiment": exp.name, "recipe": recipe.name, "seed": seed, "recipe_files": list(recipe.files),
             "fingerprint": run.fingerprint, "steps": t.total_steps, "tokens": t.total_steps * t.tokens_per_step,
             "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps)}, origin)
     return out_dir

@@ -1,6 +1,6 @@
 """The folders of a recipe's training runs: one per fingerprint, kept side by side.
 
-    results/<experiment>/train/<recipe>/           ``out``: what the workflow reads
+    results/<experiment>/train/<recipe>/seed<seed>/   ``out``: what the workflow reads
       done.json, metrics.parquet, telemetry.parquet    the finished run (written last)
       runs/<fingerprint>/                          one run: everything it needs to resume
         run.json                                   what the fingerprint covers; every attempt on it
@@ -50,21 +50,21 @@ def _plain(value):
     return value
 
 
-def run_numerics(model_config, recipe, data_hash: str, train_config) -> dict:
+def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int) -> dict:
     """What a run's numbers depend on, as JSON values (the fingerprint's content)."""
     defaults, operands, overrides = recipe.numerics()
     return _plain({"model": model_config, "recipe": {"defaults": defaults, "operands": operands,
                                                      "overrides": overrides},
-                   "data": data_hash, "train": train_config.numerics()})
+                   "data": data_hash, "train": train_config.numerics(), "seed": seed})
 
 
 def fingerprint_of(numerics: dict) -> str:
     return hashlib.sha256(json.dumps(numerics, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_fingerprint(study, recipe: str, data_hash: str) -> tuple[dict, str]:
-    """(what a run of ``recipe`` in ``study`` on this data computes, its fingerprint)."""
-    numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train)
+def run_fingerprint(study, recipe: str, seed: int, data_hash: str) -> tuple[dict, str]:
+    """(what the run of ``recipe`` and ``seed`` in ``study`` on this data computes, its fingerprint)."""
+    numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train, seed)
     return numerics, fingerprint_of(numerics)
 
 
