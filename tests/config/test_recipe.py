@@ -47,6 +47,72 @@ def test_ablations_change_only_what_they_say():
     assert both.linear_specs(7, 8) is not None and not both.linear_specs(7, 8).wgrad_x.rht
 
 
+def _bf16(recipe, n_layers: int) -> list[int]:
+    """The layers of an n-layer model in which every linear of ``recipe`` is unquantized."""
+    return [i for i in range(n_layers) if recipe.linear_specs(i, n_layers) is None]
+
+
+def _share_recipe(tmp_path, layers: str):
+    p = tmp_path / "share.yaml"
+    p.write_text(f"name: share\nbase: ue5m3\noverrides:\n  - {{layers: {layers}, defaults: bf16}}\n")
+    return load_recipe(p)
+
+
+@pytest.mark.parametrize("layers, n_layers, expected", [
+    ("{last_share: 0.01}", 16, [15]),            # 0.16 rounds to 0: at least one
+    ("{first_share: 0.01}", 16, [0]),
+    ("{first_share: 0.25}", 16, [0, 1, 2, 3]),
+    ("{last_share: 0.5}", 5, [3, 4]),             # 2.5: half to even -> 2
+    ("{last_share: 0.5}", 7, [3, 4, 5, 6]),       # 3.5: half to even -> 4
+    ("{last_share: 1}", 3, [0, 1, 2]),
+    ("{first_share: 1.0}", 1, [0]),
+    ("'-2:'", 6, [4, 5]),                          # the slice syntax still works
+    ("'1:3'", 6, [1, 2]),
+    ("'-1'", 6, [5]),
+])
+def test_override_layers_by_share_or_slice(tmp_path, layers, n_layers, expected):
+    r = _share_recipe(tmp_path, layers)
+    assert _bf16(r, n_layers) == expected
+    for i in expected[:1]:
+        assert r.operand_fields(i, n_layers) == {o: None for o in OPERANDS}
+
+
+def test_a_share_restricted_to_linears(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\nbase: ue5m3\noverrides:\n"
+                 "  - {layers: {last_share: 0.25}, linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n")
+    r = load_recipe(p)
+    assert [i for i in range(8) if r.linear_specs(i, 8, "fc2").wgrad_dy.target == 2048] == [6, 7]
+    assert all(r.linear_specs(i, 8, "fc1").wgrad_dy.target == 448 for i in range(8))
+
+
+SHARE_BAD = {   # layers value -> (field, value as the message shows it, what is allowed)
+    "{last_share: 0}": ("overrides.0.layers.last_share", "value 0:", "0 < s <= 1"),
+    "{last_share: -0.1}": ("overrides.0.layers.last_share", "value -0.1:", "0 < s <= 1"),
+    "{first_share: 1.5}": ("overrides.0.layers.first_share", "value 1.5:", "0 < s <= 1"),
+    "{last_share: .nan}": ("overrides.0.layers.last_share", "value nan:", "0 < s <= 1"),
+    "{last_share: half}": ("overrides.0.layers.last_share", "value 'half':", "0 < s <= 1"),
+    "{last_share: true}": ("overrides.0.layers.last_share", "value True:", "0 < s <= 1"),
+    "{share: 0.1}": ("overrides.0.layers", "value {'share': 0.1}:", "{last_share: s} or {first_share: s}"),
+    "{}": ("overrides.0.layers", "value {}:", "{last_share: s} or {first_share: s}"),
+    "{last_share: 0.1, first_share: 0.1}": ("overrides.0.layers", "value {'last_share': 0.1, 'first_share': 0.1}:",
+                                            "{last_share: s} or {first_share: s}"),
+    "last4": ("overrides.0.layers", "value 'last4':", "'-4:'"),
+    "4.5": ("overrides.0.layers", "value 4.5:", "{last_share: s}"),
+}
+
+
+@pytest.mark.parametrize("layers", sorted(SHARE_BAD))
+def test_bad_override_layers_name_file_field_value_and_what_is_allowed(tmp_path, layers):
+    field, value, allowed = SHARE_BAD[layers]
+    p = tmp_path / "bad.yaml"
+    p.write_text(f"name: bad\ndefaults: {{}}\noverrides:\n  - {{layers: {layers}, defaults: bf16}}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: field '{field}': {value}") and allowed in msg, msg
+
+
 def test_mxfp4():
     s = load_recipe("mxfp4").linear_specs(0, 4)
     assert s.fprop_x.block == (1, 32) and s.fprop_x.scale == "ue8m0" and s.fprop_x.target is None

@@ -11,12 +11,18 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
       fprop.w: {block: [16, 16]}
       wgrad.dy: {rounding: sr, rht: true}
     overrides:                # applied in order to matching layers (and optionally linears)
-      - layers: "-4:"         # Python slice over layer indices; negatives count from the end
+      - layers: {last_share: 0.076923}  # a share of the model's layers (see below)
         defaults: bf16        # 'bf16' = whole layer unquantized; a dict edits its quantized operands
-      - layers: "0:2"
+      - layers: "0:2"         # Python slice over layer indices; negatives count from the end
         linears: [fc2]          # in_proj, out_proj (Mamba), qkv_proj, o_proj (attention), fc1, fc2
         operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
                                                # QuantSpec's defaults if it was bf16)
+
+**Layers.** An override's ``layers`` is either a Python slice string over layer indices ("-4:",
+"0:2", "7"), or a share of the model's layers, so that one recipe keeps the same proportion at
+every depth: ``{last_share: s}`` is the last k layers and ``{first_share: s}`` the first k, with
+k = max(1, round(s · n_layers)) (Python's ``round``: half to even) and 0 < s <= 1. For example
+``{last_share: 0.076923}`` (4/52) is 4 of the 8B's 52 layers, 1 of 16 and 1 of 5.
 
 Everything is validated before any compute; a problem raises ``RecipeError`` naming the file,
 the field, the value and what is allowed.
@@ -34,6 +40,11 @@ from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, Tensor
 from fp4repro.errors import ConfigError
 
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
+_SHARES = ("last_share", "first_share")
+_LAYERS_ALLOWED = ("a Python slice of layer indices such as '-4:' or '0:2', one index such as '7', or a share "
+                   "of the model's layers: {last_share: s} or {first_share: s} with 0 < s <= 1")
+_SHARE_ALLOWED = ("a share of the model's layers, 0 < s <= 1 (the last or first round(s * n_layers) layers, "
+                  "at least one)")
 
 
 class RecipeError(ConfigError):
@@ -111,8 +122,19 @@ def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> Quan
     return QuantSpec(**kwargs)
 
 
-def _layer_indices(text: str, n_layers: int) -> range:
-    m = _SLICE.match(text)
+def share_count(share: float, n_layers: int) -> int:
+    """How many layers a share of ``n_layers`` is: round(share · n_layers), half to even (Python's
+    ``round``), at least one and at most ``n_layers``."""
+    return min(n_layers, max(1, round(share * n_layers)))
+
+
+def _layer_indices(layers, n_layers: int) -> range:
+    """The layer indices an override's ``layers`` (slice string or share mapping) selects."""
+    if isinstance(layers, dict):
+        (kind, share), = layers.items()
+        k = share_count(share, n_layers)
+        return range(n_layers)[n_layers - k:] if kind == "last_share" else range(n_layers)[:k]
+    m = _SLICE.match(layers)
     start, colon, stop = m.group(1), m.group(2), m.group(3)
     if colon is None:
         i = int(start)
@@ -214,12 +236,15 @@ def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> R
     """A recipe from its content (``base:`` already resolved), validated as a file would be;
     ``where`` names its origin in errors (a file, or a checkpoint that stores its recipe)."""
     e = schema_error(raw, "recipe.schema.json")
+    if e is not None and re.fullmatch(r"overrides\.\d+\.layers(\.\w+)?", schema_field(e)):
+        share = schema_field(e).rsplit(".", 1)[1] in _SHARES
+        raise RecipeError(f"{where}: field '{schema_field(e)}': value {e.instance!r}: "
+                          f"{_SHARE_ALLOWED if share else _LAYERS_ALLOWED}")
     if e is not None:
         allowed = {
             "enum": lambda: f"allowed: {e.validator_value}",
             "additionalProperties": lambda: f"allowed fields: {sorted(e.schema.get('properties', {}))}",
-            "pattern": lambda: "a Python slice of layer indices such as '-4:' or '0:2', or one index such as '7'"
-            if schema_field(e).endswith("layers") else f"must match {e.validator_value}",
+            "pattern": lambda: f"must match {e.validator_value}",
             "required": lambda: f"missing required field(s): {e.validator_value}",
         }.get(e.validator, lambda: e.message)()
         value = e.instance if e.validator != "additionalProperties" else \
@@ -233,13 +258,21 @@ def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> R
 
 
 def _validate_semantics(recipe: Recipe) -> None:
-    """Resolve the base specs and each override on a nominal 64-layer model, so that a bad
-    format, block, target or RHT pairing fails at load time, not mid-run."""
+    """Check each override's layers (a slice's index, a share's range) and resolve the base specs
+    and each override on a nominal 64-layer model, so that a bad format, block, target or RHT
+    pairing fails at load time, not mid-run."""
     for i, ov in enumerate(recipe.overrides):
+        layers = ov["layers"]
+        if isinstance(layers, dict):
+            (kind, share), = layers.items()
+            if not 0 < share <= 1:      # the schema's bounds, and NaN, which passes them
+                raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers.{kind}': value {share!r}: "
+                                  f"{_SHARE_ALLOWED}")
+            continue
         try:
-            _layer_indices(ov["layers"], 1 << 20)
+            _layer_indices(layers, 1 << 20)
         except IndexError:
-            raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers': value {ov['layers']!r}: "
+            raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers': value {layers!r}: "
                               "not a valid layer index") from None
     if isinstance(recipe.defaults, dict):
         _spec_from_fields(recipe.defaults, f"{recipe.path}: field 'defaults")
