@@ -23,7 +23,13 @@ def test_console_script_help():
 def test_recipe_show_and_error(capsys, tmp_path):
     assert main(["recipe", "nvfp4", "--layers", "8"]) == 0
     out = capsys.readouterr().out
-    assert "layers 4-7 of 8" in out and "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
+    assert "layers 0-6 of 8" in out and "layers 7 of 8" in out    # 4/52 of 8 layers: 1, the last
+    assert "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
+    for layers, groups in ((52, ["layers 0-47 of 52", "layers 48-51 of 52"]),
+                           (16, ["layers 0-14 of 16", "layers 15 of 16"]), (5, ["layers 0-3 of 5", "layers 4 of 5"])):
+        assert main(["recipe", "nvfp4", "--layers", str(layers)]) == 0
+        out = capsys.readouterr().out
+        assert [line for line in out.splitlines() if line.startswith("layers ")] == [f"{g}:" for g in groups]
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ndefaults: {block: [3, 3]}\n")
     assert main(["recipe", str(bad)]) == 2

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from fp4repro.config.files import PACKAGED, available
-from fp4repro.config.recipe import RecipeError, load_recipe
+from fp4repro.config.recipe import RecipeError, load_recipe, recipe_from_config
 from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
@@ -24,7 +24,7 @@ def test_nvfp4_matches_the_recipe_table():
     assert [s[o].rht for o in OPERANDS] == [False] * 4 + [True, True]
     assert all(s[o].scale == "e4m3" and s[o].target == 448 and s[o].tensor_scaling.kind == "current"
                for o in OPERANDS)
-    assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # last 4 in BF16
+    assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # the 8B's last 4 in BF16
 
 
 def test_ue5m3_quantizes_every_layer_with_periodic_scaling():
@@ -50,6 +50,23 @@ def test_ablations_change_only_what_they_say():
 def _bf16(recipe, n_layers: int) -> list[int]:
     """The layers of an n-layer model in which every linear of ``recipe`` is unquantized."""
     return [i for i in range(n_layers) if recipe.linear_specs(i, n_layers) is None]
+
+
+@pytest.mark.parametrize("n_layers, expected", [
+    (52, [48, 49, 50, 51]),     # Nemotron-H 8B: 4/52 of 52 = 4
+    (16, [15]),                 # small: 1.23 -> 1
+    (5, [4]),                   # tiny: 0.38 rounds to 0 -> at least one
+    (8, [7]),                   # 0.62 -> 1
+    (20, [18, 19]),             # 1.54 -> 2
+    (1, [0]),
+])
+def test_nvfp4_keeps_the_8b_share_of_final_layers_in_bf16(n_layers, expected):
+    nvfp4 = load_recipe("nvfp4")
+    assert _bf16(nvfp4, n_layers) == expected
+    for ablation in ("nvfp4_no_rht",):                      # inherits the share through base:
+        assert _bf16(load_recipe(ablation), n_layers) == expected
+    for ablation in ("nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail"):
+        assert _bf16(load_recipe(ablation), n_layers) == []
 
 
 def _share_recipe(tmp_path, layers: str):
@@ -111,6 +128,15 @@ def test_bad_override_layers_name_file_field_value_and_what_is_allowed(tmp_path,
         load_recipe(p)
     msg = str(err.value)
     assert msg.startswith(f"{p}: field '{field}': {value}") and allowed in msg, msg
+
+
+def test_a_stored_recipe_with_a_share_is_checked_like_a_file():
+    config = load_recipe("nvfp4").config
+    assert config["overrides"][0]["layers"] == {"last_share": 0.076923}
+    assert _bf16(recipe_from_config(config, "ckpt"), 52) == [48, 49, 50, 51]
+    config["overrides"][0]["layers"] = {"last_share": 2}
+    with pytest.raises(RecipeError, match="ckpt: field 'overrides.0.layers.last_share': value 2: "):
+        recipe_from_config(config, "ckpt")
 
 
 def test_mxfp4():
