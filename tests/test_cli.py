@@ -36,6 +36,20 @@ def test_recipe_show_and_error(capsys, tmp_path):
     assert "defaults.block" in capsys.readouterr().err
 
 
+def test_recipe_prints_its_sources_after_the_operand_table(capsys):
+    assert main(["recipe", "ue5m3_t2048", "--layers", "4"]) == 0
+    out = capsys.readouterr().out
+    table, sources = out.split("\nsources:\n")
+    assert "layers 0-3 of 4:" in table and "dgrad.dy  e2m1/ue5m3 1x16 T=2048 SR periodic(50)" in table
+    lines = sources.splitlines()
+    starts = [line.split(":")[0].strip() for line in lines if line.startswith("  ") and not line.startswith("   ")]
+    assert starts == ["element format (quotation)", "scale format (quotation)", "block shapes (quotation)",
+                      "block shapes (reading)", "target T (quotation)", "target T (reading)", "tensor amax (quotation)",
+                      "rounding (quotation)", "rounding (reading)", "RHT (quotation)", "BF16 layers (quotation)"]
+    assert '"omits RHT"' in sources and "not cited" not in sources
+    assert all(len(line) <= 100 for line in lines)
+
+
 def test_formats_and_explain(capsys):
     assert main(["formats", "ue5m3"]) == 0
     assert "114688" in capsys.readouterr().out
@@ -106,6 +120,7 @@ def test_configs_resolve_in_the_working_directory_first(tmp_path, capsys, monkey
     assert main(["recipe", "ue5m3", "--layers", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("ue5m3: mine") and "fprop.x   bf16" in out
+    assert "sources: none given\nnot cited: element format, scale format, block shapes, target T" in out
     assert main(["recipe"]) == 0
     listing = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert listing["ue5m3"] == "configs/recipes/ue5m3.yaml" and listing["nvfp4"] == "packaged"

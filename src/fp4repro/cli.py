@@ -64,7 +64,21 @@ def _cmd_recipe(args) -> int:
         for name in OPERANDS:
             spec = specs[name] if specs is not None else None
             print(f"  {name:9} {spec if spec is not None else 'bf16'}")
+    _print_sources(recipe)
     return 0
+
+
+def _print_sources(recipe) -> None:
+    """A recipe's ``sources:``, one choice after another, and the required choices it does not cite."""
+    import textwrap
+
+    print("\nsources:" if recipe.sources else "\nsources: none given")
+    for entry in recipe.sources:
+        print(textwrap.fill(f"{entry['choice']} ({entry['kind']}): {entry['source']}", width=100,
+                            initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
+    uncited = recipe.uncited_choices()
+    if uncited:
+        print(f"not cited: {', '.join(uncited)}")
 
 
 def _study(args):
@@ -339,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("recipe", help="validate a recipe and show each operand's numerics",
                        description="Load a recipe (name in configs/recipes/ or a YAML path), validate it "
-                                   "and print the QuantSpec of each GEMM operand per group of layers. "
+                                   "and print the QuantSpec of each GEMM operand per group of layers, then "
+                                   "the source of each of its choices (quotation or reading). "
                                    "Without an argument, list the available recipes.")
     r.add_argument("recipe", nargs="?", help="recipe name or path to a YAML file")
     r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")

@@ -1,13 +1,18 @@
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fp4repro.config.files import PACKAGED, available
-from fp4repro.config.recipe import RecipeError, load_recipe, recipe_from_config
+from fp4repro.config.recipe import REQUIRED_CHOICES, RecipeError, load_recipe, recipe_from_config
 from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
             "nvfp4_no_rht_no_bf16_tail"}
+
+#: The paper's summary (English abstract + Chinese analysis), which the recipes quote.
+PAPER = Path("/work/shared/paper/000_27578eaac3bdba70.txt")
 
 
 def test_all_recipe_files_load():
@@ -175,6 +180,12 @@ BAD = {
                            "overrides.0", "block"),
     "unpaired RHT": ("defaults: {}\noperands: {wgrad.x: {rht: true}}", "rht", "both operands"),
     "periodic without target": ("defaults: {target: null, tensor_scaling: periodic}", "tensor_scaling", "target"),
+    "source of an unknown kind": ("defaults: {}\nsources: [{choice: RHT, kind: guess, source: mine}]",
+                                  "sources.0.kind", "'quotation', 'reading'"),
+    "source without its text": ("defaults: {}\nsources: [{choice: RHT, kind: reading}]", "sources.0", "source"),
+    "source of no choice": ("defaults: {}\nsources: [{choice: '', kind: reading, source: mine}]",
+                            "sources.0.choice", "a short name"),
+    "sources not a list": ("defaults: {}\nsources: {RHT: mine}", "sources", "a list of {choice"),
 }
 
 
@@ -212,3 +223,80 @@ def test_a_local_recipe_can_extend_the_packaged_one_of_its_own_name(tmp_path, mo
     local.write_text("name: ue5m3\nbase: ./ue5m3.yaml\n")            # a path to itself is a cycle
     with pytest.raises(RecipeError, match="forms a cycle"):
         load_recipe("ue5m3")
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+def test_the_required_choices_cover_every_field_of_a_recipe():
+    assert set(REQUIRED_CHOICES) >= {"element format", "scale format", "block shapes", "target T", "tensor amax",
+                                      "rounding", "RHT", "BF16 layers"}
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_every_packaged_recipe_cites_every_required_choice(name):
+    r = load_recipe(PACKAGED / "recipes" / f"{name}.yaml")
+    cited = {s["choice"] for s in r.sources}
+    assert not set(REQUIRED_CHOICES) - cited, f"{name} cites no source for {set(REQUIRED_CHOICES) - cited}"
+    assert r.uncited_choices() == []
+    assert all(s["kind"] in ("quotation", "reading") and len(s["source"]) > 20 for s in r.sources)
+
+
+def test_every_packaged_recipe_is_one_the_citation_test_checks():
+    assert {p.stem for p in (PACKAGED / "recipes").glob("*.yaml")} == REQUIRED
+
+
+@pytest.mark.skipif(not PAPER.is_file(), reason=f"{PAPER} (the paper's summary) is not on this machine")
+def test_what_the_recipes_quote_from_the_paper_is_in_the_paper():
+    """Every "..."-quoted passage of a source that names the paper ('paper abstract: ...', 'paper
+    summary, ...') occurs in the paper's summary word for word ('...' marks an omission)."""
+    paper = " ".join(PAPER.read_text(encoding="utf-8").split())
+    checked = 0
+    for name in sorted(REQUIRED):
+        for s in load_recipe(PACKAGED / "recipes" / f"{name}.yaml").sources:
+            if not s["source"].startswith("paper"):
+                continue
+            for quote in re.findall(r'"([^"]+)"', s["source"]):
+                for part in quote.split("..."):
+                    assert " ".join(part.split()) in paper, f"{name}, {s['choice']}: {part!r}"
+                    checked += 1
+    assert checked > 20
+
+
+def test_sources_merge_per_choice_through_base(tmp_path):
+    raw = {n: yaml.safe_load((PACKAGED / "recipes" / f"{n}.yaml").read_text(encoding="utf-8"))["sources"]
+           for n in ("ue5m3", "ue5m3_t2048", "nvfp4", "nvfp4_no_rht", "nvfp4_no_rht_no_bf16_tail")}
+    # a child's entries for a choice replace the base's, in place; the other choices are the base's
+    assert [s["choice"] for s in raw["ue5m3"]] == ["element format", "scale format", "block shapes", "block shapes",
+                                                   "target T", "tensor amax", "rounding", "rounding", "RHT",
+                                                   "BF16 layers"]
+    t = load_recipe("ue5m3_t2048").sources
+    assert [s["choice"] for s in t] == ["element format", "scale format", "block shapes", "block shapes", "target T",
+                                        "target T", "tensor amax", "rounding", "rounding", "RHT", "BF16 layers"]
+    assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t2048"]
+    assert [s for s in t if s["choice"] != "target T"] == [s for s in raw["ue5m3"] if s["choice"] != "target T"]
+    # two levels: RHT from nvfp4_no_rht, BF16 layers from the file itself, the rest from nvfp4
+    both = load_recipe("nvfp4_no_rht_no_bf16_tail").sources
+    assert [s for s in both if s["choice"] == "RHT"] == raw["nvfp4_no_rht"]
+    assert [s for s in both if s["choice"] == "BF16 layers"] == raw["nvfp4_no_rht_no_bf16_tail"]
+    assert [s for s in both if s["choice"] not in ("RHT", "BF16 layers")] == \
+        [s for s in raw["nvfp4"] if s["choice"] not in ("RHT", "BF16 layers")]
+    # a child without sources inherits them all; a new choice is appended
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\nbase: ue5m3\noperands: {wgrad.x: {rounding: sr}}\n")
+    assert list(load_recipe(p).sources) == raw["ue5m3"]
+    p.write_text("name: mine\nbase: ue5m3\nsources: [{choice: seed, kind: reading, source: my own}]\n")
+    assert list(load_recipe(p).sources) == raw["ue5m3"] + [{"choice": "seed", "kind": "reading", "source": "my own"}]
+
+
+def test_sources_are_not_numerics(tmp_path):
+    p = tmp_path / "ue5m3.yaml"
+    p.write_text("name: ue5m3\nbase: ue5m3\nsources: [{choice: RHT, kind: reading, source: another reading}]\n")
+    mine, packaged = load_recipe(p), load_recipe("ue5m3")
+    assert mine.sources != packaged.sources and mine.numerics() == packaged.numerics()
+    assert recipe_from_config(packaged.config, "ckpt").sources == packaged.sources
+
+
+def test_a_recipe_without_sources_loads_and_says_what_it_does_not_cite(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\ndefaults: bf16\nsources: [{choice: RHT, kind: quotation, source: none}]\n")
+    assert load_recipe(p).uncited_choices() == [c for c in REQUIRED_CHOICES if c != "RHT"]
