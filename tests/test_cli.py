@@ -78,7 +78,18 @@ def test_experiment_command(capsys):
     assert main(["experiment", "tiny", "--recipes"]) == 0
     assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"]
     assert main(["experiment", "tiny"]) == 0
-    assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in out
+    assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
+    assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
+
+
+def test_experiment_counts_a_layer_bf16_when_all_its_linears_are(capsys, tmp_path):
+    # on tiny (M-M*-) the MLP layers 1 and 4 have only fc1 and fc2, the attention layer 3 only qkv/o_proj
+    (tmp_path / "mlp_bf16.yaml").write_text("name: mlp_bf16\nbase: ue5m3\noverrides:\n"
+                                            "  - {layers: '0:', linears: [fc1, fc2], defaults: bf16}\n")
+    assert main(["experiment", "tiny", "--add-recipe", str(tmp_path / "mlp_bf16.yaml")]) == 0
+    assert "  mlp_bf16: 2 of 5 layers BF16 (40%): layers 1, 4" in capsys.readouterr().out.splitlines()
 
 
 def _fp4repro(*args, cwd=None) -> subprocess.CompletedProcess:

@@ -68,6 +68,7 @@ def _bf16(recipe, n_layers: int) -> list[int]:
 def test_nvfp4_keeps_the_8b_share_of_final_layers_in_bf16(n_layers, expected):
     nvfp4 = load_recipe("nvfp4")
     assert _bf16(nvfp4, n_layers) == expected
+    assert nvfp4.bf16_layers(n_layers) == expected
     for ablation in ("nvfp4_no_rht",):                      # inherits the share through base:
         assert _bf16(load_recipe(ablation), n_layers) == expected
     for ablation in ("nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail"):
@@ -138,7 +139,7 @@ def test_bad_override_layers_name_file_field_value_and_what_is_allowed(tmp_path,
 def test_a_stored_recipe_with_a_share_is_checked_like_a_file():
     config = load_recipe("nvfp4").config
     assert config["overrides"][0]["layers"] == {"last_share": 0.076923}
-    assert _bf16(recipe_from_config(config, "ckpt"), 52) == [48, 49, 50, 51]
+    assert recipe_from_config(config, "ckpt").bf16_layers(52) == [48, 49, 50, 51]
     config["overrides"][0]["layers"] = {"last_share": 2}
     with pytest.raises(RecipeError, match="ckpt: field 'overrides.0.layers.last_share': value 2: "):
         recipe_from_config(config, "ckpt")

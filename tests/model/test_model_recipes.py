@@ -74,6 +74,35 @@ def test_nvfp4_quantizes_all_operands_except_in_its_bf16_final_layers():
     assert [op for op in OPERANDS if "RHT" in first[op]] == ["wgrad.dy", "wgrad.x"]
 
 
+def _bf16_layers(model: NemotronH) -> list[int]:
+    """The layers whose every linear the model built unquantized."""
+    by_layer: dict[int, set[bool]] = {}
+    for name, ops in quantized_operands(model).items():
+        if name != "lm_head":
+            by_layer.setdefault(int(name.split(".")[1]), set()).add(bool(ops))
+    return [i for i, quantized in sorted(by_layer.items()) if quantized == {False}]
+
+
+@pytest.mark.parametrize("recipe, config, expected", [
+    ("nvfp4", "nemotron_h_8b", [48, 49, 50, 51]),     # the 8B's 4 final layers of 52
+    ("nvfp4", "small", [15]),                          # 16 x 4/52 = 1.2 -> 1
+    ("nvfp4", "tiny", [4]),                            # 5 x 4/52 = 0.4 -> at least one
+    ("nvfp4_no_rht", "tiny", [4]),
+    ("nvfp4_no_bf16_tail", "small", []),
+])
+def test_bf16_layers_as_the_model_builds_them(recipe, config, expected):
+    model = build(recipe, config, device="meta")
+    assert _bf16_layers(model) == expected
+    assert model.recipe.bf16_layers(model.config.n_layers, model.config.layer_linears) == expected
+
+
+def test_the_config_knows_the_linears_of_each_layer():
+    model = build("ue5m3", "tiny", device="meta")
+    assert model.config.layer_linears == tuple(tuple(layer.mixer.LINEARS) for layer in model.layers)
+    assert model.config.layer_linears == (("in_proj", "out_proj"), ("fc1", "fc2"), ("in_proj", "out_proj"),
+                                          ("qkv_proj", "o_proj"), ("fc1", "fc2"))
+
+
 def test_ue5m3_quantizes_every_operand_of_every_internal_linear():
     model = build("ue5m3", "small", device="meta")
     for name, ops in quantized_operands(model).items():

@@ -22,6 +22,8 @@ from fp4repro.config.files import find_config, not_found, read_yaml
 from fp4repro.errors import ConfigError
 
 LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
+#: The internal linears of each layer type, by the names recipes use (the model's mixers agree).
+LAYER_LINEARS = {"mamba": ("in_proj", "out_proj"), "attention": ("qkv_proj", "o_proj"), "mlp": ("fc1", "fc2")}
 
 
 class ModelConfigError(ConfigError):
@@ -72,6 +74,11 @@ class ModelConfig:
     def layer_types(self) -> tuple[str, ...]:
         """'mamba' | 'attention' | 'mlp' for each layer, in order."""
         return tuple(LAYER_TYPES[c] for c in self.pattern)
+
+    @property
+    def layer_linears(self) -> tuple[tuple[str, ...], ...]:
+        """The names of each layer's internal linears, in order (see ``LAYER_LINEARS``)."""
+        return tuple(LAYER_LINEARS[t] for t in self.layer_types)
 
     @property
     def mamba_d_inner(self) -> int:

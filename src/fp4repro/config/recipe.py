@@ -217,6 +217,15 @@ class Recipe:
         cited = {s["choice"] for s in self.sources}
         return [c for c in REQUIRED_CHOICES if c not in cited]
 
+    def bf16_layers(self, n_layers: int, linears: list | tuple | None = None) -> list[int]:
+        """The layers of an ``n_layers`` model that this recipe leaves wholly unquantized.
+        ``linears``: per layer, the names of its linears (``ModelConfig.layer_linears``), so that
+        overrides restricted to some linears count; without it a layer counts when the recipe
+        leaves it unquantized as a whole (overrides that name ``linears`` aside)."""
+        return [i for i in range(n_layers)
+                if all(self.linear_specs(i, n_layers, lin) is None
+                       for lin in (linears[i] if linears is not None else (None,)))]
+
     # -------------------------------------------------------------------------------- resolve
     def operand_fields(self, layer_index: int | None = None, n_layers: int | None = None,
                        linear: str | None = None) -> dict[str, dict | None]:

@@ -30,6 +30,11 @@ class Study:
     def name(self) -> str:
         return self.experiment.name
 
+    def bf16_layers(self, name: str) -> list[int]:
+        """The layers of the study's model that recipe ``name`` leaves wholly unquantized (BF16;
+        the embedding and LM head, never quantized, aside)."""
+        return self.recipe(name).bf16_layers(self.model.n_layers, self.model.layer_linears)
+
     def recipe(self, name: str) -> Recipe:
         """One of the study's recipes by name."""
         if name not in self.recipes:
