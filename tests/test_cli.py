@@ -84,6 +84,22 @@ def test_experiment_command(capsys):
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
 
 
+@pytest.mark.parametrize("experiment, expected", [
+    ("paper8b", ["nvfp4: 4 of 52 layers BF16 (7.7%): layers 48-51",
+                 "nvfp4_first_last_bf16: 2 of 52 layers BF16 (3.8%): layers 0, 51",
+                 "nvfp4_no_bf16_tail: 0 of 52 layers BF16 (0%)", "ue5m3_w1x16: 0 of 52 layers BF16 (0%)"]),
+    ("tiny", ["nvfp4: 1 of 5 layers BF16 (20%): layer 4",
+              "nvfp4_first_last_bf16: 2 of 5 layers BF16 (40%): layers 0, 4",
+              "nvfp4_no_bf16_tail: 0 of 5 layers BF16 (0%)", "ue5m3_w1x16: 0 of 5 layers BF16 (0%)"]),
+])
+def test_experiment_shows_the_bf16_share_of_each_recipe(capsys, experiment, expected):
+    assert main(["experiment", experiment, "--add-recipe", "nvfp4_first_last_bf16",
+                 "--add-recipe", "nvfp4_no_bf16_tail", "--add-recipe", "ue5m3_w1x16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line in expected:
+        assert f"  {line}" in lines
+
+
 def test_experiment_counts_a_layer_bf16_when_all_its_linears_are(capsys, tmp_path):
     # on tiny (M-M*-) the MLP layers 1 and 4 have only fc1 and fc2, the attention layer 3 only qkv/o_proj
     (tmp_path / "mlp_bf16.yaml").write_text("name: mlp_bf16\nbase: ue5m3\noverrides:\n"

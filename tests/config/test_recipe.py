@@ -1,3 +1,4 @@
+import dataclasses
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from fp4repro.config.recipe import REQUIRED_CHOICES, RecipeError, load_recipe, r
 from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
-            "nvfp4_no_rht_no_bf16_tail"}
+            "nvfp4_no_rht_no_bf16_tail", "ue5m3_w1x16", "nvfp4_first_last_bf16"}
 
 #: The paper's summary (English abstract + Chinese analysis), which the recipes quote.
 PAPER = Path("/work/shared/paper/000_27578eaac3bdba70.txt")
@@ -301,3 +302,29 @@ def test_a_recipe_without_sources_loads_and_says_what_it_does_not_cite(tmp_path)
     p = tmp_path / "mine.yaml"
     p.write_text("name: mine\ndefaults: bf16\nsources: [{choice: RHT, kind: quotation, source: none}]\n")
     assert load_recipe(p).uncited_choices() == [c for c in REQUIRED_CHOICES if c != "RHT"]
+
+
+# ------------------------------------------------------------------------------------- new recipes
+
+def test_ue5m3_w1x16_differs_from_ue5m3_only_in_its_weight_blocks():
+    w, u = load_recipe("ue5m3_w1x16"), load_recipe("ue5m3")
+    for layer in (0, 51):
+        sw, su = w.linear_specs(layer, 52), u.linear_specs(layer, 52)
+        assert sw.fprop_w.block == (1, 16) and sw.dgrad_w.block == (1, 16)
+        assert su.fprop_w.block == (16, 16) and su.dgrad_w.block == (16, 16)
+        assert all(sw[o].block == (1, 16) for o in OPERANDS)
+        assert all(dataclasses.replace(sw[o], block=(1, 16)) == dataclasses.replace(su[o], block=(1, 16))
+                   for o in OPERANDS)
+    assert _bf16(w, 52) == []
+    assert any(s["choice"] == "block shapes" and s["kind"] == "reading" and "silent" in s["source"]
+               for s in w.sources)
+
+
+@pytest.mark.parametrize("n_layers, expected", [(52, [0, 51]), (16, [0, 15]), (5, [0, 4]), (2, [0, 1]), (1, [0])])
+def test_nvfp4_first_last_bf16_is_bf16_exactly_in_the_first_and_last_layer(n_layers, expected):
+    r, nvfp4 = load_recipe("nvfp4_first_last_bf16"), load_recipe("nvfp4")
+    assert _bf16(r, n_layers) == expected
+    for i in range(n_layers):
+        if i not in expected:
+            assert r.linear_specs(i, n_layers) == nvfp4.linear_specs(0, n_layers)
+    assert any("Megatron" in s["source"] for s in r.sources if s["choice"] == "BF16 layers")
