@@ -23,11 +23,31 @@ def test_console_script_help():
 def test_recipe_show_and_error(capsys, tmp_path):
     assert main(["recipe", "nvfp4", "--layers", "8"]) == 0
     out = capsys.readouterr().out
-    assert "layers 4-7 of 8" in out and "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
+    assert "layers 0-6 of 8" in out and "layers 7 of 8" in out    # 4/52 of 8 layers: 1, the last
+    assert "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
+    for layers, groups in ((52, ["layers 0-47 of 52", "layers 48-51 of 52"]),
+                           (16, ["layers 0-14 of 16", "layers 15 of 16"]), (5, ["layers 0-3 of 5", "layers 4 of 5"])):
+        assert main(["recipe", "nvfp4", "--layers", str(layers)]) == 0
+        out = capsys.readouterr().out
+        assert [line for line in out.splitlines() if line.startswith("layers ")] == [f"{g}:" for g in groups]
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ndefaults: {block: [3, 3]}\n")
     assert main(["recipe", str(bad)]) == 2
     assert "defaults.block" in capsys.readouterr().err
+
+
+def test_recipe_prints_its_sources_after_the_operand_table(capsys):
+    assert main(["recipe", "ue5m3_t2048", "--layers", "4"]) == 0
+    out = capsys.readouterr().out
+    table, sources = out.split("\nsources:\n")
+    assert "layers 0-3 of 4:" in table and "dgrad.dy  e2m1/ue5m3 1x16 T=2048 SR periodic(50)" in table
+    lines = sources.splitlines()
+    starts = [line.split(":")[0].strip() for line in lines if line.startswith("  ") and not line.startswith("   ")]
+    assert starts == ["element format (quotation)", "scale format (quotation)", "block shapes (quotation)",
+                      "block shapes (reading)", "target T (quotation)", "target T (reading)", "tensor amax (quotation)",
+                      "rounding (quotation)", "rounding (reading)", "RHT (quotation)", "BF16 layers (quotation)"]
+    assert '"omits RHT"' in sources and "not cited" not in sources
+    assert all(len(line) <= 100 for line in lines)
 
 
 def test_formats_and_explain(capsys):
@@ -58,7 +78,34 @@ def test_experiment_command(capsys):
     assert main(["experiment", "tiny", "--recipes"]) == 0
     assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"]
     assert main(["experiment", "tiny"]) == 0
-    assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in out
+    assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
+    assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
+
+
+@pytest.mark.parametrize("experiment, expected", [
+    ("paper8b", ["nvfp4: 4 of 52 layers BF16 (7.7%): layers 48-51",
+                 "nvfp4_first_last_bf16: 2 of 52 layers BF16 (3.8%): layers 0, 51",
+                 "nvfp4_no_bf16_tail: 0 of 52 layers BF16 (0%)", "ue5m3_w1x16: 0 of 52 layers BF16 (0%)"]),
+    ("tiny", ["nvfp4: 1 of 5 layers BF16 (20%): layer 4",
+              "nvfp4_first_last_bf16: 2 of 5 layers BF16 (40%): layers 0, 4",
+              "nvfp4_no_bf16_tail: 0 of 5 layers BF16 (0%)", "ue5m3_w1x16: 0 of 5 layers BF16 (0%)"]),
+])
+def test_experiment_shows_the_bf16_share_of_each_recipe(capsys, experiment, expected):
+    assert main(["experiment", experiment, "--add-recipe", "nvfp4_first_last_bf16",
+                 "--add-recipe", "nvfp4_no_bf16_tail", "--add-recipe", "ue5m3_w1x16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line in expected:
+        assert f"  {line}" in lines
+
+
+def test_experiment_counts_a_layer_bf16_when_all_its_linears_are(capsys, tmp_path):
+    # on tiny (M-M*-) the MLP layers 1 and 4 have only fc1 and fc2, the attention layer 3 only qkv/o_proj
+    (tmp_path / "mlp_bf16.yaml").write_text("name: mlp_bf16\nbase: ue5m3\noverrides:\n"
+                                            "  - {layers: '0:', linears: [fc1, fc2], defaults: bf16}\n")
+    assert main(["experiment", "tiny", "--add-recipe", str(tmp_path / "mlp_bf16.yaml")]) == 0
+    assert "  mlp_bf16: 2 of 5 layers BF16 (40%): layers 1, 4" in capsys.readouterr().out.splitlines()
 
 
 def _fp4repro(*args, cwd=None) -> subprocess.CompletedProcess:
@@ -100,6 +147,7 @@ def test_configs_resolve_in_the_working_directory_first(tmp_path, capsys, monkey
     assert main(["recipe", "ue5m3", "--layers", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("ue5m3: mine") and "fprop.x   bf16" in out
+    assert "sources: none given\nnot cited: element format, scale format, block shapes, target T" in out
     assert main(["recipe"]) == 0
     listing = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert listing["ue5m3"] == "configs/recipes/ue5m3.yaml" and listing["nvfp4"] == "packaged"

@@ -64,7 +64,38 @@ def _cmd_recipe(args) -> int:
         for name in OPERANDS:
             spec = specs[name] if specs is not None else None
             print(f"  {name:9} {spec if spec is not None else 'bf16'}")
+    _print_sources(recipe)
     return 0
+
+
+def _print_sources(recipe) -> None:
+    """A recipe's ``sources:``, one choice after another, and the required choices it does not cite."""
+    import textwrap
+
+    print("\nsources:" if recipe.sources else "\nsources: none given")
+    for entry in recipe.sources:
+        print(textwrap.fill(f"{entry['choice']} ({entry['kind']}): {entry['source']}", width=100,
+                            initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
+    uncited = recipe.uncited_choices()
+    if uncited:
+        print(f"not cited: {', '.join(uncited)}")
+
+
+def _layer_spans(layers: list[int]) -> str:
+    """'48-51', '0, 4' for sorted layer indices."""
+    spans: list[list[int]] = []
+    for i in layers:
+        if spans and i == spans[-1][-1] + 1:
+            spans[-1].append(i)
+        else:
+            spans.append([i])
+    return ", ".join(f"{s[0]}" if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
+
+
+def _bf16_share(k: int, n: int) -> str:
+    """'1 of 5 layers BF16 (20%)'."""
+    percent = f"{100 * k / n:.1f}".removesuffix(".0")
+    return f"{k} of {n} layers BF16 ({percent}%)"
 
 
 def _study(args):
@@ -95,6 +126,12 @@ def _cmd_experiment(args) -> int:
     for stage, steps in zip(t.stages, t.stage_steps()):
         blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)
         print(f"  {stage.name}: {stage.tokens:,} tokens ({steps} steps), blend {blend}")
+    n = study.model.n_layers
+    print(f"BF16 layers per recipe on {exp.model} ({n} layers; embedding and LM head are BF16 in every recipe):")
+    for name in study.recipes:
+        bf16 = study.bf16_layers(name)
+        which = f": layer{'s' if len(bf16) > 1 else ''} {_layer_spans(bf16)}" if bf16 and len(bf16) < n else ""
+        print(f"  {name}: {_bf16_share(len(bf16), n)}{which}")
     return 0
 
 
@@ -355,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("recipe", help="validate a recipe and show each operand's numerics",
                        description="Load a recipe (name in configs/recipes/ or a YAML path), validate it "
-                                   "and print the QuantSpec of each GEMM operand per group of layers. "
+                                   "and print the QuantSpec of each GEMM operand per group of layers, then "
+                                   "the source of each of its choices (quotation or reading). "
                                    "Without an argument, list the available recipes.")
     r.add_argument("recipe", nargs="?", help="recipe name or path to a YAML file")
     r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
@@ -363,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("experiment", help="validate an experiment config and summarize it",
                         description="Load and validate an experiment (name in configs/experiment/ or a YAML path) "
-                                    "and print its model, data, stages and recipes. Without an argument, list "
+                                    "and print its model, data, stages and recipes, and how many of the model's "
+                                    "layers each recipe keeps in BF16. Without an argument, list "
                                     "the available experiments.")
     ex.add_argument("experiment", nargs="?", help="experiment name or YAML path")
     ex.add_argument("--add-recipe", action="append", metavar="RECIPE", help="a recipe studied besides the "

@@ -1,13 +1,19 @@
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fp4repro.config.files import PACKAGED, available
-from fp4repro.config.recipe import RecipeError, load_recipe
+from fp4repro.config.recipe import REQUIRED_CHOICES, RecipeError, load_recipe, recipe_from_config
 from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
-            "nvfp4_no_rht_no_bf16_tail"}
+            "nvfp4_no_rht_no_bf16_tail", "ue5m3_w1x16", "nvfp4_first_last_bf16"}
+
+#: The paper's summary (English abstract + Chinese analysis), which the recipes quote.
+PAPER = Path("/work/shared/paper/000_27578eaac3bdba70.txt")
 
 
 def test_all_recipe_files_load():
@@ -24,7 +30,7 @@ def test_nvfp4_matches_the_recipe_table():
     assert [s[o].rht for o in OPERANDS] == [False] * 4 + [True, True]
     assert all(s[o].scale == "e4m3" and s[o].target == 448 and s[o].tensor_scaling.kind == "current"
                for o in OPERANDS)
-    assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # last 4 in BF16
+    assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # the 8B's last 4 in BF16
 
 
 def test_ue5m3_quantizes_every_layer_with_periodic_scaling():
@@ -45,6 +51,99 @@ def test_ablations_change_only_what_they_say():
     assert load_recipe("nvfp4_no_bf16_tail").linear_specs(7, 8).wgrad_x.rht
     both = load_recipe("nvfp4_no_rht_no_bf16_tail")
     assert both.linear_specs(7, 8) is not None and not both.linear_specs(7, 8).wgrad_x.rht
+
+
+def _bf16(recipe, n_layers: int) -> list[int]:
+    """The layers of an n-layer model in which every linear of ``recipe`` is unquantized."""
+    return [i for i in range(n_layers) if recipe.linear_specs(i, n_layers) is None]
+
+
+@pytest.mark.parametrize("n_layers, expected", [
+    (52, [48, 49, 50, 51]),     # Nemotron-H 8B: 4/52 of 52 = 4
+    (16, [15]),                 # small: 1.23 -> 1
+    (5, [4]),                   # tiny: 0.38 rounds to 0 -> at least one
+    (8, [7]),                   # 0.62 -> 1
+    (20, [18, 19]),             # 1.54 -> 2
+    (1, [0]),
+])
+def test_nvfp4_keeps_the_8b_share_of_final_layers_in_bf16(n_layers, expected):
+    nvfp4 = load_recipe("nvfp4")
+    assert _bf16(nvfp4, n_layers) == expected
+    assert nvfp4.bf16_layers(n_layers) == expected
+    for ablation in ("nvfp4_no_rht",):                      # inherits the share through base:
+        assert _bf16(load_recipe(ablation), n_layers) == expected
+    for ablation in ("nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail"):
+        assert _bf16(load_recipe(ablation), n_layers) == []
+
+
+def _share_recipe(tmp_path, layers: str):
+    p = tmp_path / "share.yaml"
+    p.write_text(f"name: share\nbase: ue5m3\noverrides:\n  - {{layers: {layers}, defaults: bf16}}\n")
+    return load_recipe(p)
+
+
+@pytest.mark.parametrize("layers, n_layers, expected", [
+    ("{last_share: 0.01}", 16, [15]),            # 0.16 rounds to 0: at least one
+    ("{first_share: 0.01}", 16, [0]),
+    ("{first_share: 0.25}", 16, [0, 1, 2, 3]),
+    ("{last_share: 0.5}", 5, [3, 4]),             # 2.5: half to even -> 2
+    ("{last_share: 0.5}", 7, [3, 4, 5, 6]),       # 3.5: half to even -> 4
+    ("{last_share: 1}", 3, [0, 1, 2]),
+    ("{first_share: 1.0}", 1, [0]),
+    ("'-2:'", 6, [4, 5]),                          # the slice syntax still works
+    ("'1:3'", 6, [1, 2]),
+    ("'-1'", 6, [5]),
+])
+def test_override_layers_by_share_or_slice(tmp_path, layers, n_layers, expected):
+    r = _share_recipe(tmp_path, layers)
+    assert _bf16(r, n_layers) == expected
+    for i in expected[:1]:
+        assert r.operand_fields(i, n_layers) == {o: None for o in OPERANDS}
+
+
+def test_a_share_restricted_to_linears(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\nbase: ue5m3\noverrides:\n"
+                 "  - {layers: {last_share: 0.25}, linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n")
+    r = load_recipe(p)
+    assert [i for i in range(8) if r.linear_specs(i, 8, "fc2").wgrad_dy.target == 2048] == [6, 7]
+    assert all(r.linear_specs(i, 8, "fc1").wgrad_dy.target == 448 for i in range(8))
+
+
+SHARE_BAD = {   # layers value -> (field, value as the message shows it, what is allowed)
+    "{last_share: 0}": ("overrides.0.layers.last_share", "value 0:", "0 < s <= 1"),
+    "{last_share: -0.1}": ("overrides.0.layers.last_share", "value -0.1:", "0 < s <= 1"),
+    "{first_share: 1.5}": ("overrides.0.layers.first_share", "value 1.5:", "0 < s <= 1"),
+    "{last_share: .nan}": ("overrides.0.layers.last_share", "value nan:", "0 < s <= 1"),
+    "{last_share: half}": ("overrides.0.layers.last_share", "value 'half':", "0 < s <= 1"),
+    "{last_share: true}": ("overrides.0.layers.last_share", "value True:", "0 < s <= 1"),
+    "{share: 0.1}": ("overrides.0.layers", "value {'share': 0.1}:", "{last_share: s} or {first_share: s}"),
+    "{}": ("overrides.0.layers", "value {}:", "{last_share: s} or {first_share: s}"),
+    "{last_share: 0.1, first_share: 0.1}": ("overrides.0.layers", "value {'last_share': 0.1, 'first_share': 0.1}:",
+                                            "{last_share: s} or {first_share: s}"),
+    "last4": ("overrides.0.layers", "value 'last4':", "'-4:'"),
+    "4.5": ("overrides.0.layers", "value 4.5:", "{last_share: s}"),
+}
+
+
+@pytest.mark.parametrize("layers", sorted(SHARE_BAD))
+def test_bad_override_layers_name_file_field_value_and_what_is_allowed(tmp_path, layers):
+    field, value, allowed = SHARE_BAD[layers]
+    p = tmp_path / "bad.yaml"
+    p.write_text(f"name: bad\ndefaults: {{}}\noverrides:\n  - {{layers: {layers}, defaults: bf16}}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: field '{field}': {value}") and allowed in msg, msg
+
+
+def test_a_stored_recipe_with_a_share_is_checked_like_a_file():
+    config = load_recipe("nvfp4").config
+    assert config["overrides"][0]["layers"] == {"last_share": 0.076923}
+    assert recipe_from_config(config, "ckpt").bf16_layers(52) == [48, 49, 50, 51]
+    config["overrides"][0]["layers"] = {"last_share": 2}
+    with pytest.raises(RecipeError, match="ckpt: field 'overrides.0.layers.last_share': value 2: "):
+        recipe_from_config(config, "ckpt")
 
 
 def test_mxfp4():
@@ -83,6 +182,12 @@ BAD = {
                            "overrides.0", "block"),
     "unpaired RHT": ("defaults: {}\noperands: {wgrad.x: {rht: true}}", "rht", "both operands"),
     "periodic without target": ("defaults: {target: null, tensor_scaling: periodic}", "tensor_scaling", "target"),
+    "source of an unknown kind": ("defaults: {}\nsources: [{choice: RHT, kind: guess, source: mine}]",
+                                  "sources.0.kind", "'quotation', 'reading'"),
+    "source without its text": ("defaults: {}\nsources: [{choice: RHT, kind: reading}]", "sources.0", "source"),
+    "source of no choice": ("defaults: {}\nsources: [{choice: '', kind: reading, source: mine}]",
+                            "sources.0.choice", "a short name"),
+    "sources not a list": ("defaults: {}\nsources: {RHT: mine}", "sources", "a list of {choice"),
 }
 
 
@@ -120,3 +225,106 @@ def test_a_local_recipe_can_extend_the_packaged_one_of_its_own_name(tmp_path, mo
     local.write_text("name: ue5m3\nbase: ./ue5m3.yaml\n")            # a path to itself is a cycle
     with pytest.raises(RecipeError, match="forms a cycle"):
         load_recipe("ue5m3")
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+def test_the_required_choices_cover_every_field_of_a_recipe():
+    assert set(REQUIRED_CHOICES) >= {"element format", "scale format", "block shapes", "target T", "tensor amax",
+                                      "rounding", "RHT", "BF16 layers"}
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_every_packaged_recipe_cites_every_required_choice(name):
+    r = load_recipe(PACKAGED / "recipes" / f"{name}.yaml")
+    cited = {s["choice"] for s in r.sources}
+    assert not set(REQUIRED_CHOICES) - cited, f"{name} cites no source for {set(REQUIRED_CHOICES) - cited}"
+    assert r.uncited_choices() == []
+    assert all(s["kind"] in ("quotation", "reading") and len(s["source"]) > 20 for s in r.sources)
+
+
+def test_every_packaged_recipe_is_one_the_citation_test_checks():
+    assert {p.stem for p in (PACKAGED / "recipes").glob("*.yaml")} == REQUIRED
+
+
+@pytest.mark.skipif(not PAPER.is_file(), reason=f"{PAPER} (the paper's summary) is not on this machine")
+def test_what_the_recipes_quote_from_the_paper_is_in_the_paper():
+    """Every "..."-quoted passage of a source that names the paper ('paper abstract: ...', 'paper
+    summary, ...') occurs in the paper's summary word for word ('...' marks an omission)."""
+    paper = " ".join(PAPER.read_text(encoding="utf-8").split())
+    checked = 0
+    for name in sorted(REQUIRED):
+        for s in load_recipe(PACKAGED / "recipes" / f"{name}.yaml").sources:
+            if not s["source"].startswith("paper"):
+                continue
+            for quote in re.findall(r'"([^"]+)"', s["source"]):
+                for part in quote.split("..."):
+                    assert " ".join(part.split()) in paper, f"{name}, {s['choice']}: {part!r}"
+                    checked += 1
+    assert checked > 20
+
+
+def test_sources_merge_per_choice_through_base(tmp_path):
+    raw = {n: yaml.safe_load((PACKAGED / "recipes" / f"{n}.yaml").read_text(encoding="utf-8"))["sources"]
+           for n in ("ue5m3", "ue5m3_t2048", "nvfp4", "nvfp4_no_rht", "nvfp4_no_rht_no_bf16_tail")}
+    # a child's entries for a choice replace the base's, in place; the other choices are the base's
+    assert [s["choice"] for s in raw["ue5m3"]] == ["element format", "scale format", "block shapes", "block shapes",
+                                                   "target T", "tensor amax", "rounding", "rounding", "RHT",
+                                                   "BF16 layers"]
+    t = load_recipe("ue5m3_t2048").sources
+    assert [s["choice"] for s in t] == ["element format", "scale format", "block shapes", "block shapes", "target T",
+                                        "target T", "tensor amax", "rounding", "rounding", "RHT", "BF16 layers"]
+    assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t2048"]
+    assert [s for s in t if s["choice"] != "target T"] == [s for s in raw["ue5m3"] if s["choice"] != "target T"]
+    # two levels: RHT from nvfp4_no_rht, BF16 layers from the file itself, the rest from nvfp4
+    both = load_recipe("nvfp4_no_rht_no_bf16_tail").sources
+    assert [s for s in both if s["choice"] == "RHT"] == raw["nvfp4_no_rht"]
+    assert [s for s in both if s["choice"] == "BF16 layers"] == raw["nvfp4_no_rht_no_bf16_tail"]
+    assert [s for s in both if s["choice"] not in ("RHT", "BF16 layers")] == \
+        [s for s in raw["nvfp4"] if s["choice"] not in ("RHT", "BF16 layers")]
+    # a child without sources inherits them all; a new choice is appended
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\nbase: ue5m3\noperands: {wgrad.x: {rounding: sr}}\n")
+    assert list(load_recipe(p).sources) == raw["ue5m3"]
+    p.write_text("name: mine\nbase: ue5m3\nsources: [{choice: seed, kind: reading, source: my own}]\n")
+    assert list(load_recipe(p).sources) == raw["ue5m3"] + [{"choice": "seed", "kind": "reading", "source": "my own"}]
+
+
+def test_sources_are_not_numerics(tmp_path):
+    p = tmp_path / "ue5m3.yaml"
+    p.write_text("name: ue5m3\nbase: ue5m3\nsources: [{choice: RHT, kind: reading, source: another reading}]\n")
+    mine, packaged = load_recipe(p), load_recipe("ue5m3")
+    assert mine.sources != packaged.sources and mine.numerics() == packaged.numerics()
+    assert recipe_from_config(packaged.config, "ckpt").sources == packaged.sources
+
+
+def test_a_recipe_without_sources_loads_and_says_what_it_does_not_cite(tmp_path):
+    p = tmp_path / "mine.yaml"
+    p.write_text("name: mine\ndefaults: bf16\nsources: [{choice: RHT, kind: quotation, source: none}]\n")
+    assert load_recipe(p).uncited_choices() == [c for c in REQUIRED_CHOICES if c != "RHT"]
+
+
+# ------------------------------------------------------------------------------------- new recipes
+
+def test_ue5m3_w1x16_differs_from_ue5m3_only_in_its_weight_blocks():
+    w, u = load_recipe("ue5m3_w1x16"), load_recipe("ue5m3")
+    for layer in (0, 51):
+        sw, su = w.linear_specs(layer, 52), u.linear_specs(layer, 52)
+        assert sw.fprop_w.block == (1, 16) and sw.dgrad_w.block == (1, 16)
+        assert su.fprop_w.block == (16, 16) and su.dgrad_w.block == (16, 16)
+        assert all(sw[o].block == (1, 16) for o in OPERANDS)
+        assert all(dataclasses.replace(sw[o], block=(1, 16)) == dataclasses.replace(su[o], block=(1, 16))
+                   for o in OPERANDS)
+    assert _bf16(w, 52) == []
+    assert any(s["choice"] == "block shapes" and s["kind"] == "reading" and "silent" in s["source"]
+               for s in w.sources)
+
+
+@pytest.mark.parametrize("n_layers, expected", [(52, [0, 51]), (16, [0, 15]), (5, [0, 4]), (2, [0, 1]), (1, [0])])
+def test_nvfp4_first_last_bf16_is_bf16_exactly_in_the_first_and_last_layer(n_layers, expected):
+    r, nvfp4 = load_recipe("nvfp4_first_last_bf16"), load_recipe("nvfp4")
+    assert _bf16(r, n_layers) == expected
+    for i in range(n_layers):
+        if i not in expected:
+            assert r.linear_specs(i, n_layers) == nvfp4.linear_specs(0, n_layers)
+    assert any("Megatron" in s["source"] for s in r.sources if s["choice"] == "BF16 layers")

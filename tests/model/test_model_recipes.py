@@ -62,7 +62,7 @@ def test_nvfp4_quantizes_all_operands_except_in_its_bf16_final_layers():
     recipe, n = model.recipe, model.config.n_layers
     described = quantized_operands(model)
     exempt = [i for i in range(n) if recipe.linear_specs(i, n) is None]
-    assert exempt and exempt == list(range(n - len(exempt), n))  # a tail of the network
+    assert exempt == [15]  # 4/52 of the 16 layers, rounded: the last one
     for name, ops in described.items():
         if name == "lm_head":
             continue
@@ -72,6 +72,46 @@ def test_nvfp4_quantizes_all_operands_except_in_its_bf16_final_layers():
     # The RHT sits on the wgrad operands only.
     first = model.describe()["layers.0.mixer.in_proj"]
     assert [op for op in OPERANDS if "RHT" in first[op]] == ["wgrad.dy", "wgrad.x"]
+
+
+def _bf16_layers(model: NemotronH) -> list[int]:
+    """The layers whose every linear the model built unquantized."""
+    by_layer: dict[int, set[bool]] = {}
+    for name, ops in quantized_operands(model).items():
+        if name != "lm_head":
+            by_layer.setdefault(int(name.split(".")[1]), set()).add(bool(ops))
+    return [i for i, quantized in sorted(by_layer.items()) if quantized == {False}]
+
+
+@pytest.mark.parametrize("recipe, config, expected", [
+    ("nvfp4", "nemotron_h_8b", [48, 49, 50, 51]),     # the 8B's 4 final layers of 52
+    ("nvfp4", "small", [15]),                          # 16 x 4/52 = 1.2 -> 1
+    ("nvfp4", "tiny", [4]),                            # 5 x 4/52 = 0.4 -> at least one
+    ("nvfp4_no_rht", "tiny", [4]),
+    ("nvfp4_no_bf16_tail", "small", []),
+    ("nvfp4_first_last_bf16", "nemotron_h_8b", [0, 51]),
+    ("nvfp4_first_last_bf16", "tiny", [0, 4]),
+    ("ue5m3_w1x16", "small", []),
+])
+def test_bf16_layers_as_the_model_builds_them(recipe, config, expected):
+    model = build(recipe, config, device="meta")
+    assert _bf16_layers(model) == expected
+    assert model.recipe.bf16_layers(model.config.n_layers, model.config.layer_linears) == expected
+
+
+def test_the_config_knows_the_linears_of_each_layer():
+    model = build("ue5m3", "tiny", device="meta")
+    assert model.config.layer_linears == tuple(tuple(layer.mixer.LINEARS) for layer in model.layers)
+    assert model.config.layer_linears == (("in_proj", "out_proj"), ("fc1", "fc2"), ("in_proj", "out_proj"),
+                                          ("qkv_proj", "o_proj"), ("fc1", "fc2"))
+
+
+def test_ue5m3_w1x16_quantizes_weights_in_1x16_blocks():
+    described = build("ue5m3_w1x16", "tiny", device="meta").describe()
+    assert described["layers.0.mixer.in_proj"]["fprop.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50)"
+    assert described["layers.3.mixer.o_proj"]["dgrad.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50)"
+    assert build("ue5m3", "tiny", device="meta").describe()["layers.0.mixer.in_proj"]["fprop.w"] == \
+        "e2m1/ue5m3 16x16 T=448 RNE periodic(50)"
 
 
 def test_ue5m3_quantizes_every_operand_of_every_internal_linear():

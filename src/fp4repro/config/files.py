@@ -76,7 +76,7 @@ def not_found(kind: str, name_or_path: str | Path) -> str:
 def read_yaml(path: Path, error: type[Exception] = ConfigError):
     """A YAML file's content; ``error(f"{path}: not valid YAML: ...")`` when it does not parse."""
     try:
-        return yaml.safe_load(Path(path).read_text())
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise error(f"{path}: not valid YAML: {err}") from None
 

@@ -22,8 +22,8 @@ from fp4repro.config.files import find_config, not_found, read_yaml
 from fp4repro.errors import ConfigError
 
 LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
-#: The internal linears of each layer type (a recipe may name them in an override).
-LINEARS = {"mamba": ("in_proj", "out_proj"), "attention": ("qkv_proj", "o_proj"), "mlp": ("fc1", "fc2")}
+#: The internal linears of each layer type, by the names recipes use (the model's mixers take theirs).
+LAYER_LINEARS = {"mamba": ("in_proj", "out_proj"), "attention": ("qkv_proj", "o_proj"), "mlp": ("fc1", "fc2")}
 
 
 class ModelConfigError(ConfigError):
@@ -75,9 +75,10 @@ class ModelConfig:
         """'mamba' | 'attention' | 'mlp' for each layer, in order."""
         return tuple(LAYER_TYPES[c] for c in self.pattern)
 
-    def linears(self) -> list[tuple[int, str]]:
-        """(layer index, linear name) of every internal linear, in order."""
-        return [(i, name) for i, kind in enumerate(self.layer_types) for name in LINEARS[kind]]
+    @property
+    def layer_linears(self) -> tuple[tuple[str, ...], ...]:
+        """The names of each layer's internal linears, in order (see ``LAYER_LINEARS``)."""
+        return tuple(LAYER_LINEARS[t] for t in self.layer_types)
 
     @property
     def mamba_d_inner(self) -> int:

@@ -11,12 +11,30 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
       fprop.w: {block: [16, 16]}
       wgrad.dy: {rounding: sr, rht: true}
     overrides:                # applied in order to matching layers (and optionally linears)
-      - layers: "-4:"         # Python slice over layer indices; negatives count from the end
+      - layers: {last_share: 0.076923}  # a share of the model's layers (see below)
         defaults: bf16        # 'bf16' = whole layer unquantized; a dict edits its quantized operands
-      - layers: "0:2"
+      - layers: "0:2"         # Python slice over layer indices; negatives count from the end
         linears: [fc2]          # in_proj, out_proj (Mamba), qkv_proj, o_proj (attention), fc1, fc2
         operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
                                                # QuantSpec's defaults if it was bf16)
+    sources:                  # where each choice comes from (optional; see below)
+      - {choice: scale format, kind: quotation, source: 'Transformer Engine, NVFP4BlockScaling: "..."'}
+      - {choice: BF16 layers, kind: reading, source: "why the recipe reads its sources this way"}
+
+**Layers.** An override's ``layers`` is either a Python slice string over layer indices ("-4:",
+"0:2", "7"), or a share of the model's layers, so that one recipe keeps the same proportion at
+every depth: ``{last_share: s}`` is the last k layers and ``{first_share: s}`` the first k, with
+k = max(1, round(s · n_layers)) (Python's ``round``: half to even) and 0 < s <= 1. For example
+``{last_share: 0.076923}`` (4/52) is 4 of the 8B's 52 layers, 1 of 16 and 1 of 5.
+
+**Sources.** ``sources`` lists, for each choice of the recipe (``choice``: a short name such as
+"scale format"), whether its source says it (``kind: quotation``, ``source`` naming the document
+and quoting its words) or the recipe reads it from what the source says (``kind: reading``,
+``source`` giving the reasoning). ``REQUIRED_CHOICES`` are the choices every packaged recipe cites
+(``uncited_choices`` says which a recipe does not). Through ``base:``, sources merge per choice:
+the child's entries for a choice replace every entry of the base for that choice (in the place of
+the base's first one), and entries for choices the base does not cite are appended; a child that
+cites nothing inherits the base's sources unchanged.
 
 Everything is validated before any compute; a problem raises ``RecipeError`` naming the file,
 the field, the value and what is allowed.
@@ -34,6 +52,17 @@ from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, Tensor
 from fp4repro.errors import ConfigError
 
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
+_SHARES = ("last_share", "first_share")
+_LAYERS_ALLOWED = ("a Python slice of layer indices such as '-4:' or '0:2', one index such as '7', or a share "
+                   "of the model's layers: {last_share: s} or {first_share: s} with 0 < s <= 1")
+_SHARE_ALLOWED = ("a share of the model's layers, 0 < s <= 1 (the last or first round(s * n_layers) layers, "
+                  "at least one)")
+_SOURCES_ALLOWED = ("a list of {choice: a short name such as 'scale format', kind: quotation or reading, "
+                    "source: the document and its words, or the reasoning}, each text non-empty")
+
+#: The choices every packaged recipe cites a source for (``sources:``, see the module docstring).
+REQUIRED_CHOICES = ("element format", "scale format", "block shapes", "target T", "tensor amax", "rounding",
+                    "RHT", "BF16 layers")
 
 
 class RecipeError(ConfigError):
@@ -83,7 +112,9 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, ..
     if not base_path.is_file():
         raise RecipeError(f"{path}: field 'base': value {raw['base']!r}: {not_found('recipes', raw['base'])}")
     base, files = _read(base_path, seen + (path.resolve(),))
-    merged = {**base, **{k: v for k, v in raw.items() if k not in ("base", "operands")}}
+    merged = {**base, **{k: v for k, v in raw.items() if k not in ("base", "operands", "sources")}}
+    if "sources" in raw:
+        merged["sources"] = merge_sources(base.get("sources"), raw.get("sources"))
     operands = dict(base.get("operands") or {})
     for name, value in (raw.get("operands") or {}).items():
         if isinstance(value, dict) and isinstance(operands.get(name), dict):
@@ -93,6 +124,29 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, ..
     if operands:
         merged["operands"] = operands
     return merged, (path, *files)
+
+
+def merge_sources(base, child) -> list:
+    """A child recipe's ``sources`` on top of its base's (the rule is in the module docstring);
+    anything malformed passes through, for the schema to reject."""
+    if not isinstance(base or [], list) or not isinstance(child or [], list):
+        return child if child is not None else base
+    base, child = list(base or []), list(child or [])
+
+    def choice(entry):
+        return entry.get("choice") if isinstance(entry, dict) else None
+
+    cited = {choice(e) for e in child} - {None}
+    out, placed = [], set()
+    for entry in base:
+        c = choice(entry)
+        if c not in cited:
+            out.append(entry)
+        elif c not in placed:
+            out.extend(e for e in child if choice(e) == c)
+            placed.add(c)
+    out.extend(e for e in child if choice(e) not in placed)
+    return out
 
 
 def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> QuantSpec:
@@ -111,8 +165,19 @@ def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> Quan
     return QuantSpec(**kwargs)
 
 
-def _layer_indices(text: str, n_layers: int) -> range:
-    m = _SLICE.match(text)
+def share_count(share: float, n_layers: int) -> int:
+    """How many layers a share of ``n_layers`` is: round(share · n_layers), half to even (Python's
+    ``round``), at least one and at most ``n_layers``."""
+    return min(n_layers, max(1, round(share * n_layers)))
+
+
+def _layer_indices(layers, n_layers: int) -> range:
+    """The layer indices an override's ``layers`` (slice string or share mapping) selects."""
+    if isinstance(layers, dict):
+        (kind, share), = layers.items()
+        k = share_count(share, n_layers)
+        return range(n_layers)[n_layers - k:] if kind == "last_share" else range(n_layers)[:k]
+    m = _SLICE.match(layers)
     start, colon, stop = m.group(1), m.group(2), m.group(3)
     if colon is None:
         i = int(start)
@@ -131,17 +196,35 @@ class Recipe:
     operands: dict
     overrides: tuple = ()
     files: tuple[str, ...] = ()     # the file and its `base:` chain, as read
+    sources: tuple = ()             # {choice, kind, source} mappings, `base:` merged
 
     def numerics(self) -> tuple:
-        """What the recipe makes a run compute (not its name, description or files)."""
+        """What the recipe makes a run compute (not its name, description, files or sources)."""
         return self.defaults, self.operands, self.overrides
 
     @property
     def config(self) -> dict:
         """The recipe's content with ``base:`` resolved: ``recipe_from_config`` rebuilds it (an
         evaluation checkpoint stores it, so that it says which numerics trained it)."""
-        return {"name": self.name, "description": self.description, "defaults": self.defaults,
-                "operands": dict(self.operands), "overrides": list(self.overrides)}
+        config = {"name": self.name, "description": self.description, "defaults": self.defaults,
+                  "operands": dict(self.operands), "overrides": list(self.overrides)}
+        if self.sources:
+            config["sources"] = [dict(s) for s in self.sources]
+        return config
+
+    def uncited_choices(self) -> list[str]:
+        """The ``REQUIRED_CHOICES`` this recipe's ``sources`` do not cite."""
+        cited = {s["choice"] for s in self.sources}
+        return [c for c in REQUIRED_CHOICES if c not in cited]
+
+    def bf16_layers(self, n_layers: int, linears: list | tuple | None = None) -> list[int]:
+        """The layers of an ``n_layers`` model that this recipe leaves wholly unquantized.
+        ``linears``: per layer, the names of its linears (``ModelConfig.layer_linears``), so that
+        overrides restricted to some linears count; without it a layer counts when the recipe
+        leaves it unquantized as a whole (overrides that name ``linears`` aside)."""
+        return [i for i in range(n_layers)
+                if all(self.linear_specs(i, n_layers, lin) is None
+                       for lin in (linears[i] if linears is not None else (None,)))]
 
     # -------------------------------------------------------------------------------- resolve
     def operand_fields(self, layer_index: int | None = None, n_layers: int | None = None,
@@ -214,32 +297,44 @@ def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> R
     """A recipe from its content (``base:`` already resolved), validated as a file would be;
     ``where`` names its origin in errors (a file, or a checkpoint that stores its recipe)."""
     e = schema_error(raw, "recipe.schema.json")
+    if e is not None and re.fullmatch(r"overrides\.\d+\.layers(\.\w+)?", schema_field(e)):
+        share = schema_field(e).rsplit(".", 1)[1] in _SHARES
+        raise RecipeError(f"{where}: field '{schema_field(e)}': value {e.instance!r}: "
+                          f"{_SHARE_ALLOWED if share else _LAYERS_ALLOWED}")
     if e is not None:
         allowed = {
             "enum": lambda: f"allowed: {e.validator_value}",
             "additionalProperties": lambda: f"allowed fields: {sorted(e.schema.get('properties', {}))}",
-            "pattern": lambda: "a Python slice of layer indices such as '-4:' or '0:2', or one index such as '7'"
-            if schema_field(e).endswith("layers") else f"must match {e.validator_value}",
+            "pattern": lambda: f"must match {e.validator_value}",
             "required": lambda: f"missing required field(s): {e.validator_value}",
-        }.get(e.validator, lambda: e.message)()
+        }.get(e.validator, lambda: _SOURCES_ALLOWED if schema_field(e).startswith("sources") else e.message)()
         value = e.instance if e.validator != "additionalProperties" else \
             sorted(set(e.instance) - set(e.schema.get("properties", {})))
         raise RecipeError(f"{where}: field '{schema_field(e)}': value {value!r}: {allowed}")
     recipe = Recipe(name=raw["name"], path=where, description=raw.get("description", ""),
                     defaults=raw["defaults"], operands=dict(raw.get("operands") or {}),
-                    overrides=tuple(raw.get("overrides") or ()), files=tuple(str(f) for f in files))
+                    overrides=tuple(raw.get("overrides") or ()), files=tuple(str(f) for f in files),
+                    sources=tuple(raw.get("sources") or ()))
     _validate_semantics(recipe)
     return recipe
 
 
 def _validate_semantics(recipe: Recipe) -> None:
-    """Resolve the base specs and each override on a nominal 64-layer model, so that a bad
-    format, block, target or RHT pairing fails at load time, not mid-run."""
+    """Check each override's layers (a slice's index, a share's range) and resolve the base specs
+    and each override on a nominal 64-layer model, so that a bad format, block, target or RHT
+    pairing fails at load time, not mid-run."""
     for i, ov in enumerate(recipe.overrides):
+        layers = ov["layers"]
+        if isinstance(layers, dict):
+            (kind, share), = layers.items()
+            if not 0 < share <= 1:      # the schema's bounds, and NaN, which passes them
+                raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers.{kind}': value {share!r}: "
+                                  f"{_SHARE_ALLOWED}")
+            continue
         try:
-            _layer_indices(ov["layers"], 1 << 20)
+            _layer_indices(layers, 1 << 20)
         except IndexError:
-            raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers': value {ov['layers']!r}: "
+            raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers': value {layers!r}: "
                               "not a valid layer index") from None
     if isinstance(recipe.defaults, dict):
         _spec_from_fields(recipe.defaults, f"{recipe.path}: field 'defaults")

@@ -31,6 +31,11 @@ class Study:
     def name(self) -> str:
         return self.experiment.name
 
+    def bf16_layers(self, name: str) -> list[int]:
+        """The layers of the study's model that recipe ``name`` leaves wholly unquantized (BF16;
+        the embedding and LM head, never quantized, aside)."""
+        return self.recipe(name).bf16_layers(self.model.n_layers, self.model.layer_linears)
+
     def recipe(self, name: str) -> Recipe:
         """One of the study's recipes by name."""
         if name not in self.recipes:
@@ -79,13 +84,10 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
 
 def refresh_intervals(recipe: Recipe, model: ModelConfig) -> set[int]:
     """The refresh intervals K of the periodic tensor scaling a recipe uses on this model."""
-    intervals = set()
-    for layer, linear in model.linears():
-        specs = recipe.linear_specs(layer, model.n_layers, linear)
-        for _, spec in (specs.items() if specs is not None else ()):
-            if spec is not None and spec.tensor_scaling.kind == "periodic":
-                intervals.add(int(spec.tensor_scaling.interval))
-    return intervals
+    specs = [recipe.linear_specs(layer, model.n_layers, linear)
+             for layer, names in enumerate(model.layer_linears) for linear in names]
+    return {int(spec.tensor_scaling.interval) for linear in specs if linear is not None
+            for _, spec in linear.items() if spec is not None and spec.tensor_scaling.kind == "periodic"}
 
 
 def phases_missed(total_steps: int, every: int, interval: int) -> list[int]:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4repro.config.model import LINEARS as LINEARS_OF
+from fp4repro.config.model import LAYER_LINEARS
 from fp4repro.config.model import ModelConfig
 from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
 from fp4repro.model.ssd import ssd_chunked
@@ -104,7 +104,7 @@ class Mamba2Mixer(nn.Module):
     kernels (`use_triton_kernels = False` forces the torch path, e.g. to compare the two).
     """
 
-    LINEARS = LINEARS_OF["mamba"]
+    LINEARS = LAYER_LINEARS["mamba"]
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()
@@ -216,7 +216,7 @@ class CausalSelfAttention(nn.Module):
         out = o_proj(y)
     """
 
-    LINEARS = LINEARS_OF["attention"]
+    LINEARS = LAYER_LINEARS["attention"]
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()
@@ -250,7 +250,7 @@ class CausalSelfAttention(nn.Module):
 class SquaredReLUMLP(nn.Module):
     """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP)."""
 
-    LINEARS = LINEARS_OF["mlp"]
+    LINEARS = LAYER_LINEARS["mlp"]
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()
