@@ -81,11 +81,12 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
     assert torch.equal(k["scale_codes"].cpu(), bq.scale_codes)
     assert float(k["decode_scale"]) == float(d)
     assert k["counts"].tolist() == [stats.saturated_blocks, stats.underflow_blocks, stats.nonzero_elements,
-                                    stats.zeroed_elements, stats.nonfinite_blocks]
+                                    stats.zeroed_elements, stats.nonfinite_blocks, stats.clipped_elements]
     assert k["blocks"] == stats.blocks
     sums = k["sums"].tolist()
     assert sums[1] == pytest.approx(stats.sq_norm, rel=1e-9)  # float64 sums, order differs
     assert sums[0] == pytest.approx(stats.sq_error, rel=1e-9, abs=1e-300)
+    return stats
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -155,6 +156,31 @@ def test_shapes_that_tiles_cover_exactly(name):
     held = torch.tensor(3.0) if spec.tensor_scaling.kind == "periodic" else None
     _compare(x, spec, held)
     _compare(_inputs("heavy", (512, 32), seed=22), spec, held, columnwise=True)
+
+
+def _subnormal_scale_inputs(shape, quantum: float, seed: int) -> torch.Tensor:
+    """randn rows scaled so that, with a held amax of 6 · 448 (g = 1, s_b = round(amax_b / 6)),
+    block scales run from flushed to zero (below q/2) through the scale format's subnormals
+    (multiples of its quantum q, rounded by up to half) into its normal range; one Inf block."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g)
+    x = x * quantum * torch.exp2(torch.randint(-2, 6, (shape[0], 1), generator=g).float())
+    x[3, 5] = float("inf")
+    return x
+
+
+@pytest.mark.parametrize("scale, quantum", [("ue5m3", 2.0**-17), ("e4m3", 2.0**-9)])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+@pytest.mark.parametrize("layout", ["rows", "columns", "rows, whole tiles", "rows, RHT padding"])
+def test_clipped_elements_with_subnormal_block_scales_equal_reference(scale, quantum, rounding, layout):
+    # Small blocks whose scale lands in the subnormal range are rounded down by up to half, and
+    # their largest elements clip at ±6: the kernel counts them as the reference does. (40, 72)
+    # pads its last 16-group, which after the RHT holds values of the padded columns: not counted.
+    spec = QuantSpec(scale=scale, rounding=rounding, rht=layout.endswith("RHT padding"))
+    shape = (64, 256) if layout.endswith("whole tiles") else (40, 72)
+    x = _subnormal_scale_inputs(shape, quantum, seed=zlib.crc32(f"{scale}/{rounding}/{layout}".encode()) % 1000)
+    stats = _compare(x, spec, torch.tensor(6.0 * 448), columnwise=layout == "columns")
+    assert stats.clipped_elements > 0 and stats.underflow_blocks > 0 and stats.nonfinite_blocks == 1
 
 
 def test_bf16_input_and_output():

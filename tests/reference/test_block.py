@@ -235,3 +235,112 @@ def test_higher_target_reduces_underflow_of_small_gradient_blocks():
         under[target] = stats.underflow_blocks
         assert stats.saturated_blocks == 0
     assert under[448.0] > 0 and under[2048.0] < under[448.0]
+
+
+# ------------------------------------------------------------------------- clipped elements
+# Held amax A = 6 · 448 with T = 448 gives g = 1 and d = 1 exactly, so s_b = round_scale(amax_b / 6)
+# and x · e_b = x / s_b. Each block is written as its values v = x / q in units of the scale
+# format's subnormal quantum q (2^-17 for UE5M3, 2^-9 for E4M3, times a power of two: exact), so
+# that s_b = k · q with k = RNE(max|v| / 6) while k is below 8 (subnormal scales: 2^-14 = 8 · 2^-17
+# and 2^-6 = 8 · 2^-9 are the smallest normals) and x · e_b = v / k. Clipped: x · e_b >= 7 with
+# RNE (E2M1's midpoint of 6 and 8; the tie at 7 rounds to 8), x · e_b > 6 with SR.
+HELD = 6.0 * 448.0
+CLIP_BLOCKS = [
+    # v (in units of q), s_b / q, clipped with RNE, clipped with SR, what it shows
+    ([8.4, -7.5, 7.0, 6.9, -6.5, 3.0, 1.0], 1, 3, 5,
+     "subnormal scale 1.4 q rounded down to q: x·e_b = 8.4, 7.5, 7 (the tie), 6.9, 6.5, ..."),
+    ([14.4, 13.0, -12.0, 11.0, 2.0], 2, 1, 2,
+     "2.4 q rounded to 2 q: x·e_b = 7.2, 6.5, 6 (not above 6), 5.5, 1"),
+    ([26.4, 25.0, -20.0], 4, 0, 2,
+     "4.4 q rounded to 4 q: x·e_b = 6.6, 6.25, 5: only SR counts"),
+    ([2.9, -2.0, 1.0], 0, 0, 0,
+     "0.48 q flushes to zero: underflow, not clipped (x·e_b would be x · FLT_MAX)"),
+]
+# normal-range scales round by at most 2^-4 (3 mantissa bits): x·e_b <= 6 · 1.0625 < 7, RNE never clips
+NORMAL_BLOCKS = [
+    # x · 2^3, s_b · 2^3, RNE, SR
+    ([6.0, -5.9, 4.0], 1.0, 0, 0),          # s_b = amax_b / 6 = 2^-3 exactly: x·e_b = 6, 5.9, 4
+    ([6.36, 6.1, -5.0], 1.0, 0, 2),         # 1.06 · 2^-3 rounds down to 2^-3: x·e_b = 6.36, 6.1, 5
+]
+
+
+def _clip_tensor(quantum: float) -> tuple[torch.Tensor, list[float]]:
+    """(one block of 16 per row, the expected s_b per row) of CLIP_BLOCKS then NORMAL_BLOCKS."""
+    rows, scales = [], []
+    for v, k, *_ in CLIP_BLOCKS:
+        rows.append(torch.tensor(v + [0.0] * (16 - len(v))) * quantum)
+        scales.append(k * quantum)
+    for v, s, *_ in NORMAL_BLOCKS:
+        rows.append(torch.tensor(v + [0.0] * (16 - len(v))) * 2.0**-3)
+        scales.append(s * 2.0**-3)
+    return torch.stack(rows), scales
+
+
+@pytest.mark.parametrize("scale, quantum", [("ue5m3", 2.0**-17), ("e4m3", 2.0**-9)])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+def test_clipped_elements_of_blocks_with_subnormal_scales(scale, quantum, rounding):
+    spec = QuantSpec(scale=scale, rounding=rounding)
+    x, scales = _clip_tensor(quantum)
+    column = 2 if rounding == "rne" else 3
+    expected = [b[column] for b in CLIP_BLOCKS + NORMAL_BLOCKS]
+    rand = torch.full(x.shape, 0.5)                  # the count does not depend on the draws
+    bq = quantize(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True)
+    assert bq.scales[:, 0].tolist() == scales        # the scales the hand counts assume
+    assert bq.stats.underflow_blocks == 1 and bq.stats.saturated_blocks == 0
+    per_block = [quantize(x[i:i + 1], spec, amax=HELD, rand=rand[i:i + 1] if rounding == "sr" else None,
+                          stats=True).stats.clipped_elements for i in range(len(x))]
+    assert per_block == expected
+    assert bq.stats.clipped_elements == {"rne": 3 + 1, "sr": 5 + 2 + 2 + 2}[rounding]
+    # a NaN in the first block makes it non-finite (it dequantizes to NaN): its elements drop out
+    x[0, 10] = float("nan")
+    stats = quantize(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True).stats
+    assert stats.nonfinite_blocks == 1 and stats.clipped_elements == sum(expected[1:])
+
+
+def test_clipped_elements_in_normal_range_blocks_are_zero_with_rne():
+    # E4M3 and UE5M3 scales of randn blocks under current scaling lie in the normal range, where
+    # the scale rounds by at most 2^-4 relative: the block max lands at most at 6.375 < 7
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+    for scale, smallest_normal in (("e4m3", 2.0**-6), ("ue5m3", 2.0**-14)):
+        bq = quantize(x, QuantSpec(scale=scale), stats=True)
+        assert bq.scales.min() >= smallest_normal
+        assert bq.stats.clipped_elements == 0
+        # SR counts every element above 6: in a block whose scale rounded down, its max and any
+        # element within that rounding (2^-4) of it
+        sr = quantize(x, QuantSpec(scale=scale, rounding="sr"), rand=torch.zeros(64, 64), stats=True)
+        blocks = x.abs().reshape(64, 4, 16)
+        near_max = (blocks * 1.0625 > blocks.amax(-1, keepdim=True)).sum()
+        assert 0 < sr.stats.clipped_elements <= near_max
+
+
+def test_clipped_elements_exclude_rht_padding():
+    # 8 real columns, padded to a 16-group for the RHT. Only x_0 = a and x_1 = b are non-zero and
+    # the first two signs are +1, so y_j = (a + (-1)^j · b) / 4 (row 1 of H16 alternates) for all 16
+    # j: the 8 padded columns repeat the 8 real ones. With a = 30 q, b = 3.6 q: y = 8.4 q, 6.6 q,
+    # ...; amax_b / 6 = 1.4 q rounds to s_b = q, so x·e_b = 8.4 (4 real, 4 padded) and 6.6 (the same).
+    q = 2.0**-17
+    x = torch.zeros(1, 8)
+    x[0, 0], x[0, 1] = 30.0 * q, 3.6 * q
+    for rounding, real in (("rne", 4), ("sr", 8)):
+        spec = QuantSpec(scale="ue5m3", rounding=rounding, rht=True)
+        stats = quantize(x, spec, amax=HELD, rand=torch.full((1, 16), 0.5) if rounding == "sr" else None,
+                         stats=True).stats
+        assert stats.clipped_elements == real         # the padded copies would double it
+    # padding rows and columns of zeros (no RHT) never clip; the real elements beside them do
+    x = torch.zeros(3, 24)
+    x[2, 16:20] = torch.tensor([8.4, 7.5, 1.0, 0.5]) * q   # a block half padding, 1.4 q -> q
+    stats = quantize(x, QuantSpec(scale="ue5m3", block=(16, 16)), amax=HELD, stats=True).stats
+    assert stats.clipped_elements == 2
+
+
+def test_clip_threshold_is_where_an_unbounded_grid_passes_the_max():
+    from fp4repro.formats import get_format
+    from fp4repro.reference.block import clip_threshold
+
+    e2m1 = get_format("e2m1")
+    assert clip_threshold(e2m1, "rne") == 7.0                              # 7 rounds to 8, not 6
+    assert clip_threshold(e2m1, "sr") == float(torch.nextafter(torch.tensor(6.0), torch.tensor(7.0)))
+    # E4M3 as an element format: 448 = 1.110b · 2^8 has the even significand, so the tie at 464
+    # rounds to 448 and the count starts just above it
+    e4m3 = get_format("e4m3")
+    assert clip_threshold(e4m3, "rne") == float(torch.nextafter(torch.tensor(464.0), torch.tensor(500.0)))

@@ -19,6 +19,7 @@ from fp4repro.config.study import load_study
 from fp4repro.results import run_dir, table_provenance
 from fp4repro.train import NonFiniteLoss, list_runs, train
 from fp4repro.train.checkpoint import resume_checkpoints
+from fp4repro.train.loop import TELEMETRY
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 EXPERIMENT = f"""name: smalltest
@@ -125,6 +126,14 @@ def test_outputs_of_a_finished_run(prepared):
     t = pd.read_parquet(out / "telemetry.parquet")
     assert set(t["step"]) == set(range(60)) and (t["blocks"] > 0).all()
     assert set(t["layer"].str.split(".").str[1].astype(int)) == {0, 1, 2, 3}   # nvfp4: the last of 5 layers BF16
+    assert list(t.columns) == TELEMETRY
+    clipped = t["clipped_elements"]
+    assert pd.api.types.is_integer_dtype(clipped) and (clipped >= 0).all()
+    assert (clipped <= t["nonzero_elements"]).all()     # a clipped element is a non-zero one
+    # nvfp4 rounds dY stochastically, and SR counts each element above 6 as clipped: every block
+    # max whose E4M3 scale rounded down
+    sr = t["operand"].str.startswith(("dgrad.dy", "wgrad.dy"))
+    assert clipped[sr].sum() > 0
 
 
 def test_periodic_amax_is_held_between_refreshes(prepared):

@@ -16,6 +16,7 @@ import torch
 
 from fp4repro.config.spec import QuantSpec
 from fp4repro.formats import get_format
+from fp4repro.reference.block import clip_threshold
 from fp4repro.reference.geometry import padded_shape
 from fp4repro.reference.rht import TE_SIGNS
 
@@ -56,6 +57,7 @@ def _launch_args(spec: QuantSpec) -> dict:
         S_EMIN=scale.emin, S_MAN=scale.man_bits, S_MAX=float(scale.max), S_MIN_POS=float(scale.min_positive),
         S_HAS_ZERO=scale.has_zero, S_BIAS=scale.bias, S_NAN_CODE=scale.nan_code,
         S_ROUND_UP=spec.scale_rounding == "up", S_OVERFLOW=float(scale.overflow_threshold(spec.scale_rounding)),
+        E_CLIP=clip_threshold(element, spec.rounding),
     )
 
 
@@ -171,7 +173,8 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
         else _dummy(device, torch.uint8)
     scale_buf = torch.empty((rows_p // spec.block[0], cols_p // spec.block[1]), dtype=torch.uint8,
                             device=device) if codes else _dummy(device, torch.uint8)
-    counts = torch.zeros(5, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
+    # [saturated, underflow, nonzero, zeroed, nonfinite, clipped]: see _quantize_kernel
+    counts = torch.zeros(6, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
     out_strides = qs.stride() if write_qs else (0, 0)

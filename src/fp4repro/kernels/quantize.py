@@ -295,7 +295,8 @@ def _quantize_blocks(xb, g, d, rand, SR: tl.constexpr,
     over axes 1 and 3. Returns qk (the element value on the grid, its sign kept only where the
     block is kept: multiplied by s_b it gives +0 where s_b == 0), keep (s_b != 0 and the block
     finite: where it is False the reference's q is 0), s_b (P, Q), |x|, block_bad (NaN/Inf inside),
-    block_amax and the unclamped scale.
+    block_amax, the unclamped scale and |x| · e_b before its clamp at Emax (what clipping is
+    counted on; unused, it costs nothing: the clamp needs the product anyway).
 
     Per element this is the hot path, so it is written in few instructions: |x| and the block
     max on the integer bit patterns (NaN and ±Inf patterns are the largest, so one integer max
@@ -318,11 +319,12 @@ def _quantize_blocks(xb, g, d, rand, SR: tl.constexpr,
 
     # q = round_elem(clamp(x · min(1 / (s_b · d), FLT_MAX), ±Emax)); 0 where s_b is 0 or NaN
     encode = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s * d), flt_max)
-    mag = tl.minimum(a * encode[:, None, :, None], E_MAX)
+    scaled = a * encode[:, None, :, None]
+    mag = tl.minimum(scaled, E_MAX)
     mag = _round_grid(mag, rand, E_EMIN, E_MAN, E_MAX, 0.0, True, 1 if SR else 0, True)
     sign = xbits & tl.where(keep, -2147483648, 0)[:, None, :, None]
     qk = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    return qk, keep, s, a, block_bad, block_amax, unclamped
+    return qk, keep, s, a, block_bad, block_amax, unclamped, scaled
 
 
 @triton.jit
@@ -343,7 +345,7 @@ def _quantize_kernel(
     E_EMIN: tl.constexpr, E_MAN: tl.constexpr, E_MAX: tl.constexpr, E_BIAS: tl.constexpr,
     S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
     S_HAS_ZERO: tl.constexpr, S_BIAS: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ROUND_UP: tl.constexpr,
-    S_OVERFLOW: tl.constexpr,
+    S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
     WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
@@ -377,7 +379,7 @@ def _quantize_kernel(
             rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
     else:
         rand = 0
-    qk, keep, s, a, block_bad, block_amax, unclamped = _quantize_blocks(
+    qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
         xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
     if WRITE_CODES or STATS:
         q = tl.where(keep[:, None, :, None], qk, 0.0)
@@ -421,7 +423,8 @@ def _quantize_kernel(
         tl.store(scales_ptr + br[:, None].to(tl.int64) * n_bc + bc[None, :], s_code, mask=smask)
 
     if STATS:
-        # counts: [saturated, underflow, nonzero, zeroed, nonfinite] (int32); sums: [sq_error, sq_norm] (float64)
+        # counts: [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32);
+        # sums: [sq_error, sq_norm] (float64)
         real_r = (pid_r * NB_R + tl.arange(0, NB_R)) * BLOCK_R < rows
         real_c = (pid_c * NB_C + tl.arange(0, NB_C)) * BLOCK_C < cols_padded
         if COLUMNWISE:
@@ -434,6 +437,17 @@ def _quantize_kernel(
         finite_x = a <= FLT_MAX
         nonzero = finite_x & (xb != 0.0)
         zeroed = nonzero & (q == 0.0)
+        # clipped: |x| · e_b >= E_CLIP (the reference's clip_threshold) on the product the clamp
+        # took, in kept blocks, at real elements only (after the RHT the padded columns of a
+        # 16-group hold values, and tiles reach past the matrix)
+        clipped = keep[:, None, :, None] & (scaled >= E_CLIP)
+        if not EVEN:
+            inside = _tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE)
+            if COLUMNWISE:
+                inside = tl.reshape(inside, (NB_C, BLOCK_C, NB_R, BLOCK_R))
+            else:
+                inside = tl.reshape(inside, (NB_R, BLOCK_R, NB_C, BLOCK_C))
+            clipped = clipped & inside
         xhat = q * tl.where(keep, s, 0.0)[:, None, :, None] * d
         in_sum = finite_b[:, None, :, None]                          # finite blocks only
         # float64: exact differences (no FMA contraction can differ from the reference) and squares
@@ -446,6 +460,7 @@ def _quantize_kernel(
         tl.atomic_add(counts_ptr + 2, tl.sum(tl.reshape(nonzero.to(tl.int32), (n,)), axis=0))
         tl.atomic_add(counts_ptr + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
         tl.atomic_add(counts_ptr + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
+        tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
         tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
         tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
 

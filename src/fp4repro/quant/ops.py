@@ -55,7 +55,8 @@ def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> OperandS
         current = float(kernel_amax(x2d, spec))
         ratio = float(held) / current if current > 0 else 1.0
     return OperandStats(blocks=k["blocks"], saturated_blocks=counts[0], underflow_blocks=counts[1],
-                        nonzero_elements=counts[2], zeroed_elements=counts[3], nonfinite_blocks=counts[4],
+                        nonzero_elements=counts[2], zeroed_elements=counts[3], clipped_elements=counts[5],
+                        nonfinite_blocks=counts[4],
                         sq_error=sums[0], sq_norm=sums[1], amax_ratio=ratio)
 
 

@@ -14,6 +14,10 @@ For a tensor x, quantized along its last dimension in blocks b (1×16, 1×32 or 
     q   = round_elem(clamp(x · e_b, -Emax, Emax));  q = 0 where s_b == 0 or s_b is NaN
     x̂   = (q · s_b) · d
 
+Telemetry (``stats=True``) also counts clipped elements, those the clamp at ±Emax cut short:
+|x · e_b| >= 7 for E2M1 with RNE (the midpoint of 6 and the next value 8 of its exponent
+sequence), |x · e_b| > Emax with SR, in blocks that are kept (s_b != 0, finite), real elements only.
+
 The order of float32 operations is Transformer Engine's reference NVFP4 quantizer's, so that with
 scale E4M3, T = 448 and current amax the dequantized values agree with it bit for bit. Deviations,
 on purpose: A is taken over finite elements only (one Inf must not flush every other block) and a
@@ -31,6 +35,8 @@ are zero-padded and cropped again, as Transformer Engine does.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import math
 
 import torch
 
@@ -51,6 +57,7 @@ class OperandStats:
     underflow_blocks: int     # non-zero block whose scale flushed to zero
     nonzero_elements: int
     zeroed_elements: int      # non-zero elements quantized to zero
+    clipped_elements: int     # elements of kept blocks the clamp at ±Emax cut short (``clip_threshold``)
     nonfinite_blocks: int     # blocks holding NaN/Inf (they dequantize to NaN)
     sq_error: float           # sum of (x̂ - x)² over the finite blocks
     sq_norm: float            # sum of x² over the finite blocks
@@ -149,16 +156,85 @@ def element_encode_scale(s: torch.Tensor, decode_scale: torch.Tensor) -> torch.T
     return torch.clamp(torch.reciprocal(s * decode_scale), max=FLT_MAX)
 
 
-def quantize_elements(xb: torch.Tensor, s: torch.Tensor, encode: torch.Tensor, element: Minifloat,
-                      rounding: str, generator: torch.Generator | None,
-                      rand: torch.Tensor | None) -> torch.Tensor:
-    """q = round_elem(clamp(x · e_b, ±Emax)), float32 on the element grid; 0 where s_b is 0 or NaN."""
-    scaled = torch.clamp(xb * encode.unsqueeze(-1), -element.max, element.max)
-    q = element.round(scaled, mode=rounding, generator=generator, rand=rand)
+def scale_elements(xb: torch.Tensor, encode: torch.Tensor) -> torch.Tensor:
+    """x · e_b, float32, before the clamp at ±Emax (xb in block layout, encode per block).
+
+    One product for both consumers: ``quantize_elements`` clamps and rounds it, and
+    ``clipped_elements`` counts where the clamp changed it, so the count is of the very value
+    that was clamped.
+    """
+    return xb * encode.unsqueeze(-1)
+
+
+def quantize_elements(scaled: torch.Tensor, s: torch.Tensor, element: Minifloat, rounding: str,
+                      generator: torch.Generator | None, rand: torch.Tensor | None) -> torch.Tensor:
+    """q = round_elem(clamp(x · e_b, ±Emax)), float32 on the element grid; 0 where s_b is 0 or NaN.
+
+    scaled: x · e_b from ``scale_elements`` (block layout), s: s_b per block.
+    """
+    q = element.round(torch.clamp(scaled, -element.max, element.max), mode=rounding, generator=generator,
+                      rand=rand)
     keep = (s != 0) & ~torch.isnan(s)
     if bool(keep.all()):             # the usual case: no block to zero (skips a full pass)
         return q
     return torch.where(keep.unsqueeze(-1), q, torch.zeros((), device=q.device))
+
+
+def clip_threshold(element: Minifloat, rounding: str) -> float:
+    """The smallest float32 |x · e_b| that counts as clipped (so: clipped <=> |x · e_b| >= it).
+
+    An element is clipped when the clamp at ±Emax changed what its rounding gives:
+
+    * RNE: when rounding on the grid continued past Emax would have given a value above Emax,
+      i.e. |x · e_b| reached m = Emax + ulp/2 (``overflow_threshold("rne")``), the midpoint
+      between Emax and the next value Emax + ulp of its exponent sequence. m itself is a tie,
+      which round-half-even sends to the neighbour with the even significand: up when Emax / ulp
+      is odd, as for E2M1 (Emax = 6 = 3 · 2, m = 7, and 7 rounds to 8: clipped <=> |x · e_b| >= 7),
+      down to Emax otherwise (E4M3 as an element format: 448 = 14 · 32), and then the count
+      starts at the next float32 above m.
+    * SR: when |x · e_b| > Emax: there SR could round only to Emax or above it, and the clamp
+      takes away the chance of rounding up. As a threshold: the next float32 above Emax.
+
+    A plain Python float; the kernel receives it as a compile-time constant.
+    """
+    if rounding == "sr":
+        return float(torch.nextafter(torch.tensor(element.max, dtype=torch.float32),
+                                     torch.tensor(math.inf)))
+    midpoint = element.overflow_threshold("rne")
+    ulp = math.ldexp(1.0, element.emax - element.man_bits)
+    if round(element.max / ulp) % 2 == 1:           # the tie rounds up, past Emax
+        return midpoint
+    return float(torch.nextafter(torch.tensor(midpoint, dtype=torch.float32), torch.tensor(math.inf)))
+
+
+def clipped_elements(scaled: torch.Tensor, s: torch.Tensor, real: torch.Tensor | None, element: Minifloat,
+                     rounding: str) -> torch.Tensor:
+    """Mask (bool, block layout) of the clipped elements: |x · e_b| >= ``clip_threshold`` in kept blocks.
+
+        clipped = (|x · e_b| >= clip_threshold(element, rounding)) & keep_b & real
+        keep_b  = (s_b != 0) & (s_b not NaN)
+
+    scaled: x · e_b from ``scale_elements`` (the product ``quantize_elements`` clamps).
+    Elements of a block whose scale flushed to zero (counted as underflow, their x · e_b is
+    x · FLT_MAX) or that holds NaN/Inf (all its elements dequantize to NaN) are not counted, nor
+    are elements of the padding (``real``: False there; None when nothing was padded). Padding is
+    zero, but after the RHT the padded columns of a 16-group hold values: they are quantized
+    with their block and cropped away, so they reach no GEMM.
+    """
+    keep = (s != 0) & ~torch.isnan(s)
+    clipped = (scaled.abs() >= clip_threshold(element, rounding)) & keep.unsqueeze(-1)
+    return clipped if real is None else clipped & real
+
+
+def real_elements(rows: int, cols: int, padded: tuple[int, int], block: tuple[int, int],
+                  device: torch.device) -> torch.Tensor | None:
+    """Mask (bool, block layout) of the elements of the padded (R, C) matrix that lie inside the
+    unpadded (rows, cols); None when nothing was padded."""
+    if (rows, cols) == tuple(padded):
+        return None
+    mask = torch.zeros(padded, dtype=torch.bool, device=device)
+    mask[:rows, :cols] = True
+    return to_blocks(mask, block)
 
 
 def check_packable(spec: QuantSpec) -> None:
@@ -185,6 +261,7 @@ class _Blocks:
     current: torch.Tensor | None  # current amax of x2d (None when a held amax made it unnecessary)
     saturated: torch.Tensor    # blocks whose scale was clamped
     block_amax: torch.Tensor
+    clipped: torch.Tensor | None  # clipped elements (bool, block layout); only computed for stats
 
 
 def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False) -> _Blocks:
@@ -203,8 +280,13 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False) -> _Bl
     encode = element_encode_scale(s, d)
     if rand is not None:
         rand = to_blocks(rand.reshape(x2d.shape), spec.block)
-    q = quantize_elements(xb, s, encode, element, spec.rounding, generator, rand)
-    return _Blocks(x2d, q, s, d, held, current, saturated, block_amax)
+    scaled = scale_elements(xb, encode)
+    q = quantize_elements(scaled, s, element, spec.rounding, generator, rand)
+    clipped = None
+    if stats:
+        real = real_elements(*rows_cols(x.shape), x2d.shape, spec.block, x2d.device)
+        clipped = clipped_elements(scaled, s, real, element, spec.rounding)
+    return _Blocks(x2d, q, s, d, held, current, saturated, block_amax, clipped)
 
 
 def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
@@ -266,6 +348,7 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
         underflow_blocks=int(((b.block_amax > 0) & torch.isfinite(b.block_amax) & (b.s == 0)).sum()),
         nonzero_elements=int(nonzero.sum()),
         zeroed_elements=int((nonzero & (b.q == 0)).sum()),
+        clipped_elements=int(b.clipped.sum()),
         nonfinite_blocks=int((~finite_block).sum()),
         sq_error=float((err * err).sum()),
         sq_norm=float((ref * ref).sum()),

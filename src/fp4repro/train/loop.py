@@ -45,7 +45,8 @@ from fp4repro.train.schedule import WSDSchedule
 
 METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
 TELEMETRY = ["step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks", "underflow_blocks",
-             "nonzero_elements", "zeroed_elements", "nonfinite_blocks", "sq_error", "sq_norm", "amax_ratio",
+             "nonzero_elements", "zeroed_elements", "clipped_elements", "nonfinite_blocks", "sq_error", "sq_norm",
+             "amax_ratio",
              "rel_error"]
 
 
