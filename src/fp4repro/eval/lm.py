@@ -12,8 +12,9 @@ continuation, the continuation's tokens are those of (context + continuation) af
 context's tokens, an empty context is replaced by the EOD token, and inputs longer than
 ``max_length`` keep their last ``max_length`` tokens. Requests are scored in batches of up to
 ``batch_size`` sequences, longest first, right-padded with EOD (causal: padding never changes
-the scored positions). Under the quantized policy a GEMM operand's tensor scale is the current
-amax over the whole batch, as in batched inference; a fixed batch size gives fixed results.
+the scored positions). Under the quantized policy each sequence's activations are quantized as
+their own tensor, over its real tokens (the scorer passes the lengths: ``logits_of``), so an
+item's score does not depend on the items it is batched with nor on its padding.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class FP4ReproLM(LM):
         padded = torch.full((len(inputs), width), self.eod_id, dtype=torch.long)
         for row, x in enumerate(inputs):
             padded[row, :len(x)] = torch.tensor(x, dtype=torch.long)
-        logits = logits_of(self.model, padded)
+        logits = logits_of(self.model, padded, lengths=[len(x) for x in inputs])
         totals, greedy = [], []
         for row, (x, (_, continuation)) in enumerate(zip(inputs, pairs)):
             # only the continuation's positions, on the model's device: a (batch, time, vocab)
@@ -203,7 +204,7 @@ class FP4ReproLM(LM):
         text = ""
         for _ in range(max_new_tokens):
             window = torch.tensor([(tokens + generated)[-self.max_length:]], dtype=torch.long)
-            next_token = int(logits_of(self.model, window)[0, -1].argmax())
+            next_token = int(logits_of(self.model, window, lengths=[window.shape[1]])[0, -1].argmax())
             if next_token == self.eod_id:
                 break
             generated.append(next_token)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fp4repro.eval.policy import batch_lengths
+
 
 @dataclass(frozen=True)
 class NLLResult:
@@ -48,12 +50,16 @@ def windows(stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | N
     return out
 
 
-def logits_of(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+def logits_of(model: torch.nn.Module, inputs: torch.Tensor, lengths=None) -> torch.Tensor:
     """Float32 logits of a (batch, time) int64 tensor on the model's device, by the training
-    loop's forward (``forward_logits``), without building a graph."""
+    loop's forward (``forward_logits``), without building a graph.
+
+    lengths: the valid length of each row (padding after it); the quantized policy quantizes
+    each row's real tokens as their own tensor (``fp4repro.eval.policy.batch_lengths``), so a
+    row's logits do not depend on the other rows or on its padding. None: every row is full."""
     from fp4repro.train.loop import forward_logits
 
-    with torch.no_grad():
+    with torch.no_grad(), batch_lengths(model, lengths):
         return forward_logits(model, inputs.to(next(model.parameters()).device))
 
 
@@ -66,7 +72,9 @@ def stream_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_le
     for batch in _batches(pieces, batch_size):
         inputs = torch.stack([w[0] for w in batch])
         targets = torch.stack([w[1] for w in batch])
-        logits = logits_of(model, inputs)
+        # every window of a batch is full length (a shorter last window runs alone): each is its
+        # own sequence for the quantized policy, whatever windows it is batched with
+        logits = logits_of(model, inputs, lengths=[inputs.shape[1]] * len(batch))
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(logits.device), reduction="sum")
         total += float(loss)
         count += targets.numel()

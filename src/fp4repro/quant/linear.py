@@ -27,6 +27,15 @@ Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop whenever that is exact (``transposable_w
 16×16 RNE spec for both, the same amax), so the forward's operand is kept and transposed instead
 of quantizing W again. The step's host time matters as much as its kernels (an eager step is
 issued by Python): no no-op casts or contexts on this path.
+
+Per-sequence activations (inference): when the model's QuantState gives the valid lengths of the
+batch's sequences (``QuantState.sequence_lengths``; the evaluation policy's ``CurrentAmaxState``
+does, the training state never), fprop.x of a (batch, width, in) input is quantized sequence by
+sequence (``sequence_operand``): each sequence's real rows as their own tensor, with their own
+amax and decode scale d_x, and all padding rows together as one more group, so that neither
+other sequences nor padding change a sequence's operand. W keeps one quantization (it does not
+depend on the batch). The GEMM stays one GEMM with a per-row epilogue: row i is multiplied by
+its own d_x[i]·d_w (``emulated_gemm``).
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import torch.nn.functional as F
 
 from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
-from fp4repro.quant.ops import scaled_operand
+from fp4repro.quant.ops import scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
 from fp4repro.reference.block import global_encode_scale
 
@@ -84,6 +93,58 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     return qs, d
 
 
+def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec, state: QuantState | None,
+                     layer: str, operand: str = "fprop.x") -> tuple[torch.Tensor, torch.Tensor]:
+    """(operand for the GEMM as (batch·width, K), decode scales as float32 (batch·width, 1)) for
+    x of shape (batch, width, K) holding sequences of valid ``lengths`` (padding after them).
+
+    Sequence b's rows [0, lengths[b]) are quantized as one tensor, with their own current amax
+    and d, the padding rows of all sequences together as one more tensor; each row carries the d
+    of its group. A sequence's operand rows and d are therefore those it gets alone, whatever
+    else is in the batch. On the torch reference with 1-row blocks this is one call with row
+    groups (``scaled_operand(..., groups=)``: the same operations, no loop); the kernels take one
+    amax per call (and a 16-row tile must not mix sequences): there, one quantization per group.
+    Telemetry (``state.telemetry``) is recorded per call.
+    """
+    batch, width, cols = x.shape
+    if len(lengths) != batch or not all(0 <= n <= width for n in lengths):
+        raise ValueError(f"{layer}.{operand}: sequence lengths {list(lengths)} do not fit a batch of "
+                         f"{batch} sequences of {width} positions")
+    telemetry = state is not None and state.telemetry
+
+    def quantized(t: torch.Tensor, groups: torch.Tensor | None = None):
+        qs, d, _, stats = scaled_operand(t, spec, stats=telemetry, groups=groups)
+        if telemetry:
+            state.record(layer, operand, stats)
+        return qs, d
+
+    padding = torch.arange(width, device=x.device) >= torch.tensor(lengths, device=x.device)[:, None]
+    if spec.block[0] == 1 and not uses_kernel(x):
+        # group of each row: its sequence's index for real tokens, ``batch`` for padding
+        groups = torch.arange(batch, device=x.device)[:, None].expand(batch, width).masked_fill(padding, batch)
+        qs, d = quantized(x.reshape(-1, cols), groups.reshape(-1))
+        return qs, torch.as_tensor(d, dtype=torch.float32, device=x.device).expand(batch * width, 1)
+    qs = torch.empty((batch, width, cols), dtype=x.dtype, device=x.device)
+    d = torch.empty((batch, width, 1), dtype=torch.float32, device=x.device)
+    for b, n in enumerate(lengths):
+        if n:
+            qs[b, :n], d[b, :n] = quantized(x[b, :n])
+    if sum(lengths) < batch * width:
+        qs[padding], d[padding] = quantized(x[padding])
+    return qs.reshape(batch * width, cols), d.reshape(batch * width, 1)
+
+
+def _grouping_matters(spec: QuantSpec | None, x: torch.Tensor, lengths: tuple[int, ...] | None) -> bool:
+    """Whether quantizing x per sequence can differ from quantizing it as one tensor: not without
+    lengths, nor for one unpadded sequence, nor when rows are quantized independently anyway
+    (no tensor scale, as in MX, and blocks of one row)."""
+    if lengths is None or spec is None:
+        return False
+    if len(lengths) == 1 and lengths[0] == x.shape[1]:
+        return False
+    return spec.target is not None or spec.block[0] != 1
+
+
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t in dtype; t itself when it already is (``Tensor.to`` costs a dispatch even as a no-op,
     and the layer's step is bound by host time)."""
@@ -103,6 +164,15 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     CUDA the operands are cast to out_dtype (BF16: q·s is exact); with host-known scales cuBLAS
     applies alpha = d_a·d_b in its FP32 epilogue, else the product is taken with an FP32 output
     and scaled in one pass. On CPU the product is taken in FP32.
+
+    d_a may also be a float32 (M, 1) tensor, one decode scale per row of a (per-sequence
+    activations, ``sequence_operand``): row i is then scaled by d_a[i]·d_b. Why one GEMM with a
+    per-row epilogue rather than a GEMM per group: the accumulator does not depend on the scales,
+    and each element gets the same FP32 multiplication and cast as with its group's scalar scales,
+    so it is exact, with no extra launches and no copies. Whether a row's FP32 accumulation
+    depends on the number of rows M is the GEMM backend's, as for every unquantized GEMM of the
+    model (the LM head): GEMMs per group would not change that (on CPU, a row of the tiny model's
+    logits is the same bit for bit in batches of 1, 4 and 16 sequences).
     """
     on_gpu = a.is_cuda and out_dtype in (torch.bfloat16, torch.float16)
     scales = [d for d in (da, db) if d is not None]
@@ -121,7 +191,7 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     alpha = functools.reduce(operator.mul, scales) if scales else None
     if alpha is None:
         return acc.to(out_dtype)
-    if acc.is_cuda:
+    if acc.is_cuda and alpha.dim() == 0:      # the kernel takes a scalar alpha; per-row: below
         from fp4repro.kernels import available, scale_cast
 
         if available():
@@ -160,7 +230,11 @@ class _QuantLinearFunction(torch.autograd.Function):
         # with the amax it was made with; in the compute dtype, which holds q·s exactly
         keep_qw = ctx.needs_input_grad[0] and transposable_weight_spec(specs)
         w_amax = _weight_amax_used(state, specs.fprop_w, layer, "fprop.w") if keep_qw else None
-        qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x")
+        lengths = state.sequence_lengths(x.shape[0], x.shape[1]) if state is not None and x.dim() == 3 else None
+        if _grouping_matters(specs.fprop_x, x, lengths):
+            qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x")
+        else:
+            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x")
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w")
         qw = _as(qw, compute_dtype)
         y = emulated_gemm(qx, dx, qw, dw, compute_dtype)
@@ -201,6 +275,10 @@ class QuantLinear(torch.nn.Linear):
     specs: the LinearSpecs of this layer (None or all-None: plain ``F.linear``)
     state: the model's QuantState (periodic scaling and telemetry); None = current amax, no telemetry
     name:  this layer's name, the key of its state and telemetry
+
+    For an input of shape (batch, width, in), the layer asks ``state.sequence_lengths(batch,
+    width)`` whether to quantize fprop.x sequence by sequence (inference: see the module
+    docstring and ``fp4repro.eval.policy.CurrentAmaxState``); the training state says no.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,

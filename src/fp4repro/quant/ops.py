@@ -3,8 +3,9 @@
 ``quantize``, ``scaled_operand`` and ``quantize_dequantize`` have the
 reference's signatures and results (``fp4repro.reference.block``). A CUDA tensor goes to the
 Triton kernels (``fp4repro.kernels``), which equal the reference bit for bit, unless the caller
-supplies its own random source (``generator``/``rand``: only the reference takes one) or the
-reference is forced: by ``FP4REPRO_REFERENCE=1`` in the environment, or within
+supplies its own random source (``generator``/``rand``: only the reference takes one) or row
+groups (``scaled_operand(..., groups=)``: only the reference takes them), or the reference is
+forced: by ``FP4REPRO_REFERENCE=1`` in the environment, or within
 ``with reference_only():`` (a context variable, so it holds for this thread or task only).
 Everything else runs the reference.
 """
@@ -78,10 +79,13 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
-    """(q · s_b in x's 2-D shape, d, A used, stats) (``fp4repro.reference.block.scaled_operand``)."""
-    if not uses_kernel(x, generator, rand):
-        return reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats)
+                   stats: bool = False, groups: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
+    """(q · s_b in x's 2-D shape, d, A used, stats) (``fp4repro.reference.block.scaled_operand``;
+    with row ``groups``, always the reference: the kernels take one amax per call)."""
+    if groups is not None or not uses_kernel(x, generator, rand):
+        return reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
+                                        groups=groups)
     from fp4repro.kernels import quantize_2d
 
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))

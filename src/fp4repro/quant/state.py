@@ -50,6 +50,15 @@ class QuantState:
             value = self._held_host[key] = float(self._held[key])
         return value
 
+    # ------------------------------------------------------------------ per-sequence activations
+    def sequence_lengths(self, batch: int, width: int) -> tuple[int, ...] | None:
+        """Valid lengths of the ``batch`` sequences (``width`` positions each, padding after them)
+        whose activation operand (fprop.x) the forward quantizes sequence by sequence, each as its
+        own tensor with its current amax, padding rows as one group of their own
+        (``QuantLinear``); None: the operand is one tensor. Training: always None. The inference
+        policy's state, which holds no amax, overrides this (``fp4repro.eval.policy.CurrentAmaxState``)."""
+        return None
+
     def advance(self) -> None:
         """Call once per optimizer step."""
         self.step += 1

@@ -30,6 +30,12 @@ transformed domain, which is what the GEMM consumes.
 
 Shapes whose last dim (or, for 16×16 tiles, first dim after flattening) does not divide the block
 are zero-padded and cropped again, as Transformer Engine does.
+
+Row groups (``scaled_operand(..., groups=)``, 1-row blocks, current amax): the rows of the 2-D
+view are split into groups, each quantized as its own tensor: A, g and d per group (A over the
+group's finite elements), every row with its group's. The same float32 operations, row by row, as
+quantizing each group's rows alone; one call instead of one per group (per-sequence activations
+at inference).
 """
 
 from __future__ import annotations
@@ -124,6 +130,21 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     if not torch.isfinite(amax):
         amax = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device)).amax()
     return amax
+
+
+def group_amax(x2d: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """A of each row's group: ``tensor_amax`` of the rows sharing its group id, float32 (rows, 1).
+
+    groups: int64 (rows,) group ids >= 0. The max over a group's finite elements is the max of its
+    rows' maxima (exact in any order); an all-non-finite group gets 0, as ``tensor_amax`` does."""
+    a = x2d.abs().to(torch.float32)
+    if not a.numel():
+        return torch.zeros((a.shape[0], 1), device=x2d.device)
+    rows = a.amax(dim=1)
+    if not bool(torch.isfinite(rows).all()):       # NaN or inf somewhere: only then mask
+        rows = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device)).amax(dim=1)
+    per_group = torch.zeros(int(groups.max()) + 1, device=a.device).scatter_reduce(0, groups, rows, "amax")
+    return per_group[groups].unsqueeze(1)
 
 
 def global_encode_scale(amax: torch.Tensor, emax: float, target: float | None) -> torch.Tensor:
@@ -264,14 +285,21 @@ class _Blocks:
     clipped: torch.Tensor | None  # clipped elements (bool, block layout); only computed for stats
 
 
-def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False) -> _Blocks:
+def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups=None) -> _Blocks:
     element, scale = get_format(spec.element), get_format(spec.scale)
     x2d = pad_to_blocks(x, spec)
     if spec.rht:
         x2d = rht(x2d)
-    # the current amax costs a pass over x: only for current scaling, or for the telemetry ratio
-    current = tensor_amax(x2d) if amax is None or stats else None
-    held = current if amax is None else torch.as_tensor(amax, dtype=torch.float32, device=x2d.device)
+    if groups is not None:
+        if amax is not None or spec.block[0] != 1:
+            raise ValueError(f"row groups need the current amax and 1-row blocks, not {spec.block}"
+                             f"{' with a held amax' if amax is not None else ''}")
+        # A per row (rows, 1), its group's: g, d and the block scales below broadcast along rows
+        held = current = group_amax(x2d, torch.as_tensor(groups, device=x2d.device))
+    else:
+        # the current amax costs a pass over x: only for current scaling, or for the telemetry ratio
+        current = tensor_amax(x2d) if amax is None or stats else None
+        held = current if amax is None else torch.as_tensor(amax, dtype=torch.float32, device=x2d.device)
     g = global_encode_scale(held, element.max, spec.target)
     d = torch.reciprocal(g)
     xb = to_blocks(x2d, spec.block)
@@ -313,12 +341,16 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
+                   stats: bool = False, groups: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
     """The GEMM operand without packing: (q · s_b as float32 in x's 2-D shape, d, A used, stats).
 
     Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
+    groups: int64 group id of each row of x's 2-D view (see the module docstring: current amax
+    and 1-row blocks only); A and d are then float32 (rows, 1), each row its group's (d = 1
+    without a tensor scale).
     """
-    b = _quantize_blocks(x, spec, amax, generator, rand, stats)
+    b = _quantize_blocks(x, spec, amax, generator, rand, stats, groups)
     rows, cols = rows_cols(x.shape)
     qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
     return qs, b.d, b.held, (_operand_stats(b, spec.block) if stats else None)
@@ -352,5 +384,5 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
         nonfinite_blocks=int((~finite_block).sum()),
         sq_error=float((err * err).sum()),
         sq_norm=float((ref * ref).sum()),
-        amax_ratio=float(b.held / b.current) if float(b.current) > 0 else 1.0,
+        amax_ratio=1.0 if b.held is b.current else float(b.held / b.current) if float(b.current) > 0 else 1.0,
     )
