@@ -81,3 +81,43 @@ def test_final_window_loss_is_the_mean_over_the_last_tokens():
     assert out["loss"] == 1.5 and out["tokens_from"] == 800 and out["tokens_to"] == 1000
     assert out["loss_stderr"] == pytest.approx(0.5)
     assert math.isnan(final_window_loss(df, 0.1)["loss_stderr"])
+
+
+def test_per_document_sums_split_the_stream_at_each_eod(manifest, runs):
+    """Each target counts for the document it ends or lies in: a document's EOD is its last target."""
+    from fp4repro.data import validation_tokens
+    from fp4repro.eval import document_nll
+
+    eod = manifest.eod_id
+    stream = validation_tokens(manifest, "prose")[:150]
+    ends = [p for p, t in enumerate(stream) if t == eod]
+    assert len(ends) >= 2 and ends[-1] < 149, "the test needs a stream holding several documents"
+    model, _ = load_eval_model(runs["nvfp4"] / "ckpt" / "step_00000006.pt", "quantized")
+    docs = document_nll(model, stream, 64, 8, eod_id=eod)
+    tokens = torch.as_tensor(stream)
+    with torch.no_grad():        # per-target losses of the same windows and batches
+        full = F.cross_entropy(model(tokens[:128].view(2, 64)).flatten(0, 1), tokens[1:129], reduction="none")
+        rest = F.cross_entropy(model(tokens[128:149][None])[0], tokens[129:150], reduction="none")
+    per_target = torch.cat([full, rest]).double()          # target j is stream position j + 1
+    bounds = [0] + [e + 1 for e in ends if e + 1 <= 150]   # document k: positions (end_{k-1}, end_k]
+    expected = []
+    for k, start in enumerate(bounds):
+        stop = bounds[k + 1] if k + 1 < len(bounds) else 150
+        targets = [p - 1 for p in range(max(start, 1), stop)]
+        if targets:
+            expected.append((k, float(per_target[targets].sum()), len(targets)))
+    assert docs.document.tolist() == [k for k, _, _ in expected]
+    assert docs.predicted.tolist() == [n for _, _, n in expected]
+    assert docs.nll_sum == pytest.approx([s for _, s, _ in expected], rel=1e-5)
+    assert docs.total().tokens == 149
+
+
+def test_without_an_eod_the_stream_is_one_document(manifest, runs):
+    from fp4repro.data import validation_tokens
+    from fp4repro.eval import document_nll
+
+    stream = validation_tokens(manifest, "code")[:100]
+    model, _ = load_eval_model(runs["bf16"] / "ckpt" / "step_00000006.pt", "bf16")
+    docs = document_nll(model, stream, 32, 4)
+    assert docs.document.tolist() == [0] and docs.predicted.tolist() == [99]
+    assert docs.nll_sum[0] == pytest.approx(stream_nll(model, stream, 32, 4).total)

@@ -50,6 +50,24 @@ def test_nll_table(evaluated):
     assert (row.xs("bf16", level="policy") != row.xs("quantized", level="policy")).all()
 
 
+def test_document_rows_add_up_to_each_sources_nll(evaluated):
+    """nll_documents.parquet: one row per source and document; per source, its sums are the NLL
+    row's total (the paired bootstrap resamples exactly what the NLL row reports)."""
+    docs = pd.read_parquet(evaluated / "nll_documents.parquet")
+    nll = pd.read_parquet(evaluated / "nll.parquet")
+    assert list(docs.columns) == ["recipe", "seed", "step", "tokens", "policy", "source", "document", "nll_sum",
+                                  "predicted"]
+    assert not docs.duplicated(["step", "policy", "source", "document"]).any()
+    assert (docs["predicted"] > 0).all()
+    sums = docs.groupby(["step", "policy", "source"])[["nll_sum", "predicted"]].sum()
+    sources = nll[nll["source"] != "blend"].set_index(["step", "policy", "source"])
+    assert len(sums) == len(sources) == len(STEPS) * 2 * 2
+    for key, row in sources.iterrows():
+        assert sums.loc[key, "predicted"] == row["tokens_evaluated"]
+        assert sums.loc[key, "nll_sum"] / sums.loc[key, "predicted"] == pytest.approx(row["nll"], rel=1e-9)
+    assert docs.groupby("source")["document"].nunique()["prose"] > 1     # the stream is split at EODs
+
+
 def test_three_offline_aggregates_with_standard_errors(evaluated):
     down = pd.read_parquet(evaluated / "downstream.parquet")
     agg = down[(down["level"] == "aggregate") & (down["metric"] == "acc")]

@@ -9,6 +9,12 @@ training step. A final shorter window takes the remainder. NLL is in nats per pr
 The blend's NLL is the final stage's blend weights applied to the per-source NLLs,
 Σ_s w_s · NLL_s: the expected loss per token of a stream mixed as the final stage mixes its
 training data, independent of how large each source's validation split happens to be.
+
+Per document (``document_nll``): the target at stream position p belongs to document k = the
+number of EOD tokens in positions [0, p), so a document's EOD counts as the document's last
+target. Each document's summed NLL and predicted-token count are what a paired bootstrap over
+documents resamples (``fp4repro.statistics.paired_bootstrap``): two runs score the same documents
+with the same windows, so per-document sums pair exactly.
 """
 
 from __future__ import annotations
@@ -33,6 +39,19 @@ class NLLResult:
     @property
     def nll(self) -> float:
         return self.total / self.tokens if self.tokens else math.nan
+
+
+@dataclass(frozen=True)
+class DocumentNLL:
+    """Per document of a stream: summed NLL (nats, float64) and predicted tokens (int64); only
+    documents with at least one predicted token, ``document`` their index in the stream."""
+
+    document: np.ndarray
+    nll_sum: np.ndarray
+    predicted: np.ndarray
+
+    def total(self) -> NLLResult:
+        return NLLResult(float(self.nll_sum.sum()), int(self.predicted.sum()))
 
 
 def windows(stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | None = None
@@ -67,18 +86,33 @@ def stream_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_le
                max_tokens: int | None = None) -> NLLResult:
     """Summed cross-entropy of ``model`` over the windows of ``stream``, ``batch_size`` full
     windows per forward pass (the shorter last window on its own)."""
-    pieces = windows(stream, seq_len, max_tokens)
-    total, count = 0.0, 0
+    return document_nll(model, stream, seq_len, batch_size, max_tokens).total()
+
+
+def document_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_len: int, batch_size: int,
+                 max_tokens: int | None = None, eod_id: int | None = None) -> DocumentNLL:
+    """Per-token cross-entropy of ``model`` over the windows of ``stream`` (as ``stream_nll``),
+    summed per document: documents end at each ``eod_id`` (None: the stream is one document)."""
+    tokens = np.asarray(stream, dtype=np.int64)
+    pieces = windows(tokens, seq_len, max_tokens)
+    losses = []
     for batch in _batches(pieces, batch_size):
         inputs = torch.stack([w[0] for w in batch])
         targets = torch.stack([w[1] for w in batch])
         # every window of a batch is full length (a shorter last window runs alone): each is its
         # own sequence for the quantized policy, whatever windows it is batched with
         logits = logits_of(model, inputs, lengths=[inputs.shape[1]] * len(batch))
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(logits.device), reduction="sum")
-        total += float(loss)
-        count += targets.numel()
-    return NLLResult(total, count)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten().to(logits.device), reduction="none")
+        losses.append(loss.double().cpu().numpy())
+    per_token = np.concatenate(losses) if losses else np.zeros(0)
+    # target j (0-based) is stream position j + 1; its document counts the EODs before it
+    ends = tokens[:len(per_token)] == eod_id if eod_id is not None else np.zeros(len(per_token), dtype=bool)
+    document = np.cumsum(ends)
+    n = int(document[-1]) + 1 if len(document) else 0
+    nll_sum = np.bincount(document, weights=per_token, minlength=n)
+    predicted = np.bincount(document, minlength=n).astype(np.int64)
+    kept = np.flatnonzero(predicted)
+    return DocumentNLL(kept, nll_sum[kept], predicted[kept])
 
 
 def _batches(pieces: list, batch_size: int):

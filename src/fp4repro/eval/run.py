@@ -5,6 +5,7 @@ One run is one recipe and one seed (``R`` = <recipe>/seed<seed>):
 Inputs:  results/<exp>/train/R/{done.json, metrics.parquet} and the checkpoints done.json lists
          results/<exp>/data/ (prepared data: validation and test splits, tokenizer)
 Outputs: results/<exp>/eval/R/nll.parquet               held-out NLL per checkpoint × policy × source
+         results/<exp>/eval/R/nll_documents.parquet     the same per document (for paired bootstraps)
          results/<exp>/eval/R/downstream.parquet        lm-eval tasks and aggregates, with stderr
          results/<exp>/eval/R/downstream_items.parquet  each item's outcome (for paired item tests)
          results/<exp>/eval/R/final_loss.json           final-window training loss
@@ -33,16 +34,19 @@ from fp4repro.data import load_manifest, validation_tokens
 from fp4repro.eval.downstream import item_rows, result_rows, run_lm_eval, task_manager, write_groups
 from fp4repro.eval.errors import EvalError
 from fp4repro.eval.loss import final_window_loss
-from fp4repro.eval.nll import blend_nll, stream_nll
+from fp4repro.eval.nll import blend_nll, document_nll
 from fp4repro.eval.policy import CheckpointInfo, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.provenance import provenance
-from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, eval_dir, read_table,
-                              run_dir, write_json, write_table)
+from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS,
+                              eval_dir, read_table, run_dir, write_json, write_table)
 
 TASKS_STAMP = "offline_tasks.json"
+#: The tables each measure writes, together.
+MEASURES = {"nll": ("nll", "nll_documents"), "downstream": ("downstream", "downstream_items")}
 #: The tables an evaluation writes (``<name>.parquet`` in its folder) and their columns.
-TABLES = {"nll": NLL_COLUMNS, "downstream": DOWNSTREAM_COLUMNS, "downstream_items": DOWNSTREAM_ITEM_COLUMNS}
+TABLES = {"nll": NLL_COLUMNS, "nll_documents": NLL_DOCUMENT_COLUMNS, "downstream": DOWNSTREAM_COLUMNS,
+          "downstream_items": DOWNSTREAM_ITEM_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,13 @@ def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _append(table: pd.DataFrame, rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
+    """table with ``rows`` in place of its rows of the same checkpoints × policies (a measure
+    interrupted between its tables is recomputed whole: its rows are replaced, not doubled)."""
     new = pd.DataFrame(rows, columns=list(columns))
+    if not table.empty:
+        redone = pd.MultiIndex.from_frame(table[["step", "policy"]]).isin(
+            pd.MultiIndex.from_frame(new[["step", "policy"]]))
+        table = table[~redone]
     table = new if table.empty else pd.concat([table, new], ignore_index=True)
     return table.sort_values(["step", "policy"], kind="stable", ignore_index=True)
 
@@ -109,11 +119,17 @@ def _done_pairs(table: pd.DataFrame) -> set[tuple[int, str]]:
 # -------------------------------------------------------------------------------- one model
 
 def nll_rows(model, streams: dict, blend: dict[str, float], seq_len: int, batch_size: int,
-             max_tokens: int | None, meta: dict) -> dict[str, list[dict]]:
-    """{"nll": one row per source with validation tokens and one for the blend (final-stage weights)}."""
-    per_source = {s: stream_nll(model, stream, seq_len, batch_size, max_tokens) for s, stream in streams.items()}
+             max_tokens: int | None, eod_id: int, meta: dict) -> dict[str, list[dict]]:
+    """{"nll": one row per source with validation tokens and one for the blend (final-stage weights),
+    "nll_documents": one row per source and document (the paired bootstrap's units)}."""
+    documents = {s: document_nll(model, stream, seq_len, batch_size, max_tokens, eod_id)
+                 for s, stream in streams.items()}
+    per_source = {s: d.total() for s, d in documents.items()}
     results = {**per_source, "blend": blend_nll(per_source, blend)}
-    return {"nll": [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()]}
+    return {"nll": [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()],
+            "nll_documents": [{**meta, "source": s, "document": int(k), "nll_sum": float(v), "predicted": int(n)}
+                              for s, d in documents.items()
+                              for k, v, n in zip(d.document, d.nll_sum, d.predicted)]}
 
 
 def _quantizes(model) -> bool:
@@ -191,8 +207,9 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
 
     tables = {name: _read_table(paths.out / f"{name}.parquet", columns) for name, columns in TABLES.items()}
 
-    def missing(table: str, step: int, policy: str) -> bool:
-        return (step, policy) not in _done_pairs(tables[table])
+    def missing(measure: str, step: int, policy: str) -> bool:
+        """Whether any table of ``measure`` lacks this checkpoint × policy."""
+        return any((step, policy) not in _done_pairs(tables[t]) for t in MEASURES[measure])
 
     todo = [(c, p) for c in checkpoints for p in cfg.policies
             if (nll and missing("nll", c.step, p)) or (downstream and missing("downstream", c.step, p))]
@@ -214,7 +231,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
             measures = []
             if nll and missing("nll", info.step, policy):
                 measures.append(("nll", lambda: nll_rows(model, streams, blend, seq_len, cfg.batch_size,
-                                                         cfg.nll_max_tokens, meta)))
+                                                         cfg.nll_max_tokens, manifest.eod_id, meta)))
             if downstream and missing("downstream", info.step, policy):
                 measures.append(("downstream", lambda: downstream_rows(model, tokenizer, manifest.eod_id, cfg,
                                                                        manager, seq_len, meta)))
