@@ -35,8 +35,8 @@ from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, TELEMETRY_COLUMNS, eval_dir, last_checkpoint,
                               read_json, read_table, run_dir)
-from fp4repro.statistics import (NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison,
-                                 batch_means, paired_bootstrap, paired_items, seed_level)
+from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
+from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
 
 VERDICTS = (REPRODUCED, SUGGESTIVE, WITHIN_NOISE, OPPOSITE, NO_DIFFERENCE)
@@ -138,9 +138,7 @@ def final_loss(claim: Claim, root: Path, seeds) -> list[Row]:
     if len(seeds) > 1:
         comparison = seed_level(a - b)
     else:
-        joined = pd.concat([windows[claim.recipe][seeds[0]], windows[claim.baseline][seeds[0]]], axis=1,
-                           join="inner").sort_index()
-        comparison = batch_means((joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy())
+        comparison = step_difference(windows[claim.recipe][seeds[0]], windows[claim.baseline][seeds[0]])
     steps = len(windows[claim.recipe][seeds[0]])
     return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, capped=len(seeds) == 1,
                 note=f"mean loss over the final window ({steps} steps), {len(seeds)} seed(s)")]
@@ -179,33 +177,11 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> lis
 
 def _document_bootstrap(docs: dict, seed: int, policy: str, step: int, blend: dict[str, float]) -> Comparison:
     """Paired bootstrap of the blend-NLL difference over the documents both runs scored."""
-    tables = {}
-    for recipe, runs in docs.items():
+    tables = []
+    for runs in docs.values():
         t = read_table(runs[seed], NLL_DOCUMENT_COLUMNS, "a per-document NLL table", ReportError)
-        tables[recipe] = t[(t["policy"] == policy) & (t["step"] == step)].set_index(["source", "document"])[
-            ["nll_sum", "predicted"]]
-    (ra, ta), (rb, tb) = tables.items()
-    joined = ta.join(tb, lsuffix="_a", rsuffix="_b", how="inner")
-    sources = joined.index.get_level_values("source").to_numpy()
-    used = {s: w for s, w in blend.items() if w > 0 and s in set(sources)}
-    norm = sum(used.values())
-    cols = {c: joined[c].to_numpy(dtype=np.float64) for c in ("nll_sum_a", "predicted_a", "nll_sum_b",
-                                                                 "predicted_b")}
-
-    def difference(weights: np.ndarray) -> float:
-        out = 0.0
-        for source, w in used.items():
-            m = sources == source
-            nll_a = (weights[m] * cols["nll_sum_a"][m]).sum() / (weights[m] * cols["predicted_a"][m]).sum()
-            nll_b = (weights[m] * cols["nll_sum_b"][m]).sum() / (weights[m] * cols["predicted_b"][m]).sum()
-            out += w / norm * (nll_a - nll_b)
-        return out
-
-    keep = np.isin(sources, list(used))
-    if not keep.all():
-        sources = sources[keep]
-        cols = {c: v[keep] for c, v in cols.items()}
-    return paired_bootstrap(difference, len(sources), strata=sources, what="documents")
+        tables.append(t[(t["policy"] == policy) & (t["step"] == step)])
+    return document_difference(*tables, blend)
 
 
 def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
@@ -245,14 +221,12 @@ def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
 
 def _item_test(items: dict, seed: int, claim: Claim, step: int, aggregate: str, metric: str) -> Comparison:
     """The paired item-level test of one aggregate: each task's items under both recipes."""
-    per = {}
-    for recipe, runs in items.items():
-        t = read_table(runs[seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
-        per[recipe] = t[(t["policy"] == claim.policy) & (t["step"] == step) & (t["aggregate"] == aggregate)
-                        & (t["metric"] == metric)].set_index(["task", "doc_id"])["value"]
-    joined = pd.concat([per[claim.recipe], per[claim.baseline]], axis=1, join="inner", keys=["a", "b"])
-    tasks = [(g["a"].to_numpy(), g["b"].to_numpy()) for _, g in joined.groupby(level="task", sort=True)]
-    return paired_items(tasks)
+    per = []
+    for recipe in (claim.recipe, claim.baseline):
+        t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
+        per.append(t[(t["policy"] == claim.policy) & (t["step"] == step) & (t["aggregate"] == aggregate)
+                     & (t["metric"] == metric)])
+    return item_difference(*per)
 
 
 MECHANISMS = {
@@ -267,11 +241,8 @@ MECHANISMS = {
 
 
 def _event_steps(path: Path, event: str, operands: tuple[str, ...]) -> pd.DataFrame:
-    """Per telemetry step: events and units (blocks, or non-zero elements for clipping) summed
-    over layers and the listed operands."""
-    count, units = EVENTS[event]
     table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
-    return table[table["operand"].isin(operands)].groupby("step")[[count, units]].sum()
+    return event_steps(table, event, operands)
 
 
 def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
@@ -294,10 +265,8 @@ def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
     if len(seeds) > 1:
         comparison = seed_level(a - b)
     else:
-        ta, tb = steps[claim.recipe][seeds[0]], steps[claim.baseline][seeds[0]]
-        joined = ta.join(tb, lsuffix="_a", rsuffix="_b", how="inner").sort_index()
-        d = joined[f"{count}_a"] / joined[f"{units}_a"] - joined[f"{count}_b"] / joined[f"{units}_b"]
-        comparison = batch_means(d.fillna(0.0).to_numpy())
+        comparison = step_difference(step_rate(steps[claim.recipe][seeds[0]], claim.event),
+                                     step_rate(steps[claim.baseline][seeds[0]], claim.event))
     return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
 
 
