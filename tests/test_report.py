@@ -1,39 +1,103 @@
-"""The claims file against measured results: directions, noise, and what cannot be measured."""
+"""The claims file against measured results: paired tests with known answers, verdicts, and what
+cannot be measured.
+
+The results are synthetic tables in the results layout, built so that each comparison's answer
+is known without the code under test: a recipe's loss, document NLL or item outcomes are the
+baseline's plus a fixed offset, and the noise is either shared by both recipes of a seed (the
+pairing the tests exploit) or drawn per recipe from stable seeds.
+"""
 
 import json
-import math
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from fp4repro.config.files import PACKAGED
+from fp4repro.config.files import PACKAGED, claims_path
 from fp4repro.config.study import load_study
-from fp4repro.config.files import claims_path
 from fp4repro.report import ReportError, load_claims, measure, write_report
+from fp4repro.results import eval_dir, run_dir
+from fp4repro.statistics import OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
 CLAIMS = PACKAGED / "claims.yaml"
+STEPS = 40                    # training steps; the final window is the last 10
+DOCS = 60                     # held-out documents per source
+ITEMS = 50                    # items per downstream task
+BLEND = {"prose": 0.4, "code": 0.6}
 
 
-def _results(root: Path, losses: dict, nll: dict, acc: dict, underflow: dict) -> Path:
-    exp = root / "results" / "tiny"
-    for recipe in losses:
-        ev = exp / "eval" / recipe
-        ev.mkdir(parents=True)
-        (ev / "final_loss.json").write_text(json.dumps({"loss": losses[recipe], "loss_stderr": 0.01}))
-        pd.DataFrame([{"recipe": recipe, "step": s, "tokens": s * 10, "policy": p, "source": "blend",
-                       "nll": nll[recipe] + (192 - s), "tokens_evaluated": 100}
-                      for s in (96, 192) for p in ("bf16", "quantized")]).to_parquet(ev / "nll.parquet")
-        pd.DataFrame([{"recipe": recipe, "step": 192, "tokens": 1920, "policy": "quantized", "aggregate": agg,
-                       "task": agg, "level": "aggregate", "metric": "acc", "value": v, "stderr": 0.02, "n": 100}
-                      for agg, v in acc[recipe].items()]).to_parquet(ev / "downstream.parquet")
-        tr = exp / "train" / recipe
-        tr.mkdir(parents=True)
-        pd.DataFrame([{"step": 0, "layer": "layers.0.mixer.in_proj", "operand": op, "blocks": 10_000,
-                       "saturated_blocks": 0, "underflow_blocks": underflow[recipe] if op == "dgrad.dy" else 0}
-                      for op in ("dgrad.dy", "wgrad.dy", "fprop.x")]).to_parquet(tr / "telemetry.parquet")
-    return exp
+def rng(*key) -> np.random.Generator:
+    """A generator seeded by a stable hash of ``key`` (Python's hash() is salted per process)."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
+
+def write_run(results: Path, recipe: str, seed: int, loss: float = 0.0, nll: float = 0.0, correct: int = 25,
+              underflow: float = 0.0, clipped: float = 0.0, own_noise: float = 0.002) -> None:
+    """One run (recipe, seed) of experiment `tiny`: loss and NLL offset by ``loss`` and ``nll`` from
+    a curve shared by every recipe of the seed, ``correct`` of ITEMS items right per task (the
+    first ones), events at the given per-step rates."""
+    train, ev = run_dir(results, "tiny", recipe, seed), eval_dir(results, "tiny", recipe, seed)
+    train.mkdir(parents=True)
+    ev.mkdir(parents=True)
+    steps = np.arange(1, STEPS + 1)
+    shared = rng("loss", seed).normal(0, 0.05, STEPS)          # the batch's difficulty: same for every recipe
+    losses = 3.0 - 0.01 * steps + shared + loss + rng("own", recipe, seed).normal(0, own_noise, STEPS)
+    pd.DataFrame({"step": steps, "tokens": steps * 100, "stage": "s1", "loss": losses}).to_parquet(
+        train / "metrics.parquet")
+    (ev / "final_loss.json").write_text(json.dumps({"final_window": 0.25, "loss": float(losses[-10:].mean()),
+                                                    "first_step": STEPS - 9, "last_step": STEPS,
+                                                    "tokens_from": 3000, "tokens_to": 4000}))
+    meta = {"recipe": recipe, "seed": seed, "tokens": 4000, "policy": "quantized"}
+    docs = []
+    for source in BLEND:
+        predicted = rng("predicted", source).integers(20, 200, DOCS)
+        base = 3.0 + rng("doc", source, seed).normal(0, 0.5, DOCS)   # per document, shared by recipes
+        for step, later in ((20, 0.5), (40, 0.0)):
+            docs += [{**meta, "step": step, "source": source, "document": d, "predicted": int(n),
+                      "nll_sum": float(n * (base[d] + later + nll))} for d, n in enumerate(predicted)]
+    docs = pd.DataFrame(docs)
+    docs.to_parquet(ev / "nll_documents.parquet")
+    nll_rows = []
+    for step, group in docs.groupby("step"):
+        per = group.groupby("source")[["nll_sum", "predicted"]].sum()
+        values = (per["nll_sum"] / per["predicted"]).to_dict()
+        values["blend"] = sum(w * values[s] for s, w in BLEND.items())
+        nll_rows += [{**meta, "step": step, "source": s, "nll": v, "tokens_evaluated": 100} for s, v in values.items()]
+    pd.DataFrame(nll_rows).to_parquet(ev / "nll.parquet")
+    items, aggregates = [], []
+    for task in ("t1", "t2"):
+        items += [{**meta, "step": 40, "aggregate": "agg", "task": task, "doc_id": i, "metric": "acc",
+                   "value": float(i < correct)} for i in range(ITEMS)]
+        aggregates.append({**meta, "step": 40, "aggregate": "agg", "task": task, "level": "task", "metric": "acc",
+                           "value": correct / ITEMS, "stderr": 0.07, "n": ITEMS})
+    aggregates.append({**meta, "step": 40, "aggregate": "agg", "task": "agg", "level": "aggregate", "metric": "acc",
+                       "value": correct / ITEMS, "stderr": 0.05, "n": 2 * ITEMS})
+    pd.DataFrame(items).to_parquet(ev / "downstream_items.parquet")
+    pd.DataFrame(aggregates).to_parquet(ev / "downstream.parquet")
+    telemetry = []
+    for step in range(STEPS):
+        for operand in ("dgrad.dy", "wgrad.dy", "fprop.x"):
+            wiggle = rng("events", recipe, seed, step, operand).uniform(0.8, 1.2)
+            small = operand != "fprop.x"
+            telemetry.append({"step": step, "layer": "layers.0.mixer.in_proj", "operand": operand,
+                              "steps_since_refresh": step % 3, "blocks": 10_000, "saturated_blocks": 0,
+                              "underflow_blocks": round(10_000 * underflow * wiggle) if small else 7,
+                              "nonzero_elements": 100_000,
+                              "clipped_elements": round(100_000 * clipped * wiggle) if small else 3})
+    pd.DataFrame(telemetry).to_parquet(train / "telemetry.parquet")
+
+
+def claims_by_id() -> dict:
+    return {c.id: c for c in load_claims(CLAIMS)[1]}
+
+
+def rows_of(claim_id: str, results: Path, seeds=(0,), recipes=("nvfp4", "ue5m3", "ue5m3_t2048")):
+    return measure(claims_by_id()[claim_id], results / "tiny", recipes, seeds, BLEND)
+
+
+# ------------------------------------------------------------------------------- the claims file
 
 def test_the_packaged_claims_file_is_valid_and_a_local_one_comes_first(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -41,6 +105,7 @@ def test_the_packaged_claims_file_is_valid_and_a_local_one_comes_first(tmp_path,
     paper, claims = load_claims(CLAIMS)
     assert "UE5M3" in paper["title"] and {c.measure for c in claims} == {
         "final_loss", "heldout_nll", "downstream", "telemetry", "throughput"}
+    assert {c.event for c in claims if c.measure == "telemetry"} == {"underflow", "saturation", "clipping"}
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "claims.yaml").write_text(CLAIMS.read_text())
     assert claims_path().resolve() == (tmp_path / "configs" / "claims.yaml").resolve()
@@ -53,36 +118,180 @@ def test_a_broken_claims_file_names_the_field(tmp_path):
         load_claims(bad)
 
 
-def test_directions_noise_and_unmeasured_claims(tmp_path):
-    exp = _results(tmp_path, losses={"nvfp4": 3.00, "ue5m3": 2.90, "ue5m3_t2048": 2.95},
-                   nll={"nvfp4": 3.5, "ue5m3": 3.6, "ue5m3_t2048": 3.6},
-                   acc={"nvfp4": {"a": 0.50, "b": 0.40}, "ue5m3": {"a": 0.60, "b": 0.40},
-                        "ue5m3_t2048": {"a": 0.5, "b": 0.5}},
-                   underflow={"nvfp4": 0, "ue5m3": 40, "ue5m3_t2048": 10})
-    _, claims = load_claims(CLAIMS)
-    recipes = ("nvfp4", "ue5m3", "ue5m3_t2048")
-    rows = {r.label: r for c in claims for r in measure(c, exp, recipes)}
-    loss = rows["final_loss"]
-    assert loss.reproduced and loss.beyond_noise and loss.difference == pytest.approx(-0.10)
-    assert math.isclose(loss.stderr, math.hypot(0.01, 0.01))
-    nll = rows["heldout_nll"]                                # last checkpoint (192), quantized policy
-    assert (nll.recipe_value, nll.baseline_value) == (3.6, 3.5) and not nll.reproduced and nll.beyond_noise is None
-    assert rows["downstream: a"].reproduced and rows["downstream: a"].beyond_noise
-    assert not rows["downstream: b"].reproduced                # a tie is not the paper's direction
+# ------------------------------------------------------------------------------- final-window loss
+
+def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, loss=-0.1)
+    (row,) = rows_of("final_loss", results)
+    k = row.comparison
+    # the shared batch noise (sd 0.05) cancels in the per-step difference: only the recipes' own
+    # noise (sd 0.002 each) is left, so the interval is tight around the offset
+    assert k.difference == pytest.approx(-0.1, abs=0.005) and k.high < 0
+    assert k.test.startswith("batch means: 10 steps") and k.units == 10
+    assert k.high - k.low < 0.02
+    assert row.verdict == SUGGESTIVE                      # one seed: an outcome of training is capped
+
+
+def test_one_seed_loss_in_the_other_direction(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, loss=+0.05)
+    (row,) = rows_of("final_loss", results)
+    assert row.verdict == OPPOSITE
+
+
+def test_seeds_give_a_seed_level_test_that_can_reproduce(tmp_path):
+    results = tmp_path / "results"
+    for seed in (0, 1, 2):
+        write_run(results, "nvfp4", seed)
+        write_run(results, "ue5m3", seed, loss=-0.1)
+    (row,) = rows_of("final_loss", results, seeds=(0, 1, 2))
+    k = row.comparison
+    assert k.test == "paired t over 3 seeds" and k.units == 3
+    assert k.difference == pytest.approx(-0.1, abs=0.005)
+    assert row.verdict == REPRODUCED
+    finals = {r: [json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
+                  for s in (0, 1, 2)] for r in ("ue5m3", "nvfp4")}
+    assert row.recipe_value == pytest.approx(np.mean(finals["ue5m3"]))
+    assert row.baseline_value == pytest.approx(np.mean(finals["nvfp4"]))
+
+
+def test_two_seeds_give_the_t_interval_of_their_differences(tmp_path):
+    """With two seeds, d_s = final loss(ue5m3, s) − final loss(nvfp4, s): the interval is
+    mean(d) ± t_{0.975, 1} · |d_0 − d_1| / 2 (12.706: the price of two seeds)."""
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_run(results, "nvfp4", seed, own_noise=0.3)
+        write_run(results, "ue5m3", seed, loss=-0.01, own_noise=0.3)
+    (row,) = rows_of("final_loss", results, seeds=(0, 1))
+    final = {(r, s): json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
+             for r in ("ue5m3", "nvfp4") for s in (0, 1)}
+    d = [final["ue5m3", s] - final["nvfp4", s] for s in (0, 1)]
+    half = 12.7062047 * abs(d[0] - d[1]) / 2
+    k = row.comparison
+    assert k.difference == pytest.approx(np.mean(d))
+    assert (k.low, k.high) == (pytest.approx(np.mean(d) - half), pytest.approx(np.mean(d) + half))
+    assert row.verdict == (REPRODUCED if k.high < 0 else WITHIN_NOISE if k.difference < 0 else OPPOSITE)
+
+
+# ------------------------------------------------------------------------------------ held-out NLL
+
+def test_one_seed_nll_bootstraps_documents_at_the_last_checkpoint(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, nll=-0.02)
+    (row,) = rows_of("heldout_nll", results)
+    k = row.comparison
+    # each document's NLL is the baseline's minus 0.02 exactly: the blend difference is -0.02 and
+    # so is every resample's (the bootstrap draws the same documents for both recipes)
+    assert k.difference == pytest.approx(-0.02, abs=1e-9)
+    assert k.low == pytest.approx(-0.02, abs=1e-9) and k.high == pytest.approx(-0.02, abs=1e-9)
+    assert k.test.startswith(f"paired bootstrap over {2 * DOCS} documents") and k.units == 2 * DOCS
+    assert "at step 40" in row.note
+    assert row.verdict == SUGGESTIVE
+
+
+def test_nll_bootstrap_width_follows_the_per_document_noise(tmp_path):
+    """Per-document differences of sd 0.1 over 120 documents: the 95% interval of the blend
+    difference is about ±1.96 · 0.1 · sqrt(0.4² / 60 + 0.6² / 60) ≈ ±0.018 wide on each side."""
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0)
+    path = eval_dir(results, "tiny", "ue5m3", 0) / "nll_documents.parquet"
+    docs = pd.read_parquet(path)
+    noise = rng("doc noise").normal(0, 0.1, len(docs))
+    docs["nll_sum"] += noise * docs["predicted"]
+    docs.to_parquet(path)
+    (row,) = rows_of("heldout_nll", results)
+    half = (row.comparison.high - row.comparison.low) / 2
+    assert 0.012 < half < 0.026
+    assert row.verdict in (WITHIN_NOISE, OPPOSITE, SUGGESTIVE)
+
+
+def test_a_missing_document_table_is_not_measured_and_named(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, nll=-0.02)
+    (eval_dir(results, "tiny", "ue5m3", 0) / "nll_documents.parquet").unlink()
+    (row,) = rows_of("heldout_nll", results)
+    assert not row.measured and row.note.startswith("not measured") and "nll_documents.parquet" in row.note
+
+
+# -------------------------------------------------------------------------------------- downstream
+
+def test_one_seed_downstream_is_a_paired_item_test(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0, correct=20)
+    write_run(results, "ue5m3", 0, correct=30)
+    (row,) = rows_of("downstream", results)
+    k = row.comparison
+    assert row.label == "downstream: agg"
+    assert k.difference == pytest.approx(10 / ITEMS)
+    # d is 1 on items 20..29 and 0 elsewhere, in each task: var(d) = 10·40/(50·49), two tasks of
+    # weight 1/2: SE = sqrt(2 · 1/4 · var/50)
+    var = 10 * 40 / (ITEMS * (ITEMS - 1))
+    assert k.stderr == pytest.approx(np.sqrt(2 * 0.25 * var / ITEMS))
+    assert k.units == 2 * ITEMS and row.verdict == SUGGESTIVE
+
+
+def test_downstream_with_seeds_uses_the_aggregate_per_seed(tmp_path):
+    results = tmp_path / "results"
+    for seed, (b, a) in enumerate(((20, 30), (22, 30), (21, 29))):
+        write_run(results, "nvfp4", seed, correct=b)
+        write_run(results, "ue5m3", seed, correct=a)
+    (row,) = rows_of("downstream", results, seeds=(0, 1, 2))
+    assert row.comparison.test == "paired t over 3 seeds"
+    assert row.comparison.difference == pytest.approx((10 + 8 + 8) / 3 / ITEMS)
+    assert row.verdict == REPRODUCED
+
+
+# ---------------------------------------------------------------------------------------- telemetry
+
+def test_telemetry_rates_are_paired_per_step_and_not_capped(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "ue5m3", 0, underflow=0.004, clipped=0.001)
+    write_run(results, "ue5m3_t2048", 0, underflow=0.001, clipped=0.002)
+    rows = {c: rows_of(c, results)[0] for c in ("t2048_underflow", "t2048_saturation", "t2048_clipping")}
     under = rows["t2048_underflow"]
-    assert (under.recipe_value, under.baseline_value) == (10 / 20_000, 40 / 20_000) and under.reproduced
+    tele = {r: pd.read_parquet(run_dir(results, "tiny", r, 0) / "telemetry.parquet") for r in ("ue5m3", "ue5m3_t2048")}
+    dy = {r: t[t["operand"].isin(["dgrad.dy", "wgrad.dy"])] for r, t in tele.items()}
+    assert under.recipe_value == pytest.approx(dy["ue5m3_t2048"]["underflow_blocks"].sum() / (80 * 10_000))
+    assert under.baseline_value == pytest.approx(dy["ue5m3"]["underflow_blocks"].sum() / (80 * 10_000))
+    assert under.comparison.test.startswith("batch means: 40 steps")
+    per_step = {r: t.groupby("step")["underflow_blocks"].sum() / 20_000 for r, t in dy.items()}
+    assert under.comparison.difference == pytest.approx((per_step["ue5m3_t2048"] - per_step["ue5m3"]).mean())
+    assert under.verdict == REPRODUCED                    # a mechanism, not an outcome: no seed cap
+    clip = rows["t2048_clipping"]
+    assert clip.recipe_value == pytest.approx(dy["ue5m3_t2048"]["clipped_elements"].sum() / (80 * 100_000))
+    assert clip.verdict == OPPOSITE
     assert rows["t2048_saturation"].note.startswith("not resolved: no saturation events")
-    assert rows["throughput_no_rht_no_bf16_tail"].note.startswith("not measured")
 
 
-def test_write_report_writes_markdown_with_figure_links(tmp_path, monkeypatch):
-    _results(tmp_path, losses={r: 3.0 for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")},
-             nll={r: 3.0 for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")},
-             acc={r: {"a": 0.5} for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")},
-             underflow={r: 1 for r in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")})
+def test_unmeasured_claims_say_why(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0)
+    (absent,) = rows_of("t2048_underflow", results, recipes=("nvfp4", "ue5m3"))
+    assert absent.note == "not measured: recipe(s) ue5m3_t2048 not in this experiment"
+    (missing,) = rows_of("final_loss", results, seeds=(0, 1))
+    assert missing.note.startswith("not measured") and "seed1" in missing.note
+    (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results,
+                            recipes=("nvfp4", "nvfp4_no_rht_no_bf16_tail"))
+    assert throughput.note.startswith("not measured")
+
+
+def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_first_last_bf16"):
+        write_run(results, recipe, 0, loss=-0.1 if recipe == "ue5m3" else 0.0, underflow=0.002, clipped=0.001)
     monkeypatch.chdir(tmp_path)
     write_report(load_study("tiny"), "claims", "paper/tiny/report.md", figures=["figures/tiny/loss.png"])
     text = (tmp_path / "paper/tiny/report.md").read_text()
-    assert "from experiment `tiny`" in text and "1,078,464 parameters" in text
+    assert "from experiment `tiny`" in text and "1,078,464 parameters" in text and "1 seed(s) per recipe" in text
     assert "![loss](../../figures/tiny/loss.png)" in text
-    assert "| throughput_no_rht_no_bf16_tail | +21.2% tokens/s |" in text
+    assert "| throughput_no_rht_no_bf16_tail | more model-body tokens/s (+21.2% tokens/s) |" in text
+    loss_line = next(line for line in text.splitlines() if line.startswith("| final_loss |"))
+    assert "batch means" in loss_line and f"**{SUGGESTIVE}**" in loss_line
+    assert "Mechanism: an element clipped at ±6" in text

@@ -51,7 +51,8 @@ def document_difference(recipe: pd.DataFrame, baseline: pd.DataFrame, blend: dic
     documents, weights renormalised over the sources with weight > 0 that were scored."""
     keys = ["source", "document"]
     joined = recipe.set_index(keys)[["nll_sum", "predicted"]].join(
-        baseline.set_index(keys)[["nll_sum", "predicted"]], lsuffix="_a", rsuffix="_b", how="inner")
+        baseline.set_index(keys)[["nll_sum", "predicted"]].add_suffix("_b"), how="inner").rename(
+        columns={"nll_sum": "nll_sum_a", "predicted": "predicted_a"})
     sources = joined.index.get_level_values("source").astype(str).to_numpy()
     used = {s: w for s, w in blend.items() if w > 0 and s in set(sources)}
     if not used:
