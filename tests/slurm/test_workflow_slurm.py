@@ -78,13 +78,14 @@ def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, sl
 def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
     workdir, _, _ = slurm_run
     for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048"):
-        for table, drop in (("train/{}/metrics.parquet", ["tokens_per_s"]), ("train/{}/telemetry.parquet", []),
-                            ("eval/{}/nll.parquet", []), ("eval/{}/downstream.parquet", [])):
+        for table, drop in (("train/{}/seed0/metrics.parquet", ["tokens_per_s"]),
+                            ("train/{}/seed0/telemetry.parquet", []), ("eval/{}/seed0/nll.parquet", []),
+                            ("eval/{}/seed0/nll_documents.parquet", []), ("eval/{}/seed0/downstream.parquet", [])):
             rel = Path("results/smoke") / table.format(recipe)
             a = pd.read_parquet(workdir / rel).drop(columns=drop)
             b = pd.read_parquet(smoke_run / rel).drop(columns=drop)
             pd.testing.assert_frame_equal(a, b, check_exact=True, obj=str(rel))
-        rel = Path(f"results/smoke/eval/{recipe}/final_loss.json")
+        rel = Path(f"results/smoke/eval/{recipe}/seed0/final_loss.json")
         a, b = (json.loads((root / rel).read_text()) for root in (workdir, smoke_run))
         assert a.pop("provenance")["created"] and b.pop("provenance")    # when and where differ
         assert a == b
@@ -102,7 +103,7 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
     longer = text.replace("tokens: 4096", "tokens: 20480").replace("resume_every: 4", "resume_every: 5")
     exp = tmp_path / "smoke.yaml"                    # same name: reuses the prepared data of the run above
     exp.write_text(longer)
-    target = "results/smoke/train/bf16/done.json"
+    target = "results/smoke/train/bf16/seed0/done.json"
     run_dir = tmp_path / "run"
     (run_dir / "results/smoke").mkdir(parents=True)
     (run_dir / "results/smoke/data").symlink_to(workdir / "results/smoke/data")
@@ -112,7 +113,7 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
     proc = subprocess.Popen(
         snakemake.command(run_dir, *args), env={**slurm_profile_env, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_folder = run_dir / "results/smoke/train/bf16"
+    run_folder = run_dir / "results/smoke/train/bf16/seed0"
     try:
         deadline = time.monotonic() + 180
         while not any(run_folder.glob("runs/*/resume/resume_*.pt.sha256")):
@@ -128,9 +129,9 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
     assert not (run_dir / target).exists()
 
     snakemake(run_dir, *args, env=slurm_profile_env)
-    log = (run_dir / "logs/smoke/train/bf16.log").read_text()
+    log = (run_dir / "logs/smoke/train/bf16/seed0.log").read_text()
     resumed = int(re.search(r"resuming from step (\d+) of 88", log).group(1))
     assert resumed >= 5 and resumed % 5 == 0
-    metrics = pd.read_parquet(run_dir / "results/smoke/train/bf16/metrics.parquet")
+    metrics = pd.read_parquet(run_dir / "results/smoke/train/bf16/seed0/metrics.parquet")
     assert metrics["step"].tolist() == list(range(1, 89))
     assert (metrics["attempt"] == (metrics["step"] > resumed).astype(int)).all()   # only the rest ran again

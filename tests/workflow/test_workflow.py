@@ -20,10 +20,11 @@ CHAIN = {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1, "figure_d
          "figure_telemetry": 1, "report": 1, "all": 1}
 
 
-@pytest.mark.parametrize("experiment, recipes", [("tiny", 5), ("paper8b", 5), ("smoke", 4)])
-def test_dry_run_plans_the_whole_study(tmp_path, experiment, recipes, snakemake):
+@pytest.mark.parametrize("experiment, runs", [("tiny", 5), ("paper8b", 5 * 3), ("smoke", 4)])
+def test_dry_run_plans_the_whole_study(tmp_path, experiment, runs, snakemake):
+    """One training and one evaluation job per recipe and seed (paper8b: 5 recipes × 3 seeds)."""
     jobs = snakemake.planned_jobs(snakemake(tmp_path, "-n", "--config", f"experiment={experiment}"))
-    assert jobs == {"prepare_data": 1, "train": recipes, "evaluate": recipes, "figure_loss": 1, "figure_nll": 1,
+    assert jobs == {"prepare_data": 1, "train": runs, "evaluate": runs, "figure_loss": 1, "figure_nll": 1,
                     "figure_downstream": 1, "figure_telemetry": 1, "report": 1, "all": 1}
 
 
@@ -79,9 +80,9 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
     for name in FIGURES:
         assert f"![{name}](../../figures/smoke/{name}.png)" in report
     for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048"):
-        done = json.loads((smoke_run / f"results/smoke/train/{recipe}/done.json").read_text())
+        done = json.loads((smoke_run / f"results/smoke/train/{recipe}/seed0/done.json").read_text())
         assert done["steps"] == 24 and len(done["checkpoints"]) == 3
-        nll = pd.read_parquet(smoke_run / f"results/smoke/eval/{recipe}/nll.parquet")
+        nll = pd.read_parquet(smoke_run / f"results/smoke/eval/{recipe}/seed0/nll.parquet")
         assert sorted(set(nll["step"])) == [8, 16, 24] and set(nll["policy"]) == {"bf16", "quantized"}
     assert snakemake.planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}
 
@@ -120,7 +121,7 @@ def test_editing_a_recipe_reruns_exactly_its_chain_and_a_touch_nothing(smoke_run
     assert snakemake.planned_jobs(plan) == {**CHAIN, "train": 2, "evaluate": 2}
     assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3", "ue5m3_t2048"}
     snakemake(work, "--cores", "2", "--config", "experiment=smoke")
-    done = json.loads((work / "results/smoke/train/ue5m3_t2048/done.json").read_text())
+    done = json.loads((work / "results/smoke/train/ue5m3_t2048/seed0/done.json").read_text())
     assert done["recipe_files"] == [str(PACKAGED / "recipes/ue5m3_t2048.yaml"), str(local.resolve())]
     local.touch()
     assert snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=smoke")) == {}
