@@ -299,20 +299,43 @@ def _cmd_explain(args) -> int:
     return 0
 
 
+def _blend_option(text: str) -> dict[str, float]:
+    """--blend prose=0.4,code=0.6 -> {"prose": 0.4, "code": 0.6}."""
+    from fp4repro.errors import ConfigError
+
+    weights = {}
+    for part in text.split(","):
+        source, _, weight = part.partition("=")
+        try:
+            weights[source.strip()] = float(weight)
+        except ValueError:
+            weights[source.strip()] = float("nan")
+        if not source.strip() or not weights[source.strip()] >= 0:
+            raise ConfigError(f"--blend {text!r}: expected SOURCE=WEIGHT,... with weights >= 0, "
+                              "e.g. prose=0.4,code=0.6")
+    return weights
+
+
 def _cmd_plot(args) -> int:
     from fp4repro.errors import ConfigError
-    from fp4repro.plots import plot_figure
-    from fp4repro.plots.common import experiment_of
+    from fp4repro.plots import OPTIONS, plot_figure
+    from fp4repro.results import experiment_of
 
     out = args.out
     if out is None:
         experiments = {experiment_of(Path(p)) for p in args.inputs}
         if len(experiments) != 1 or None in experiments:
-            raise ConfigError("cannot tell the experiment from the input paths (expected results/<experiment>/...); "
-                             "pass --out figures/<experiment>/<figure>.png")
+            raise ConfigError("cannot tell the experiment from the input paths (expected "
+                              "results/<experiment>/<train|eval>/<recipe>/seed<seed>/...); "
+                              "pass --out figures/<experiment>/<figure>.png")
         out = f"figures/{experiments.pop()}/{args.figure}.png"
-    options = {"final_window": args.final_window} if args.figure == "loss" else {}
-    plot_figure(args.figure, [Path(p) for p in args.inputs], Path(out), **options)
+    given = {"final_window": args.final_window, "baseline": args.baseline,
+             "blend": _blend_option(args.blend) if args.blend is not None else None}
+    given = {k: v for k, v in given.items() if v is not None}
+    extra = [k for k in given if k not in OPTIONS[args.figure]]
+    if extra:
+        raise ConfigError(f"figure {args.figure!r} takes no {', '.join('--' + k.replace('_', '-') for k in extra)}")
+    plot_figure(args.figure, [Path(p) for p in args.inputs], Path(out), **given)
     print(f"wrote {out} and {Path(out).with_suffix('.pdf')}")
     return 0
 
@@ -465,8 +488,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="draw one figure (PNG and PDF) from results files",
                         description="Draw one figure of the study from files of the results layout (the recipe\n"
-                                    "of an input is the name of its folder) and write it as PNG and, beside it,\n"
-                                    "PDF, each atomically. Figures and the inputs each takes:\n\n" + figure_help(),
+                                    "and seed of an input are those of its folders, <recipe>/seed<s>/) and write it\n"
+                                    "as PNG and, beside it, PDF, each atomically. Figures and the inputs each\n"
+                                    "takes:\n\n" + figure_help(),
                         epilog="example: fp4repro plot loss --out figures/tiny/loss.png "
                                "results/tiny/train/*/seed*/metrics.parquet results/tiny/eval/*/seed*/final_loss.json",
                         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -477,6 +501,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--final-window", type=float, default=None,
                     help="loss only: fraction W of training tokens in the final window, for recipes without "
                          "final_loss.json (default: a given final_loss.json's W, else the experiment config's)")
+    pl.add_argument("--baseline", default=None, metavar="RECIPE",
+                    help="loss, nll, downstream: the recipe the paired differences are taken from (default: nvfp4 "
+                         "when among the inputs, else the first recipe of the study's order present)")
+    pl.add_argument("--blend", default=None, metavar="SOURCE=W,...",
+                    help="nll only: the final stage's blend weights for the one-seed document bootstrap, e.g. "
+                         "prose=0.4,code=0.6 (default: the experiment config's)")
     pl.set_defaults(func=_cmd_plot)
 
     b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",

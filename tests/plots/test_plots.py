@@ -1,83 +1,151 @@
-"""fp4repro.plots: every figure from small inputs in the real schema (written by the project's own
-writers), valid PNG + PDF out, clear errors for bad inputs."""
+"""fp4repro.plots: every figure from small inputs in the real schema and the seed layout (written by
+the project's own writers), valid PNG + PDF out, clear errors for bad inputs, and the paired
+differences drawn equal to those ``fp4repro.paired`` / ``fp4repro.statistics`` compute."""
 
 import json
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from fp4repro.cli import main
-from fp4repro.eval.downstream import group_name, result_rows
+from fp4repro.eval.downstream import group_name, item_rows, result_rows
 from fp4repro.eval.loss import final_window_loss
-from fp4repro.plots import FIGURE_INPUTS, FIGURES, PlotError, plot_figure
-from fp4repro.results import DOWNSTREAM_COLUMNS, NLL_COLUMNS
+from fp4repro.paired import document_difference, item_difference, step_difference
+from fp4repro.plots import FIGURE_INPUTS, FIGURES, OPTIONS, PlotError, plot_figure
+from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS,
+                              event_rates)
+from fp4repro.statistics import seed_level
 from fp4repro.train.loop import METRICS, TELEMETRY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECIPES = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048")
 OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
-STEPS, TOKENS_PER_STEP, CHECKPOINTS = 40, 256, (20, 40)
+HELD = ("fprop.x", "dgrad.dy", "wgrad.dy")       # operands with a held amax (periodic scaling), refreshed every 5
+STEPS, TOKENS_PER_STEP, CHECKPOINTS, REFRESH = 40, 256, (20, 40), 5
+# loss offset of each recipe: ue5m3 is nvfp4 − 0.1 at every step of every seed (no noise of its own)
+OFFSET = {"bf16": -0.05, "nvfp4": 0.0, "ue5m3": -0.1, "ue5m3_t2048": 0.03}
+NOISY = {"bf16", "ue5m3_t2048"}                  # recipes with noise of their own on top of the seed's
+BLEND = {"prose": 0.4, "code": 0.6}
+DOCUMENTS, ITEMS = 30, 20
+AGGREGATES = {"prose_next_line": ["fp4repro_prose_next_line"], "cloze": ["fp4repro_prose_cloze", "fp4repro_code_cloze"]}
 
 
-def _metrics(k: int) -> list[dict]:
+def _rng(*key) -> np.random.Generator:
+    return np.random.default_rng([zlib.crc32(str(k).encode()) for k in key])
+
+
+def _metrics(recipe: str, seed: int) -> list[dict]:
+    shared = _rng("loss", seed).normal(0, 0.05, STEPS)            # the seed's batches: shared by every recipe
+    own = _rng("loss", recipe, seed).normal(0, 0.03, STEPS) if recipe in NOISY else np.zeros(STEPS)
     return [{"step": s, "tokens": s * TOKENS_PER_STEP, "stage": "stage1" if s <= 30 else "stage2",
-             "loss": 7.0 - 2.5 * s / STEPS + 0.05 * k + 0.1 * ((s * 7) % 5 - 2) / 2, "lr": 1e-3,
-             "grad_norm": 1.0, "tokens_per_s": 1000.0} for s in range(1, STEPS + 1)]
+             "loss": 7.0 - 2.5 * s / STEPS + OFFSET[recipe] + shared[s - 1] + own[s - 1], "lr": 1e-3,
+             "grad_norm": 1.0, "tokens_per_s": 1000.0, "attempt": 0} for s in range(1, STEPS + 1)]
 
 
-def _telemetry(recipe: str) -> list[dict]:
+def _telemetry(recipe: str, seed: int) -> list[dict]:
     if recipe == "bf16":
         return []
     rows = []
-    for step in range(0, STEPS, 10):
+    for step in range(0, STEPS, 3):                               # coprime with the refresh: every phase seen
         for layer in ("layers.0.mixer.fc1", "layers.0.mixer.fc2"):
             for i, op in enumerate(OPERANDS):
-                under = (step // 10 + i) % 3 if op.endswith(".dy") and recipe != "ue5m3_t2048" else 0
-                rows.append({"step": step, "layer": layer, "operand": op, "blocks": 1024, "saturated_blocks": 0,
-                             "underflow_blocks": under, "nonzero_elements": 16384, "zeroed_elements": 10,
+                phase = step % REFRESH if op in HELD else 0
+                dy = op.endswith(".dy")
+                under = (phase + i + seed) % 3 + (2 * phase if dy and recipe != "ue5m3_t2048" else 0) if dy else 0
+                rows.append({"step": step, "layer": layer, "operand": op, "steps_since_refresh": phase,
+                             "blocks": 1024, "saturated_blocks": 0, "underflow_blocks": under,
+                             "nonzero_elements": 16384, "zeroed_elements": 10,
+                             "clipped_elements": phase + (3 if recipe == "nvfp4" else 1) if op in HELD else 0,
                              "nonfinite_blocks": 0, "sq_error": 0.1, "sq_norm": 10.0, "amax_ratio": 1.0,
                              "rel_error": 0.1})
     return rows
 
 
-def _lm_eval_results(step: int, k: int) -> dict:
-    """An lm-eval results dict as simple_evaluate returns it for two aggregates."""
-    tasks = {"prose_next_line": ["fp4repro_prose_next_line"], "cloze": ["fp4repro_prose_cloze", "fp4repro_code_cloze"]}
-    results, subtasks = {}, {}
-    for agg, names in tasks.items():
-        score = 0.25 + 0.002 * step + 0.01 * k
-        results[group_name(agg)] = {"alias": agg, "acc,none": score, "acc_stderr,none": 0.03}
-        subtasks[group_name(agg)] = names
+def _lm_eval_results(recipe: str, seed: int, step: int) -> dict:
+    """An lm-eval results dict as simple_evaluate returns it for two aggregates, with logged samples."""
+    k = RECIPES.index(recipe)
+    results, subtasks, samples = {}, {}, {}
+    for agg, names in AGGREGATES.items():
+        scores = []
         for name in names:
-            results[name] = {"alias": name, "acc,none": score, "acc_stderr,none": 0.03, "acc_norm,none": score,
-                             "acc_norm_stderr,none": 0.03}
-    return {"results": results, "group_subtasks": subtasks,
-            "n-samples": {n: {"effective": 50} for names in tasks.values() for n in names}}
+            p = 0.25 + 0.004 * step + 0.03 * k
+            outcomes = (_rng("items", recipe, seed, step, name).random(ITEMS) < p).astype(float)
+            samples[name] = [{"doc_id": i, "metrics": ["acc"], "acc": v} for i, v in enumerate(outcomes)]
+            score = float(outcomes.mean())
+            scores.append(score)
+            results[name] = {"alias": name, "acc,none": score, "acc_stderr,none": 0.1}
+        results[group_name(agg)] = {"alias": agg, "acc,none": float(np.mean(scores)), "acc_stderr,none": 0.08}
+        subtasks[group_name(agg)] = names
+    return {"results": results, "group_subtasks": subtasks, "samples": samples,
+            "n-samples": {n: {"effective": ITEMS} for names in AGGREGATES.values() for n in names}}
+
+
+def _nll(recipe: str, seed: int) -> tuple[list[dict], list[dict]]:
+    """nll.parquet rows (per source and the blend) computed from nll_documents.parquet rows."""
+    k = RECIPES.index(recipe)
+    nll, documents = [], []
+    for step in CHECKPOINTS:
+        for policy in ("bf16", "quantized"):
+            meta = {"recipe": recipe, "seed": seed, "step": step, "tokens": step * TOKENS_PER_STEP, "policy": policy}
+            per_source = {}
+            for source, level in (("prose", 6.0), ("code", 5.0)):
+                predicted = 50 + np.arange(DOCUMENTS) % 7 * 10
+                per_token = (level - 0.02 * step + 0.01 * k + _rng("doc", source, seed).normal(0, 0.3, DOCUMENTS)
+                             + _rng("doc", recipe, source, seed, step, policy).normal(0, 0.05, DOCUMENTS))
+                documents += [{**meta, "source": source, "document": d, "nll_sum": float(per_token[d] * predicted[d]),
+                               "predicted": int(predicted[d])} for d in range(DOCUMENTS)]
+                per_source[source] = (float((per_token * predicted).sum() / predicted.sum()), int(predicted.sum()))
+            per_source["blend"] = (sum(w * per_source[s][0] for s, w in BLEND.items()),
+                                   sum(per_source[s][1] for s in BLEND))
+            nll += [{**meta, "source": s, "nll": v, "tokens_evaluated": n} for s, (v, n) in per_source.items()]
+    return nll, documents
+
+
+def write_results(root: Path, seeds) -> Path:
+    """results/toy/{train,eval}/<recipe>/seed<s>/... for four recipes, written as the project writes them."""
+    exp = root / "results" / "toy"
+    for recipe in RECIPES:
+        for seed in seeds:
+            train, ev = exp / "train" / recipe / f"seed{seed}", exp / "eval" / recipe / f"seed{seed}"
+            train.mkdir(parents=True)
+            ev.mkdir(parents=True)
+            pd.DataFrame(_metrics(recipe, seed), columns=METRICS).to_parquet(train / "metrics.parquet", index=False)
+            pd.DataFrame(_telemetry(recipe, seed), columns=TELEMETRY).to_parquet(train / "telemetry.parquet",
+                                                                                  index=False)
+            summary = {"experiment": "toy", "recipe": recipe, "seed": seed,
+                       **final_window_loss(train / "metrics.parquet", 0.25)}
+            (ev / "final_loss.json").write_text(json.dumps(summary))
+            nll, documents = _nll(recipe, seed)
+            pd.DataFrame(nll, columns=list(NLL_COLUMNS)).to_parquet(ev / "nll.parquet", index=False)
+            pd.DataFrame(documents, columns=list(NLL_DOCUMENT_COLUMNS)).to_parquet(ev / "nll_documents.parquet",
+                                                                                   index=False)
+            down, items = [], []
+            for step in CHECKPOINTS:
+                for policy in ("bf16", "quantized"):
+                    meta = {"recipe": recipe, "seed": seed, "step": step, "tokens": step * TOKENS_PER_STEP,
+                            "policy": policy}
+                    lm_eval = _lm_eval_results(recipe, seed, step)
+                    down += result_rows(lm_eval, meta)
+                    items += item_rows(lm_eval, meta)
+            pd.DataFrame(down, columns=list(DOWNSTREAM_COLUMNS)).to_parquet(ev / "downstream.parquet", index=False)
+            pd.DataFrame(items, columns=list(DOWNSTREAM_ITEM_COLUMNS)).to_parquet(ev / "downstream_items.parquet",
+                                                                                  index=False)
+    return exp
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> Path:
-    """results/toy/{train,eval}/<recipe>/... for four recipes, written as the project writes them."""
-    root = tmp_path_factory.mktemp("plots") / "results" / "toy"
-    for k, recipe in enumerate(RECIPES):
-        train, ev = root / "train" / recipe, root / "eval" / recipe
-        train.mkdir(parents=True)
-        ev.mkdir(parents=True)
-        pd.DataFrame(_metrics(k), columns=METRICS).to_parquet(train / "metrics.parquet", index=False)
-        pd.DataFrame(_telemetry(recipe), columns=TELEMETRY).to_parquet(train / "telemetry.parquet", index=False)
-        summary = {"experiment": "toy", "recipe": recipe, **final_window_loss(train / "metrics.parquet", 0.1)}
-        (ev / "final_loss.json").write_text(json.dumps(summary))
-        nll, down = [], []
-        for step in CHECKPOINTS:
-            for policy in ("bf16", "quantized"):
-                meta = {"recipe": recipe, "step": step, "tokens": step * TOKENS_PER_STEP, "policy": policy}
-                for source, v in (("prose", 6.0), ("code", 5.0), ("blend", 5.5)):
-                    nll.append({**meta, "source": source, "nll": v - 0.02 * step + 0.01 * k, "tokens_evaluated": 99})
-                down += result_rows(_lm_eval_results(step, k), meta)
-        pd.DataFrame(nll, columns=list(NLL_COLUMNS)).to_parquet(ev / "nll.parquet", index=False)
-        pd.DataFrame(down, columns=list(DOWNSTREAM_COLUMNS)).to_parquet(ev / "downstream.parquet", index=False)
-    return root
+    """One seed per recipe (as the tiny run)."""
+    return write_results(tmp_path_factory.mktemp("plots"), (0,))
+
+
+@pytest.fixture(scope="module")
+def results_seeds(tmp_path_factory) -> Path:
+    """Three seeds per recipe."""
+    return write_results(tmp_path_factory.mktemp("plots3"), (0, 1, 2))
 
 
 @pytest.fixture(autouse=True)
@@ -88,10 +156,17 @@ def low_dpi(monkeypatch):
     monkeypatch.setattr(fp4repro.plots.common, "PNG_DPI", 50)
 
 
-def inputs_of(root: Path, figure: str) -> list[Path]:
-    files = {"loss": ["train/{r}/metrics.parquet", "eval/{r}/final_loss.json"], "nll": ["eval/{r}/nll.parquet"],
-             "downstream": ["eval/{r}/downstream.parquet"], "telemetry": ["train/{r}/telemetry.parquet"]}[figure]
-    return [root / f.format(r=r) for f in files for r in RECIPES]
+FILES = {"loss": ["train/{r}/seed{s}/metrics.parquet", "eval/{r}/seed{s}/final_loss.json"],
+         "nll": ["eval/{r}/seed{s}/nll.parquet", "eval/{r}/seed{s}/nll_documents.parquet"],
+         "downstream": ["eval/{r}/seed{s}/downstream.parquet", "eval/{r}/seed{s}/downstream_items.parquet"],
+         "telemetry": ["train/{r}/seed{s}/telemetry.parquet"]}
+# what a figure needs besides its files here: the toy experiment has no config to read the blend from
+EXTRA = {"nll": {"blend": BLEND}}
+
+
+def inputs_of(root: Path, figure: str, recipes=RECIPES) -> list[Path]:
+    seeds = sorted(int(p.name[4:]) for p in (root / "train" / RECIPES[0]).iterdir())
+    return [root / f.format(r=r, s=s) for f in FILES[figure] for r in recipes for s in seeds]
 
 
 def assert_figure(png: Path) -> None:
@@ -101,69 +176,256 @@ def assert_figure(png: Path) -> None:
     assert not [p for p in png.parent.iterdir() if p.name.endswith(".tmp")]   # atomic: no temp files left
 
 
+def axis(fig, label: str):
+    found = [ax for ax in fig.axes if ax.get_label() == label]
+    assert len(found) == 1, f"no single axes {label!r} among {[ax.get_label() for ax in fig.axes]}"
+    return found[0]
+
+
+def artist(ax, gid: str):
+    found = [a for a in [*ax.lines, *ax.collections, *ax.patches] if a.get_gid() == gid]
+    assert len(found) == 1, f"no single artist {gid!r} in {ax.get_label()!r}"
+    return found[0]
+
+
 @pytest.mark.parametrize("figure", sorted(FIGURES))
 def test_figure_writes_png_and_pdf(results, tmp_path, figure):
     out = tmp_path / "figs" / f"{figure}.png"
-    done = results / "train" / "ue5m3" / "done.json"     # a workflow may list it: accepted, ignored
+    done = results / "train" / "ue5m3" / "seed0" / "done.json"     # a workflow may list it: accepted, ignored
     done.write_text("{}")
-    plot_figure(figure, inputs_of(results, figure) + [done], out)
+    plot_figure(figure, inputs_of(results, figure) + [done], out, **EXTRA.get(figure, {}))
     assert_figure(out)
+
+
+@pytest.mark.parametrize("figure", sorted(FIGURES))
+def test_figure_from_several_seeds_draws_the_mean(results_seeds, tmp_path, figure):
+    out = tmp_path / f"{figure}.png"
+    fig = plot_figure(figure, inputs_of(results_seeds, figure), out)   # several seeds: no blend needed
+    assert_figure(out)
+    if figure == "loss":      # the bold line is the mean over seeds of the smoothed per-seed curves
+        from fp4repro.plots.loss import smooth, smoothing_window
+
+        curves = [pd.DataFrame(_metrics("ue5m3_t2048", s)).set_index("step")["loss"] for s in (0, 1, 2)]
+        expected = np.mean([smooth(c, smoothing_window(STEPS)).to_numpy() for c in curves], axis=0)
+        np.testing.assert_allclose(artist(axis(fig, "loss"), "loss:ue5m3_t2048").get_ydata(), expected)
+
+
+def test_a_path_outside_the_seed_layout_is_named(results, tmp_path):
+    old = tmp_path / "results" / "toy" / "eval" / "ue5m3" / "nll.parquet"    # the layout before seeds
+    old.parent.mkdir(parents=True)
+    old.write_bytes((results / "eval/ue5m3/seed0/nll.parquet").read_bytes())
+    with pytest.raises(PlotError) as err:
+        plot_figure("nll", inputs_of(results, "nll", ("nvfp4",)) + [old], tmp_path / "x.png", blend=BLEND)
+    assert str(old) in str(err.value) and "<recipe>/seed<seed>/nll.parquet" in str(err.value)
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_two_files_of_one_run_are_an_error(results, tmp_path):
+    twin = tmp_path / "results" / "other" / "train" / "ue5m3" / "seed0" / "metrics.parquet"
+    twin.parent.mkdir(parents=True)
+    twin.write_bytes((results / "train/ue5m3/seed0/metrics.parquet").read_bytes())
+    with pytest.raises(PlotError, match=r"a second metrics.parquet for recipe 'ue5m3' seed 0") as err:
+        plot_figure("loss", inputs_of(results, "loss") + [twin], tmp_path / "x.png")
+    assert str(twin) in str(err.value)
+
+
+def test_loss_difference_is_the_paired_per_step_difference(results, tmp_path):
+    """ue5m3's loss is nvfp4's − 0.1 at every step: its difference line is −0.1 throughout; the
+    final-window box of a noisy recipe is the batch-means interval of its final-window steps."""
+    fig = plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png")
+    ax = axis(fig, "difference")
+    line = artist(ax, "difference:ue5m3")
+    np.testing.assert_allclose(line.get_ydata(), -0.1, atol=1e-9)
+    np.testing.assert_array_equal(line.get_xdata(), np.arange(1, STEPS + 1) * TOKENS_PER_STEP)
+    assert "batch means" in ax.get_title() and "nvfp4" in ax.get_title()
+    assert {a.get_gid() for a in ax.lines if a.get_gid()} == {f"difference:{r}" for r in ("bf16", "ue5m3",
+                                                                                           "ue5m3_t2048")}
+    window = [s for s in range(1, STEPS + 1) if s * TOKENS_PER_STEP > 0.75 * STEPS * TOKENS_PER_STEP]
+    a, b = (pd.DataFrame(_metrics(r, 0)).set_index("step").loc[window, "loss"] for r in ("ue5m3_t2048", "nvfp4"))
+    expected = step_difference(a, b)
+    box = artist(ax, "final:ue5m3_t2048")
+    assert box.get_y() == pytest.approx(expected.low) and box.get_y() + box.get_height() == pytest.approx(expected.high)
+    assert expected.high - expected.low > 0.01      # a real interval, not a degenerate one
+
+
+def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path):
+    from fp4repro.plots.loss import smooth, smoothing_window
+
+    fig = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
+    band = artist(axis(fig, "difference"), "band:ue5m3_t2048")
+    per_seed = [smooth(pd.DataFrame(_metrics("ue5m3_t2048", s)).set_index("step")["loss"]
+                       - pd.DataFrame(_metrics("nvfp4", s)).set_index("step")["loss"], smoothing_window(STEPS))
+                for s in (0, 1, 2)]
+    vertices = band.get_paths()[0].vertices
+    for step in (5, 20, 40):
+        expected = seed_level([d.loc[step] for d in per_seed])
+        ys = vertices[np.isclose(vertices[:, 0], step * TOKENS_PER_STEP), 1]
+        assert ys.min() == pytest.approx(expected.low) and ys.max() == pytest.approx(expected.high)
+    assert "t-interval over 3 seeds" in axis(fig, "difference").get_title()
+
+
+def test_baseline_option(results, tmp_path):
+    fig = plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png", baseline="ue5m3")
+    np.testing.assert_allclose(artist(axis(fig, "difference"), "difference:nvfp4").get_ydata(), 0.1, atol=1e-9)
+    with pytest.raises(PlotError, match="baseline 'mxfp4' is not among the recipes"):
+        plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png", baseline="mxfp4")
+    # without nvfp4 the baseline is the first recipe of the study's order present
+    fig = plot_figure("loss", inputs_of(results, "loss", ("ue5m3", "bf16")), tmp_path / "l.png")
+    assert "recipe − bf16" in axis(fig, "difference").get_title()
+    with pytest.raises(PlotError, match="takes no option baseline"):
+        plot_figure("telemetry", inputs_of(results, "telemetry"), tmp_path / "t.png", baseline="nvfp4")
+
+
+def test_nll_interval_from_one_seed_is_the_document_bootstrap(results, tmp_path):
+    fig = plot_figure("nll", inputs_of(results, "nll"), tmp_path / "n.png", blend=BLEND)
+    docs = {r: pd.read_parquet(results / f"eval/{r}/seed0/nll_documents.parquet") for r in ("ue5m3", "nvfp4")}
+    ax = axis(fig, "difference:quantized")
+    segments = artist(ax, "interval:ue5m3:quantized").get_segments()
+    points = artist(ax, "difference:ue5m3:quantized")
+    assert len(segments) == len(CHECKPOINTS)
+    for k, step in enumerate(CHECKPOINTS):
+        picked = [d[(d["step"] == step) & (d["policy"] == "quantized")] for d in docs.values()]
+        # the last checkpoint with the report's resamples (its default), earlier ones with fewer
+        expected = document_difference(*picked, BLEND) if step == CHECKPOINTS[-1] else \
+            document_difference(*picked, BLEND, resamples=500)
+        assert segments[k][0][0] == step * TOKENS_PER_STEP
+        assert (segments[k][0][1], segments[k][1][1]) == pytest.approx((expected.low, expected.high))
+        assert points.get_ydata()[k] == pytest.approx(expected.difference)
+        assert expected.low < expected.high
+    nll = pd.read_parquet(results / "eval/ue5m3/seed0/nll.parquet")
+    assert expected.difference == pytest.approx(     # the bootstrap's full sample is the table's blend difference
+        nll.query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"].iloc[0]
+        - pd.read_parquet(results / "eval/nvfp4/seed0/nll.parquet")
+        .query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"].iloc[0])
+    assert "paired bootstrap over documents (2000 resamples at the last checkpoint, 500 before)" in ax.get_title()
+
+
+def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds, tmp_path):
+    fig = plot_figure("nll", inputs_of(results_seeds, "nll"), tmp_path / "n.png")
+    blend = {r: [pd.read_parquet(results_seeds / f"eval/{r}/seed{s}/nll.parquet")
+                 .query("step == 20 and policy == 'bf16' and source == 'blend'")["nll"].iloc[0] for s in (0, 1, 2)]
+             for r in ("bf16", "nvfp4")}
+    expected = seed_level(np.array(blend["bf16"]) - np.array(blend["nvfp4"]))
+    segment = artist(axis(fig, "difference:bf16"), "interval:bf16:bf16").get_segments()[0]
+    assert (segment[0][1], segment[1][1]) == pytest.approx((expected.low, expected.high))
+
+
+def test_one_seed_differences_need_the_unit_tables(results, tmp_path):
+    nll_only = [p for p in inputs_of(results, "nll") if p.name == "nll.parquet"]
+    with pytest.raises(PlotError, match=r"paired bootstrap over documents: give nll_documents.parquet of \w+/seed0"):
+        plot_figure("nll", nll_only, tmp_path / "n.png", blend=BLEND)
+    with pytest.raises(PlotError, match="cannot tell the final blend's weights"):
+        plot_figure("nll", inputs_of(results, "nll"), tmp_path / "n.png")
+    down_only = [p for p in inputs_of(results, "downstream") if p.name == "downstream.parquet"]
+    with pytest.raises(PlotError, match="give downstream_items.parquet of"):
+        plot_figure("downstream", down_only, tmp_path / "d.png")
+
+
+def test_downstream_interval_from_one_seed_is_the_item_test(results, tmp_path):
+    fig = plot_figure("downstream", inputs_of(results, "downstream"), tmp_path / "d.png")
+    ax = axis(fig, "difference:quantized")
+    items = {r: pd.read_parquet(results / f"eval/{r}/seed0/downstream_items.parquet") for r in ("ue5m3", "nvfp4")}
+    points = artist(ax, "difference:ue5m3:quantized").get_ydata()
+    segments = artist(ax, "interval:ue5m3:quantized").get_segments()
+    for k, aggregate in enumerate(AGGREGATES):
+        picked = [t[(t["step"] == 40) & (t["policy"] == "quantized") & (t["aggregate"] == aggregate)
+                    & (t["metric"] == "acc")] for t in items.values()]
+        expected = item_difference(*picked)
+        assert points[k] == pytest.approx(expected.difference)
+        assert (segments[k][0][1], segments[k][1][1]) == pytest.approx((expected.low, expected.high))
+
+
+def test_telemetry_has_every_event_by_operand_and_phase(results, tmp_path):
+    fig = plot_figure("telemetry", inputs_of(results, "telemetry"), tmp_path / "t.png")
+    table = pd.read_parquet(results / "train/ue5m3/seed0/telemetry.parquet")
+    held = table[table["operand"].isin(HELD)]
+    for event in ("underflow", "saturation", "clipping"):
+        axis(fig, f"operand:{event}")
+        axis(fig, f"phase:{event}")
+    # the phases drawn are those of the table's held-amax operands, with their rates
+    line = artist(axis(fig, "phase:clipping"), "phase:ue5m3")
+    rates = event_rates(held, ["steps_since_refresh"]).sort_values("steps_since_refresh")
+    np.testing.assert_array_equal(line.get_xdata(), sorted(held["steps_since_refresh"].unique()))
+    np.testing.assert_allclose(line.get_ydata(), rates["clipping"])
+    assert set(line.get_xdata()) == set(range(REFRESH))
+    # clipping by operand: ue5m3's fprop.x bar is its rate
+    bar = artist(axis(fig, "operand:clipping"), "rate:ue5m3:fprop.x")
+    rate = event_rates(table[table["operand"] == "fprop.x"], [])["clipping"].iloc[0]
+    assert bar.get_y() + bar.get_height() == pytest.approx(rate)
+    assert "no saturated blocks" in " ".join(t.get_text() for t in axis(fig, "operand:saturation").texts)
+
+
+# a table of each kind without one column the figure needs
+BROKEN = {"loss": ("train/ue5m3/seed0/metrics.parquet", "loss"), "nll": ("eval/ue5m3/seed0/nll.parquet", "nll"),
+          "downstream": ("eval/ue5m3/seed0/downstream.parquet", "stderr"),
+          "telemetry": ("train/ue5m3/seed0/telemetry.parquet", "clipped_elements")}
+
+
+@pytest.mark.parametrize("figure", sorted(FIGURES))
+def test_wrong_columns_name_the_file_and_column(results, tmp_path, figure):
+    rel, column = BROKEN[figure]
+    bad = tmp_path / "results" / "toy" / rel
+    bad.parent.mkdir(parents=True)
+    pd.read_parquet(results / rel).drop(columns=[column]).to_parquet(bad)
+    inputs = [p for p in inputs_of(results, figure) if p != results / rel] + [bad]
+    with pytest.raises(PlotError) as err:
+        plot_figure(figure, inputs, tmp_path / "out.png", **EXTRA.get(figure, {}))
+    assert str(bad) in str(err.value) and f"missing column(s) {column}" in str(err.value)
+    assert not (tmp_path / "out.png").exists() and not (tmp_path / "out.pdf").exists()
 
 
 def test_loss_without_final_loss_json_computes_the_window(results, tmp_path):
     """final_loss.json is optional: the window W comes from --final-window (the metrics of an unknown
     experiment give no config to read it from, which is a clear error)."""
-    metrics = [results / f"train/{r}/metrics.parquet" for r in RECIPES]
+    metrics = [p for p in inputs_of(results, "loss") if p.name == "metrics.parquet"]
     with pytest.raises(PlotError, match="final-window"):
         plot_figure("loss", metrics, tmp_path / "a.png")
     plot_figure("loss", metrics, tmp_path / "c.png", final_window=0.2)
     assert_figure(tmp_path / "c.png")
 
 
-# a table of each kind without one column the figure needs
-BROKEN = {"loss": ("train/ue5m3/metrics.parquet", "loss"), "nll": ("eval/ue5m3/nll.parquet", "nll"),
-          "downstream": ("eval/ue5m3/downstream.parquet", "stderr"),
-          "telemetry": ("train/ue5m3/telemetry.parquet", "underflow_blocks")}
-
-
-@pytest.mark.parametrize("figure", sorted(FIGURES))
-def test_wrong_columns_name_the_file_and_column(results, tmp_path, figure):
-    rel, column = BROKEN[figure]
-    bad = tmp_path / Path(rel).parent.name / Path(rel).name
-    bad.parent.mkdir()
-    pd.read_parquet(results / rel).drop(columns=[column]).to_parquet(bad)
-    inputs = [p for p in inputs_of(results, figure) if p != results / rel] + [bad]
-    with pytest.raises(PlotError) as err:
-        plot_figure(figure, inputs, tmp_path / "out.png")
-    assert str(bad) in str(err.value) and f"missing column(s) {column}" in str(err.value)
-    assert not (tmp_path / "out.png").exists() and not (tmp_path / "out.pdf").exists()
-
-
 def test_bad_inputs_give_clear_errors(results, tmp_path):
     with pytest.raises(PlotError, match="no input files; it takes .*nll.parquet"):
         plot_figure("nll", [], tmp_path / "x.png")
-    missing = tmp_path / "nowhere" / "nll.parquet"
+    missing = tmp_path / "nowhere" / "seed0" / "nll.parquet"
     with pytest.raises(PlotError, match=f"{missing}: no such file"):
         plot_figure("nll", [missing], tmp_path / "x.png")
-    with pytest.raises(PlotError, match="takes .*not a .json file"):
-        plot_figure("nll", [results / "eval/ue5m3/final_loss.json"], tmp_path / "x.png")
+    with pytest.raises(PlotError, match="takes .*not a file named final_loss.json"):
+        plot_figure("nll", [results / "eval/ue5m3/seed0/final_loss.json"], tmp_path / "x.png")
     with pytest.raises(PlotError, match="every input table is empty"):
-        plot_figure("telemetry", [results / "train/bf16/telemetry.parquet"], tmp_path / "x.png")
+        plot_figure("telemetry", [results / "train/bf16/seed0/telemetry.parquet"], tmp_path / "x.png")
     with pytest.raises(PlotError, match="unknown figure"):
         plot_figure("nope", [], tmp_path / "x.png")
     with pytest.raises(PlotError, match="must be a .png"):
         plot_figure("telemetry", inputs_of(results, "telemetry"), tmp_path / "x.jpg")
-    assert set(FIGURE_INPUTS) == set(FIGURES)
+    assert set(FIGURE_INPUTS) == set(FIGURES) == set(OPTIONS)
 
 
 def test_cli_plot(results, tmp_path, capsys, monkeypatch):
     out = tmp_path / "t.png"
     monkeypatch.chdir(tmp_path)          # --out defaults to figures/<experiment>/<figure>.png
-    assert main(["plot", "nll", *map(str, inputs_of(results, "nll"))]) == 0
+    assert main(["plot", "nll", "--blend", "prose=0.4,code=0.6", "--baseline", "ue5m3",
+                 *map(str, inputs_of(results, "nll"))]) == 0
     assert_figure(tmp_path / "figures" / "toy" / "nll.png")
     capsys.readouterr()
-    missing = tmp_path / "missing" / "metrics.parquet"
+    missing = tmp_path / "missing" / "seed0" / "metrics.parquet"
     assert main(["plot", "loss", "--out", str(out), str(missing)]) == 1          # an input that is not there
     assert f"{missing}: no such file" in capsys.readouterr().err
-    assert main(["plot", "loss", str(results / "train/ue5m3/metrics.parquet"), str(out)]) == 2   # options
+    assert main(["plot", "loss", str(results / "train/ue5m3/seed0/metrics.parquet"), str(out)]) == 2   # options
     assert "cannot tell the experiment from the input paths" in capsys.readouterr().err
+    assert main(["plot", "telemetry", "--baseline", "nvfp4", *map(str, inputs_of(results, "telemetry"))]) == 2
+    assert "takes no --baseline" in capsys.readouterr().err
+    assert main(["plot", "nll", "--blend", "prose:0.4", *map(str, inputs_of(results, "nll"))]) == 2
+    assert "--blend 'prose:0.4'" in capsys.readouterr().err
+
+
+def test_cli_passes_the_options_of_the_figure(results, tmp_path, monkeypatch):
+    import fp4repro.plots
+
+    seen = []
+    monkeypatch.setattr(fp4repro.plots, "plot_figure", lambda name, inputs, out, **options: seen.append(options))
+    inputs = [str(p) for p in inputs_of(results, "loss")]
+    assert main(["plot", "loss", "--baseline", "ue5m3", "--final-window", "0.2", *inputs]) == 0
+    assert main(["plot", "nll", "--blend", "prose=0.4,code=0.6", *map(str, inputs_of(results, "nll"))]) == 0
+    assert main(["plot", "telemetry", *map(str, inputs_of(results, "telemetry"))]) == 0
+    assert seen == [{"baseline": "ue5m3", "final_window": 0.2}, {"blend": BLEND}, {}]

@@ -6,7 +6,9 @@ rule evaluate:
         metrics=rules.train.output.metrics,
     output:
         nll=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet",
+        nll_documents=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll_documents.parquet",
         downstream=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet",
+        downstream_items=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream_items.parquet",
         final_loss=f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/final_loss.json",
     params:
         eval=section("eval"),

@@ -26,7 +26,9 @@ rule figure_loss:
 
 rule figure_nll:
     input:
-        per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet"),
+        nll=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet"),
+        # per held-out document: the paired bootstrap of a one-seed difference (as the report's)
+        documents=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll_documents.parquet"),
     output:
         png=figure("nll"),
         pdf=f"figures/{EXP.name}/nll.pdf",
@@ -40,7 +42,9 @@ rule figure_nll:
 
 rule figure_downstream:
     input:
-        per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet"),
+        downstream=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet"),
+        # per item: the paired item-level test of a one-seed difference (as the report's)
+        downstream_items=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream_items.parquet"),
     output:
         png=figure("downstream"),
         pdf=f"figures/{EXP.name}/downstream.pdf",

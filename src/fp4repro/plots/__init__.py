@@ -1,12 +1,15 @@
 """Figures of the study: one function per figure, seaborn on the non-interactive Agg backend.
 
-    plot_figure("loss", [Path("results/tiny/train/ue5m3/metrics.parquet"), ...], Path("figures/tiny/loss.png"))
+    plot_figure("loss", [Path("results/tiny/train/ue5m3/seed0/metrics.parquet"), ...], Path("figures/tiny/loss.png"))
 
-Each figure reads files of the results layout (the recipe of a file is the name of its folder),
-checks them (a missing file, a wrong column or no input at all raises PlotError naming the file)
-and writes ``out_png`` and the PDF beside it, each atomically. ``FIGURE_INPUTS`` says what each
-figure takes (``fp4repro plot --help`` prints it). The figure modules, and with them matplotlib
-and seaborn, are imported when a figure is drawn, not when this package is.
+Each figure reads files of the results layout (the recipe and seed of a file are those of its
+folders, ``results/<exp>/<train|eval>/<recipe>/seed<seed>/``), checks them (a missing file, a file
+outside the layout, two files of one kind for a run, a wrong column or no input at all raises
+PlotError naming the file) and writes ``out_png`` and the PDF beside it, each atomically. Loss, NLL
+and downstream draw the paired difference of each recipe from a baseline with the 95% interval the
+claims report states (``fp4repro.paired``). ``FIGURE_INPUTS`` says what each figure takes and
+``OPTIONS`` which keywords (``fp4repro plot --help`` prints them). The figure modules, and with them
+matplotlib and seaborn, are imported when a figure is drawn, not when this package is.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
-from fp4repro.plots.catalog import CATALOG, FIGURE_INPUTS, PlotError, figure_help
+from fp4repro.plots.catalog import CATALOG, FIGURE_INPUTS, OPTIONS, PlotError, figure_help
 
 # name -> (module, function) of each figure
 _FUNCTIONS = {"loss": ("loss", "plot_loss"), "nll": ("nll", "plot_nll"),
@@ -25,7 +28,7 @@ _FUNCTIONS = {"loss": ("loss", "plot_loss"), "nll": ("nll", "plot_nll"),
 def _lazy(name: str) -> Callable[..., None]:
     module, function = _FUNCTIONS[name]
 
-    def draw(inputs: list[Path], out_png: Path, **options) -> None:
+    def draw(inputs: list[Path], out_png: Path, **options):
         return getattr(importlib.import_module(f"fp4repro.plots.{module}"), function)(inputs, out_png, **options)
 
     draw.__name__ = draw.__qualname__ = function
@@ -33,16 +36,22 @@ def _lazy(name: str) -> Callable[..., None]:
     return draw
 
 
-FIGURES: dict[str, Callable[..., None]] = {name: _lazy(name) for name in CATALOG}
+FIGURES: dict[str, Callable[..., object]] = {name: _lazy(name) for name in CATALOG}
 
 
-def plot_figure(name: str, inputs: list[Path], out_png: Path, **options) -> None:
-    """Draw figure ``name`` from ``inputs`` into ``out_png`` and the .pdf beside it.
+def plot_figure(name: str, inputs: list[Path], out_png: Path, **options):
+    """Draw figure ``name`` from ``inputs`` into ``out_png`` and the .pdf beside it; returns the
+    matplotlib Figure (closed: its artists can be read, it is not shown).
 
-    options: figure-specific keywords (``final_window`` for ``loss``)."""
+    options: figure-specific keywords (``OPTIONS``): ``final_window`` (loss), ``baseline`` (loss,
+    nll, downstream), ``blend`` and ``resamples`` (nll)."""
     if name not in FIGURES:
         raise PlotError(f"unknown figure {name!r}; figures: {', '.join(FIGURES)}")
-    FIGURES[name]([Path(p) for p in inputs], Path(out_png), **options)
+    unknown = sorted(set(options) - set(OPTIONS[name]))
+    if unknown:
+        raise PlotError(f"figure {name!r} takes no option {', '.join(unknown)} (it takes: "
+                        f"{', '.join(OPTIONS[name]) or 'none'})")
+    return FIGURES[name]([Path(p) for p in inputs], Path(out_png), **options)
 
 
-__all__ = ["FIGURES", "FIGURE_INPUTS", "PlotError", "figure_help", "plot_figure"]
+__all__ = ["FIGURES", "FIGURE_INPUTS", "OPTIONS", "PlotError", "figure_help", "plot_figure"]

@@ -12,28 +12,54 @@ class PlotError(FP4ReproError):
     """A figure that cannot be drawn from its inputs (missing file, wrong columns, no inputs)."""
 
 
+# The study's recipes in a fixed order (every figure draws a recipe in the same colour and place),
+# and the baseline of the paired differences when none is given and it is among the inputs.
+RECIPE_ORDER = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")
+DEFAULT_BASELINE = "nvfp4"
+
 # name -> (what it shows, the inputs it takes)
 CATALOG: dict[str, tuple[str, str]] = {
     "loss": (
-        "training loss vs tokens per recipe (faint per step, smoothed line), each recipe's final-window mean "
-        "(on the curves and as mean ± stderr in a side panel), stage boundaries dashed",
-        "results/<exp>/train/<recipe>/metrics.parquet for each recipe to draw, and optionally "
-        "results/<exp>/eval/<recipe>/final_loss.json (the final-window mean `fp4repro evaluate` wrote; where "
+        "training loss vs tokens per recipe (smoothed, mean over seeds; faint: per step with one seed, per seed "
+        "with several), each recipe's final-window mean (on the curves and as mean ± stderr in a side panel), "
+        "stage boundaries dashed; below, the paired difference recipe − baseline per step (same seed, same step = "
+        "same batch), smoothed with the same window, with its 95% band over seeds (two or more seeds) and the "
+        "final-window difference with the report's 95% interval (paired t over seeds, or batch means over one "
+        "seed's final-window steps) as a box and in a side panel",
+        "results/<exp>/train/<recipe>/seed<s>/metrics.parquet for each run to draw, and optionally "
+        "results/<exp>/eval/<recipe>/seed<s>/final_loss.json (the final window `fp4repro evaluate` chose; where "
         "absent it is computed from metrics.parquet the same way)"),
     "nll": (
-        "held-out NLL vs checkpoint tokens per recipe: one column per policy (bf16, quantized), one row for "
-        "the final blend and one per source",
-        "results/<exp>/eval/<recipe>/nll.parquet for each recipe to draw (written by `fp4repro evaluate`)"),
+        "held-out NLL vs checkpoint tokens per recipe (mean over seeds, faint: each seed): one column per policy "
+        "(bf16, quantized), one row for the final blend and one per source; a last row with the paired difference "
+        "recipe − baseline in blend NLL at every checkpoint with its 95% interval (paired t over seeds, or with "
+        "one seed a paired bootstrap over the held-out documents, the report's: 2000 resamples at the last "
+        "checkpoint, 500 at earlier ones)",
+        "results/<exp>/eval/<recipe>/seed<s>/nll.parquet for each run to draw, and its nll_documents.parquet "
+        "(needed for the intervals of one-seed differences; written by `fp4repro evaluate`)"),
     "downstream": (
-        "downstream aggregates (±1 stderr) per recipe and policy at the final checkpoint, and vs checkpoint",
-        "results/<exp>/eval/<recipe>/downstream.parquet for each recipe to draw (written by `fp4repro "
-        "evaluate`; its aggregate rows are drawn)"),
+        "downstream aggregates (±1 stderr, mean over seeds) per recipe and policy at the final checkpoint; the "
+        "paired difference recipe − baseline in each aggregate at the final checkpoint with its 95% interval "
+        "(paired t over seeds, or with one seed the paired item-level t, the report's); each aggregate vs "
+        "checkpoint",
+        "results/<exp>/eval/<recipe>/seed<s>/downstream.parquet for each run to draw (its aggregate rows are "
+        "drawn), and its downstream_items.parquet (needed for the intervals of one-seed differences; written by "
+        "`fp4repro evaluate`)"),
     "telemetry": (
-        "block-scale underflow and saturation rates by GEMM operand (summed over layers and steps) per "
-        "recipe, and those of the gradient operands over training",
-        "results/<exp>/train/<recipe>/telemetry.parquet of the recipes to compare (the study's: nvfp4, "
-        "ue5m3 with T = 448, ue5m3_t2048 with T = 2048; every recipe given with telemetry rows is drawn, "
+        "underflow, saturation (blocks) and clipping (non-zero elements) rates per recipe: by GEMM operand "
+        "(summed over layers and steps, mean over seeds), and by steps since the amax refresh for the operands "
+        "that hold an amax (fresh = 0 vs held >= 1, the regime of periodic tensor scaling)",
+        "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of the runs to compare (the study's: nvfp4, "
+        "ue5m3 with T = 448, ue5m3_t2048 with T = 2048; every run given with telemetry rows is drawn, "
         "an empty table such as bf16's is skipped)"),
+}
+
+# name -> the keyword options of its function (``plot_figure(..., **options)``, ``fp4repro plot --...``)
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "loss": ("final_window", "baseline"),
+    "nll": ("baseline", "blend", "resamples"),
+    "downstream": ("baseline",),
+    "telemetry": (),
 }
 
 FIGURE_INPUTS: dict[str, str] = {name: inputs for name, (_, inputs) in CATALOG.items()}
@@ -47,5 +73,7 @@ def figure_help(width: int = 100) -> str:
                       + textwrap.fill(f"inputs: {inputs}.", width, initial_indent="    ",
                                       subsequent_indent="    "))
     blocks.append(textwrap.fill("Every figure also accepts (and ignores) a run's done.json, so that a workflow "
-                                "can list it as an input.", width))
+                                f"can list it as an input. The baseline of the differences: --baseline, default "
+                                f"{DEFAULT_BASELINE} when among the inputs, else the first of "
+                                f"{', '.join(RECIPE_ORDER)} present.", width))
     return "\n".join(blocks)

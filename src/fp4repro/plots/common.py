@@ -1,12 +1,14 @@
 """What every figure shares: reading and checking its input files, recipe order and colours,
-the seaborn theme, and the atomic PNG + PDF write.
+the baseline of the paired differences, the seaborn theme, and the atomic PNG + PDF write.
 
-Inputs follow the results layout (a contract with ``fp4repro train`` and ``fp4repro evaluate``):
+Inputs follow the results layout (a contract with ``fp4repro train`` and ``fp4repro evaluate``),
+one run per recipe and seed:
 
-    results/<experiment>/train/<recipe>/{metrics.parquet, telemetry.parquet, done.json}
-    results/<experiment>/eval/<recipe>/{nll.parquet, downstream.parquet, final_loss.json}
+    results/<experiment>/train/<recipe>/seed<seed>/{metrics.parquet, telemetry.parquet, done.json}
+    results/<experiment>/eval/<recipe>/seed<seed>/{nll.parquet, nll_documents.parquet, downstream.parquet,
+                                                   downstream_items.parquet, final_loss.json}
 
-The recipe of an input file is the name of the folder that holds it.
+The recipe and seed of an input file are those of its folders (``fp4repro.results.run_of``).
 """
 
 from __future__ import annotations
@@ -19,35 +21,31 @@ import matplotlib
 matplotlib.use("Agg")  # non-interactive: figures are files, never windows
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from fp4repro import results  # noqa: E402
-from fp4repro.plots.catalog import FIGURE_INPUTS, PlotError  # noqa: E402
+from fp4repro.plots.catalog import DEFAULT_BASELINE, FIGURE_INPUTS, RECIPE_ORDER, PlotError  # noqa: E402
+from fp4repro.statistics import LEVEL  # noqa: E402
 from fp4repro.util import atomic_path  # noqa: E402
 
 
-# The study's recipes in a fixed order, so that every figure draws a recipe in the same colour.
 PNG_DPI = 150   # the PDF is vector
-
-RECIPE_ORDER = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")
 POLICY_ORDER = ("bf16", "quantized")
 
-
-def recipe_of(path: Path) -> str:
-    """The recipe an input file belongs to: the name of its folder."""
-    name = Path(path).resolve().parent.name
-    if not name:
-        raise PlotError(f"{path}: cannot tell its recipe (expected results/<experiment>/<train|eval>/<recipe>/...)")
-    return name
+Run = tuple[str, int]   # (recipe, seed)
 
 
-def experiment_of(path: Path) -> str | None:
-    """``<experiment>`` of results/<experiment>/<train|eval>/<recipe>/<file>, or None."""
-    parts = Path(path).resolve().parts
-    if len(parts) >= 4 and parts[-3] in ("train", "eval"):
-        return parts[-4]
-    return None
+def run_key(path: Path) -> Run:
+    """(recipe, seed) of an input file, from its folders; a PlotError naming the file when it is
+    not in the results layout."""
+    run = results.run_of(path)
+    if run is None:
+        raise PlotError(f"{path}: not in the results layout, so its recipe and seed are unknown (expected "
+                        f"results/<experiment>/<train|eval>/<recipe>/seed<seed>/{Path(path).name})")
+    return run
 
 
 # the checked readers of the results layout, raising PlotError
@@ -56,49 +54,69 @@ read_table = functools.partial(results.read_table, error=PlotError)
 read_json = functools.partial(results.read_json, error=PlotError)
 
 
-def by_recipe(paths: list[Path], kind: str) -> dict[str, Path]:
-    """Input files keyed by recipe; two files of the same kind for one recipe is an error."""
-    out: dict[str, Path] = {}
+def by_run(paths: list[Path], kind: str) -> dict[Run, Path]:
+    """Input files keyed by (recipe, seed); two files of the same kind for one run is an error."""
+    out: dict[Run, Path] = {}
     for p in paths:
-        recipe = recipe_of(p)
-        if recipe in out:
-            raise PlotError(f"{p}: a second {kind} for recipe {recipe!r} (first: {out[recipe]})")
-        out[recipe] = Path(p)
+        run = run_key(p)
+        if run in out:
+            raise PlotError(f"{p}: a second {kind} for recipe {run[0]!r} seed {run[1]} (first: {out[run]})")
+        out[run] = Path(p)
     return out
 
 
-def read_per_recipe(figure: str, inputs: list[Path], file_name: str, columns, what: str) -> dict:
-    """recipe -> (path, checked table) for a figure that takes one parquet table per recipe."""
-    groups = split_by_suffix(figure, inputs, {".parquet": file_name})
-    return {recipe: (path, read_table(path, columns, what))
-            for recipe, path in by_recipe(groups[".parquet"], file_name).items()}
+def read_runs(paths: list[Path], file_name: str, columns, what: str) -> dict[Run, tuple[Path, pd.DataFrame]]:
+    """(recipe, seed) -> (path, checked table) of one kind of parquet table."""
+    return {run: (path, read_table(path, columns, what)) for run, path in by_run(paths, file_name).items()}
 
 
-def combine(tables: dict, text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
-    """recipe -> table as one table with a ``recipe`` column (the folder names the recipe), and
-    ``text_columns`` as str (parquet may give categoricals or bytes)."""
-    df = pd.concat([t.assign(recipe=r) for r, t in tables.items()], ignore_index=True)
-    return df.assign(**{c: df[c].astype(str) for c in ("recipe", *text_columns)})
+def combine(tables: dict[Run, pd.DataFrame], text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """(recipe, seed) -> table as one table with ``recipe`` and ``seed`` columns (those of the
+    file's folders), and ``text_columns`` as str (parquet may give categoricals or bytes)."""
+    df = pd.concat([t.assign(recipe=r, seed=s) for (r, s), t in tables.items()], ignore_index=True)
+    return df.assign(**{c: df[c].astype(str) for c in ("recipe", *text_columns)}, seed=df["seed"].astype(int))
 
 
-def split_by_suffix(figure: str, inputs: list[Path], accepted: dict[str, str]) -> dict[str, list[Path]]:
-    """Group ``inputs`` by file suffix (``accepted``: suffix -> what it is); a run's done.json is
+def split_inputs(figure: str, inputs: list[Path], accepted: dict[str, str]) -> dict[str, list[Path]]:
+    """Group ``inputs`` by file name (``accepted``: file name -> what it is); a run's done.json is
     accepted and skipped; anything else, or no input at all, is an error that says what the figure
     takes."""
-    takes = " and ".join(f"{what} (*{suffix})" for suffix, what in accepted.items())
+    takes = " and ".join(f"{name} ({what})" for name, what in accepted.items())
     if not inputs:
         raise PlotError(f"figure {figure!r}: no input files; it takes {FIGURE_INPUTS.get(figure, takes)}")
-    groups: dict[str, list[Path]] = {suffix: [] for suffix in accepted}
+    groups: dict[str, list[Path]] = {name: [] for name in accepted}
     for p in map(Path, inputs):
         if p.name == "done.json":     # marks a finished training run (a workflow may list it): nothing to draw
             check_exists(p)
             continue
-        if p.suffix not in accepted:
-            raise PlotError(f"{p}: figure {figure!r} takes {takes}, not a {p.suffix or 'suffix-less'} file")
-        groups[p.suffix].append(check_exists(p))
+        if p.name not in accepted:
+            raise PlotError(f"{p}: figure {figure!r} takes {takes}, not a file named {p.name}")
+        groups[p.name].append(check_exists(p))
     if not any(groups.values()):
         raise PlotError(f"figure {figure!r}: no input files but done.json; it takes {FIGURE_INPUTS.get(figure, takes)}")
     return groups
+
+
+def choose_baseline(recipes, baseline: str | None) -> str:
+    """The recipe the others are compared with: ``baseline`` when given (it must be among the
+    inputs), else nvfp4 when present, else the first recipe of the study's order present."""
+    names = ordered(recipes)
+    if baseline is not None:
+        if baseline not in names:
+            raise PlotError(f"baseline {baseline!r} is not among the recipes of the inputs ({', '.join(names)})")
+        return baseline
+    return DEFAULT_BASELINE if DEFAULT_BASELINE in names else names[0]
+
+
+def t_band(per_seed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and 95% t-interval over seeds (axis 0, at least 2 rows) of each column: the interval
+    ``statistics.seed_level`` gives for one column, for all columns at once."""
+    n = per_seed.shape[0]
+    if n < 2:
+        raise ValueError(f"a t-interval over seeds needs at least 2 seeds, got {n}")
+    mean = per_seed.mean(axis=0)
+    half = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * per_seed.std(axis=0, ddof=1) / np.sqrt(n)
+    return mean, mean - half, mean + half
 
 
 def ordered(names, order: tuple[str, ...] = RECIPE_ORDER) -> list[str]:
