@@ -8,7 +8,10 @@ rule report:
         claims=str(claims_path()),
         final_loss=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/final_loss.json"),
         nll=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll.parquet"),
+        nll_documents=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/nll_documents.parquet"),
         downstream=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream.parquet"),
+        downstream_items=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream_items.parquet"),
+        metrics=per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/metrics.parquet"),
         telemetry=per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/telemetry.parquet"),
         figures=FIGURE_FILES,
     output:
