@@ -295,3 +295,23 @@ def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, m
     loss_line = next(line for line in text.splitlines() if line.startswith("| final_loss |"))
     assert "batch means" in loss_line and f"**{SUGGESTIVE}**" in loss_line
     assert "Mechanism: an element clipped at ±6" in text
+
+
+def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
+    from fp4repro.cli import main
+
+    results = tmp_path / "results"
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"):
+        write_run(results, recipe, 0, loss=-0.1 if recipe == "ue5m3" else 0.0, underflow=0.002)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--experiment", "tiny"]) == 0
+    out = capsys.readouterr().out
+    rows = measure_all(results)
+    measured = [r for r in rows if r.measured]
+    assert f"wrote paper/tiny/report.md: {len(rows)} lines, {len(measured)} measured" in out
+    assert f"{sum(r.verdict == SUGGESTIVE for r in measured)} {SUGGESTIVE}" in out
+
+
+def measure_all(results: Path) -> list:
+    return [row for c in load_claims(CLAIMS)[1]
+            for row in measure(c, results / "tiny", ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,), BLEND)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import os
 import sys
 from pathlib import Path
@@ -377,8 +378,9 @@ def _cmd_report(args) -> int:
     out = Path(args.out or f"paper/{study.name}/report.md")
     rows = write_report(study, args.claims, out, results=args.results, figures=args.figures)
     if not args.quiet:
-        print(f"wrote {out}: {len(rows)} lines, {sum(r.measured for r in rows)} measured, "
-              f"{sum(r.measured and r.reproduced for r in rows)} in the paper's direction")
+        verdicts = Counter(r.verdict for r in rows if r.measured)
+        print(f"wrote {out}: {len(rows)} lines, {sum(verdicts.values())} measured"
+              + "".join(f", {n} {verdict}" for verdict, n in sorted(verdicts.items())))
     return 0
 
 
