@@ -235,8 +235,11 @@ MECHANISMS = {
     "saturation": "a block scale clamped at the format's maximum (114688 for UE5M3) clips the block; raising T "
                   "lifts every block scale, so it can only add saturation: the paper's claim needs another reading",
     "clipping": "an element clipped at ±6 although its block scale was not clamped: a block whose scale lands in "
-                "the format's subnormal range is rounded down by up to half, pushing its largest elements past 6; "
-                "raising T moves small blocks out of that range",
+                "the format's subnormal range is rounded down by up to a third, pushing its largest elements past 6 "
+                "(with RNE only such blocks clip); raising T moves small blocks out of that range. With stochastic "
+                "rounding (dY in every FP4 recipe here) every element above 6 counts, so about half of all blocks, "
+                "those whose 3-bit-mantissa scale rounded down, clip their largest element whatever T is: the "
+                "T effect is a small change on that base",
 }
 
 
