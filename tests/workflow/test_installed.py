@@ -82,6 +82,6 @@ def test_a_copied_workflow_runs_with_the_recipe_edited_in_its_folder(installed, 
     # the edit is what ran: current scaling holds no amax, the packaged recipe holds one for 50 steps
     telemetry = pd.read_parquet(results / "train/ue5m3/seed0/telemetry.parquet")
     assert len(telemetry) and (telemetry["amax_ratio"] == 1.0).all()
-    nvfp4 = json.loads((results / "train/nvfp4/done.json").read_text())      # a name not in ./configs:
+    nvfp4 = json.loads((results / "train/nvfp4/seed0/done.json").read_text())      # a name not in ./configs:
     assert Path(nvfp4["recipe_files"][0]).is_relative_to(installed.parents[1].resolve())   # the wheel's
     assert (work / "paper/smoke/report.md").is_file() and (work / "figures/smoke/loss.png").is_file()
