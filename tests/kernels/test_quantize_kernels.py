@@ -74,7 +74,7 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
         rp, cp = padded_shape(rows, cols, spec)
         rand = philox_uniforms(rp * cp, seed, 16, device=DEVICE).cpu().reshape(rp, cp)
     xc = x.contiguous()  # the reference on the same logical matrix
-    qs, d, amax, stats = scaled_operand(xc, spec, amax=held, rand=rand, stats=True)
+    qs, d, amax, stats, _ = scaled_operand(xc, spec, amax=held, rand=rand, stats=True)
     bq = quantize(xc, spec, amax=held, rand=rand)
     torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(k["codes"].cpu(), bq.codes)
@@ -289,7 +289,7 @@ def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     cells = [scaled_operand(x, spec, rand=torch.full((1, 64), (k + 0.5) / 256))[0] for k in range(256)]
     expected = torch.cat(cells).double().mean(0)                 # E[q·s_b] over the 256 cells
-    _, d, _, _ = scaled_operand(x, spec, rand=torch.zeros(1, 64))
+    _, d, *_ = scaled_operand(x, spec, rand=torch.zeros(1, 64))
     s_b = quantize(x, spec, rand=torch.zeros(1, 64)).scales.double().repeat_interleave(16, 1)[0]
     blocks = x.abs().reshape(4, 16)
     block_max = (blocks == blocks.amax(1, keepdim=True)).reshape(64)
@@ -310,9 +310,9 @@ def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
 def test_dispatch_uses_kernels_for_cuda_tensors_and_reference_on_request():
     x = torch.randn(512, 1024, device="cuda") * 3
     spec = SPECS["nvfp4-rht-16x16"]
-    fast, d1, _, _ = front_scaled_operand(x, spec)
+    fast, d1, *_ = front_scaled_operand(x, spec)
     with reference_only():
-        ref, d2, _, _ = front_scaled_operand(x, spec)
+        ref, d2, *_ = front_scaled_operand(x, spec)
     assert torch.equal(fast.float(), ref) and torch.equal(d1, d2)
 
 

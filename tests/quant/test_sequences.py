@@ -44,10 +44,10 @@ def _rows():
 def test_row_groups_equal_each_group_quantized_alone(name):
     spec = FPROP_X[name]
     x, groups = _rows()
-    qs, d, amax, _ = scaled_operand(x, spec, groups=groups)
+    qs, d, amax, _, _ = scaled_operand(x, spec, groups=groups)
     for g in range(4):
         rows = groups == g
-        qs_g, d_g, amax_g, _ = scaled_operand(x[rows], spec)
+        qs_g, d_g, amax_g, _, _ = scaled_operand(x[rows], spec)
         assert _same(qs[rows], qs_g), g
         assert _same(torch.as_tensor(d).expand(40, 1)[rows], d_g.expand(int(rows.sum()), 1)), g
         if spec.target is not None:
@@ -85,7 +85,7 @@ def test_sequence_operand_by_groups_equals_one_quantization_per_sequence(name, m
         assert _same(qs, qs_loop) and _same(d, d_loop)
     qs, d = qs.view(3, 24, 64), d.view(3, 24, 1)
     for b, n in enumerate(lengths):
-        qs_b, d_b, _, _ = scaled_operand(x[b, :n], spec)
+        qs_b, d_b, _, _, _ = scaled_operand(x[b, :n], spec)
         assert _same(qs[b, :n], qs_b) and _same(d[b, :n], d_b.expand(n, 1))
 
 

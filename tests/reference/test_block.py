@@ -1,5 +1,7 @@
 """The torch reference quantizer against an independent implementation of the formula."""
 
+import zlib
+
 import pytest
 import torch
 
@@ -344,3 +346,31 @@ def test_clip_threshold_is_where_an_unbounded_grid_passes_the_max():
     # rounds to 448 and the count starts just above it
     e4m3 = get_format("e4m3")
     assert clip_threshold(e4m3, "rne") == float(torch.nextafter(torch.tensor(464.0), torch.tensor(500.0)))
+
+
+@pytest.mark.parametrize("case", ["random", "nan_block_with_the_largest_finite", "inf", "zeros", "ragged"])
+@pytest.mark.parametrize("rht_on", [False, True])
+def test_live_amax_with_a_held_amax_is_the_tensors_current_amax(case, rht_on):
+    """What an automatic target compares with the held amax: the current amax of what was
+    quantized (padded, after the RHT), from block amaxes where they can serve, never the held one."""
+    from fp4repro.reference.block import pad_to_blocks, scaled_operand, tensor_amax
+    from fp4repro.reference.rht import rht
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"live {case} {rht_on}".encode()))
+    x = torch.randn(32, 64, generator=gen)
+    if case == "nan_block_with_the_largest_finite":
+        x[4, 0], x[4, 1] = float("nan"), 50.0      # the largest finite value shares a block with NaN
+    elif case == "inf":
+        x[7, 9] = float("inf")
+    elif case == "zeros":
+        x.zero_()
+    elif case == "ragged":
+        x = x[:, :50]
+    spec = QuantSpec(scale="ue5m3", rht=rht_on, rounding="rne")
+    x2d = pad_to_blocks(x, spec)
+    expected = tensor_amax(rht(x2d) if rht_on else x2d)
+    got = scaled_operand(x, spec, amax=1.0, live=True).live
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+    if case == "nan_block_with_the_largest_finite" and not rht_on:
+        assert float(got) == 50.0
+    assert scaled_operand(x, spec, amax=1.0).live is None           # only when asked

@@ -4,7 +4,8 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
 
     name: nvfp4
     base: other_recipe        # optional: start from another recipe (keys below replace its keys;
-                              # `operands` merge per operand; `overrides` replace the list)
+                              # `defaults` merge per field and `operands` per operand and field
+                              # where both are mappings; `overrides` replace the list)
     defaults: {element: e2m1, scale: e4m3, block: [1, 16], target: 448, rounding: rne,
                rht: false, tensor_scaling: current}     # or 'bf16'
     operands:                 # per-operand fields on top of `defaults`; 'bf16' = unquantized
@@ -48,7 +49,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fp4repro.config.files import find_config, is_path, not_found, read_yaml, schema_error, schema_field
-from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling, spec_problems
+from fp4repro.config.spec import GEMMS, OPERANDS, AutoTarget, LinearSpecs, QuantSpec, TensorScaling, spec_problems
 from fp4repro.errors import ConfigError
 
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
@@ -113,6 +114,8 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, tuple[Path, ..
         raise RecipeError(f"{path}: field 'base': value {raw['base']!r}: {not_found('recipes', raw['base'])}")
     base, files = _read(base_path, seen + (path.resolve(),))
     merged = {**base, **{k: v for k, v in raw.items() if k not in ("base", "operands", "sources")}}
+    if isinstance(raw.get("defaults"), dict) and isinstance(base.get("defaults"), dict):
+        merged["defaults"] = {**base["defaults"], **raw["defaults"]}
     if "sources" in raw:
         merged["sources"] = merge_sources(base.get("sources"), raw.get("sources"))
     operands = dict(base.get("operands") or {})
@@ -157,6 +160,14 @@ def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> Quan
     if isinstance(ts, str):
         ts = {"kind": ts}
     kwargs["tensor_scaling"] = TensorScaling(**ts)
+    auto = kwargs.pop("auto_target", None)
+    if kwargs.get("target") == "auto":
+        # T chosen at each refresh: the spec's target is the first interval's, auto_target.min
+        kwargs["auto_target"] = AutoTarget(**(auto or {}))
+        kwargs["target"] = kwargs["auto_target"].min
+    elif auto is not None and (own is None or "auto_target" in own):
+        # (an operand that sets a fixed target drops the automatic one of `defaults`)
+        raise RecipeError(f"{where}.auto_target': value {auto!r}: only with target: auto")
     if "block" in kwargs:
         kwargs["block"] = tuple(kwargs["block"])
     for name, value, allowed in spec_problems(**kwargs):

@@ -31,6 +31,29 @@ class TensorScaling:
 
 
 @dataclass(frozen=True)
+class AutoTarget:
+    """An automatic target T, chosen at each refresh of a held amax (periodic scaling only).
+
+    With the growth G_k = max over interval k of (live amax / held amax) of the operand:
+
+        T = clamp(scale_max / (safety · max(G over the last ``window`` intervals)), min, max)
+
+    a real number (no rounding); the first interval uses ``min``. Why: a block at the held amax A
+    gets scale T, leaving scale_max / T of headroom for the tensor to grow before the next refresh;
+    the largest T whose headroom still covers ``safety`` times the growth the operand showed
+    leaves the most room below for small blocks (``fp4repro.quant.state.QuantState``).
+    """
+
+    min: float = 448.0
+    max: float = 8192.0
+    safety: float = 4.0
+    window: int = 4
+
+    def __str__(self) -> str:
+        return f"auto[{self.min:g}..{self.max:g}, safety {self.safety:g}, window {self.window}]"
+
+
+@dataclass(frozen=True)
 class QuantSpec:
     """Numerics of one GEMM operand (see the numerics contract in the README).
 
@@ -43,6 +66,9 @@ class QuantSpec:
     scale_rounding: block-scale rounding, "rne" (nearest even) or "up" (toward +inf, MX style)
     rht:            16-point randomized Hadamard transform along the reduction dimension first
     tensor_scaling: current or periodic amax
+    auto_target:    None, or how T is chosen at each refresh (``AutoTarget``); ``target`` is then
+                    the T of the first interval, ``auto_target.min``, and the run's QuantState
+                    holds the T of each operand after that (recipes say ``target: auto``)
     """
 
     element: str = "e2m1"
@@ -53,6 +79,7 @@ class QuantSpec:
     scale_rounding: str = "rne"
     rht: bool = False
     tensor_scaling: TensorScaling = TensorScaling()
+    auto_target: AutoTarget | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block", tuple(int(b) for b in self.block))
@@ -64,7 +91,7 @@ class QuantSpec:
         return spec_problems(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     def __str__(self) -> str:
-        t = "none" if self.target is None else f"{self.target:g}"
+        t = "none" if self.target is None else str(self.auto_target) if self.auto_target else f"{self.target:g}"
         parts = [f"{self.element}/{self.scale}", "x".join(map(str, self.block)), f"T={t}",
                  self.rounding.upper(), str(self.tensor_scaling)]
         if self.rht:
@@ -75,8 +102,8 @@ class QuantSpec:
 
 
 def spec_problems(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rounding="rne",
-                  scale_rounding="rne", rht=False,
-                  tensor_scaling=TensorScaling()) -> list[tuple[str, object, str]]:
+                  scale_rounding="rne", rht=False, tensor_scaling=TensorScaling(),
+                  auto_target=None) -> list[tuple[str, object, str]]:
     """Why these QuantSpec fields are invalid, as (field, value, what is allowed) triples."""
     out = []
     try:
@@ -111,6 +138,33 @@ def spec_problems(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rou
         out.append(("tensor_scaling", tensor_scaling.kind, "allowed 'current' or 'periodic'"))
     elif tensor_scaling.kind == "periodic" and (int(tensor_scaling.interval) < 1 or target is None):
         out.append(("tensor_scaling", str(tensor_scaling), "periodic scaling needs interval >= 1 and a target"))
+    if auto_target is not None:
+        out += auto_target_problems(auto_target, target, scale_format, scale, tensor_scaling)
+    return out
+
+
+def auto_target_problems(auto: AutoTarget, target, scale_format, scale: str,
+                         tensor_scaling: TensorScaling) -> list[tuple[str, object, str]]:
+    """Why an automatic target is invalid: its bounds must be valid targets of the scale format,
+    and it needs a held amax to measure growth against."""
+    out = []
+    limit = scale_format.max if scale_format is not None else float("inf")
+    for name in ("min", "max"):
+        value = getattr(auto, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit:
+            out.append((f"auto_target.{name}", value, f"must satisfy 0 < T <= {limit:g} (the max of scale format "
+                                                       f"{scale!r})"))
+    if not out and auto.max < auto.min:
+        out.append(("auto_target.max", auto.max, f"must be >= auto_target.min ({auto.min:g})"))
+    if isinstance(auto.safety, bool) or not isinstance(auto.safety, (int, float)) or not auto.safety > 0:
+        out.append(("auto_target.safety", auto.safety, "must be a number > 0"))
+    if isinstance(auto.window, bool) or not isinstance(auto.window, int) or auto.window < 1:
+        out.append(("auto_target.window", auto.window, "must be an integer >= 1 (refresh intervals)"))
+    if target != auto.min:
+        out.append(("target", target, f"an automatic target starts at auto_target.min ({auto.min!r})"))
+    if tensor_scaling.kind != "periodic":
+        out.append(("auto_target", str(auto), "needs periodic tensor scaling (growth is measured against a "
+                                              "held amax)"))
     return out
 
 

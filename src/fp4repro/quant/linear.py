@@ -41,6 +41,7 @@ its own d_x[i]·d_w (``emulated_gemm``).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import math
 import operator
 
@@ -65,6 +66,13 @@ def host_decode_scale(amax: float | None, emax: float, target: float | None) -> 
     return float(torch.reciprocal(g))
 
 
+@functools.lru_cache(maxsize=4096)
+def _with_target(spec: QuantSpec, target: float) -> QuantSpec:
+    """The fixed-target spec an automatic spec quantizes with while its T is ``target`` (built
+    once per T: a spec is validated when it is made, and the step is bound by host time)."""
+    return replace(spec, target=target, auto_target=None)
+
+
 def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
                       layer: str, operand: str) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
@@ -72,18 +80,27 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     d is a Python float where it is known on the host (a held amax, or no tensor scale) and
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
     amax and stores a fresh sample when due; telemetry is recorded when ``state.telemetry`` is on.
+    An automatic target asks ``state`` for its T (chosen at each refresh, before the fresh
+    sample is used) and, between refreshes, hands it the live amax of what was quantized.
     """
     if spec is None:
         return t, None
     key = f"{layer}.{operand}"
     held = state.held_amax(key, spec.tensor_scaling) if state is not None else None
     telemetry = state is not None and state.telemetry
-    qs, d, amax, stats = scaled_operand(t, spec, amax=held, stats=telemetry)
+    auto = state is not None and spec.auto_target is not None
+    target = spec.target
+    if auto:
+        target = state.choose_target(key, spec) if held is None else state.target(key, spec)
+        spec = _with_target(spec, target)
+    qs, d, amax, stats, live = scaled_operand(t, spec, amax=held, stats=telemetry, live=auto and held is not None)
     if state is not None:
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)
+        elif auto:
+            state.observe(key, live, held)
         if telemetry:
-            state.record(layer, operand, stats)
+            state.record(layer, operand, stats, target)
     if t.is_cuda:
         emax = get_format(spec.element).max
         if spec.target is None:
@@ -113,9 +130,9 @@ def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec,
     telemetry = state is not None and state.telemetry
 
     def quantized(t: torch.Tensor, groups: torch.Tensor | None = None):
-        qs, d, _, stats = scaled_operand(t, spec, stats=telemetry, groups=groups)
+        qs, d, _, stats, _ = scaled_operand(t, spec, stats=telemetry, groups=groups)
         if telemetry:
-            state.record(layer, operand, stats)
+            state.record(layer, operand, stats, spec.target)
         return qs, d
 
     padding = torch.arange(width, device=x.device) >= torch.tensor(lengths, device=x.device)[:, None]
@@ -202,10 +219,11 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
 def transposable_weight_spec(specs: LinearSpecs) -> bool:
     """Whether Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop given the same amax: one spec for both, square
     blocks (a block of Wᵀ is the transpose of a block of W, with the same amax and scale) and
-    deterministic element rounding (RNE, no RHT, whose 16-point transform runs along rows)."""
+    deterministic element rounding (RNE, no RHT, whose 16-point transform runs along rows). Not
+    with an automatic target: fprop.w and dgrad.w are two operands, each with its own T."""
     spec = specs.fprop_w
     return (spec is not None and spec == specs.dgrad_w and spec.block[0] == spec.block[1]
-            and spec.rounding == "rne" and not spec.rht)
+            and spec.rounding == "rne" and not spec.rht and spec.auto_target is None)
 
 
 def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, operand: str):

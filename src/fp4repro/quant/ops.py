@@ -79,22 +79,23 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False, groups: torch.Tensor | None = None,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
-    """(q · s_b in x's 2-D shape, d, A used, stats) (``fp4repro.reference.block.scaled_operand``;
+                   stats: bool = False, groups: torch.Tensor | None = None, live: bool = False,
+                   ) -> reference.ScaledOperand:
+    """(q · s_b in x's 2-D shape, d, A used, stats, live amax) (``fp4repro.reference.block.scaled_operand``;
     with row ``groups``, always the reference: the kernels take one amax per call)."""
     if groups is not None or not uses_kernel(x, generator, rand):
         return reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
-                                        groups=groups)
+                                        groups=groups, live=live)
     from fp4repro.kernels import quantize_2d
 
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
-    k = quantize_2d(x2d, spec, amax=amax, stats=stats)
-    return k["qs"], k["decode_scale"], k["amax"], (_kernel_stats(k, x2d, spec, amax) if stats else None)
+    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live)
+    return reference.ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
+                                   _kernel_stats(k, x2d, spec, amax) if stats else None, k.get("live_amax"))
 
 
 def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                         generator: torch.Generator | None = None, rand: torch.Tensor | None = None) -> torch.Tensor:
     """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
-    qs, d, _, _ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
+    qs, d, *_ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
     return (qs.to(torch.float32) * d).reshape(x.shape)

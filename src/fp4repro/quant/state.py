@@ -1,9 +1,18 @@
-"""Run-wide quantization state: held amaxes of periodic tensor scaling, and telemetry.
+"""Run-wide quantization state: held amaxes of periodic tensor scaling, automatic targets, and
+telemetry.
 
 One ``QuantState`` per model, shared by all its QuantLinears, keyed by "<layer>.<operand>".
 The training loop calls ``advance()`` after every optimizer step and turns telemetry on for
 the steps it wants recorded; ``state_dict()`` goes into checkpoints so a resumed run holds the
-same amaxes.
+same amaxes and targets.
+
+Automatic target (``QuantSpec.auto_target``): between refreshes each quantization of an operand
+also returns the live amax of what it quantized (a by-product of its block amaxes), and the state
+keeps the interval's growth G_k = max(live / held) (1 at the refresh itself). At the next refresh,
+before the fresh sample is used, T = clamp(scale_max / (safety · max(G over the last ``window``
+intervals)), min, max) (``choose_target``); until the first interval has ended, T = min. The
+growth is reduced with ``reduce_max`` before it is read (identity in one process; a distributed
+backend sets it to a MAX all-reduce so that every rank chooses the same T).
 """
 
 from __future__ import annotations
@@ -12,8 +21,15 @@ from dataclasses import asdict
 
 import torch
 
-from fp4repro.config.spec import TensorScaling
+from fp4repro.config.spec import AutoTarget, QuantSpec, TensorScaling
+from fp4repro.formats import get_format
 from fp4repro.reference.block import OperandStats
+
+
+def chosen_target(growth: float, auto: AutoTarget, scale_max: float) -> float:
+    """T = clamp(scale_max / (safety · growth), min, max) in float64: the largest T whose headroom
+    scale_max / T covers ``safety`` times the growth (``AutoTarget``)."""
+    return min(max(scale_max / (auto.safety * growth), float(auto.min)), float(auto.max))
 
 
 class QuantState:
@@ -24,6 +40,10 @@ class QuantState:
         self._held_at: dict[str, int] = {}
         self._held_host: dict[str, float] = {}   # the held values read back once, for GEMM epilogues
         self._records: list[dict] = []
+        self._growth: dict[str, torch.Tensor] = {}      # this interval's max(live / held), on the device
+        self._growths: dict[str, list[float]] = {}      # G of the last ``window`` finished intervals
+        self._target: dict[str, float] = {}             # the automatic T in use
+        self.reduce_max = None                          # growth reduction across ranks (None: one process)
 
     # ------------------------------------------------------------------ periodic tensor scaling
     def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
@@ -50,6 +70,38 @@ class QuantState:
             value = self._held_host[key] = float(self._held[key])
         return value
 
+    # ------------------------------------------------------------------ automatic target T
+    def target(self, key: str, spec: QuantSpec) -> float | None:
+        """The T to quantize ``key`` with: the spec's own, or its automatic one (``auto_target.min``
+        until ``choose_target`` has chosen another)."""
+        if spec.auto_target is None:
+            return spec.target
+        return self._target.get(key, float(spec.auto_target.min))
+
+    def observe(self, key: str, live: torch.Tensor, held: torch.Tensor) -> None:
+        """Fold one quantization's live amax (with the held amax it used) into the interval's
+        growth, on the device (no synchronization). A held amax of 0 that now sees a non-zero
+        tensor is infinite growth: the next T is ``min``."""
+        ratio = torch.where(held > 0, live / held, torch.where(live > 0, torch.inf, 1.0))
+        previous = self._growth.get(key)
+        self._growth[key] = ratio if previous is None else torch.maximum(previous, ratio)
+
+    def choose_target(self, key: str, spec: QuantSpec) -> float:
+        """At a refresh of ``key`` (its held amax is due for a fresh sample, which has not been
+        taken yet): close the interval that ends, its growth G_k (1 if nothing but its first
+        step was seen), and choose the next T from the last ``window`` intervals. The first
+        sample of ``key`` closes nothing. Reads the growth once (one synchronization per refresh)."""
+        auto = spec.auto_target
+        growth = self._growth.pop(key, None)
+        if key in self._held_at:
+            if growth is not None and self.reduce_max is not None:
+                growth = self.reduce_max(growth)
+            growths = self._growths.setdefault(key, [])
+            growths.append(1.0 if growth is None else max(1.0, float(growth)))
+            del growths[:-auto.window]
+            self._target[key] = chosen_target(max(growths), auto, get_format(spec.scale).max)
+        return self.target(key, spec)
+
     # ------------------------------------------------------------------ per-sequence activations
     def sequence_lengths(self, batch: int, width: int) -> tuple[int, ...] | None:
         """Valid lengths of the ``batch`` sequences (``width`` positions each, padding after them)
@@ -69,10 +121,12 @@ class QuantState:
         return self.step - self._held_at[key] if key in self._held_at else 0
 
     # ------------------------------------------------------------------------------ telemetry
-    def record(self, layer: str, operand: str, stats: OperandStats) -> None:
+    def record(self, layer: str, operand: str, stats: OperandStats, target: float | None = None) -> None:
+        """One telemetry row: the quantization's stats, its refresh phase and the T it used."""
         row = {"step": self.step, "layer": layer, "operand": operand,
                "steps_since_refresh": self.steps_since_refresh(f"{layer}.{operand}"), **asdict(stats)}
         row["rel_error"] = stats.rel_error
+        row["target"] = float("nan") if target is None else float(target)
         self._records.append(row)
 
     def pop_telemetry(self) -> list[dict]:
@@ -83,14 +137,21 @@ class QuantState:
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
         return {"step": self.step, "held": {k: v.cpu() for k, v in self._held.items()},
-                "held_at": dict(self._held_at)}
+                "held_at": dict(self._held_at), "growth": {k: v.cpu() for k, v in self._growth.items()},
+                "growths": {k: list(v) for k, v in self._growths.items()}, "target": dict(self._target)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self._held = {k: v.clone() for k, v in state["held"].items()}
         self._held_at = {k: int(v) for k, v in state["held_at"].items()}
         self._held_host = {}
+        # automatic targets (absent from checkpoints of runs without them)
+        device = next(iter(self._held.values())).device if self._held else "cpu"
+        self._growth = {k: v.clone().to(device) for k, v in state.get("growth", {}).items()}
+        self._growths = {k: [float(g) for g in v] for k, v in state.get("growths", {}).items()}
+        self._target = {k: float(v) for k, v in state.get("target", {}).items()}
 
     def to(self, device) -> "QuantState":
         self._held = {k: v.to(device) for k, v in self._held.items()}
+        self._growth = {k: v.to(device) for k, v in self._growth.items()}
         return self

@@ -41,6 +41,7 @@ at inference).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import math
 
@@ -339,28 +340,55 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
     return out
 
 
+class ScaledOperand(NamedTuple):
+    """A GEMM operand as ``scaled_operand`` returns it."""
+
+    qs: torch.Tensor                 # q · s_b, float32 (the kernels: x's dtype or out_dtype), x's 2-D shape
+    d: torch.Tensor                  # decode scale 1/g, float32 (rows, 1) with row groups
+    amax: torch.Tensor               # A used: the held amax, else the current one
+    stats: OperandStats | None       # telemetry, when asked
+    live: torch.Tensor | None        # the tensor's current amax, when asked (``live=True``)
+
+
+def live_amax(b: "_Blocks") -> torch.Tensor:
+    """The current amax of what was quantized (``tensor_amax`` of the padded, RHT'd 2-D tensor),
+    float32 scalar, from the block amaxes already computed: the max of the block amaxes when all
+    are finite (exact: a max of maxima), else the finite elements' max (a block holding NaN or inf
+    may hold finite elements larger than every finite block's)."""
+    if b.current is not None:
+        return b.current
+    if not b.block_amax.numel():
+        return torch.zeros((), device=b.block_amax.device)
+    top = b.block_amax.max()          # NaN if a block holds NaN, inf if one holds inf
+    return top.to(torch.float32) if bool(torch.isfinite(top)) else tensor_amax(b.x2d)
+
+
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False, groups: torch.Tensor | None = None,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, OperandStats | None]:
-    """The GEMM operand without packing: (q · s_b as float32 in x's 2-D shape, d, A used, stats).
+                   stats: bool = False, groups: torch.Tensor | None = None, live: bool = False) -> ScaledOperand:
+    """The GEMM operand without packing (``ScaledOperand``: q · s_b as float32 in x's 2-D shape,
+    d, A used, stats, live amax).
 
     Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
     groups: int64 group id of each row of x's 2-D view (see the module docstring: current amax
     and 1-row blocks only); A and d are then float32 (rows, 1), each row its group's (d = 1
-    without a tensor scale).
+    without a tensor scale). live: also the tensor's current amax (``live_amax``), which
+    automatic targets compare with the held one.
     """
+    if live and groups is not None:
+        raise ValueError("a live amax is one tensor's: not with row groups")
     b = _quantize_blocks(x, spec, amax, generator, rand, stats, groups)
     rows, cols = rows_cols(x.shape)
     qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
-    return qs, b.d, b.held, (_operand_stats(b, spec.block) if stats else None)
+    return ScaledOperand(qs, b.d, b.held, _operand_stats(b, spec.block) if stats else None,
+                         live_amax(b) if live else None)
 
 
 def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                         generator: torch.Generator | None = None,
                         rand: torch.Tensor | None = None) -> torch.Tensor:
     """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
-    qs, d, _, _ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
+    qs, d, *_ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
     return (qs * d).reshape(x.shape)
 
 

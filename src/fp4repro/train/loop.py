@@ -47,7 +47,7 @@ METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s",
 TELEMETRY = ["step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks", "underflow_blocks",
              "nonzero_elements", "zeroed_elements", "clipped_elements", "nonfinite_blocks", "sq_error", "sq_norm",
              "amax_ratio",
-             "rel_error"]
+             "rel_error", "target"]
 
 
 class NonFiniteLoss(FP4ReproError):
