@@ -162,3 +162,20 @@ def test_two_ranks_choose_the_same_t_from_the_reduced_growth():
         chosen = [torch.load(f"{out}.{rank}").tolist() for rank in (0, 1)]
     assert chosen[0] == chosen[1]
     assert [chosen[0][step] for step in (0, 2, 4, 6, 8)] == EXPECTED_T     # rank 0's 10x growth counts
+
+
+def test_inference_quantizes_an_automatic_target_with_no_growth_to_cover():
+    """The quantized-inference policy uses the current amax: G = 1, so T = clamp(114688 / 4,
+    448, 8192) = 8192, for activations quantized per sequence too."""
+    from fp4repro.eval.policy import CurrentAmaxState
+
+    state = CurrentAmaxState()
+    x = unit_tensor()
+    qs, _ = quantized_operand(x, SPEC, state, "l", "fprop.x")
+    assert torch.equal(qs, scaled_operand(x, replace(SPEC, target=8192.0, auto_target=None)).qs)
+    from fp4repro.quant.linear import sequence_operand
+
+    three = torch.stack([x, 2 * x, x])
+    seq, _ = sequence_operand(three, (32, 20, 32), SPEC, state, "l")
+    alone = scaled_operand(2 * x[:20], replace(SPEC, target=8192.0, auto_target=None)).qs
+    assert torch.equal(seq.reshape(3, 32, 64)[1, :20], alone)

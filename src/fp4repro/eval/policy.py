@@ -29,10 +29,12 @@ import torch
 from fp4repro.config.eval import POLICIES
 from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import Recipe, RecipeError, recipe_from_config
-from fp4repro.config.spec import TensorScaling
+from fp4repro.config.spec import QuantSpec, TensorScaling
+from fp4repro.formats import get_format
 from fp4repro.eval.errors import EvalError
 from fp4repro.model import NemotronH
 from fp4repro.quant import QuantState
+from fp4repro.quant.state import chosen_target
 from fp4repro.train import load_checkpoint
 
 
@@ -44,6 +46,9 @@ class CurrentAmaxState(QuantState):
     that the scorer set for the current forward (``with state.sequences(lengths):``, or
     ``batch_lengths(model, lengths)``), or, when none are set, that every row is a sequence of the
     full width. The weights keep one amax: they do not depend on the batch.
+
+    An automatic target (``QuantSpec.auto_target``) has no growth to cover with the current
+    amax: its rule with G = 1 gives T = clamp(scale_max / safety, min, max) (8192 for ue5m3_auto).
     """
 
     def __init__(self) -> None:
@@ -72,6 +77,11 @@ class CurrentAmaxState(QuantState):
 
     def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
         return None
+
+    def target(self, key: str, spec: QuantSpec) -> float | None:
+        if spec.auto_target is None:
+            return spec.target
+        return chosen_target(1.0, spec.auto_target, get_format(spec.scale).max)
 
     def hold(self, key: str, amax: torch.Tensor, scaling: TensorScaling) -> None:
         return None

@@ -128,6 +128,8 @@ def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec,
         raise ValueError(f"{layer}.{operand}: sequence lengths {list(lengths)} do not fit a batch of "
                          f"{batch} sequences of {width} positions")
     telemetry = state is not None and state.telemetry
+    if state is not None and spec.auto_target is not None:
+        spec = _with_target(spec, state.target(f"{layer}.{operand}", spec))
 
     def quantized(t: torch.Tensor, groups: torch.Tensor | None = None):
         qs, d, _, stats, _ = scaled_operand(t, spec, stats=telemetry, groups=groups)
