@@ -118,8 +118,9 @@ def plot_target(inputs: list[Path], out_png: Path):
     per_class = class_targets(df[df["recipe"].isin(auto)])
     values = [*per_class["min"], *per_class["max"], *(t for ts in references.values() for t in ts)]
     low, high = min(values) / 1.8, max(values) * 2.2
-    ticks = sorted({2.0 ** k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)}
-                   | {t for ts in references.values() for t in ts})
+    marked = {t for ts in references.values() for t in ts}
+    ticks = sorted(marked | {2.0 ** k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)
+                             if all(abs(math.log2(2.0 ** k / t)) > 0.3 for t in marked)})
 
     fig, axes = plt.subplots(1, len(OPERAND_CLASSES), figsize=(5.4 * len(OPERAND_CLASSES), 5.0), sharey=True,
                              layout="constrained", squeeze=False)
