@@ -139,8 +139,8 @@ def plot_target(inputs: list[Path], out_png: Path):
             band.set_gid(f"band:{recipe}:{cls}")
             line, = ax.step(x, rows["median"], where="post", color=colors[recipe], lw=2.0)
             line.set_gid(f"median:{recipe}:{cls}")
-            notes.append(f"{recipe}: T {rows['min'].min():g}–{rows['max'].max():g}, "
-                         f"last median {rows['median'].iloc[-1]:g}")
+            notes.append(f"{recipe}: T {rows['min'].min():.4g}–{rows['max'].max():.4g}, "
+                         f"last median {rows['median'].iloc[-1]:.4g}")
         for t, users in references[cls].items():
             ref = ax.axhline(t, color="0.35", ls="--", lw=1.0, zorder=1)
             ref.set_gid(f"fixed:{cls}:{t:g}")
