@@ -295,6 +295,9 @@ def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, m
     loss_line = next(line for line in text.splitlines() if line.startswith("| final_loss |"))
     assert "batch means" in loss_line and f"**{SUGGESTIVE}**" in loss_line
     assert "Mechanism: an element clipped at ±6" in text
+    # beyond the paper (ue5m3 and ue5m3_t2048 are studied): after the claims, before the figures
+    assert text.index("## Claims") < text.index("## Beyond the paper: an automatic target T") < text.index("## Figures")
+    assert "| ue5m3_t2048 |" in text and "- ue5m3_auto is not in this experiment: no comparison." in text
 
 
 def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
@@ -315,3 +318,125 @@ def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
 def measure_all(results: Path) -> list:
     return [row for c in load_claims(CLAIMS)[1]
             for row in measure(c, results / "tiny", ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,), BLEND)]
+
+
+# ------------------------------------------------------------- beyond the paper: automatic target T
+
+from fp4repro.report import target_section  # noqa: E402
+
+CLASSES = {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),
+           "gradients": ("dgrad.dy", "wgrad.dy")}
+
+
+def target_telemetry(recipe: str, seed: int, scale: dict | None = None, saturated: int = 0,
+                     target: bool = True) -> list[dict]:
+    """Telemetry of all six operands with random counts (stable per recipe, seed, step, layer,
+    operand); ``scale``: class -> factor on its underflow and clipping counts; ``saturated``: the
+    saturated blocks of every gradient row; T: 448 then, for ue5m3_auto, growing per step."""
+    rows = []
+    for step in range(0, 30, 3):
+        for layer in ("layers.0.mixer.in_proj", "layers.1.mlp.fc1"):
+            for cls, ops in CLASSES.items():
+                for op in ops:
+                    g = rng("target", recipe, seed, step, layer, op)
+                    f = (scale or {}).get(cls, 1.0)
+                    row = {"step": step, "layer": layer, "operand": op, "steps_since_refresh": step % 10,
+                           "blocks": 1000, "saturated_blocks": saturated if cls == "gradients" else 0,
+                           "underflow_blocks": round(f * g.integers(0, 20)), "nonzero_elements": 16_000,
+                           "clipped_elements": round(f * g.integers(0, 200))}
+                    if target:
+                        row["target"] = 448.0 * (1 + step // 10 * (2 if cls == "gradients" else 1)) \
+                            if recipe == "ue5m3_auto" else {"ue5m3_t8192": 8192.0, "ue5m3_t2048": 2048.0}.get(
+                                recipe, 448.0) if (recipe != "ue5m3_t2048" or cls == "gradients") else 448.0
+                    rows.append(row)
+    return rows
+
+
+def write_target_run(results: Path, recipe: str, seed: int, loss: float = 0.0, **telemetry) -> list[dict]:
+    write_run(results, recipe, seed, loss=loss)
+    rows = target_telemetry(recipe, seed, **telemetry)
+    pd.DataFrame(rows).to_parquet(run_dir(results, "tiny", recipe, seed) / "telemetry.parquet")
+    return rows
+
+
+def section_table(lines: list[str]) -> dict[str, dict[str, str]]:
+    """recipe -> column -> cell of the section's table."""
+    table = [line for line in lines if line.startswith("| ")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    return {cells[0]: dict(zip(head, cells)) for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in table[1:])}
+
+
+def test_target_section_rates_losses_and_T_ranges_are_those_of_the_runs(tmp_path):
+    results = tmp_path / "results"
+    written = {}
+    for recipe in ("ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"):
+        for seed in (0, 1):
+            written[recipe, seed] = write_target_run(results, recipe, seed, loss=0.01 * len(recipe),
+                                                     target=recipe != "ue5m3")
+    (eval_dir(results, "tiny", "ue5m3_t8192", 1) / "final_loss.json").unlink()
+    lines = target_section(results / "tiny", ["nvfp4", "ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"], (0, 1))
+    assert lines[1] == "## Beyond the paper: an automatic target T" and "Not a claim of the paper" in lines[3]
+    table = section_table(lines)
+    assert list(table) == ["ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"]
+    short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
+    for recipe, cells in table.items():
+        for cls, ops in CLASSES.items():
+            for event, count, units in (("underflow", "underflow_blocks", "blocks"),
+                                        ("saturation", "saturated_blocks", "blocks"),
+                                        ("clipping", "clipped_elements", "nonzero_elements")):
+                per_seed = []
+                for seed in (0, 1):
+                    rows = [r for r in written[recipe, seed] if r["operand"] in ops]
+                    per_seed.append(sum(r[count] for r in rows) / sum(r[units] for r in rows))
+                expected = (per_seed[0] + per_seed[1]) / 2
+                assert cells[f"{event} {short[cls]}"] == ("0" if expected == 0 else f"{expected:.3e}")
+        losses = [json.loads((eval_dir(results, "tiny", recipe, s) / "final_loss.json").read_text())["loss"]
+                  for s in (0, 1) if (eval_dir(results, "tiny", recipe, s) / "final_loss.json").is_file()]
+        assert cells["final-window loss"] == ("–" if recipe == "ue5m3_t8192" else f"{np.mean(losses):.4f}")
+    assert [table["ue5m3_auto"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["448–1344", "448–1344", "448–2240"]
+    assert [table["ue5m3_t2048"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["448", "448", "2048"]
+    assert table["ue5m3_t8192"]["T grads"] == "8192" and table["ue5m3"]["T act."] == "not recorded"
+
+
+def comparison_lines(lines: list[str]) -> dict[str, str]:
+    return {cls: next(line for line in lines if line.startswith(f"- **{cls}**")) for cls in CLASSES}
+
+
+def test_target_comparison_follows_the_numbers(tmp_path):
+    results = tmp_path / "results"
+    recipes = ["ue5m3", "ue5m3_t2048", "ue5m3_auto"]
+    write_target_run(results, "ue5m3", 0)
+    write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
+    # automatic: fewer events than both in activations and gradients, more in weights; no saturation
+    write_target_run(results, "ue5m3_auto", 0, scale={"activations": 0.2, "weights": 3.0, "gradients": 0.1})
+    lines = comparison_lines(target_section(results / "tiny", recipes, (0,)))
+    assert all("ue5m3_auto has no block-saturation event (0 of 40,000 blocks)" in line for line in lines.values())
+    assert "is no higher than the better of T = 448 and T = 2048 (ue5m3_t2048: " in lines["gradients"]
+    assert "is no higher than" in lines["activations"]
+    assert "is higher than the better" in lines["weights"]
+    # the numbers the other way: automatic has saturation and more events where it had fewer
+    for recipe in recipes:
+        for folder in (run_dir(results, "tiny", recipe, 0), eval_dir(results, "tiny", recipe, 0)):
+            for f in folder.iterdir():
+                f.unlink()
+            folder.rmdir()
+    write_target_run(results, "ue5m3", 0)
+    write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
+    write_target_run(results, "ue5m3_auto", 0, scale={"activations": 3.0, "weights": 0.2, "gradients": 2.0},
+                     saturated=3)
+    lines = comparison_lines(target_section(results / "tiny", recipes, (0,)))
+    assert "has block-saturation events (120 of 40,000 blocks)" in lines["gradients"]
+    assert "has no block-saturation event" in lines["weights"]
+    assert "is higher than the better" in lines["gradients"] and "is higher than the better" in lines["activations"]
+    assert "is no higher than the better of T = 448 and T = 2048 (ue5m3: " in lines["weights"]
+
+
+def test_target_section_needs_two_of_its_recipes(tmp_path):
+    results = tmp_path / "results"
+    for recipe in ("nvfp4", "ue5m3", "ue5m3_auto"):
+        write_target_run(results, recipe, 0)
+    assert target_section(results / "tiny", ["nvfp4", "ue5m3"], (0,)) == []
+    assert target_section(results / "tiny", ["nvfp4", "ue5m3_auto", "mxfp4"], (0,)) == []
+    lines = target_section(results / "tiny", ["nvfp4", "ue5m3", "ue5m3_auto"], (0,))
+    assert list(section_table(lines)) == ["ue5m3", "ue5m3_auto"]

@@ -33,8 +33,8 @@ import pandas as pd
 from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_field
 from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
-                              NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, TELEMETRY_COLUMNS, eval_dir, last_checkpoint,
-                              read_json, read_table, run_dir)
+                              NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
+                              eval_dir, last_checkpoint, read_json, read_table, run_dir)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -291,6 +291,151 @@ def measure(claim: Claim, root: Path, recipes, seeds=(0,), blend: dict[str, floa
     return telemetry(claim, root, seeds)      # the claims schema allows no other measure
 
 
+# ------------------------------------------------------------------- beyond the paper: automatic T
+
+# the recipes the section compares: T = 448, T = 2048 on dY, T = 8192, automatic T
+TARGET_RECIPES = ("ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto")
+AUTO_RECIPE = "ue5m3_auto"
+FIXED_RIVALS = ("ue5m3", "ue5m3_t2048")     # "the better of T = 448 and T = 2048"
+
+
+@dataclass(frozen=True)
+class TargetRow:
+    """One recipe of the automatic-T section: per operand class and event the (count, units)
+    summed over the run's layers, steps and the class's operands, per seed; the final-window loss
+    per seed (None where missing); the (min, max) T per class over the run (None: not recorded)."""
+
+    recipe: str
+    events: dict[str, dict[str, list[tuple[int, int]]]]     # class -> event -> per seed (count, units)
+    losses: list[float | None]
+    targets: dict[str, tuple[float, float] | None]
+    missing: tuple[str, ...] = ()                           # telemetry files that are not there
+
+    def rate(self, cls: str, event: str) -> float:
+        """The event's rate in the class, mean over seeds of count / units (NaN without data)."""
+        per_seed = [e / n if n else math.nan for e, n in self.events.get(cls, {}).get(event, [])]
+        return float(np.mean(per_seed)) if per_seed and not self.missing else math.nan
+
+    def count(self, cls: str, event: str) -> tuple[int, int]:
+        pairs = self.events.get(cls, {}).get(event, [])
+        return sum(e for e, _ in pairs), sum(n for _, n in pairs)
+
+    @property
+    def loss(self) -> float | None:
+        return None if not self.losses or any(v is None for v in self.losses) else float(np.mean(self.losses))
+
+
+def target_rows(root: Path, recipes, seeds) -> list[TargetRow]:
+    """The rows of the automatic-T section: each of ``TARGET_RECIPES`` in ``recipes``, from its
+    runs' telemetry and final-window losses under ``root`` (results/<exp>)."""
+    rows = []
+    for recipe in (r for r in TARGET_RECIPES if r in recipes):
+        events: dict[str, dict[str, list[tuple[int, int]]]] = {c: {e: [] for e in EVENTS} for c in OPERAND_CLASSES}
+        targets: dict[str, list[float] | None] = {c: [] for c in OPERAND_CLASSES}
+        losses, missing = [], []
+        for seed in seeds:
+            path = run_dir(root.parent, root.name, recipe, seed) / "telemetry.parquet"
+            summary = eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json"
+            losses.append(float(read_json(summary, ("loss",), "a final-window loss summary", ReportError)["loss"])
+                          if summary.is_file() else None)
+            if not path.is_file():
+                missing.append(str(path))
+                continue
+            table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+            for cls, ops in OPERAND_CLASSES.items():
+                part = table[table["operand"].isin(list(ops))]
+                for event, (count, units) in EVENTS.items():
+                    events[cls][event].append((int(part[count].sum()), int(part[units].sum())))
+                if TARGET_COLUMN not in table.columns or targets[cls] is None:
+                    targets[cls] = None
+                else:
+                    t = part[TARGET_COLUMN].astype(float)
+                    targets[cls] += list(t[np.isfinite(t)])
+        rows.append(TargetRow(recipe, events, losses,
+                              {c: (min(ts), max(ts)) if ts else (None if ts is None else (math.nan, math.nan))
+                               for c, ts in targets.items()}, tuple(missing)))
+    return rows
+
+
+def _rate_text(value: float) -> str:
+    return "–" if not math.isfinite(value) else "0" if value == 0 else f"{value:.3e}"
+
+
+def _target_text(span: tuple[float, float] | None) -> str:
+    if span is None:
+        return "not recorded"
+    low, high = span
+    if not math.isfinite(low):
+        return "none"
+    return f"{low:g}" if low == high else f"{low:g}–{high:g}"
+
+
+def target_comparison(rows: list[TargetRow]) -> list[str]:
+    """Per operand class: whether ue5m3_auto had no block-saturation event, and whether its
+    underflow + clipping rate is no higher than the better (lower) of T = 448 and T = 2048."""
+    by = {r.recipe: r for r in rows}
+    auto = by.get(AUTO_RECIPE)
+    if auto is None:
+        return [f"- {AUTO_RECIPE} is not in this experiment: no comparison."]
+    if auto.missing:
+        return [f"- {AUTO_RECIPE}: telemetry missing ({', '.join(auto.missing)}): no comparison."]
+    rivals = [by[r] for r in FIXED_RIVALS if r in by and not by[r].missing]
+    lines = []
+    for cls in OPERAND_CLASSES:
+        saturated, blocks = auto.count(cls, "saturation")
+        sat = (f"has no block-saturation event (0 of {blocks:,} blocks)" if saturated == 0 else
+               f"has block-saturation events ({saturated:,} of {blocks:,} blocks)")
+        mine = auto.rate(cls, "underflow") + auto.rate(cls, "clipping")
+        scored = [(r.rate(cls, "underflow") + r.rate(cls, "clipping"), r.recipe) for r in rivals]
+        scored = [(v, r) for v, r in scored if math.isfinite(v)]
+        if not scored or not math.isfinite(mine):
+            cmp = "its underflow + clipping rate has nothing to be compared with (no T = 448 or T = 2048 run)"
+        else:
+            best, who = min(scored)
+            cmp = (f"its underflow + clipping rate {_rate_text(mine)} is "
+                   f"{'no higher than' if mine <= best else 'higher than'} the better of T = 448 and T = 2048 "
+                   f"({who}: {_rate_text(best)})")
+        lines.append(f"- **{cls}** ({', '.join(OPERAND_CLASSES[cls])}): {AUTO_RECIPE} {sat}; {cmp}.")
+    return lines
+
+
+def target_section(root: Path, recipes, seeds) -> list[str]:
+    """The report's section "Beyond the paper: an automatic target T" (Markdown lines), or none
+    when fewer than two of ``TARGET_RECIPES`` are in ``recipes``. Measurements, no verdicts: the
+    paper makes no claim about an automatic T."""
+    present = [r for r in TARGET_RECIPES if r in recipes]
+    if len(present) < 2:
+        return []
+    seeds = list(seeds)
+    rows = target_rows(Path(root), recipes, seeds)
+    classes = list(OPERAND_CLASSES)
+    short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
+    head = (["recipe"] + [f"{e} {short[c]}" for e in EVENTS for c in classes] + ["final-window loss"]
+            + [f"T {short[c]}" for c in classes])
+    lines = ["", "## Beyond the paper: an automatic target T", "",
+             "Not a claim of the paper, which names the hand-tuned T as its limitation and gives no automatic "
+             f"rule: this suite's recipe {AUTO_RECIPE} chooses T per operand at each amax refresh, "
+             "T = clamp(scale max / (safety · max growth over the last intervals), min, max), compared here with "
+             "the fixed T = 448 (ue5m3), T = 2048 on dY (ue5m3_t2048) and T = 8192 (ue5m3_t8192). Rates are events "
+             "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
+             "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
+             "gradients: dgrad.dy, wgrad.dy"
+             + (f"; the mean over {len(seeds)} seeds" if len(seeds) > 1 else "; one seed")
+             + ". T: the range of the target T recorded in the run's telemetry per class. No verdicts: "
+               "measurements only.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row.recipe] + [_rate_text(row.rate(c, e)) for e in EVENTS for c in classes]
+        cells.append("–" if row.loss is None else f"{row.loss:.4f}")
+        cells += [_target_text(row.targets[c]) if not row.missing else "–" for c in classes]
+        lines.append("| " + " | ".join(cells) + " |")
+    missing = [m for row in rows for m in row.missing]
+    if missing:
+        lines += ["", f"Telemetry missing (its cells are –): {', '.join(missing)}."]
+    lines += ["", *target_comparison(rows)]
+    return lines
+
+
 # ------------------------------------------------------------------------------------ render
 
 def _fmt(row: Row, value: float) -> str:
@@ -301,8 +446,10 @@ def _signed(row: Row, value: float) -> str:
     return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
 
 
-def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], out: Path) -> str:
-    """The report as Markdown (figure links relative to the report's folder)."""
+def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], out: Path,
+           beyond: list[str] = ()) -> str:
+    """The report as Markdown (figure links relative to the report's folder); ``beyond``: the lines
+    of sections beyond the paper's claims (``target_section``), after the claims."""
     seeds = len(exp.train.seeds)
     lines = [f"# Reproduction report: {paper['title']}", "",
              f"Generated by `fp4repro report` from experiment `{exp.name}`; rerun the workflow to refresh it.", "",
@@ -334,6 +481,7 @@ def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], o
         mechanism = f" Mechanism: {MECHANISMS[row.claim.event]}." if row.claim.event in MECHANISMS else ""
         lines.append(f"- **{row.label}** — {row.claim.claim}. {row.note}".rstrip()
                      + ("." if row.note else "") + mechanism)
+    lines += list(beyond)
     if figures:
         lines += ["", "## Figures", ""]
         for fig in figures:
@@ -365,6 +513,7 @@ def write_report(study, claims: str | Path, out: str | Path, results: str | Path
     rows = [row for claim in claim_list
             for row in measure(claim, root, list(study.recipes), exp.train.seeds, blend)]
     out = Path(out)
-    text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out)
+    beyond = target_section(root, list(study.recipes), exp.train.seeds)
+    text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out, beyond)
     atomic_write_text(out, text)
     return rows

@@ -68,6 +68,12 @@ FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 # each telemetry event: (the column counting it, the column counting the units it can happen to)
 EVENTS = {"underflow": ("underflow_blocks", "blocks"), "saturation": ("saturated_blocks", "blocks"),
           "clipping": ("clipped_elements", "nonzero_elements")}
+# the GEMM operands by what they quantize (the target-T figure and the report's automatic-T section)
+OPERAND_CLASSES = {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),
+                   "gradients": ("dgrad.dy", "wgrad.dy")}
+# the column of a telemetry table with the target T each quantization used (NaN: no tensor scale);
+# optional for readers: tables written before the automatic target lack it ("not recorded")
+TARGET_COLUMN = "target"
 
 
 def write_table(path: Path, table: pd.DataFrame, provenance: dict) -> None:

@@ -3,6 +3,7 @@ the project's own writers), valid PNG + PDF out, clear errors for bad inputs, an
 differences drawn equal to those ``fp4repro.paired`` / ``fp4repro.statistics`` compute."""
 
 import json
+import math
 import zlib
 from pathlib import Path
 
@@ -159,7 +160,8 @@ def low_dpi(monkeypatch):
 FILES = {"loss": ["train/{r}/seed{s}/metrics.parquet", "eval/{r}/seed{s}/final_loss.json"],
          "nll": ["eval/{r}/seed{s}/nll.parquet", "eval/{r}/seed{s}/nll_documents.parquet"],
          "downstream": ["eval/{r}/seed{s}/downstream.parquet", "eval/{r}/seed{s}/downstream_items.parquet"],
-         "telemetry": ["train/{r}/seed{s}/telemetry.parquet"]}
+         "telemetry": ["train/{r}/seed{s}/telemetry.parquet"],
+         "target": ["train/{r}/seed{s}/telemetry.parquet"]}
 # what a figure needs besides its files here: the toy experiment has no config to read the blend from
 EXTRA = {"nll": {"blend": BLEND}}
 
@@ -358,7 +360,8 @@ def test_telemetry_has_every_event_by_operand_and_phase(results, tmp_path):
 # a table of each kind without one column the figure needs
 BROKEN = {"loss": ("train/ue5m3/seed0/metrics.parquet", "loss"), "nll": ("eval/ue5m3/seed0/nll.parquet", "nll"),
           "downstream": ("eval/ue5m3/seed0/downstream.parquet", "stderr"),
-          "telemetry": ("train/ue5m3/seed0/telemetry.parquet", "clipped_elements")}
+          "telemetry": ("train/ue5m3/seed0/telemetry.parquet", "clipped_elements"),
+          "target": ("train/ue5m3/seed0/telemetry.parquet", "operand")}
 
 
 @pytest.mark.parametrize("figure", sorted(FIGURES))
@@ -429,3 +432,82 @@ def test_cli_passes_the_options_of_the_figure(results, tmp_path, monkeypatch):
     assert main(["plot", "nll", "--blend", "prose=0.4,code=0.6", *map(str, inputs_of(results, "nll"))]) == 0
     assert main(["plot", "telemetry", *map(str, inputs_of(results, "telemetry"))]) == 0
     assert seen == [{"baseline": "ue5m3", "final_window": 0.2}, {"blend": BLEND}, {}]
+
+
+# ------------------------------------------------------------------------------ figure 'target'
+
+TARGET_LAYERS = ("layers.0.mixer.fc1", "layers.1.mlp.fc2", "layers.2.mixer.in_proj")
+
+
+def auto_t(step: int, layer: int, op: str) -> float:
+    """A known T sequence: 448 until the first refresh (step 10), then per layer and operand."""
+    if step < 10:
+        return 448.0
+    base = {"fprop.x": 4096.0, "wgrad.x": 2048.0, "fprop.w": 8192.0, "dgrad.w": 8192.0,
+            "dgrad.dy": 896.0, "wgrad.dy": 1792.0}[op]
+    return min(8192.0, base * 2 ** layer) if step < 20 else max(448.0, base / 2 ** layer)
+
+
+def _target_telemetry(recipe: str, with_target: bool = True) -> pd.DataFrame:
+    rows = []
+    for step in range(0, 30, 3):
+        for k, layer in enumerate(TARGET_LAYERS):
+            for op in OPERANDS:
+                t = {"ue5m3_auto": auto_t(step, k, op), "ue5m3_t8192": 8192.0, "ue5m3": 448.0,
+                     "ue5m3_t2048": 2048.0 if op.endswith(".dy") else 448.0, "mxfp4": math.nan}[recipe]
+                rows.append({"step": step, "layer": layer, "operand": op, "steps_since_refresh": step % 10,
+                             "blocks": 64, "saturated_blocks": 0, "underflow_blocks": 1, "nonzero_elements": 1024,
+                             "clipped_elements": 0, "target": t})
+    table = pd.DataFrame(rows, columns=TELEMETRY)
+    return table if with_target else table.drop(columns=["target"])
+
+
+def write_target_runs(root: Path, recipes: dict[str, bool]) -> list[Path]:
+    """Telemetry of each recipe (-> whether its table has the target column); bf16's empty one too."""
+    paths = []
+    for recipe, with_target in {"bf16": True, **recipes}.items():
+        path = root / "results" / "toy" / "train" / recipe / "seed0" / "telemetry.parquet"
+        path.parent.mkdir(parents=True)
+        table = pd.DataFrame(columns=TELEMETRY) if recipe == "bf16" else _target_telemetry(recipe, with_target)
+        table.to_parquet(path, index=False)
+        paths.append(path)
+    return paths
+
+
+def test_target_draws_the_automatic_T_per_class_with_the_fixed_T_as_references(tmp_path):
+    inputs = write_target_runs(tmp_path, {"ue5m3": True, "ue5m3_t8192": True, "mxfp4": True, "ue5m3_auto": True})
+    fig = plot_figure("target", inputs, tmp_path / "target.png")
+    assert_figure(tmp_path / "target.png")
+    table = _target_telemetry("ue5m3_auto")
+    for cls, ops in {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),
+                     "gradients": ("dgrad.dy", "wgrad.dy")}.items():
+        ax = axis(fig, f"target:{cls}")
+        assert ax.get_yscale() == "log"
+        steps = sorted(table["step"].unique())
+        # the expected values straight from the known sequence, over the class's operands and all layers
+        values = [[auto_t(step, k, op) for k in range(len(TARGET_LAYERS)) for op in ops] for step in steps]
+        line = artist(ax, f"median:ue5m3_auto:{cls}")
+        np.testing.assert_array_equal(line.get_xdata(), steps)
+        np.testing.assert_array_equal(line.get_ydata(), [np.median(v) for v in values])
+        band = artist(ax, f"band:ue5m3_auto:{cls}").get_paths()[0].vertices[:, 1]
+        assert set(np.round(band, 6)) == {min(v) for v in values} | {max(v) for v in values}
+        # the fixed recipes: 448 and 8192 as references; mxfp4 (no tensor scale) none
+        fixed = sorted(a.get_gid() for a in ax.lines if (a.get_gid() or "").startswith("fixed:"))
+        assert fixed == [f"fixed:{cls}:448", f"fixed:{cls}:8192"]
+        assert artist(ax, f"fixed:{cls}:8192").get_ydata()[0] == 8192
+        texts = " ".join(t.get_text() for t in ax.texts)
+        assert "T = 448: ue5m3" in texts and "T = 8192: ue5m3_t8192" in texts and "mxfp4" not in texts
+    assert "ue5m3_auto: T 448–8192, last median 4096" in " ".join(t.get_text() for t in axis(fig, "target:weights").texts)
+
+
+def test_target_without_an_automatic_recipe_says_so(results, tmp_path):
+    fig = plot_figure("target", inputs_of(results, "target"), tmp_path / "t.png")
+    text = " ".join(t.get_text() for t in axis(fig, "none").texts)
+    assert "No recipe with an automatic target T" in text and "nvfp4, ue5m3, ue5m3_t2048" in text
+    assert not [ax for ax in fig.axes if ax.get_label().startswith("target:")]
+    # a table written before T was recorded: its recipe's fixed T comes from the recipe file, marked *
+    inputs = write_target_runs(tmp_path, {"ue5m3": True, "ue5m3_t2048": False})
+    fig = plot_figure("target", inputs, tmp_path / "old.png")
+    text = " ".join(t.get_text() for t in axis(fig, "none").texts)
+    assert "gradients: 448 (ue5m3); 2048 (ue5m3_t2048*)" in text
+    assert "activations: 448 (ue5m3, ue5m3_t2048*)" in text

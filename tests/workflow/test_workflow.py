@@ -15,9 +15,9 @@ import pytest
 from fp4repro.config.files import PACKAGED
 
 REPO = Path(__file__).resolve().parents[2]
-FIGURES = ["loss", "nll", "downstream", "telemetry"]
+FIGURES = ["loss", "nll", "downstream", "telemetry", "target"]
 CHAIN = {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1, "figure_downstream": 1,
-         "figure_telemetry": 1, "report": 1, "all": 1}
+         "figure_telemetry": 1, "figure_target": 1, "report": 1, "all": 1}
 
 
 @pytest.mark.parametrize("experiment, runs", [("tiny", 5), ("paper8b", 5 * 3), ("smoke", 4)])
@@ -25,7 +25,7 @@ def test_dry_run_plans_the_whole_study(tmp_path, experiment, runs, snakemake):
     """One training and one evaluation job per recipe and seed (paper8b: 5 recipes × 3 seeds)."""
     jobs = snakemake.planned_jobs(snakemake(tmp_path, "-n", "--config", f"experiment={experiment}"))
     assert jobs == {"prepare_data": 1, "train": runs, "evaluate": runs, "figure_loss": 1, "figure_nll": 1,
-                    "figure_downstream": 1, "figure_telemetry": 1, "report": 1, "all": 1}
+                    "figure_downstream": 1, "figure_telemetry": 1, "figure_target": 1, "report": 1, "all": 1}
 
 
 def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):

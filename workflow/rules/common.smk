@@ -13,7 +13,7 @@ from fp4repro.config.study import load_study
 from fp4repro.errors import ConfigError
 from fp4repro.plots.catalog import CATALOG
 
-FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry: one rule each
+FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry, target: one rule each
 
 
 def _as_list(value):

@@ -7,6 +7,7 @@ localrules:
     figure_nll,
     figure_downstream,
     figure_telemetry,
+    figure_target,
 
 
 rule figure_loss:
@@ -68,3 +69,18 @@ rule figure_telemetry:
         **LIGHT,
     shell:
         plot("telemetry")
+
+
+rule figure_target:
+    input:
+        # every run's: the automatic T from its `target` column, the fixed T of the others as references
+        per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/telemetry.parquet"),
+    output:
+        png=figure("target"),
+        pdf=f"figures/{EXP.name}/target.pdf",
+    log:
+        f"{LOGS}/figures/target.log",
+    resources:
+        **LIGHT,
+    shell:
+        plot("target")

@@ -22,7 +22,8 @@ from fp4repro.plots.catalog import CATALOG, FIGURE_INPUTS, OPTIONS, PlotError, f
 
 # name -> (module, function) of each figure
 _FUNCTIONS = {"loss": ("loss", "plot_loss"), "nll": ("nll", "plot_nll"),
-              "downstream": ("downstream", "plot_downstream"), "telemetry": ("telemetry", "plot_telemetry")}
+              "downstream": ("downstream", "plot_downstream"), "telemetry": ("telemetry", "plot_telemetry"),
+              "target": ("target", "plot_target")}
 
 
 def _lazy(name: str) -> Callable[..., None]:

@@ -52,6 +52,14 @@ CATALOG: dict[str, tuple[str, str]] = {
         "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of the runs to compare (the study's: nvfp4, "
         "ue5m3 with T = 448, ue5m3_t2048 with T = 2048; every run given with telemetry rows is drawn, "
         "an empty table such as bf16's is skipped)"),
+    "target": (
+        "the target T chosen per operand class (activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
+        "gradients: dgrad.dy, wgrad.dy) over training for every recipe whose T is automatic (target: auto), on a "
+        "log axis: the median over the class's operands and layers as a line, their min-max as a band; the fixed "
+        "T of the other recipes as labelled horizontal lines; without an automatic recipe, a figure that says so",
+        "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of every run (its `target` column; a table "
+        "written without it counts as T not recorded, and its recipe's fixed T is read from the recipe file "
+        "where one of that name exists; an empty table such as bf16's is skipped)"),
 }
 
 # name -> the keyword options of its function (``plot_figure(..., **options)``, ``fp4repro plot --...``)
@@ -60,6 +68,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "nll": ("baseline", "blend", "resamples"),
     "downstream": ("baseline",),
     "telemetry": (),
+    "target": (),
 }
 
 FIGURE_INPUTS: dict[str, str] = {name: inputs for name, (_, inputs) in CATALOG.items()}
