@@ -177,7 +177,7 @@ def test_new_target_compiles_nothing_on_gpu():
     assert after == before
 
 
-@pytest.mark.parametrize("target", [448, 2048, 1000.3, 2047.9, 0.1, 3.3e37])
+@pytest.mark.parametrize("target", [448, 2048, 1000.3, 2047.9, 114687.3, 0.1, 3.3e37])
 def test_emax_target_is_float32_of_the_product(target):
     # the reference's global_encode_scale rounds Emax·T once to float32; the runtime argument is
     # that float32 exactly (a Python float that converts to float32 without rounding)
