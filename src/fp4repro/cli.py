@@ -353,6 +353,17 @@ def _cmd_bench(args) -> int:
         out = Path(args.out or "results/bench/kernels.json")
         print_table(run(out=out))
         print(f"wrote {out}")
+    if args.what == "live":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("fp4repro bench live: needs a CUDA device (it times the Triton kernel on a GPU)", file=sys.stderr)
+            return 2
+        from fp4repro.bench.live import print_table, run
+
+        out = Path(args.out or "results/bench/live_amax.json")
+        print_table(run(out=out, pairs=args.pairs))
+        print(f"wrote {out}")
     if args.what == "sass":
         from fp4repro.bench.sass import print_table, run
 
@@ -520,14 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "results/bench/kernels.json). sass (no GPU needed): the instructions each "
                                    "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
                                    "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
-                                   "held amax (default output results/bench/kernels_sass_smARCH.json).")
-    b.add_argument("what", choices=["quant", "kernels", "sass"])
+                                   "held amax (default output results/bench/kernels_sass_smARCH.json). live "
+                                   "(CUDA): quantize_2d with live=False against live=True (the live tensor amax "
+                                   "as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
+                                   "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
+                                   "with a 95% confidence interval (default output "
+                                   "results/bench/live_amax.json).")
+    b.add_argument("what", choices=["quant", "kernels", "sass", "live"])
     b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
     b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
+    b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")
     b.add_argument("--arch", type=int, default=90, help="sass: the CUDA compute capability to compile for "
                                                          "(90: H100/H200; 100: B200)")
     b.add_argument("--out", default=None,
-                   help="JSON output (default results/bench/quant_cpu.json, kernels.json or kernels_sass_smARCH.json)")
+                   help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json "
+                        "or live_amax.json)")
     b.set_defaults(func=_cmd_bench)
 
     rp = sub.add_parser("report", help="set each paper claim beside what an experiment measured (Markdown)",

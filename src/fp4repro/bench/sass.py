@@ -29,10 +29,11 @@ from fp4repro.results import write_json
 _INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90):
+def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90, live: bool = False):
     """(CompiledKernel, elements per thread) of what ``quantize_2d`` launches for a BF16 tensor of
     ``shape`` (row-major, or a column-major view when ``columnwise``) with a held amax (none for
-    formats without a tensor scale), compiled for sm_``arch``."""
+    formats without a tensor scale), compiled for sm_``arch``; ``live``: the variant that also
+    returns the live tensor amax (``quantize_2d(..., live=True)``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -48,7 +49,7 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90)
     x = torch.empty((cols, rows) if columnwise else shape, dtype=torch.bfloat16, device="meta")
     x = x.t() if columnwise else x
     amax = torch.empty((), dtype=torch.float32, device="meta")   # held: no reduction pass
-    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1)
+    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1, live=live)
     fn = quantize._quantize_kernel
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)

@@ -52,13 +52,23 @@ def _launch_args(spec: QuantSpec) -> dict:
     element, scale = get_format(spec.element), get_format(spec.scale)
     return dict(
         RHT=spec.rht, SIGN_BITS=SIGN_BITS, SR=spec.rounding == "sr", HAS_TARGET=spec.target is not None,
-        EMAX_T=float(element.max * (spec.target if spec.target is not None else 1.0)),
         E_EMIN=element.emin, E_MAN=element.man_bits, E_MAX=float(element.max), E_BIAS=element.bias,
         S_EMIN=scale.emin, S_MAN=scale.man_bits, S_MAX=float(scale.max), S_MIN_POS=float(scale.min_positive),
         S_HAS_ZERO=scale.has_zero, S_BIAS=scale.bias, S_NAN_CODE=scale.nan_code,
         S_ROUND_UP=spec.scale_rounding == "up", S_OVERFLOW=float(scale.overflow_threshold(spec.scale_rounding)),
         E_CLIP=clip_threshold(element, spec.rounding),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def emax_target(emax: float, target: float | None) -> float:
+    """Emax·T as the float32 value the kernel's runtime argument carries (1.0 without a target):
+    float32(Emax · T), the product rounded once from double as the reference's
+    ``global_encode_scale`` rounds it (torch.full(..., dtype=float32)). The Python float returned
+    is that float32 exactly, so passing it to the kernel converts nothing."""
+    if target is None:
+        return 1.0
+    return float(torch.tensor(emax * float(target), dtype=torch.float32))
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,9 +91,10 @@ def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> t
 
 @functools.lru_cache(maxsize=4096)
 def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, int], write_qs: bool,
-                   codes: bool, stats: bool) -> tuple:
+                   codes: bool, stats: bool, live: bool = False) -> tuple:
     """What a quantization of this spec, shape and memory order launches, worked out once:
-    (padded shape, column-wise, grid, constexprs, num_warps)."""
+    (padded shape, column-wise, grid, constexprs, num_warps). The target T is not among the
+    constexprs (it is the runtime argument ``emax_t``): specs differing only in T share them."""
     rows, cols = shape
     rows_p, cols_p = padded_shape(rows, cols, spec)
     columnwise = _columnwise(shape, strides)
@@ -91,6 +102,8 @@ def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, 
     constexprs = dict(TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0],
                       BLOCK_C=spec.block[1], WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats,
                       EVEN=rows % tile_r == 0 and cols % tile_c == 0, **_launch_args(spec))
+    if live:   # absent otherwise: the kernel's default (False), the same compiled kernel as before
+        constexprs["LIVE"] = True
     grid = (_cdiv(rows_p, tile_r), _cdiv(cols_p, tile_c))
     return (rows_p, cols_p), columnwise, grid, tuple(constexprs.items()), warps
 
@@ -126,24 +139,29 @@ def _draw_seed() -> int:
 
 def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
                 rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                codes: bool = False, stats: bool = False) -> dict:
+                codes: bool = False, stats: bool = False, live: bool = False) -> dict:
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
     Returns a dict with ``qs`` (q·s_b in x's logical shape, dense: column-major for a column-major
     x, else row-major; ``out_dtype`` or x's dtype), ``decode_scale`` d (float32 scalar written by the kernel), ``amax`` (A used), and when
     asked ``codes`` / ``scale_codes`` (the layouts of ``BlockQuantized``) and ``counts`` / ``sums``
     telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
-    a single kernel launch. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
+    a single kernel launch. ``live``: also ``live_amax``, the current tensor amax (max |x| over
+    finite elements, after the RHT when spec.rht; float32 0-d tensor on x's device; 0 when no
+    element is finite) folded from the block amaxes the kernel computes anyway, no extra pass
+    (with a held amax, the growth G = live amax / held amax; with a current amax it equals
+    ``amax``). It costs one 4-byte zero fill before the launch. The target T is a runtime
+    argument of the kernel: a new T compiles nothing. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
     runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream.
     """
-    launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats)
+    launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats, live)
     _launcher("_quantize_kernel")(*launch)
     return out
 
 
 def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
                     rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                    codes: bool = False, stats: bool = False) -> tuple[tuple, dict]:
+                    codes: bool = False, stats: bool = False, live: bool = False) -> tuple[tuple, dict]:
     """What ``quantize_2d`` launches, without launching: ((grid, args, constexprs, num_warps) of
     ``_quantize_kernel``, the output dict with its buffers allocated on x's device)."""
     if seed is not None and not 0 <= seed < 2**32:
@@ -156,7 +174,7 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
         x = x.contiguous()
         strides = x.stride()
     (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(spec, x.shape, strides, write_qs,
-                                                                          codes, stats)
+                                                                          codes, stats, live)
     rows, cols = x.shape
     device = x.device
     amax = _amax_arg(amax, x, spec)
@@ -177,10 +195,15 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
     counts = torch.zeros(6, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
+    # the live amax's bits (int32 atomic max of non-negative float32 patterns), read as float32
+    live_bits = torch.zeros((), dtype=torch.int32, device=device) if live else _dummy(device, torch.int32)
+    emax_t = emax_target(get_format(spec.element).max, spec.target)
     out_strides = qs.stride() if write_qs else (0, 0)
-    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, rows, cols, cols_p, *strides, *out_strides,
-            seed or 0, rand_offset)
+    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, live_bits, rows, cols, cols_p, *strides,
+            *out_strides, seed or 0, rand_offset, emax_t)
     out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
+    if live:
+        out["live_amax"] = live_bits.view(torch.float32)
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
     if stats:

@@ -11,8 +11,12 @@ running along its columns (the GEMM's reduction dimension):
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
                        scale codes, and optionally telemetry counters (atomic adds). The tensor
                        scale g and the decode scale d = 1/g are computed in the kernel from the
-                       amax pointer and d is written out too (program (0, 0)): a quantization with
-                       a held amax is one launch and nothing else.
+                       amax pointer and the runtime float32 Emax·T (not a constexpr: a target T
+                       that changes at every amax refresh reuses the compiled kernel), and d is
+                       written out too (program (0, 0)): a quantization with a held amax is one
+                       launch and nothing else. With LIVE (constexpr) it also folds the tile's
+                       finite block amaxes into the live tensor amax (an integer atomic max, as
+                       ``_amax_kernel``), so the growth of a held amax is seen without a pass.
 
 Because M is addressed through strides, the column-wise variant that wgrad needs (Xᵀ blocked
 along tokens) is the same kernel on X's transposed view: nothing is materialized.
@@ -274,12 +278,13 @@ def _amax_kernel(x_ptr, amax_bits_ptr, rows, cols, stride_r, stride_c,
 
 
 @triton.jit
-def _tensor_scale(amax_ptr, HAS_TARGET: tl.constexpr, EMAX_T: tl.constexpr):
-    """(g, d): g = min(Emax·T / A, FLT_MAX) (1 if A == 0 or no target), d = 1 / g."""
+def _tensor_scale(amax_ptr, emax_t, HAS_TARGET: tl.constexpr):
+    """(g, d): g = min(Emax·T / A, FLT_MAX) (1 if A == 0 or no target), d = 1 / g. ``emax_t`` is
+    the runtime float32 Emax·T (a T that changes at every amax refresh compiles nothing new)."""
     one = tl.full((), 1.0, tl.float32)
     if HAS_TARGET:
         amax = tl.load(amax_ptr)
-        g = tl.minimum(tl.math.div_rn(tl.full((), EMAX_T, tl.float32), amax), tl.full((), FLT_MAX, tl.float32))
+        g = tl.minimum(tl.math.div_rn(tl.full((), emax_t, tl.float32), amax), tl.full((), FLT_MAX, tl.float32))
         g = tl.where(amax == 0.0, one, g)
     else:
         g = one
@@ -334,24 +339,25 @@ def _scaled(qk, s, block_bad):
     return qk * s_out[:, None, :, None]
 
 
-@triton.jit(do_not_specialize=["seed", "rand_offset"])  # one compiled kernel for every seed
+@triton.jit(do_not_specialize=["seed", "rand_offset"])  # one compiled kernel for every seed (and T)
 def _quantize_kernel(
-    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr, d_ptr,
+    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr, d_ptr, live_ptr,
     rows, cols, cols_padded, stride_r, stride_c, out_stride_r, out_stride_c,
-    seed, rand_offset,
+    seed, rand_offset, emax_t,
     TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr, SR: tl.constexpr,
-    HAS_TARGET: tl.constexpr, EMAX_T: tl.constexpr,
+    HAS_TARGET: tl.constexpr,
     E_EMIN: tl.constexpr, E_MAN: tl.constexpr, E_MAX: tl.constexpr, E_BIAS: tl.constexpr,
     S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
     S_HAS_ZERO: tl.constexpr, S_BIAS: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ROUND_UP: tl.constexpr,
     S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
     WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
+    LIVE: tl.constexpr = False,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
                                    TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
-    g, d = _tensor_scale(amax_ptr, HAS_TARGET, EMAX_T)
+    g, d = _tensor_scale(amax_ptr, emax_t, HAS_TARGET)
     if (pid_r == 0) & (pid_c == 0):
         tl.store(d_ptr, d)
 
@@ -383,6 +389,17 @@ def _quantize_kernel(
         xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
     if WRITE_CODES or STATS:
         q = tl.where(keep[:, None, :, None], qk, 0.0)
+
+    if LIVE:
+        # the live tensor amax (max |x| over finite elements, after the RHT; padding is zero) as a
+        # by-product: the max of the tile's finite block amaxes, folded into a float32 scalar by an
+        # integer atomic max on its bits as _amax_kernel does. Only a tile holding a non-finite
+        # block (whose block amax is set to 0) takes the max over its finite elements instead.
+        live = tl.max(tl.max(block_amax, axis=1), axis=0)
+        if tl.max(tl.max(block_bad.to(tl.int32), axis=1), axis=0) != 0:
+            n_live: tl.constexpr = TILE_R * TILE_C
+            live = tl.max(tl.reshape(tl.where(a <= FLT_MAX, a, 0.0), (n_live,)), axis=0)
+        tl.atomic_max(live_ptr, live.to(tl.int32, bitcast=True))
 
     if WRITE_QS:
         qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)

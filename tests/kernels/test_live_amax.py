@@ -1,0 +1,203 @@
+"""The kernel's two hooks for an automatic target T: T as a runtime argument (a new T compiles
+nothing, and rounds Emax·T to float32 as the reference does), and the live tensor amax the
+quantization kernel returns as a by-product (``live=True``), bit for bit the reference's current
+amax. Without CUDA the kernels run in Triton's interpreter (conftest.py sets TRITON_INTERPRET)."""
+
+import zlib
+
+import pytest
+import torch
+
+from fp4repro.kernels import _quantize_plan, emax_target, philox_uniforms, quantize_2d, quantize_launch, tensor_amax
+from fp4repro.kernels.launch import _arg_key
+from fp4repro.quant import QuantSpec, TensorScaling
+from fp4repro.reference.block import global_encode_scale, scaled_operand
+from fp4repro.reference.block import tensor_amax as reference_amax
+from fp4repro.reference.geometry import pad_to_blocks
+from fp4repro.reference.rht import rht
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+FLT_MAX = torch.finfo(torch.float32).max
+
+SPECS = {
+    "1x16 RNE current": QuantSpec(),
+    "1x16 SR": QuantSpec(rounding="sr"),
+    "1x16 RHT+SR": QuantSpec(rounding="sr", rht=True),
+    "16x16 RNE": QuantSpec(block=(16, 16)),
+    "16x16 RHT": QuantSpec(block=(16, 16), rht=True),
+    "ue5m3 held": QuantSpec(scale="ue5m3", tensor_scaling=TensorScaling("periodic", 50)),
+    "ue5m3 T2048 SR": QuantSpec(scale="ue5m3", target=2048, rounding="sr"),
+    "1x32 MX": QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"),
+}
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def _x(kind: str, shape, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp(2 * torch.randn(shape, generator=g))
+    rows, cols = shape
+    if kind == "nan-inf":
+        x[rows // 2, cols // 3] = float("nan")
+        x[0, cols - 1] = float("inf")
+        x[rows - 1, 0] = -float("inf")
+        x[1 % rows, :] = float("nan")                         # a whole row: all-NaN blocks
+    elif kind == "inf-beside-max":                             # the largest finite |x| shares a block with inf
+        x[3 % rows, 4 % cols] = -1e6
+        x[3 % rows, 5 % cols] = float("inf")
+    elif kind == "all-nonfinite":
+        x = torch.where(torch.rand(shape, generator=g) < 0.5, float("nan"), float("inf")) * x.sign()
+    elif kind == "zero":
+        x = torch.zeros(shape)
+    elif kind == "subnormal":                                  # float32 subnormals only
+        x = torch.randint(-2**20, 2**20, shape, generator=g).float() * 2.0**-149
+    elif kind == "huge":                                       # near float32's max, some at it
+        x = torch.sign(x) * FLT_MAX * torch.rand(shape, generator=g).clamp(0.5, 1.0)
+        x[0, 0] = -FLT_MAX
+    return x
+
+
+def _expected(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """max |x| over finite elements of the padded (and RHT'd) matrix, computed independently."""
+    xp = pad_to_blocks(x.float(), spec)
+    if spec.rht:
+        xp = rht(xp)
+    a = xp.abs()
+    return torch.where(torch.isfinite(a), a, torch.zeros(())).max()
+
+
+def _device_x(x: torch.Tensor, columnwise: bool) -> torch.Tensor:
+    xd = x.to(DEVICE)
+    if columnwise:      # a transposed view, memory down the rows, as wgrad hands Xᵀ
+        xd = xd.t().contiguous().t()
+        assert xd.stride() == (1, x.shape[0])
+    return xd
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal float32 bit patterns (so +0 and -0, or two NaNs, are told apart)."""
+    return a.reshape(()).to(torch.float32).view(torch.int32).item() == b.reshape(()).to(torch.float32).view(
+        torch.int32).item()
+
+
+KINDS = ["normal", "nan-inf", "inf-beside-max", "all-nonfinite", "zero", "subnormal", "huge"]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
+def test_live_amax_equals_finite_max_of_padded_rht_input(name, kind, columnwise):
+    spec = SPECS[name]
+    shape = (37, 72) if columnwise else (40, 70)           # ragged: padding to 16 rows or columns
+    x = _x(kind, shape, _seed(name, kind, columnwise) % 10_000)
+    held = torch.tensor(3.0) if spec.tensor_scaling.kind == "periodic" or "SR" in name else None
+    k = quantize_2d(_device_x(x, columnwise), spec, amax=held, seed=5, out_dtype=torch.float32, live=True)
+    live = k["live_amax"]
+    assert live.dtype == torch.float32 and live.dim() == 0 and live.device.type == torch.device(DEVICE).type
+    expected = _expected(x, spec)
+    assert _same(live.cpu(), expected), (float(live), float(expected))
+    # the reference's current amax of the padded, RHT'd matrix (the amax it would use)
+    xp = pad_to_blocks(x.float(), spec)
+    assert _same(live.cpu(), reference_amax(rht(xp) if spec.rht else xp))
+    if kind == "all-nonfinite" or kind == "zero":
+        assert float(live) == 0.0
+    # live=True changes nothing else
+    plain = quantize_2d(_device_x(x, columnwise), spec, amax=held, seed=5, out_dtype=torch.float32)
+    torch.testing.assert_close(k["qs"], plain["qs"], rtol=0, atol=0, equal_nan=True)
+    assert _same(k["decode_scale"], plain["decode_scale"]) and "live_amax" not in plain
+
+
+@pytest.mark.parametrize("name", ["1x16 RNE current", "1x16 RHT+SR", "16x16 RHT"])
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
+def test_live_amax_with_current_amax_equals_the_amax_pass(name, columnwise):
+    # no held amax: the launcher's own amax pass (tensor_amax) gave A, and the live amax is A
+    spec = SPECS[name]
+    x = _x("nan-inf", (48, 96), _seed("current", name, columnwise) % 10_000)
+    xd = _device_x(x, columnwise)
+    k = quantize_2d(xd, spec, seed=3, live=True, stats=True, codes=True)
+    assert _same(k["live_amax"], k["amax"]) and _same(k["live_amax"], tensor_amax(xd, spec))
+
+
+@pytest.mark.parametrize("shape", [(16, 128), (64, 256), (1024, 16)])
+def test_live_amax_on_whole_tiles(shape):
+    # shapes the tiles cover exactly: the unmasked (EVEN) kernel variant, rows and columns
+    spec = SPECS["ue5m3 held"]
+    x = _x("nan-inf", shape, _seed("even", *shape) % 10_000)
+    for columnwise in (False, True):
+        if columnwise and shape[1] < 2:
+            continue
+        k = quantize_2d(_device_x(x, columnwise), spec, amax=torch.tensor(1.0), live=True)
+        assert _same(k["live_amax"].cpu(), _expected(x, spec))
+
+
+def test_without_live_no_live_constexpr_and_no_output():
+    spec = SPECS["ue5m3 held"]
+    plain = dict(_quantize_plan(spec, (32, 64), (64, 1), True, False, False)[3])
+    live = dict(_quantize_plan(spec, (32, 64), (64, 1), True, False, False, True)[3])
+    assert "LIVE" not in plain and live.pop("LIVE") is True and live == plain
+
+
+# ----------------------------------------------------------------------- T as a runtime argument
+
+def _launch_key(x, spec, amax):
+    """The Launcher's cache key of a launch (what decides whether it compiles anew), less the device."""
+    (grid, args, constexprs, warps), _ = quantize_launch(x, spec, amax=amax, seed=1)
+    return warps, constexprs, tuple(map(_arg_key, args))
+
+
+def test_specs_differing_only_in_target_share_one_compiled_kernel():
+    x = torch.randn(32, 64).to(DEVICE)
+    amax = torch.tensor(2.0, device=DEVICE)
+    specs = [QuantSpec(scale="ue5m3", target=t) for t in (448, 2048, 1000.3, 2047.9, 0.37)]
+    plans = {_quantize_plan(s, (32, 64), (64, 1), True, False, False)[3] for s in specs}
+    assert len(plans) == 1 and not any(name == "EMAX_T" for name, _ in next(iter(plans)))
+    assert len({_launch_key(x, s, amax) for s in specs}) == 1
+    # ... while the value does reach the kernel
+    ds = {float(quantize_2d(x, s, amax=amax)["decode_scale"]) for s in specs}
+    assert len(ds) == len(specs)
+
+
+@pytest.mark.gpu
+def test_new_target_compiles_nothing_on_gpu():
+    from fp4repro.kernels import _launcher
+
+    launcher = _launcher("_quantize_kernel")
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    amax = torch.tensor(2.0, device="cuda")
+    quantize_2d(x, QuantSpec(scale="ue5m3", target=448), amax=amax)
+    before = len(launcher._compiled), sum(len(c) for c in launcher.jit_fn.device_caches.values()
+                                          if isinstance(c, dict))
+    for t in (2048, 1000.3, 2047.9, 777.77):
+        quantize_2d(x, QuantSpec(scale="ue5m3", target=t), amax=amax)
+    after = len(launcher._compiled), sum(len(c) for c in launcher.jit_fn.device_caches.values()
+                                         if isinstance(c, dict))
+    assert after == before
+
+
+@pytest.mark.parametrize("target", [448, 2048, 1000.3, 2047.9, 114687.3, 0.1, 3.3e37])
+def test_emax_target_is_float32_of_the_product(target):
+    # the reference's global_encode_scale rounds Emax·T once to float32; the runtime argument is
+    # that float32 exactly (a Python float that converts to float32 without rounding)
+    value = emax_target(6.0, target)
+    f32 = torch.tensor(value, dtype=torch.float32)
+    assert float(f32) == value
+    assert float(global_encode_scale(torch.tensor(1.0), 6.0, target)) == min(value, FLT_MAX)
+    assert emax_target(6.0, None) == 1.0
+
+
+@pytest.mark.parametrize("target", [1000.3, 2047.9, 448.0001, 114687.3])
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
+def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
+    # T whose Emax·T is not a float32: the kernel must round it as the reference does (once, to
+    # nearest); a subnormal held amax makes Emax·T / A overflow float32 (g clamps to FLT_MAX)
+    spec = QuantSpec(scale="ue5m3", target=target, rounding="sr")
+    x = _x("nan-inf", (40, 72), _seed("T", target, columnwise) % 10_000)
+    for amax in (torch.tensor(3.7), torch.tensor(0.0), torch.tensor(1e-40), torch.tensor(FLT_MAX)):
+        k = quantize_2d(_device_x(x, columnwise), spec, amax=amax, seed=9, out_dtype=torch.float32, live=True)
+        rand = philox_uniforms(40 * 80, 9, 0, device=DEVICE).cpu().reshape(40, 80)
+        qs, d, _, _ = scaled_operand(x, spec, amax=amax, rand=rand)
+        torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)
+        assert _same(k["decode_scale"].cpu(), d)
