@@ -145,9 +145,8 @@ class QuantState:
         self._held = {k: v.clone() for k, v in state["held"].items()}
         self._held_at = {k: int(v) for k, v in state["held_at"].items()}
         self._held_host = {}
-        # automatic targets (absent from checkpoints of runs without them)
-        device = next(iter(self._held.values())).device if self._held else "cpu"
-        self._growth = {k: v.clone().to(device) for k, v in state.get("growth", {}).items()}
+        # automatic targets (absent from checkpoints of runs without them); ``to`` moves them with the held amaxes
+        self._growth = {k: v.clone() for k, v in state.get("growth", {}).items()}
         self._growths = {k: [float(g) for g in v] for k, v in state.get("growths", {}).items()}
         self._target = {k: float(v) for k, v in state.get("target", {}).items()}
 
