@@ -97,6 +97,16 @@ def rows_of(claim_id: str, results: Path, seeds=(0,), recipes=("nvfp4", "ue5m3",
     return measure(claims_by_id()[claim_id], results / "tiny", recipes, seeds, BLEND)
 
 
+def one_seed(tmp_path: Path, claim_id: str, **ue5m3) -> object:
+    """The one report line of ``claim_id`` for seed-0 runs of nvfp4 and of ue5m3 (built with the
+    ``write_run`` offsets ``ue5m3``)."""
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, **ue5m3)
+    (row,) = rows_of(claim_id, results)
+    return row
+
+
 # ------------------------------------------------------------------------------- the claims file
 
 def test_the_packaged_claims_file_is_valid_and_a_local_one_comes_first(tmp_path, monkeypatch):
@@ -121,10 +131,7 @@ def test_a_broken_claims_file_names_the_field(tmp_path):
 # ------------------------------------------------------------------------------- final-window loss
 
 def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
-    results = tmp_path / "results"
-    write_run(results, "nvfp4", 0)
-    write_run(results, "ue5m3", 0, loss=-0.1)
-    (row,) = rows_of("final_loss", results)
+    row = one_seed(tmp_path, "final_loss", loss=-0.1)
     k = row.comparison
     # the shared batch noise (sd 0.05) cancels in the per-step difference: only the recipes' own
     # noise (sd 0.002 each) is left, so the interval is tight around the offset
@@ -135,10 +142,7 @@ def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
 
 
 def test_one_seed_loss_in_the_other_direction(tmp_path):
-    results = tmp_path / "results"
-    write_run(results, "nvfp4", 0)
-    write_run(results, "ue5m3", 0, loss=+0.05)
-    (row,) = rows_of("final_loss", results)
+    row = one_seed(tmp_path, "final_loss", loss=+0.05)
     assert row.verdict == OPPOSITE
 
 
@@ -179,10 +183,7 @@ def test_two_seeds_give_the_t_interval_of_their_differences(tmp_path):
 # ------------------------------------------------------------------------------------ held-out NLL
 
 def test_one_seed_nll_bootstraps_documents_at_the_last_checkpoint(tmp_path):
-    results = tmp_path / "results"
-    write_run(results, "nvfp4", 0)
-    write_run(results, "ue5m3", 0, nll=-0.02)
-    (row,) = rows_of("heldout_nll", results)
+    row = one_seed(tmp_path, "heldout_nll", nll=-0.02)
     k = row.comparison
     # each document's NLL is the baseline's minus 0.02 exactly: the blend difference is -0.02 and
     # so is every resample's (the bootstrap draws the same documents for both recipes)

@@ -17,6 +17,15 @@ REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "n
 PAPER = Path(os.environ.get("FP4REPRO_PAPER_SUMMARY", "paper-summary-not-given"))
 
 
+def recipe_error(tmp_path, body: str) -> tuple:
+    """(path, message) of the RecipeError that loading recipe ``bad`` with ``body`` raises."""
+    p = tmp_path / "bad.yaml"
+    p.write_text(f"name: bad\n{body}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(p)
+    return p, str(err.value)
+
+
 def test_all_recipe_files_load():
     assert REQUIRED <= set(available("recipes"))
     for name in available("recipes"):
@@ -130,11 +139,7 @@ SHARE_BAD = {   # layers value -> (field, value as the message shows it, what is
 @pytest.mark.parametrize("layers", sorted(SHARE_BAD))
 def test_bad_override_layers_name_file_field_value_and_what_is_allowed(tmp_path, layers):
     field, value, allowed = SHARE_BAD[layers]
-    p = tmp_path / "bad.yaml"
-    p.write_text(f"name: bad\ndefaults: {{}}\noverrides:\n  - {{layers: {layers}, defaults: bf16}}\n")
-    with pytest.raises(RecipeError) as err:
-        load_recipe(p)
-    msg = str(err.value)
+    p, msg = recipe_error(tmp_path, f"defaults: {{}}\noverrides:\n  - {{layers: {layers}, defaults: bf16}}")
     assert msg.startswith(f"{p}: field '{field}': {value}") and allowed in msg, msg
 
 
@@ -195,11 +200,7 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_recipes_fail_with_file_field_value(tmp_path, case):
     body, field, allowed = BAD[case]
-    p = tmp_path / "bad.yaml"
-    p.write_text(f"name: bad\n{body}\n")
-    with pytest.raises(RecipeError) as err:
-        load_recipe(p)
-    msg = str(err.value)
+    p, msg = recipe_error(tmp_path, body)
     assert str(p) in msg and field in msg and allowed in msg, msg
 
 
