@@ -34,7 +34,8 @@ from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_f
 from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
-                              eval_dir, last_checkpoint, read_json, read_table, run_dir)
+                              eval_dir, event_rates, last_checkpoint, read_json, read_table, run_dir,
+                              with_operand_class)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -341,15 +342,16 @@ def target_rows(root: Path, recipes, seeds) -> list[TargetRow]:
             if not path.is_file():
                 missing.append(str(path))
                 continue
-            table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
-            for cls, ops in OPERAND_CLASSES.items():
-                part = table[table["operand"].isin(list(ops))]
+            table = with_operand_class(read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table "
+                                                  "(fp4repro train)", ReportError))
+            sums = event_rates(table, ["operand_class"]).set_index("operand_class")
+            for cls in OPERAND_CLASSES:
                 for event, (count, units) in EVENTS.items():
-                    events[cls][event].append((int(part[count].sum()), int(part[units].sum())))
+                    events[cls][event].append((int(sums[count].get(cls, 0)), int(sums[units].get(cls, 0))))
                 if TARGET_COLUMN not in table.columns or targets[cls] is None:
                     targets[cls] = None
                 else:
-                    t = part[TARGET_COLUMN].astype(float)
+                    t = table.loc[table["operand_class"] == cls, TARGET_COLUMN].astype(float)
                     targets[cls] += list(t[np.isfinite(t)])
         rows.append(TargetRow(recipe, events, losses,
                               {c: (min(ts), max(ts)) if ts else (None if ts is None else (math.nan, math.nan))

@@ -71,6 +71,14 @@ EVENTS = {"underflow": ("underflow_blocks", "blocks"), "saturation": ("saturated
 # the GEMM operands by what they quantize (the target-T figure and the report's automatic-T section)
 OPERAND_CLASSES = {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),
                    "gradients": ("dgrad.dy", "wgrad.dy")}
+
+
+def with_operand_class(telemetry: pd.DataFrame) -> pd.DataFrame:
+    """A telemetry table with an ``operand_class`` column (``OPERAND_CLASSES``; NaN for others)."""
+    of = {op: name for name, ops in OPERAND_CLASSES.items() for op in ops}
+    return telemetry.assign(operand_class=telemetry["operand"].map(of))
+
+
 # the column of a telemetry table with the target T each quantization used (NaN: no tensor scale);
 # optional for readers: tables written before the automatic target lack it ("not recorded")
 TARGET_COLUMN = "target"

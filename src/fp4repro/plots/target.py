@@ -21,7 +21,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from fp4repro.errors import FP4ReproError
 from fp4repro.plots.common import combine, ordered, read_runs, recipe_colors, save, split_inputs, theme
-from fp4repro.results import OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS
+from fp4repro.results import OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS, with_operand_class
 
 CLASS_TEXT = {cls: f"{cls} ({', '.join(ops)})" for cls, ops in OPERAND_CLASSES.items()}
 
@@ -40,8 +40,8 @@ def read_targets(inputs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
         return empty.assign(seed=pd.Series(dtype=int), step=pd.Series(dtype=int),
                             **{TARGET_COLUMN: pd.Series(dtype=float)}), unrecorded
     df = combine(recorded, ("operand", "layer"))
-    cls = {op: name for name, ops in OPERAND_CLASSES.items() for op in ops}
-    return df.assign(cls=df["operand"].map(cls), **{TARGET_COLUMN: df[TARGET_COLUMN].astype(float)}), unrecorded
+    df = with_operand_class(df)
+    return df.assign(cls=df.pop("operand_class"), **{TARGET_COLUMN: df[TARGET_COLUMN].astype(float)}), unrecorded
 
 
 def configured_targets(recipe: str) -> dict[str, set] | None:
