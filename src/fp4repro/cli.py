@@ -532,8 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
                                    "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
                                    "held amax (default output results/bench/kernels_sass_smARCH.json). live "
-                                   "(CUDA): quantize_2d with live=False against live=True (the live tensor amax "
-                                   "as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
+                                   "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
+                                   "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
                                    "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
                                    "with a 95% confidence interval (default output "
                                    "results/bench/live_amax.json).")

@@ -1,18 +1,18 @@
 """The kernel's two hooks for an automatic target T: T as a runtime argument (a new T compiles
 nothing, and rounds Emax·T to float32 as the reference does), and the live tensor amax the
-quantization kernel returns as a by-product (``live=True``), bit for bit the reference's current
-amax. Without CUDA the kernels run in Triton's interpreter (conftest.py sets TRITON_INTERPRET)."""
+quantization kernel max-folds into running slots as a by-product (``live=``), bit for bit the
+reference's current amax, and across calls their maximum. Without CUDA the kernels run in Triton's interpreter (conftest.py sets TRITON_INTERPRET)."""
 
 import zlib
 
 import pytest
 import torch
 
-from fp4repro.kernels import _quantize_plan, emax_target, philox_uniforms, quantize_2d, quantize_launch, tensor_amax
+from fp4repro.kernels import (_quantize_plan, emax_target, fold_live_amax, live_slots, live_slots_amax, philox_uniforms,
+                              quantize_2d, quantize_launch, tensor_amax)
 from fp4repro.kernels.launch import _arg_key
 from fp4repro.quant import QuantSpec, TensorScaling
 from fp4repro.reference.block import global_encode_scale, scaled_operand
-from fp4repro.reference.block import tensor_amax as reference_amax
 from fp4repro.reference.geometry import pad_to_blocks
 from fp4repro.reference.rht import rht
 
@@ -61,12 +61,11 @@ def _x(kind: str, shape, seed: int) -> torch.Tensor:
 
 
 def _expected(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """max |x| over finite elements of the padded (and RHT'd) matrix, computed independently."""
+    """max |x| of the padded (and RHT'd) matrix with NaN counted as inf, computed independently."""
     xp = pad_to_blocks(x.float(), spec)
     if spec.rht:
         xp = rht(xp)
-    a = xp.abs()
-    return torch.where(torch.isfinite(a), a, torch.zeros(())).max()
+    return torch.nan_to_num(xp.abs(), nan=float("inf"), posinf=float("inf")).max()
 
 
 def _device_x(x: torch.Tensor, columnwise: bool) -> torch.Tensor:
@@ -94,31 +93,35 @@ def test_live_amax_equals_finite_max_of_padded_rht_input(name, kind, columnwise)
     shape = (37, 72) if columnwise else (40, 70)           # ragged: padding to 16 rows or columns
     x = _x(kind, shape, _seed(name, kind, columnwise) % 10_000)
     held = torch.tensor(3.0) if spec.tensor_scaling.kind == "periodic" or "SR" in name else None
-    k = quantize_2d(_device_x(x, columnwise), spec, amax=held, seed=5, out_dtype=torch.float32, live=True)
-    live = k["live_amax"]
+    slots = live_slots(DEVICE)
+    k = quantize_2d(_device_x(x, columnwise), spec, amax=held, seed=5, out_dtype=torch.float32, live=slots)
+    live = live_slots_amax(slots)
     assert live.dtype == torch.float32 and live.dim() == 0 and live.device.type == torch.device(DEVICE).type
     expected = _expected(x, spec)
     assert _same(live.cpu(), expected), (float(live), float(expected))
-    # the reference's current amax of the padded, RHT'd matrix (the amax it would use)
-    xp = pad_to_blocks(x.float(), spec)
-    assert _same(live.cpu(), reference_amax(rht(xp) if spec.rht else xp))
-    if kind == "all-nonfinite" or kind == "zero":
+    # the reference's live amax, bit for bit
+    assert _same(live.cpu(), scaled_operand(x, spec, amax=held if held is not None else 1.0, live=True).live)
+    if kind == "zero":
         assert float(live) == 0.0
-    # live=True changes nothing else
+    if kind in ("nan-inf", "inf-beside-max", "all-nonfinite"):
+        assert float(live) == float("inf")
+    # live= changes nothing else
     plain = quantize_2d(_device_x(x, columnwise), spec, amax=held, seed=5, out_dtype=torch.float32)
     torch.testing.assert_close(k["qs"], plain["qs"], rtol=0, atol=0, equal_nan=True)
-    assert _same(k["decode_scale"], plain["decode_scale"]) and "live_amax" not in plain
+    assert _same(k["decode_scale"], plain["decode_scale"]) and k.keys() == plain.keys()
 
 
 @pytest.mark.parametrize("name", ["1x16 RNE current", "1x16 RHT+SR", "16x16 RHT"])
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
 def test_live_amax_with_current_amax_equals_the_amax_pass(name, columnwise):
-    # no held amax: the launcher's own amax pass (tensor_amax) gave A, and the live amax is A
+    # no held amax: the launcher's own amax pass (tensor_amax) gave A, and the live amax of a
+    # finite tensor is A
     spec = SPECS[name]
-    x = _x("nan-inf", (48, 96), _seed("current", name, columnwise) % 10_000)
+    x = _x("normal", (48, 96), _seed("current", name, columnwise) % 10_000)
     xd = _device_x(x, columnwise)
-    k = quantize_2d(xd, spec, seed=3, live=True, stats=True, codes=True)
-    assert _same(k["live_amax"], k["amax"]) and _same(k["live_amax"], tensor_amax(xd, spec))
+    slots = live_slots(DEVICE)
+    k = quantize_2d(xd, spec, seed=3, live=slots, stats=True, codes=True)
+    assert _same(live_slots_amax(slots), k["amax"]) and _same(live_slots_amax(slots), tensor_amax(xd, spec))
 
 
 @pytest.mark.parametrize("shape", [(16, 128), (64, 256), (1024, 16)])
@@ -129,15 +132,43 @@ def test_live_amax_on_whole_tiles(shape):
     for columnwise in (False, True):
         if columnwise and shape[1] < 2:
             continue
-        k = quantize_2d(_device_x(x, columnwise), spec, amax=torch.tensor(1.0), live=True)
-        assert _same(k["live_amax"].cpu(), _expected(x, spec))
+        slots = live_slots(DEVICE)
+        quantize_2d(_device_x(x, columnwise), spec, amax=torch.tensor(1.0), live=slots)
+        assert _same(live_slots_amax(slots).cpu(), _expected(x, spec))
 
 
-def test_without_live_no_live_constexpr_and_no_output():
+def test_without_live_no_live_constexprs():
     spec = SPECS["ue5m3 held"]
     plain = dict(_quantize_plan(spec, (32, 64), (64, 1), True, False, False)[3])
     live = dict(_quantize_plan(spec, (32, 64), (64, 1), True, False, False, True)[3])
-    assert "LIVE" not in plain and live.pop("LIVE") is True and live == plain
+    assert not any(name.startswith("LIVE") for name in plain)
+    assert live.pop("LIVE") is True and live.pop("LIVE_SLOTS") > 1 and live.pop("LIVE_SLOT_STRIDE") >= 1
+    assert live == plain
+
+
+def test_slots_hold_the_running_maximum_over_calls_and_tiles():
+    # many tiles (rows of 16, columns of 128: a 7x3 grid here) spread over the slots, over three
+    # calls: the slots' maximum is the largest of the three tensors' amaxes, whichever tile held it
+    spec = SPECS["ue5m3 held"]
+    shape = (112, 384)
+    slots = live_slots(DEVICE)
+    amaxes = []
+    for i, scale in enumerate((3.0, 7.5, 0.25)):
+        x = torch.rand(shape, generator=torch.Generator().manual_seed(_seed("running", i))) * scale
+        quantize_2d(x.to(DEVICE), spec, amax=torch.tensor(1.0), live=slots)
+        amaxes.append(_expected(x, spec))
+        assert _same(live_slots_amax(slots).cpu(), max(amaxes))
+    assert int((slots != 0).sum()) > 1        # more than one slot was used
+    # a value folded from elsewhere (the reference's live amax) joins the maximum
+    fold_live_amax(slots, torch.tensor(1e3))
+    assert float(live_slots_amax(slots)) == 1e3
+    assert float(live_slots_amax(live_slots(DEVICE))) == 0.0
+
+
+def test_slots_of_the_wrong_kind_are_refused():
+    x = torch.randn(16, 128).to(DEVICE)
+    with pytest.raises(ValueError, match="live_slots"):
+        quantize_2d(x, SPECS["ue5m3 held"], amax=torch.tensor(1.0), live=torch.zeros((), dtype=torch.int32))
 
 
 # ----------------------------------------------------------------------- T as a runtime argument
@@ -196,7 +227,8 @@ def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
     spec = QuantSpec(scale="ue5m3", target=target, rounding="sr")
     x = _x("nan-inf", (40, 72), _seed("T", target, columnwise) % 10_000)
     for amax in (torch.tensor(3.7), torch.tensor(0.0), torch.tensor(1e-40), torch.tensor(FLT_MAX)):
-        k = quantize_2d(_device_x(x, columnwise), spec, amax=amax, seed=9, out_dtype=torch.float32, live=True)
+        k = quantize_2d(_device_x(x, columnwise), spec, amax=amax, seed=9, out_dtype=torch.float32,
+                        live=live_slots(DEVICE))
         rand = philox_uniforms(40 * 80, 9, 0, device=DEVICE).cpu().reshape(40, 80)
         qs, d, *_ = scaled_operand(x, spec, amax=amax, rand=rand)
         torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)

@@ -1,9 +1,10 @@
 """`fp4repro bench live`: what the live tensor amax costs the quantization kernel, on one GPU.
 
-``quantize_2d(..., live=True)`` folds the block amaxes the kernel computes anyway into the
-current tensor amax (an int32 atomic max per tile, plus a 4-byte zero fill before the launch),
-which an automatic target T reads at each amax refresh as the growth G = live / held amax. This
-measures that against the same call with ``live=False``, for every case of ``fp4repro bench
+``quantize_2d(..., live=slots)`` max-folds the block amaxes the kernel computes anyway into
+running live-amax slots (an int32 atomic max per tile, spread over 64 addresses), which an
+automatic target T reads at each amax refresh as the growth G = max live / held amax. The slots
+are made once per operand and interval, as ``QuantState`` makes them, so the timed call is one
+launch like the plain one. This measures that against the same call without ``live``, for every case of ``fp4repro bench
 kernels`` that has a held amax and a tensor scale (the case list is that module's ``CASES``):
 8192x8192 BF16 input, BF16 q·s out.
 
@@ -68,7 +69,7 @@ def _time_ms(fn, inner: int, start, end) -> float:
 
 
 def bench_case(spec, columnwise: bool, shape=SHAPE, pairs: int = 50, inner: int = 10, warmup: int = 20) -> dict:
-    from fp4repro.kernels import quantize_2d, tensor_amax
+    from fp4repro.kernels import live_slots, live_slots_amax, quantize_2d, tensor_amax
 
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     src = x.t().contiguous().t() if columnwise else x        # a transposed view, as wgrad sees it
@@ -77,10 +78,13 @@ def bench_case(spec, columnwise: bool, shape=SHAPE, pairs: int = 50, inner: int 
     def plain():
         quantize_2d(src, spec, amax=amax, seed=1)
 
-    def live():
-        quantize_2d(src, spec, amax=amax, seed=1, live=True)
+    slots = live_slots(src.device)      # as an operand's interval keeps them: made once, folded into by every call
 
-    got, want = quantize_2d(src, spec, amax=amax, seed=1, live=True)["live_amax"], tensor_amax(src, spec)
+    def live():
+        quantize_2d(src, spec, amax=amax, seed=1, live=slots)
+
+    live()
+    got, want = live_slots_amax(slots), tensor_amax(src, spec)
     if not torch.equal(got, want):                            # after the RHT when spec.rht
         raise RuntimeError(f"live amax {float(got)!r} != the amax pass's {float(want)!r}")
     for _ in range(warmup):

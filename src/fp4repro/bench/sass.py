@@ -33,13 +33,13 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90,
     """(CompiledKernel, elements per thread) of what ``quantize_2d`` launches for a BF16 tensor of
     ``shape`` (row-major, or a column-major view when ``columnwise``) with a held amax (none for
     formats without a tensor scale), compiled for sm_``arch``; ``live``: the variant that also
-    returns the live tensor amax (``quantize_2d(..., live=True)``)."""
+    max-folds the live tensor amax into running slots (``quantize_2d(..., live=slots)``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from fp4repro.kernels import quantize, quantize_launch
+    from fp4repro.kernels import live_slots, quantize, quantize_launch
     from fp4repro.kernels.launch import COMPILE_OPTIONS
 
     if quantize.INTERPRETED:
@@ -49,7 +49,8 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90,
     x = torch.empty((cols, rows) if columnwise else shape, dtype=torch.bfloat16, device="meta")
     x = x.t() if columnwise else x
     amax = torch.empty((), dtype=torch.float32, device="meta")   # held: no reduction pass
-    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1, live=live)
+    slots = live_slots("meta") if live else None
+    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1, live=slots)
     fn = quantize._quantize_kernel
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)

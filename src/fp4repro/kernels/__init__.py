@@ -84,6 +84,29 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+LIVE_SLOTS = 64          # running live-amax maxima the tiles of a launch spread their atomics over
+LIVE_SLOT_STRIDE = 32    # int32s from one slot to the next: one 128-byte line each
+
+
+def live_slots(device) -> torch.Tensor:
+    """Running live-amax slots for ``quantize_2d(..., live=)``: int32 zeros, LIVE_SLOTS of them
+    LIVE_SLOT_STRIDE apart, each holding the float32 bits of a maximum (|x| >= 0 orders like its
+    bits). Every quantization given them max-folds its live amax in; ``live_slots_amax`` reads
+    the maximum over all of them. Zeros: the maximum of nothing seen is 0."""
+    return torch.zeros(LIVE_SLOTS * LIVE_SLOT_STRIDE, dtype=torch.int32, device=device)
+
+
+def live_slots_amax(slots: torch.Tensor) -> torch.Tensor:
+    """The largest live amax folded into ``slots`` since they were made, float32 0-d tensor."""
+    return slots[::LIVE_SLOT_STRIDE].max().view(torch.float32)
+
+
+def fold_live_amax(slots: torch.Tensor, amax: torch.Tensor) -> None:
+    """Max-fold a live amax computed elsewhere (the torch reference's) into ``slots``, in place."""
+    bits = amax.detach().to(device=slots.device, dtype=torch.float32).reshape(1).view(torch.int32)
+    torch.maximum(slots[:1], bits, out=slots[:1])
+
+
 @functools.lru_cache(maxsize=None)
 def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> tuple:
     return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, RHT=rht, SIGN_BITS=SIGN_BITS, COLUMNWISE=columnwise).items())
@@ -102,8 +125,8 @@ def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, 
     constexprs = dict(TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0],
                       BLOCK_C=spec.block[1], WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats,
                       EVEN=rows % tile_r == 0 and cols % tile_c == 0, **_launch_args(spec))
-    if live:   # absent otherwise: the kernel's default (False), the same compiled kernel as before
-        constexprs["LIVE"] = True
+    if live:   # absent otherwise: the kernel's defaults, the same compiled kernel as before
+        constexprs.update(LIVE=True, LIVE_SLOTS=LIVE_SLOTS, LIVE_SLOT_STRIDE=LIVE_SLOT_STRIDE)
     grid = (_cdiv(rows_p, tile_r), _cdiv(cols_p, tile_c))
     return (rows_p, cols_p), columnwise, grid, tuple(constexprs.items()), warps
 
@@ -139,18 +162,18 @@ def _draw_seed() -> int:
 
 def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
                 rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                codes: bool = False, stats: bool = False, live: bool = False) -> dict:
+                codes: bool = False, stats: bool = False, live: torch.Tensor | None = None) -> dict:
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
     Returns a dict with ``qs`` (q·s_b in x's logical shape, dense: column-major for a column-major
     x, else row-major; ``out_dtype`` or x's dtype), ``decode_scale`` d (float32 scalar written by the kernel), ``amax`` (A used), and when
     asked ``codes`` / ``scale_codes`` (the layouts of ``BlockQuantized``) and ``counts`` / ``sums``
     telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
-    a single kernel launch. ``live``: also ``live_amax``, the current tensor amax (max |x| over
-    finite elements, after the RHT when spec.rht; float32 0-d tensor on x's device; 0 when no
-    element is finite) folded from the block amaxes the kernel computes anyway, no extra pass
-    (with a held amax, the growth G = live amax / held amax; with a current amax it equals
-    ``amax``). It costs one 4-byte zero fill before the launch. The target T is a runtime
+    a single kernel launch. ``live`` (slots from ``live_slots`` on x's device): the current
+    tensor amax (max |x| after the RHT when spec.rht, NaN counted as inf: the reference's
+    ``live_amax``) is max-folded into them from the block amaxes the kernel computes anyway, no extra
+    pass and no extra launch; ``live_slots_amax`` reads the running maximum (with a held amax, the
+    largest growth since the slots were made is that over the held amax). The target T is a runtime
     argument of the kernel: a new T compiles nothing. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
     runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream.
     """
@@ -161,7 +184,8 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
 
 def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
                     rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                    codes: bool = False, stats: bool = False, live: bool = False) -> tuple[tuple, dict]:
+                    codes: bool = False, stats: bool = False,
+                    live: torch.Tensor | None = None) -> tuple[tuple, dict]:
     """What ``quantize_2d`` launches, without launching: ((grid, args, constexprs, num_warps) of
     ``_quantize_kernel``, the output dict with its buffers allocated on x's device)."""
     if seed is not None and not 0 <= seed < 2**32:
@@ -174,7 +198,7 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
         x = x.contiguous()
         strides = x.stride()
     (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(spec, x.shape, strides, write_qs,
-                                                                          codes, stats, live)
+                                                                          codes, stats, live is not None)
     rows, cols = x.shape
     device = x.device
     amax = _amax_arg(amax, x, spec)
@@ -195,15 +219,16 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
     counts = torch.zeros(6, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
-    # the live amax's bits (int32 atomic max of non-negative float32 patterns), read as float32
-    live_bits = torch.zeros((), dtype=torch.int32, device=device) if live else _dummy(device, torch.int32)
+    if live is not None and (live.dtype != torch.int32 or live.shape != (LIVE_SLOTS * LIVE_SLOT_STRIDE,)
+                             or live.device != device):
+        raise ValueError(f"live must be the slots of live_slots({device}), got {live.dtype} {tuple(live.shape)} "
+                         f"on {live.device}")
     emax_t = emax_target(get_format(spec.element).max, spec.target)
     out_strides = qs.stride() if write_qs else (0, 0)
-    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, live_bits, rows, cols, cols_p, *strides,
+    live = _dummy(device, torch.int32) if live is None else live
+    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, live, rows, cols, cols_p, *strides,
             *out_strides, seed or 0, rand_offset, emax_t)
     out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
-    if live:
-        out["live_amax"] = live_bits.view(torch.float32)
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
     if stats:

@@ -14,9 +14,10 @@ running along its columns (the GEMM's reduction dimension):
                        amax pointer and the runtime float32 Emax·T (not a constexpr: a target T
                        that changes at every amax refresh reuses the compiled kernel), and d is
                        written out too (program (0, 0)): a quantization with a held amax is one
-                       launch and nothing else. With LIVE (constexpr) it also folds the tile's
-                       finite block amaxes into the live tensor amax (an integer atomic max, as
-                       ``_amax_kernel``), so the growth of a held amax is seen without a pass.
+                       launch and nothing else. With LIVE (constexpr) it also max-folds the tile's
+                       block amaxes into running live-amax slots (integer atomic maxima, as
+                       ``_amax_kernel``, spread over LIVE_SLOTS addresses), so the growth of a held
+                       amax is seen without a pass, and across calls without a launch.
 
 Because M is addressed through strides, the column-wise variant that wgrad needs (Xᵀ blocked
 along tokens) is the same kernel on X's transposed view: nothing is materialized.
@@ -352,7 +353,7 @@ def _quantize_kernel(
     S_HAS_ZERO: tl.constexpr, S_BIAS: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ROUND_UP: tl.constexpr,
     S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
     WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
-    LIVE: tl.constexpr = False,
+    LIVE: tl.constexpr = False, LIVE_SLOTS: tl.constexpr = 1, LIVE_SLOT_STRIDE: tl.constexpr = 1,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
@@ -389,17 +390,6 @@ def _quantize_kernel(
         xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
     if WRITE_CODES or STATS:
         q = tl.where(keep[:, None, :, None], qk, 0.0)
-
-    if LIVE:
-        # the live tensor amax (max |x| over finite elements, after the RHT; padding is zero) as a
-        # by-product: the max of the tile's finite block amaxes, folded into a float32 scalar by an
-        # integer atomic max on its bits as _amax_kernel does. Only a tile holding a non-finite
-        # block (whose block amax is set to 0) takes the max over its finite elements instead.
-        live = tl.max(tl.max(block_amax, axis=1), axis=0)
-        if tl.max(tl.max(block_bad.to(tl.int32), axis=1), axis=0) != 0:
-            n_live: tl.constexpr = TILE_R * TILE_C
-            live = tl.max(tl.reshape(tl.where(a <= FLT_MAX, a, 0.0), (n_live,)), axis=0)
-        tl.atomic_max(live_ptr, live.to(tl.int32, bitcast=True))
 
     if WRITE_QS:
         qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)
@@ -480,6 +470,17 @@ def _quantize_kernel(
         tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
         tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
         tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
+
+    if LIVE:
+        # the live tensor amax, max |x| after the RHT with NaN counted as inf (padding is zero), as
+        # a by-product: the max of the tile's block amaxes (on their bits; inf where a block holds
+        # NaN or inf), max-folded by an integer atomic max (as _amax_kernel) into one of
+        # LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of tiles on one
+        # address serialize in L2 (on an H200 that cost 19-51% of the kernel). After the stores,
+        # the reduction's barriers hold no tile values in registers.
+        live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
+        slot = (pid_r * tl.num_programs(1) + pid_c) % LIVE_SLOTS
+        tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, tl.max(tl.max(live, axis=1), axis=0), sem="relaxed")
 
 
 @triton.jit

@@ -81,7 +81,7 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
     amax and stores a fresh sample when due; telemetry is recorded when ``state.telemetry`` is on.
     An automatic target asks ``state`` for its T (chosen at each refresh, before the fresh
-    sample is used) and, between refreshes, hands it the live amax of what was quantized.
+    sample is used) and, between refreshes, folds the live amax of what was quantized into its slots.
     """
     if spec is None:
         return t, None
@@ -93,12 +93,11 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     if auto:
         target = state.choose_target(key, spec) if held is None else state.target(key, spec)
         spec = _with_target(spec, target)
-    qs, d, amax, stats, live = scaled_operand(t, spec, amax=held, stats=telemetry, live=auto and held is not None)
+    live = state.live_slots(key, t.device) if auto and held is not None else None
+    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=held, stats=telemetry, live=live)
     if state is not None:
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)
-        elif auto:
-            state.observe(key, live, held)
         if telemetry:
             state.record(layer, operand, stats, target)
     if t.is_cuda:

@@ -79,19 +79,28 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False, groups: torch.Tensor | None = None, live: bool = False,
+                   stats: bool = False, groups: torch.Tensor | None = None, live: torch.Tensor | None = None,
                    ) -> reference.ScaledOperand:
-    """(q · s_b in x's 2-D shape, d, A used, stats, live amax) (``fp4repro.reference.block.scaled_operand``;
-    with row ``groups``, always the reference: the kernels take one amax per call)."""
-    if groups is not None or not uses_kernel(x, generator, rand):
-        return reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
-                                        groups=groups, live=live)
-    from fp4repro.kernels import quantize_2d
+    """(q · s_b in x's 2-D shape, d, A used, stats, None) (``fp4repro.reference.block.scaled_operand``;
+    with row ``groups``, always the reference: the kernels take one amax per call).
 
+    Unlike the reference, ``live`` is not a flag but running live-amax slots
+    (``fp4repro.kernels.live_slots`` on x's device): the tensor's current amax is max-folded into
+    them, by the kernel as a by-product, or from the reference's ``live_amax``; the ``live`` field
+    of the result is None. An automatic target keeps one set of slots per operand and refresh
+    interval and reads it once, at the next refresh."""
+    from fp4repro.kernels import fold_live_amax, quantize_2d
+
+    if groups is not None or not uses_kernel(x, generator, rand):
+        r = reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
+                                     groups=groups, live=live is not None)
+        if live is not None:
+            fold_live_amax(live, r.live)
+        return r._replace(live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
     k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live)
     return reference.ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
-                                   _kernel_stats(k, x2d, spec, amax) if stats else None, k.get("live_amax"))
+                                   _kernel_stats(k, x2d, spec, amax) if stats else None, None)
 
 
 def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,

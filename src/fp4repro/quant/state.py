@@ -7,8 +7,10 @@ the steps it wants recorded; ``state_dict()`` goes into checkpoints so a resumed
 same amaxes and targets.
 
 Automatic target (``QuantSpec.auto_target``): between refreshes each quantization of an operand
-also returns the live amax of what it quantized (a by-product of its block amaxes), and the state
-keeps the interval's growth G_k = max(live / held) (1 at the refresh itself). At the next refresh,
+max-folds the live amax of what it quantized (a by-product of its block amaxes) into the
+operand's live slots (``live_slots``), so that the interval's growth G_k = max(live / held) =
+max(live) / held (the held amax is fixed within the interval, and rounding a quotient is
+monotone) costs no launch between refreshes (1 at the refresh itself). At the next refresh,
 before the fresh sample is used, T = clamp(scale_max / (safety · max(G over the last ``window``
 intervals)), min, max) (``choose_target``); until the first interval has ended, T = min. The
 growth is reduced with ``reduce_max`` before it is read (identity in one process; a distributed
@@ -23,6 +25,7 @@ import torch
 
 from fp4repro.config.spec import AutoTarget, QuantSpec, TensorScaling
 from fp4repro.formats import get_format
+from fp4repro.kernels import fold_live_amax, live_slots, live_slots_amax
 from fp4repro.reference.block import OperandStats
 
 
@@ -40,7 +43,7 @@ class QuantState:
         self._held_at: dict[str, int] = {}
         self._held_host: dict[str, float] = {}   # the held values read back once, for GEMM epilogues
         self._records: list[dict] = []
-        self._growth: dict[str, torch.Tensor] = {}      # this interval's max(live / held), on the device
+        self._live: dict[str, torch.Tensor] = {}        # this interval's running live amax (slots), on the device
         self._growths: dict[str, list[float]] = {}      # G of the last ``window`` finished intervals
         self._target: dict[str, float] = {}             # the automatic T in use
         self.reduce_max = None                          # growth reduction across ranks (None: one process)
@@ -78,13 +81,22 @@ class QuantState:
             return spec.target
         return self._target.get(key, float(spec.auto_target.min))
 
-    def observe(self, key: str, live: torch.Tensor, held: torch.Tensor) -> None:
-        """Fold one quantization's live amax (with the held amax it used) into the interval's
-        growth, on the device (no synchronization). A held amax of 0 that now sees a non-zero
-        tensor is infinite growth: the next T is ``min``."""
-        ratio = torch.where(held > 0, live / held, torch.where(live > 0, torch.inf, 1.0))
-        previous = self._growth.get(key)
-        self._growth[key] = ratio if previous is None else torch.maximum(previous, ratio)
+    def live_slots(self, key: str, device) -> torch.Tensor:
+        """The running live-amax slots of ``key``'s current interval, made (zeros) at its first
+        quantization after a refresh: a quantization max-folds its live amax into them."""
+        slots = self._live.get(key)
+        if slots is None:
+            slots = self._live[key] = live_slots(device)
+        return slots
+
+    def _interval_growth(self, key: str) -> torch.Tensor | None:
+        """max(live) / held of the interval that ends (None: nothing seen after its refresh); a
+        held amax of 0 that has since seen a non-zero tensor is infinite growth (next T: ``min``)."""
+        slots = self._live.pop(key, None)
+        if slots is None:
+            return None
+        live, held = live_slots_amax(slots), self._held[key].to(slots.device)
+        return torch.where(held > 0, live / held, torch.where(live > 0, torch.inf, 1.0))
 
     def choose_target(self, key: str, spec: QuantSpec) -> float:
         """At a refresh of ``key`` (its held amax is due for a fresh sample, which has not been
@@ -92,7 +104,7 @@ class QuantState:
         step was seen), and choose the next T from the last ``window`` intervals. The first
         sample of ``key`` closes nothing. Reads the growth once (one synchronization per refresh)."""
         auto = spec.auto_target
-        growth = self._growth.pop(key, None)
+        growth = self._interval_growth(key) if key in self._held else None
         if key in self._held_at:
             if growth is not None and self.reduce_max is not None:
                 growth = self.reduce_max(growth)
@@ -137,7 +149,7 @@ class QuantState:
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
         return {"step": self.step, "held": {k: v.cpu() for k, v in self._held.items()},
-                "held_at": dict(self._held_at), "growth": {k: v.cpu() for k, v in self._growth.items()},
+                "held_at": dict(self._held_at), "live": {k: live_slots_amax(v).cpu() for k, v in self._live.items()},
                 "growths": {k: list(v) for k, v in self._growths.items()}, "target": dict(self._target)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -146,11 +158,13 @@ class QuantState:
         self._held_at = {k: int(v) for k, v in state["held_at"].items()}
         self._held_host = {}
         # automatic targets (absent from checkpoints of runs without them); ``to`` moves them with the held amaxes
-        self._growth = {k: v.clone() for k, v in state.get("growth", {}).items()}
+        self._live = {}
+        for key, amax in state.get("live", {}).items():
+            fold_live_amax(self.live_slots(key, amax.device), amax)
         self._growths = {k: [float(g) for g in v] for k, v in state.get("growths", {}).items()}
         self._target = {k: float(v) for k, v in state.get("target", {}).items()}
 
     def to(self, device) -> "QuantState":
         self._held = {k: v.to(device) for k, v in self._held.items()}
-        self._growth = {k: v.to(device) for k, v in self._growth.items()}
+        self._live = {k: v.to(device) for k, v in self._live.items()}
         return self

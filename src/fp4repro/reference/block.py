@@ -347,20 +347,17 @@ class ScaledOperand(NamedTuple):
     d: torch.Tensor                  # decode scale 1/g, float32 (rows, 1) with row groups
     amax: torch.Tensor               # A used: the held amax, else the current one
     stats: OperandStats | None       # telemetry, when asked
-    live: torch.Tensor | None        # the tensor's current amax, when asked (``live=True``)
+    live: torch.Tensor | None        # the tensor's live amax (``live_amax``), when asked (``live=True``)
 
 
 def live_amax(b: "_Blocks") -> torch.Tensor:
-    """The current amax of what was quantized (``tensor_amax`` of the padded, RHT'd 2-D tensor),
-    float32 scalar, from the block amaxes already computed: the max of the block amaxes when all
-    are finite (exact: a max of maxima), else the finite elements' max (a block holding NaN or inf
-    may hold finite elements larger than every finite block's)."""
-    if b.current is not None:
-        return b.current
+    """The current amax of what was quantized, float32 scalar: max |x| of the padded, RHT'd 2-D
+    tensor with NaN counted as inf (a NaN or inf anywhere gives inf: the tensor overflowed, the
+    largest growth there is), from the block amaxes already computed (exact: a max of maxima)."""
     if not b.block_amax.numel():
         return torch.zeros((), device=b.block_amax.device)
-    top = b.block_amax.max()          # NaN if a block holds NaN, inf if one holds inf
-    return top.to(torch.float32) if bool(torch.isfinite(top)) else tensor_amax(b.x2d)
+    top = b.block_amax.max().to(torch.float32)          # NaN if a block holds NaN
+    return torch.where(torch.isnan(top), torch.inf, top)
 
 
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
@@ -372,8 +369,8 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
     Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
     groups: int64 group id of each row of x's 2-D view (see the module docstring: current amax
     and 1-row blocks only); A and d are then float32 (rows, 1), each row its group's (d = 1
-    without a tensor scale). live: also the tensor's current amax (``live_amax``), which
-    automatic targets compare with the held one.
+    without a tensor scale). live: also the tensor's current amax (``live_amax``: NaN counted as
+    inf), which automatic targets compare with the held one.
     """
     if live and groups is not None:
         raise ValueError("a live amax is one tensor's: not with row groups")
