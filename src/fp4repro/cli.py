@@ -127,6 +127,11 @@ def _cmd_experiment(args) -> int:
     for stage, steps in zip(t.stages, t.stage_steps()):
         blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)
         print(f"  {stage.name}: {stage.tokens:,} tokens ({steps} steps), blend {blend}")
+    p = exp.parallel
+    if exp.backend != "reference":
+        print(f"parallel: tensor {p.tensor}{' with sequence parallelism' if p.sequence_parallel else ''}, pipeline "
+              f"{p.pipeline}, micro-batch {p.micro_batch or 'the whole per-rank batch'}, amaxes of split operands "
+              f"{'reduced over the tensor group' if p.tp_amax == 'group' else 'per shard'}")
     n = study.model.n_layers
     print(f"BF16 layers per recipe on {exp.model} ({n} layers; embedding and LM head are BF16 in every recipe):")
     for name in study.recipes:
@@ -168,8 +173,8 @@ def _cmd_train(args) -> int:
     study = _study(args)
     exp = study.experiment
     recipe = _recipe_name(study, args.recipe)
-    if exp.backend != "local":
-        raise ConfigError(f"{exp.path}: field 'backend': value {exp.backend!r}: not available yet; only the local "
+    if exp.backend != "reference":
+        raise ConfigError(f"{exp.path}: field 'backend': value {exp.backend!r}: not available yet; only the reference "
                           "backend (the reference model) trains today")
     from fp4repro.results import run_dir
 

@@ -1,6 +1,7 @@
 import pytest
 
 from fp4repro.config.experiment import ExperimentError, available_experiments, load_experiment
+from fp4repro.config.parallel import ParallelConfig
 from fp4repro.config.study import load_study
 
 BASE = """name: t
@@ -37,6 +38,15 @@ def test_shipped_experiments_load():
 def test_base_loads(tmp_path):
     exp = load_experiment(_write(tmp_path, BASE))
     assert exp.train.tokens_per_step == 256 and exp.train.stage_steps() == [16, 8]
+    assert exp.backend == "reference" and exp.parallel == ParallelConfig()
+
+
+def test_a_parallel_split_that_fits_the_model_loads(tmp_path):
+    text = BASE.replace("model: tiny", "model: tiny\nbackend: megatron\n"
+                        "parallel: {tensor: 2, pipeline: 5, sequence_parallel: true, micro_batch: 2, tp_amax: shard}")
+    study = load_study(_write(tmp_path, text))
+    assert study.experiment.parallel == ParallelConfig(tensor=2, pipeline=5, sequence_parallel=True,
+                                                       micro_batch=2, tp_amax="shard")
 
 
 BAD = {
@@ -48,6 +58,16 @@ BAD = {
     "unknown field": (("batch_size: 4", "batch_size: 4\n  momentum: 0.9"), "train", "momentum"),
     "source kind": (("{kind: stdlib_code}", "{kind: web}"), "data.sources.code.kind", "web"),
     "jsonl without paths": (("{kind: stdlib_code}", "{kind: jsonl}"), "data.sources.code.paths", "path glob"),
+    "tensor parallel on the reference backend": (("model: tiny", "model: tiny\nparallel: {tensor: 2}"),
+                                                 "parallel.tensor", "reference backend runs in one process"),
+    "sequence parallel without a tensor group": (
+        ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {sequence_parallel: true}"),
+        "parallel.sequence_parallel", "needs tensor > 1"),
+    "micro-batch not dividing the batch": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {micro_batch: 3}"),
+                                           "parallel.micro_batch", "divide the global batch train.batch_size (4)"),
+    "unknown tp_amax": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tp_amax: rank}"),
+                        "parallel.tp_amax", "'rank' is not one of"),
+    "unknown parallel field": (("model: tiny", "model: tiny\nparallel: {global_batch: 8}"), "parallel", "global_batch"),
 }
 
 
@@ -56,6 +76,11 @@ BAD_TOGETHER = {
     "vocab mismatch": (("vocab_size: 2048", "vocab_size: 4096"), "data.tokenizer.vocab_size", "2048"),
     "unknown recipe": (("[bf16, ue5m3]", "[bf16, fp3]"), "recipes.1", "no recipe named 'fp3'"),
     "unknown model": (("model: tiny", "model: huge"), "model", "no model config named 'huge'"),
+    # tiny: 4 attention heads, 2 KV heads, 32 Mamba heads, 2 groups, MLP 512, 5 layers
+    "tensor group not dividing the KV heads": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tensor: 4}"),
+                                               "parallel.tensor", "must divide the model's attn_kv_heads (2)"),
+    "more stages than layers": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {pipeline: 6}"),
+                                "parallel.pipeline", "at most the model's 5 layers"),
 }
 
 

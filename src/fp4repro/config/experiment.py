@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fp4repro.config.eval import EvalConfig, parse_eval_config
 from fp4repro.config.files import available, find_config, not_found, read_yaml, schema_error, schema_field
+from fp4repro.config.parallel import ParallelConfig, ParallelError, parse_parallel
 from fp4repro.errors import ConfigError
 
 
@@ -134,7 +135,8 @@ class ExperimentConfig:
     data: DataConfig
     train: TrainConfig
     eval: EvalConfig
-    backend: str = "local"
+    backend: str = "reference"
+    parallel: ParallelConfig = ParallelConfig()
     description: str = ""
     resources: dict = field(default_factory=dict, hash=False, compare=False)   # rule -> workflow resources
 
@@ -211,6 +213,11 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         _fail(path, "train.seq_len", train.seq_len,
               "a multiple of 16, so that FP4 blocks along tokens never straddle sequences unevenly")
     eval_config = parse_eval_config(raw.get("eval", {}), str(path), [s.name for s in sources], train.batch_size)
+    backend = raw.get("backend", "reference")
+    try:
+        parallel = parse_parallel(raw.get("parallel", {}), backend, train.batch_size)
+    except ParallelError as err:
+        _fail(path, err.field, err.value, err.allowed)
     return ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
-                            data=data, train=train, eval=eval_config, backend=raw.get("backend", "local"),
+                            data=data, train=train, eval=eval_config, backend=backend, parallel=parallel,
                             description=raw.get("description", ""), resources=raw.get("resources", {}))

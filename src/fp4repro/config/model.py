@@ -99,6 +99,21 @@ class ModelConfig:
         """Output width of the fused QKV projection: [Q (heads·d) | K (kv·d) | V (kv·d)]."""
         return (self.attn_heads + 2 * self.attn_kv_heads) * self.attn_head_dim
 
+    @property
+    def tensor_split_sizes(self) -> dict[str, int]:
+        """The sizes tensor parallelism splits, each into equal parts on every rank of the group:
+        attention heads and KV heads (only where the pattern has attention), Mamba heads and groups
+        (where it has Mamba), the MLP width (where it has an MLP)."""
+        types = set(self.layer_types)
+        sizes = {}
+        if "attention" in types:
+            sizes.update(attn_heads=self.attn_heads, attn_kv_heads=self.attn_kv_heads)
+        if "mamba" in types:
+            sizes.update(mamba_heads=self.mamba_heads, mamba_groups=self.mamba_groups)
+        if "mlp" in types:
+            sizes.update(mlp_hidden_size=self.mlp_hidden_size)
+        return sizes
+
     # Validation -----------------------------------------------------------------------------
 
     def problems(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 ``load_study`` is where the pieces of a study are composed, so it is where they are checked
 against one another (the experiment file checks only itself): the model config loads and its
-vocabulary matches the tokenizer's, every recipe loads, no two recipes share a name (a recipe's
+vocabulary matches the tokenizer's, the parallel split fits the model, every recipe loads, no two recipes share a name (a recipe's
 name names its result folders), and the telemetry cadence sees every phase of each amax refresh
 interval the recipes use (chosen here when the experiment leaves it null). The CLI and the workflow call it before any compute.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fp4repro.config.experiment import ExperimentConfig, ExperimentError, load_experiment
 from fp4repro.config.model import ModelConfig, ModelConfigError, load_model_config
+from fp4repro.config.parallel import parallel_problems
 from fp4repro.config.recipe import Recipe, RecipeError, load_recipe
 
 
@@ -61,6 +62,8 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
     if exp.data.vocab_size is not None and exp.data.vocab_size != model.vocab_size:
         _fail(exp.path, "data.tokenizer.vocab_size", exp.data.vocab_size,
               f"must equal the model's vocab_size ({model.vocab_size} in {exp.model!r})")
+    for problem in parallel_problems(exp.parallel, model.tensor_split_sizes, model.n_layers):
+        _fail(exp.path, problem.field, problem.value, f"{problem.allowed} in {exp.model!r}")
     recipes: dict[str, Recipe] = {}
     given: dict[str, str] = {}
     references = [(f"{exp.path}: field 'recipes.{i}'", r) for i, r in enumerate(exp.recipes)]
