@@ -387,6 +387,31 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_parity(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fp4repro parity: needs a CUDA device (megatron-core's model runs on a GPU)", file=sys.stderr)
+        return 2
+    from fp4repro.config.model import load_model_config
+    from fp4repro.config.parallel import ParallelConfig
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.megatron.distributed import initialize
+    from fp4repro.megatron.parity import print_table, run
+    from fp4repro.provenance import provenance
+    from fp4repro.results import write_json
+
+    config = load_model_config(args.model)
+    recipes = {r: load_recipe(r) for r in args.recipes}
+    initialize(ParallelConfig(), batch_size=args.batch, seed=args.seed)
+    result = run(config, recipes, batch=args.batch, length=args.length, seed=args.seed)
+    out = Path(args.out or f"results/megatron/first_step_{config.name}.json")
+    write_json(out, result, provenance("cuda"))
+    print_table(result)
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_report(args) -> int:
     from fp4repro.report import write_report
 
@@ -566,6 +591,22 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="report to write (default paper/<experiment>/report.md)")
     rp.add_argument("figures", nargs="*", help="figure files to embed (links relative to the report)")
     rp.set_defaults(func=_cmd_report)
+    pa = sub.add_parser("parity", help="the megatron backend against the reference model, first step (one GPU)",
+                        description="Build the reference model and megatron-core's model of a model config with "
+                                    "the same weights (the reference's initialization, converted), feed both one "
+                                    "random token batch and compare the loss and every parameter's gradient, in "
+                                    "FP32 and under BF16 autocast, per recipe; beside each difference, the "
+                                    "reference against itself with its torch SSD scan (the same math rounded "
+                                    "differently) and the BF16-rounding bounds (fp4repro.megatron.parity). Writes "
+                                    "JSON (default results/megatron/first_step_<model>.json).")
+    pa.add_argument("--model", default="tiny", help="model config name or path (default tiny)")
+    pa.add_argument("--recipes", nargs="+", default=["bf16", "ue5m3", "nvfp4"], help="recipe names or paths")
+    pa.add_argument("--batch", type=int, default=4, help="sequences (default 4)")
+    pa.add_argument("--length", type=int, default=256, help="tokens per sequence (default 256)")
+    pa.add_argument("--seed", type=int, default=0)
+    pa.add_argument("--out", help="JSON output path")
+    pa.set_defaults(func=_cmd_parity)
+
     ru = sub.add_parser("runs", help="list a study's training runs (one per config fingerprint); --prune removes old ones",
                         description="A recipe's training keeps one run folder per fingerprint of what changes its "
                                     "numbers (model, recipe numerics, data, optimizer, schedule, batch, seed): a "

@@ -288,6 +288,30 @@ class _QuantLinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
+def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, specs: LinearSpecs,
+                     state: QuantState | None, name: str) -> torch.Tensor:
+    """y = x · Wᵀ (+ b) with the recipe's quantized GEMMs in forward and backward: the one
+    implementation of the emulation, which ``QuantLinear`` and the megatron backend's parallel
+    linears both call. The GEMMs compute in autocast's dtype when autocast is on, else in x's
+    (float32 on CPU, where the emulation is float32 end to end); the quantization state of this
+    linear lives in ``state`` under ``name``."""
+    device_type = x.device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    compute_dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
+    if device_type == "cpu":
+        compute_dtype = torch.float32
+    args = (x, weight, bias, specs, state, name, compute_dtype)
+    if not autocast:
+        return _QuantLinearFunction.apply(*args)
+    with torch.autocast(device_type, enabled=False):
+        return _QuantLinearFunction.apply(*args)
+
+
+def describe_specs(specs: LinearSpecs | None) -> dict[str, str]:
+    """Operand name -> spec summary of a linear's specs ("bf16" for unquantized operands)."""
+    return {name: (str(spec) if spec is not None else "bf16") for name, spec in (specs or LinearSpecs()).items()}
+
+
 class QuantLinear(torch.nn.Linear):
     """``nn.Linear`` with recipe-quantized GEMMs (same parameters, init and state_dict keys).
 
@@ -311,23 +335,10 @@ class QuantLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.specs is None:
             return F.linear(x, self.weight, self.bias)
-        device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):
-            compute_dtype = torch.get_autocast_dtype(device_type)
-        else:
-            compute_dtype = x.dtype
-        if device_type == "cpu":
-            compute_dtype = torch.float32   # the CPU emulation is float32 end to end
-        args = (x, self.weight, self.bias, self.specs, self.state, self.name, compute_dtype)
-        if not torch.is_autocast_enabled(device_type):
-            return _QuantLinearFunction.apply(*args)
-        with torch.autocast(device_type, enabled=False):
-            return _QuantLinearFunction.apply(*args)
+        return quantized_linear(x, self.weight, self.bias, self.specs, self.state, self.name)
 
     def describe(self) -> dict[str, str]:
-        """Operand name -> spec summary ("bf16" for unquantized operands)."""
-        specs = self.specs or LinearSpecs()
-        return {name: (str(spec) if spec is not None else "bf16") for name, spec in specs.items()}
+        return describe_specs(self.specs)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.specs is None else ", quantized")

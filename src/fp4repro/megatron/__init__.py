@@ -1,0 +1,12 @@
+"""The megatron backend: Nemotron-H as megatron-core's hybrid ``MambaModel``, its linears running
+the recipe's quantized GEMMs.
+
+One job per module, and megatron-core imported only where it is used (importing it takes seconds):
+
+    names    megatron's layer numbers and linear names <-> the reference model's (no megatron import)
+    convert  state_dict layouts: the reference model's <-> megatron's (no megatron import)
+    linear   ColumnParallelLinear / RowParallelLinear whose ``_forward_impl`` runs the quantized GEMMs
+    model    the layer spec (no Transformer Engine), the TransformerConfig, building the model and
+             attaching a recipe by global layer number
+    parity   the reference model and the megatron model on the same weights and tokens (one GPU)
+"""

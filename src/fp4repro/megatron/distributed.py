@@ -1,0 +1,52 @@
+"""Processes and megatron-core's parallel state for one run.
+
+Launched by ``torchrun`` (or Slurm through it), the process group comes from the environment
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...); started alone, it is a group of one. NCCL where
+there is a GPU, gloo where there is none (megatron's modules can be built on a CPU, not run).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from fp4repro.config.parallel import ParallelConfig, ParallelLayout, layout
+
+
+def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> ParallelLayout:
+    """Join (or make) the process group, split it as ``parallel`` says, seed megatron's
+    model-parallel RNG; returns the layout (checked against the global batch ``batch_size``)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if "WORLD_SIZE" in os.environ:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            dist.init_process_group(backend)
+        else:
+            store = tempfile.mkdtemp(prefix="fp4repro_pg_")
+            if torch.cuda.is_available():
+                torch.cuda.set_device(0)
+            dist.init_process_group(backend, init_method=f"file://{store}/rendezvous", rank=0, world_size=1)
+    split = layout(parallel, dist.get_world_size(), batch_size)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
+                                                 pipeline_model_parallel_size=parallel.pipeline)
+    torch.manual_seed(seed)
+    # without CUDA, megatron's RNG tracker cannot hold CUDA generator states: its inference
+    # tracker draws every initialization from torch's CPU generator instead
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=not torch.cuda.is_available())
+    return split
+
+
+def shutdown() -> None:
+    """Leave megatron's parallel state and the process group."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

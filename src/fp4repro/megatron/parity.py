@@ -1,0 +1,155 @@
+"""The megatron backend against the reference model: the same weights (through ``convert``) and the
+same token batch fed to both, one forward and backward (one GPU).
+
+``pair`` builds the two models of a recipe with the reference's initialization; ``first_step``
+runs each on the batch as training does (BF16 autocast, logits in FP32, mean next-token
+cross-entropy; the same torch seed before each, so SR draws the same bits) and compares the
+losses and the gradient of every parameter, the megatron ones converted to the reference layout.
+A gradient's difference is its relative Frobenius norm ||g_megatron - g_reference|| / ||g_reference||.
+
+How far apart two correct implementations may be. With BF16 autocast every GEMM output and
+activation is rounded to BF16 (unit roundoff u = 2^-8); the backends round at different places
+(megatron's conv1d and norms run in BF16 where the reference's run in FP32), so each layer adds
+errors of order u, independent from layer to layer: over L layers a gradient moves by about
+u·sqrt(L) relative. ``bf16_bounds`` allows 4·u·sqrt(L) for every weight gradient and, for the
+loss (a mean of cross-entropies, each with gradient of L1 norm at most 2 in its logits),
+2·u·sqrt(L)·max|logit|. Without autocast (FP32) the backends differ only in FP32 rounding.
+
+Quantized recipes have no such bound: FP4 rounding is discontinuous, so an input that moves by
+one FP32 ulp across a rounding boundary moves its element by a whole FP4 step, and the loss and
+gradients of two correct implementations differ by what those flips add up to. The yardstick
+(``yardstick``) is the reference model against itself with its other SSD implementation (the
+torch scan instead of mamba-ssm's Triton kernel: the same math, rounded differently).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fp4repro.config.model import ModelConfig
+from fp4repro.config.recipe import Recipe
+from fp4repro.megatron.convert import from_megatron, to_megatron
+from fp4repro.megatron.model import attach_recipe, build_model
+from fp4repro.model import NemotronH
+from fp4repro.quant.state import QuantState
+
+
+def pair(config: ModelConfig, recipe: Recipe | None, seed: int) -> tuple[NemotronH, torch.nn.Module]:
+    """(reference model, megatron model) on the GPU with equal FP32 weights (the reference's
+    initialization, converted), each with its own QuantState. Megatron's parallel state must be
+    initialized (``fp4repro.megatron.distributed.initialize``)."""
+    torch.manual_seed(seed)
+    reference = NemotronH(config, recipe).cuda()
+    megatron = build_model(config).cuda()
+    megatron.load_state_dict(to_megatron(reference.state_dict(), config), strict=True)
+    attach_recipe(megatron, recipe, QuantState(), config.n_layers)
+    return reference, megatron
+
+
+def megatron_logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """(batch, time, vocab) logits of megatron's model (no labels: megatron returns logits)."""
+    return model(inputs, position_ids=None, attention_mask=None)
+
+
+def _loss_and_grads(model, logits_of, inputs, targets, seed: int, bf16: bool) -> tuple[float, dict]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        logits = logits_of(model, inputs).float()
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    loss.backward()
+    return float(loss), {name: p.grad.detach().float() for name, p in model.named_parameters()}
+
+
+def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Tensor, seed: int,
+               bf16: bool = True) -> dict:
+    """Loss and gradients of both models on ``tokens`` (batch, time + 1): the losses, the
+    megatron-minus-reference loss difference, and per parameter (reference names) the relative
+    gradient difference and the gradient norm."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    loss_r, grads_r = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_m, grads_m = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, bf16)
+    grads_m = from_megatron(grads_m, reference.config)
+    return {"loss_reference": loss_r, "loss_megatron": loss_m, "loss_difference": loss_m - loss_r,
+            "logit_max": _logit_max(reference, inputs, bf16),
+            "gradient_difference": _relative(grads_m, grads_r),
+            "gradient_norm": {n: float(g.norm()) for n, g in grads_r.items()}}
+
+
+def _relative(got: dict, want: dict) -> dict:
+    return {name: float((got[name] - g).norm() / g.norm()) if g.norm() > 0 else float(got[name].norm())
+            for name, g in want.items()}
+
+
+@torch.no_grad()
+def _logit_max(model, inputs, bf16: bool) -> float:
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        return float(model(inputs).float().abs().max())
+
+
+BF16_UNIT_ROUNDOFF = 2.0 ** -8
+
+
+def bf16_bounds(n_layers: int, logit_max: float) -> dict:
+    """The BF16-rounding bounds of the module docstring: (loss, weight gradient)."""
+    spread = BF16_UNIT_ROUNDOFF * n_layers ** 0.5
+    return {"loss": 2 * spread * logit_max, "gradient": 4 * spread}
+
+
+def linear_gradients(differences: dict) -> dict:
+    """The entries of the internal linears' weights (reference names)."""
+    return {n: v for n, v in differences.items() if ".mixer." in n and n.endswith("proj.weight")
+            or n.endswith(("fc1.weight", "fc2.weight"))}
+
+
+def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool = True) -> dict:
+    """``first_step``'s comparison of the reference model with a copy of itself that runs the
+    torch SSD scan instead of mamba-ssm's kernel (same weights, same seed)."""
+    import copy
+
+    other = copy.deepcopy(reference)          # with a copy of its QuantState, shared by its linears
+    for layer in other.layers:
+        if hasattr(layer.mixer, "use_triton_kernels"):
+            layer.mixer.use_triton_kernels = False
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    loss_r, grads_r = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_o, grads_o = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16)
+    return {"loss_difference": loss_o - loss_r, "gradient_difference": _relative(grads_o, grads_r)}
+
+
+def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, length: int = 256,
+        seed: int = 0) -> dict:
+    """Every recipe on one random token batch, FP32 and BF16 autocast: megatron against the
+    reference (``first_step``) and the reference against itself (``yardstick``), summarized."""
+    tokens = torch.randint(0, config.vocab_size, (batch, length + 1),
+                           generator=torch.Generator().manual_seed(seed)).cuda()
+    rows = []
+    for name, recipe in recipes.items():
+        reference, megatron = pair(config, recipe, seed)
+        for bf16 in (False, True):
+            m = first_step(reference, megatron, tokens, seed + 1, bf16)
+            y = yardstick(reference, tokens, seed + 1, bf16)
+            lin_m, lin_y = linear_gradients(m["gradient_difference"]), linear_gradients(y["gradient_difference"])
+            rows.append({"recipe": name, "autocast": "bf16" if bf16 else "fp32",
+                         "loss_reference": m["loss_reference"], "loss_difference": m["loss_difference"],
+                         "linear_gradient_max": max(lin_m.values()), "linear_gradient_worst": max(lin_m, key=lin_m.get),
+                         "gradient_max": max(m["gradient_difference"].values()),
+                         "yardstick_loss_difference": y["loss_difference"],
+                         "yardstick_linear_gradient_max": max(lin_y.values()),
+                         "bounds": bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None,
+                         "gradient_difference": m["gradient_difference"]})
+    return {"model": config.name, "batch": batch, "length": length, "seed": seed, "rows": rows}
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
+          "megatron - reference (yardstick: reference with the torch SSD - reference)")
+    print(f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
+          f"{'lin grad':>9} {'yard':>9} {'bound':>8}")
+    for r in result["rows"]:
+        b = r["bounds"] or {}
+        print(f"{r['recipe']:10} {r['autocast']:8} {r['loss_reference']:>9.5f} {r['loss_difference']:>+10.2e} "
+              f"{r['yardstick_loss_difference']:>+10.2e} {b.get('loss', float('nan')):>9.2e} "
+              f"{r['linear_gradient_max']:>9.2e} {r['yardstick_linear_gradient_max']:>9.2e} "
+              f"{b.get('gradient', float('nan')):>8.2e}")
