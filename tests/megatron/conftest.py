@@ -17,7 +17,8 @@ import torch
 
 @pytest.fixture(scope="session")
 def megatron_cpu():
-    """A function (ModelConfig) -> megatron MambaModel built on the CPU (parallel state: one process)."""
+    """A function (ModelConfig, device="cpu") -> megatron MambaModel built on the CPU or the meta
+    device (parallel state: one process)."""
     from megatron.core.ssm import mamba_context_parallel, mamba_mixer
 
     from fp4repro.config.parallel import ParallelConfig
@@ -38,16 +39,18 @@ def megatron_cpu():
     initialize(ParallelConfig(), batch_size=1, seed=1234)
 
     @contextlib.contextmanager
-    def cpu_as_current_device():
+    def as_current_device(device):
         current = torch.cuda.current_device
-        torch.cuda.current_device = lambda: "cpu"
+        torch.cuda.current_device = lambda: device
         try:
-            yield
+            with torch.device(device):
+                yield
         finally:
             torch.cuda.current_device = current
 
-    def build(model_config):
-        with cpu_as_current_device():
+    def build(model_config, device="cpu"):
+        """On "cpu", or on "meta" (shapes only: the 8B model in a blink)."""
+        with as_current_device(device):
             return build_model(model_config, cpu_initialization=True)
 
     yield build

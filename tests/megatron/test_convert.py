@@ -62,6 +62,19 @@ def test_query_key_value_heads_reach_megatrons_attention_as_the_reference_splits
     torch.testing.assert_close(value, v.unflatten(-1, (kv, d)), rtol=1e-6, atol=1e-6)
 
 
+def test_the_8b_models_layouts_match_tensor_for_tensor(megatron_cpu):
+    # the paper's model, on the meta device: 52 layers, 32 query heads in 8 KV groups, Mamba in_proj
+    config = load_model_config("nemotron_h_8b")
+    with torch.device("meta"):
+        reference = NemotronH(config)
+    megatron = megatron_cpu(config, device="meta")
+    theirs = {k: v.shape for k, v in megatron.state_dict().items() if not k.endswith("._extra_state")}
+    ours = {k: v.shape for k, v in to_megatron(reference.state_dict(), config).items()}
+    assert ours == theirs
+    assert sum(s.numel() for s in theirs.values()) == reference.num_parameters() == 8_100_852_736
+    assert from_megatron(megatron.state_dict(), config).keys() == reference.state_dict().keys()
+
+
 def test_qkv_groups_by_kv_head():
     # 4 query heads, 2 KV heads, head dim 1: rows q0 q1 q2 q3 k0 k1 v0 v1 -> q0 q1 k0 v0 q2 q3 k1 v1
     rows = torch.arange(8.0)[:, None]

@@ -94,7 +94,8 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
         target = state.choose_target(key, spec) if held is None else state.target(key, spec)
         spec = _with_target(spec, target)
     live = state.live_slots(key, t.device) if auto and held is not None else None
-    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=held, stats=telemetry, live=live)
+    seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
+    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=held, stats=telemetry, live=live, seed=seed)
     if state is not None:
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)

@@ -80,7 +80,7 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
                    stats: bool = False, groups: torch.Tensor | None = None, live: torch.Tensor | None = None,
-                   ) -> reference.ScaledOperand:
+                   seed: int | None = None) -> reference.ScaledOperand:
     """(q · s_b in x's 2-D shape, d, A used, stats, None) (``fp4repro.reference.block.scaled_operand``;
     with row ``groups``, always the reference: the kernels take one amax per call).
 
@@ -88,17 +88,23 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
     (``fp4repro.kernels.live_slots`` on x's device): the tensor's current amax is max-folded into
     them, by the kernel as a by-product, or from the reference's ``live_amax``; the ``live`` field
     of the result is None. An automatic target keeps one set of slots per operand and refresh
-    interval and reads it once, at the next refresh."""
+    interval and reads it once, at the next refresh.
+
+    ``seed`` (stochastic rounding, 0 <= seed < 2^32): the kernels' Philox key, or on the reference
+    the seed of a generator of its own; without one, the kernels draw a seed from torch's CPU
+    generator and the reference draws from torch's global generator."""
     from fp4repro.kernels import fold_live_amax, quantize_2d
 
     if groups is not None or not uses_kernel(x, generator, rand):
+        if seed is not None and generator is None and rand is None:
+            generator = torch.Generator(device=x.device).manual_seed(seed)
         r = reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
                                      groups=groups, live=live is not None)
         if live is not None:
             fold_live_amax(live, r.live)
         return r._replace(live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
-    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live)
+    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live, seed=seed)
     return reference.ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
                                    _kernel_stats(k, x2d, spec, amax) if stats else None, None)
 

@@ -15,10 +15,18 @@ before the fresh sample is used, T = clamp(scale_max / (safety · max(G over the
 intervals)), min, max) (``choose_target``); until the first interval has ended, T = min. The
 growth is reduced with ``reduce_max`` before it is read (identity in one process; a distributed
 backend sets it to a MAX all-reduce so that every rank chooses the same T).
+
+Stochastic rounding draws its random bits from a seed that names what is rounded
+(``sr_seed``): the run's seed, the operand's key, the step and the how-manieth quantization of
+that key in the step. Not from a generator shared by every quantization: then the bits of one
+operand would depend on how many quantizations ran before it, which differs between the two
+backends (megatron's autograd visits the layers in its own order), between pipeline schedules,
+and between a run and its resume.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import asdict
 
 import torch
@@ -36,7 +44,8 @@ def chosen_target(growth: float, auto: AutoTarget, scale_max: float) -> float:
 
 
 class QuantState:
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed                   # the run's seed: stochastic rounding's bits derive from it
         self.step = 0                      # optimizer steps taken
         self.telemetry = False             # record OperandStats on the next quantizations
         self._held: dict[str, torch.Tensor] = {}
@@ -47,6 +56,7 @@ class QuantState:
         self._growths: dict[str, list[float]] = {}      # G of the last ``window`` finished intervals
         self._target: dict[str, float] = {}             # the automatic T in use
         self.reduce_max = None                          # growth reduction across ranks (None: one process)
+        self._sr_draws: dict[str, int] = {}             # SR quantizations of each key in this step
 
     # ------------------------------------------------------------------ periodic tensor scaling
     def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
@@ -126,6 +136,16 @@ class QuantState:
     def advance(self) -> None:
         """Call once per optimizer step."""
         self.step += 1
+        self._sr_draws = {}
+
+    # ---------------------------------------------------------------------- stochastic rounding
+    def sr_seed(self, key: str) -> int:
+        """The seed of the next stochastic rounding of ``key``: crc32 of "<run seed>/<key>/<step>/<n>"
+        for its n-th SR quantization in this step (a 32-bit value: the Philox key of the kernels,
+        or the seed of the reference's generator)."""
+        n = self._sr_draws.get(key, 0)
+        self._sr_draws[key] = n + 1
+        return zlib.crc32(f"{self.seed}/{key}/{self.step}/{n}".encode())
 
     def steps_since_refresh(self, key: str) -> int:
         """Optimizer steps since ``key``'s held amax was sampled: 0 at a refresh step (held ==
@@ -148,12 +168,14 @@ class QuantState:
 
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
-        return {"step": self.step, "held": {k: v.cpu() for k, v in self._held.items()},
+        return {"seed": self.seed, "step": self.step, "held": {k: v.cpu() for k, v in self._held.items()},
                 "held_at": dict(self._held_at), "live": {k: live_slots_amax(v).cpu() for k, v in self._live.items()},
                 "growths": {k: list(v) for k, v in self._growths.items()}, "target": dict(self._target)}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
+        self.seed = int(state.get("seed", self.seed))
+        self._sr_draws = {}
         self._held = {k: v.clone() for k, v in state["held"].items()}
         self._held_at = {k: int(v) for k, v in state["held_at"].items()}
         self._held_host = {}

@@ -177,6 +177,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     recipe = study.recipe(recipe_name)
     model = NemotronH(study.model, recipe).to(device)
     state = model.quant_state
+    state.seed = seed
     optimizer = build_optimizer(model, t)
     schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
     stage_steps = t.stage_steps()
