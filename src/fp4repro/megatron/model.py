@@ -3,10 +3,11 @@
 The layer spec uses megatron-core's own modules: ``MambaLayer`` with ``MambaMixer`` (Mamba-2;
 mamba-ssm's Triton scan, ``use_mamba_mem_eff_path=False`` since the fused path needs
 causal-conv1d's CUDA op), ``TransformerLayer`` with ``SelfAttention`` and ``DotProductAttention``,
-``MLPLayer`` with a squared-ReLU ``MLP``, ``WrappedTorchNorm`` RMSNorms, and the quantized
-parallel linears of ``fp4repro.megatron.linear``. ``MambaStack`` in megatron-core 0.16.1 makes its
-final norm a Transformer Engine ``TENorm`` unconditionally; ``TorchNormMambaStack`` builds it
-without one and adds a ``WrappedTorchNorm`` (megatron's own torch norm) instead.
+``MLPLayer`` with a squared-ReLU ``MLP``, the reference's RMSNorm (``fp4repro.megatron.norm``:
+FP32 inside, sequence-parallel aware), and the quantized parallel linears of
+``fp4repro.megatron.linear``. ``MambaStack`` in megatron-core 0.16.1 makes its final norm a
+Transformer Engine ``TENorm`` unconditionally; ``TorchNormMambaStack`` builds it without one and
+adds that RMSNorm instead.
 
 Sizes come from the same ``ModelConfig`` as the reference model (``transformer_config``), the
 hybrid pattern uses the same symbols (M Mamba-2, * attention, - MLP), and ``attach_recipe`` gives
@@ -41,26 +42,25 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention 
 from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
 from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
 from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
-from megatron.core.transformer.torch_norm import WrappedTorchNorm  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules  # noqa: E402
 
 from fp4repro.megatron.linear import QuantColumnParallelLinear, QuantRowParallelLinear  # noqa: E402
+from fp4repro.megatron.norm import RMSNorm  # noqa: E402
 
 
 class TorchNormMambaStack(MambaStack):
-    """``MambaStack`` whose final norm is megatron's ``WrappedTorchNorm`` instead of ``TENorm``."""
+    """``MambaStack`` whose final norm is the reference's RMSNorm instead of ``TENorm``."""
 
     def __init__(self, config, submodules, *args, post_layer_norm: bool = True, **kwargs):
         super().__init__(config, submodules, *args, post_layer_norm=False, **kwargs)
         self.post_layer_norm = post_layer_norm
         if self.post_process and post_layer_norm:
-            self.final_norm = WrappedTorchNorm(config=self.config, hidden_size=self.config.hidden_size,
-                                               eps=self.config.layernorm_epsilon)
+            self.final_norm = RMSNorm(self.config, self.config.hidden_size)
 
 
 def stack_spec(model: ModelConfig) -> ModuleSpec:
-    """The hybrid stack's module spec: megatron-core's layers, torch norms, quantizable linears."""
+    """The hybrid stack's module spec: megatron-core's layers, the reference's norms, quantizable linears."""
     mixer = ModuleSpec(module=MambaMixer, params={"d_conv": model.mamba_conv_kernel, "chunk_size": model.mamba_chunk_size},
                        submodules=MambaMixerSubmodules(in_proj=QuantColumnParallelLinear,
                                                        out_proj=QuantRowParallelLinear))
@@ -72,11 +72,11 @@ def stack_spec(model: ModelConfig) -> ModuleSpec:
                                                           linear_fc2=QuantRowParallelLinear))
     return ModuleSpec(module=TorchNormMambaStack, submodules=MambaStackSubmodules(
         mamba_layer=ModuleSpec(module=MambaLayer, submodules=MambaLayerSubmodules(
-            norm=WrappedTorchNorm, mixer=mixer, mamba_bda=get_bias_dropout_add)),
+            norm=RMSNorm, mixer=mixer, mamba_bda=get_bias_dropout_add)),
         attention_layer=ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
-            input_layernorm=WrappedTorchNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add)),
+            input_layernorm=RMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add)),
         mlp_layer=ModuleSpec(module=MLPLayer, submodules=TransformerLayerSubmodules(
-            pre_mlp_layernorm=WrappedTorchNorm, mlp=mlp, mlp_bda=get_bias_dropout_add))))
+            pre_mlp_layernorm=RMSNorm, mlp=mlp, mlp_bda=get_bias_dropout_add))))
 
 
 def transformer_config(model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
