@@ -1,59 +1,17 @@
-"""megatron-core's hybrid model built on this CPU: its real modules, parallel state and layer
-numbering, with the least adaptation a CPU build needs.
-
-megatron-core 0.16.1's ``MambaMixer`` refuses to be built unless mamba-ssm imports (its gated
-RMSNorm is mamba-ssm's Triton one) and places its SSM parameters on ``torch.cuda.current_device()``
-whatever the config says. mamba-ssm needs a GPU, so on a CPU the fixture sets megatron's flag, gives
-the mixer a torch gated RMSNorm with the same parameter (the reference model's ``GatedRMSNorm``) and
-answers the device query with the CPU while the model is built. Nothing else is replaced: names,
-shapes and layer numbers are megatron's own. On a GPU machine the real mamba-ssm is used.
-"""
-
-import contextlib
+"""The session's megatron parallel state for the CPU builds of ``cpu_build``."""
 
 import pytest
-import torch
+
+from cpu_build import build, cpu_adaptations
 
 
 @pytest.fixture(scope="session")
 def megatron_cpu():
-    """A function (ModelConfig, device="cpu") -> megatron MambaModel built on the CPU or the meta
-    device (parallel state: one process)."""
-    from megatron.core.ssm import mamba_context_parallel, mamba_mixer
-
+    """``build``, with megatron's parallel state initialized for one process."""
     from fp4repro.config.parallel import ParallelConfig
     from fp4repro.megatron.distributed import initialize, shutdown
-    from fp4repro.megatron.model import build_model
-    from fp4repro.model.layers import GatedRMSNorm
 
-    class TorchGatedRMSNorm(GatedRMSNorm):
-        def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=False, device=None, dtype=None):
-            assert not norm_before_gate
-            super().__init__(hidden_size, group_size or hidden_size, eps)
-
-    saved = (mamba_mixer.HAVE_MAMBA_SSM, mamba_mixer.HAVE_EINOPS, mamba_context_parallel.HAVE_EINOPS,
-             mamba_mixer.ExtendedRMSNorm)
-    if not mamba_mixer.HAVE_MAMBA_SSM:
-        mamba_mixer.HAVE_MAMBA_SSM = mamba_mixer.HAVE_EINOPS = mamba_context_parallel.HAVE_EINOPS = True
-        mamba_mixer.ExtendedRMSNorm = TorchGatedRMSNorm
+    cpu_adaptations()
     initialize(ParallelConfig(), batch_size=1, seed=1234)
-
-    @contextlib.contextmanager
-    def as_current_device(device):
-        current = torch.cuda.current_device
-        torch.cuda.current_device = lambda: device
-        try:
-            with torch.device(device):
-                yield
-        finally:
-            torch.cuda.current_device = current
-
-    def build(model_config, device="cpu"):
-        """On "cpu", or on "meta" (shapes only: the 8B model in a blink)."""
-        with as_current_device(device):
-            return build_model(model_config, cpu_initialization=True)
-
     yield build
     shutdown()
-    (mamba_mixer.HAVE_MAMBA_SSM, mamba_mixer.HAVE_EINOPS, mamba_context_parallel.HAVE_EINOPS,
-     mamba_mixer.ExtendedRMSNorm) = saved

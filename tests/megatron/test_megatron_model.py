@@ -67,3 +67,56 @@ def test_layer_numbers_map_to_reference_indices_and_keys():
     assert quant_key(2, "linear_fc2") == "layers.1.mixer.fc2"
     with pytest.raises(ValueError, match="start at 1"):
         layer_index(0)
+
+
+def _pipeline_stage(rank: int, init: str, out: str, recipe_path: str) -> None:
+    """One of two pipeline stages: build its layers of a 6-layer model, attach the recipe, save
+    (layer number, key, describe) of its linears."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from cpu_build import build, cpu_adaptations
+    from fp4repro.config.model import ModelConfig
+    from fp4repro.config.parallel import ParallelConfig
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=2)
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
+        cpu_adaptations()
+        config = ModelConfig(**{**SIX_LAYERS})
+        model = build(config, parallel=ParallelConfig(pipeline=2))
+        attach_recipe(model, load_recipe(recipe_path), QuantState(), config.n_layers)
+        torch.save([(n, module.quant_key, module.describe()) for n, _, module in layer_linears(model)],
+                   f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+SIX_LAYERS = dict(name="six", pattern="M-*-M-", hidden_size=32, vocab_size=64, mlp_hidden_size=64, attn_heads=4,
+                  attn_kv_heads=2, attn_head_dim=8, mamba_heads=8, mamba_head_dim=8, mamba_state_size=8,
+                  mamba_groups=2, mamba_conv_kernel=4, mamba_chunk_size=8)
+
+
+def test_pipeline_stages_attach_the_recipe_by_global_layer_number(tmp_path):
+    # two stages of three layers: the second stage's first layer is global layer 4 (reference
+    # index 3), and each stage's linears get exactly the specs of the reference's same layers
+    import torch
+    import torch.multiprocessing as mp
+
+    from fp4repro.config.model import ModelConfig
+
+    recipe = tmp_path / "overrides.yaml"
+    recipe.write_text(OVERRIDES.replace('linears: [qkv_proj]', 'linears: [fc1]'))        # layer 3: stage 2's MLP
+    out = str(tmp_path / "linears")
+    mp.start_processes(_pipeline_stage, args=(f"file://{tmp_path}/rendezvous", out, str(recipe)), nprocs=2,
+                       start_method="spawn", join=True)
+    stages = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
+    assert sorted({n for n, _, _ in stages[0]}) == [1, 2, 3] and sorted({n for n, _, _ in stages[1]}) == [4, 5, 6]
+    reference = NemotronH(ModelConfig(**SIX_LAYERS), load_recipe(recipe)).describe()
+    got = {key: described for stage in stages for _, key, described in stage}
+    assert got == {k: v for k, v in reference.items() if k != "lm_head"}
+    assert "2048" in got["layers.3.mixer.fc1"]["wgrad.dy"] and "2048" not in got["layers.3.mixer.fc2"]["wgrad.dy"]

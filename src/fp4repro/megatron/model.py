@@ -95,7 +95,10 @@ def transformer_config(model: ModelConfig, parallel: ParallelConfig = ParallelCo
         apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
         tensor_model_parallel_size=parallel.tensor, pipeline_model_parallel_size=parallel.pipeline,
         sequence_parallel=parallel.sequence_parallel,
-        params_dtype=params_dtype, bf16=False, fp16=False, use_cpu_initialization=cpu_initialization)
+        params_dtype=params_dtype, bf16=False, fp16=False, use_cpu_initialization=cpu_initialization,
+        # the residual stream between pipeline stages: FP32 as in the reference (BF16 autocast
+        # rounds the mixers' outputs, their sum with the FP32 residual stays FP32)
+        pipeline_dtype=params_dtype)
 
 
 def build_model(model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
