@@ -10,5 +10,6 @@ One job per module, and megatron-core imported only where it is used (importing 
     model    the layer spec (no Transformer Engine), the TransformerConfig, building the model and
              attaching a recipe by global layer number
     distributed  the process group and megatron's parallel state for a run
+    schedule the reference's WSD schedule as megatron's OptimizerParamScheduler
     parity   the reference model and the megatron model on the same weights and tokens (one GPU)
 """
