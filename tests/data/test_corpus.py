@@ -10,8 +10,9 @@ import pytest
 from fp4repro.data import DataError
 from fp4repro.data.corpus import (SPLITS, dedup_and_split, document_hash, expand_paths, normalize_text,
                                   read_file_source, split_of)
-from fp4repro.data.stdlib import (TOPICS_FILE, docstrings, read_python_source, read_stdlib, spread_sample,
-                                  stdlib_files, stdlib_root, strip_docstrings)
+from fp4repro.data.stdlib import (TOPICS_FILE, docstrings, package_files, package_roots, read_packages,
+                                  read_python_source, read_stdlib, spread_sample, stdlib_files, stdlib_root,
+                                  strip_docstrings)
 from fp4repro.config.experiment import Source
 
 
@@ -49,6 +50,34 @@ def test_read_stdlib_subset_gives_prose_and_code():
     assert corpus.files == 12 and not corpus.unreadable
     assert len(corpus.code) <= 12 and corpus.prose
     assert all(ast.get_docstring(ast.parse(text)) is None for text in corpus.code)
+
+
+# ---- installed packages -----------------------------------------------------------------------
+
+def test_installed_package_files_are_this_environments_without_tests_or_install_hooks():
+    roots = package_roots()
+    files = package_files()
+    assert files == sorted(files) and len(files) > 1000
+    assert all(any(f.is_relative_to(r) for r in roots) for f in files)
+    assert not any(f.is_relative_to(stdlib_root()) and not any(f.is_relative_to(r) for r in roots) for f in files)
+    names = {f.relative_to(next(r for r in roots if f.is_relative_to(r))).parts[0] for f in files}
+    assert {"torch", "megatron", "pandas"} <= names          # this project's dependencies
+    for f in files:
+        assert not set(f.parts) & {"test", "tests", "idle_test", "__pycache__"} and not f.name.startswith("__editable__")
+
+
+def test_read_packages_splits_docstrings_from_code_in_a_given_tree(tmp_path):
+    (tmp_path / "pkg" / "tests").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text('"""The package."""\nVALUE = 1  # a comment\n')
+    (tmp_path / "pkg" / "mod.py").write_text('def f():\n    """Do f."""\n    return 2\n')
+    (tmp_path / "pkg" / "tests" / "test_mod.py").write_text('"""A test."""\n')
+    (tmp_path / "__editable___pkg_finder.py").write_text('"""An install hook."""\n')
+    (tmp_path / "broken.py").write_text("def (:\n")
+    corpus = read_packages(roots=[tmp_path])
+    assert corpus.files == 3 and [u.split(":")[0] for u in corpus.unreadable] == ["broken.py"]
+    assert corpus.prose == ["The package.", "Do f."]
+    assert corpus.code == ["VALUE = 1  # a comment\n", "def f():\n    return 2\n"]
+    assert read_packages(max_files=1, roots=[tmp_path]).files == 1
 
 
 def test_spread_sample_is_even_and_deterministic():

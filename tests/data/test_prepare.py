@@ -218,3 +218,18 @@ def test_input_files_are_the_files_a_preparation_reads(synthetic_inputs, tmp_pat
     exp = make_experiment(tmp_path, {"beta": synthetic_inputs["beta"]})
     folder = Path(synthetic_inputs["beta"]["paths"][0]).parent
     assert exp.data.input_files() == [folder / f"doc{i:02d}.txt" for i in range(40)]
+
+
+def test_installed_packages_prepare_as_sources_and_their_versions_enter_the_hash(tmp_path, make_experiment):
+    exp = make_experiment(tmp_path, {"prose": {"kind": "packages_prose"}, "code": {"kind": "packages_code"}},
+                          tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05}, name="packages")
+    fingerprint = data_fingerprint(exp.data, max_files=40)
+    versions = fingerprint["packages"]
+    assert versions == sorted(versions) and any(v.startswith("torch==") for v in versions)
+    manifest = prepare_data(exp, tmp_path / "data", progress=False, max_files=40)
+    assert manifest.tokens("prose", "train") > 1_000 and manifest.tokens("code", "train") > 10_000
+    # another set of installed packages is other data; a standard-library experiment has no such input
+    other = {**fingerprint, "packages": versions[:-1]}
+    assert data_hash(other) != data_hash(fingerprint) == manifest.data_hash
+    stdlib = make_experiment(tmp_path, {"prose": {"kind": "stdlib_prose"}}, name="stdlib")
+    assert "packages" not in data_fingerprint(stdlib.data)

@@ -26,14 +26,16 @@ class ExperimentError(ConfigError):
 
 
 STDLIB_KINDS = ("stdlib_prose", "stdlib_code")   # the running interpreter's standard library
+PACKAGE_KINDS = ("packages_prose", "packages_code")   # the Python packages installed beside it
+PYTHON_KINDS = STDLIB_KINDS + PACKAGE_KINDS
 FILE_KINDS = ("jsonl", "parquet", "text")          # files matched by path globs
-TEXT_KINDS = STDLIB_KINDS + FILE_KINDS             # sources that are tokenized (not `indexed`)
+TEXT_KINDS = PYTHON_KINDS + FILE_KINDS             # sources that are tokenized (not `indexed`)
 
 
 @dataclass(frozen=True)
 class Source:
     name: str
-    kind: str                                   # stdlib_prose | stdlib_code | jsonl | parquet | text | indexed
+    kind: str                                   # stdlib_/packages_ prose | code, jsonl | parquet | text | indexed
     paths: tuple[str, ...] = ()
     field: str = "text"
     prefixes: tuple[tuple[str, str], ...] = ()  # indexed: (split, .bin/.idx prefix)
@@ -71,6 +73,15 @@ class DataConfig:
         if not any(s.kind in STDLIB_KINDS for s in self.sources):
             return None
         return f"{platform.python_implementation()} {platform.python_version()}"
+
+    def packages(self) -> list[str] | None:
+        """The installed distributions a ``packages_*`` source reads, "name==version" sorted
+        (None: no such source): what the prepared data depends on besides the config."""
+        if not any(s.kind in PACKAGE_KINDS for s in self.sources):
+            return None
+        from importlib.metadata import distributions
+
+        return sorted({f"{d.metadata['Name']}=={d.version}" for d in distributions()})
 
 
 @dataclass(frozen=True)

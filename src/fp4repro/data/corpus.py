@@ -23,8 +23,8 @@ from typing import Iterable, Iterator
 from tqdm import tqdm
 
 from fp4repro.data.errors import DataError
-from fp4repro.data.stdlib import StdlibCorpus, read_stdlib, spread_sample
-from fp4repro.config.experiment import STDLIB_KINDS, TEXT_KINDS, DataConfig, Source
+from fp4repro.data.stdlib import PythonCorpus, read_packages, read_stdlib, spread_sample
+from fp4repro.config.experiment import PYTHON_KINDS, STDLIB_KINDS, TEXT_KINDS, DataConfig, Source
 
 SPLITS = ("train", "valid", "test")
 
@@ -171,20 +171,22 @@ def read_file_source(source: Source, max_files: int | None = None, progress: boo
 
 def read_corpora(data: DataConfig, max_files: int | None = None, progress: bool = False) -> dict[str, SplitCorpus]:
     """Every text source of the data config, deduplicated and split (``indexed`` sources are
-    used as they are and do not appear here). The standard library is read once for both of its
-    sources. ``max_files`` reads an evenly spread subset of each source's files (quick looks, tests)."""
-    stdlib: StdlibCorpus | None = None
+    used as they are and do not appear here). The standard library, and the installed packages,
+    are each read once for both of their sources. ``max_files`` reads an evenly spread subset of
+    each source's files (quick looks, tests)."""
+    python: dict[str, PythonCorpus] = {}          # "stdlib" | "packages" -> read once
     corpora = {}
     for source in data.sources:
         if source.kind not in TEXT_KINDS:
             continue
-        if source.kind in STDLIB_KINDS:
-            if stdlib is None:
-                stdlib = read_stdlib(max_files, progress)
-                if stdlib.unreadable:
-                    print(f"warning: {len(stdlib.unreadable)} standard-library file(s) skipped: "
-                          + "; ".join(stdlib.unreadable[:3]), file=sys.stderr)
-            texts = stdlib.prose if source.kind == "stdlib_prose" else stdlib.code
+        if source.kind in PYTHON_KINDS:
+            tree, part = source.kind.split("_")
+            if tree not in python:
+                python[tree] = (read_stdlib if source.kind in STDLIB_KINDS else read_packages)(max_files, progress)
+                if python[tree].unreadable:
+                    print(f"warning: {len(python[tree].unreadable)} {tree} file(s) skipped: "
+                          + "; ".join(python[tree].unreadable[:3]), file=sys.stderr)
+            texts = python[tree].prose if part == "prose" else python[tree].code
         else:
             texts = read_file_source(source, max_files, progress)
         corpora[source.name] = dedup_and_split(texts, data.valid_fraction, data.test_fraction, data.seed)

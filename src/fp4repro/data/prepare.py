@@ -81,6 +81,8 @@ def data_fingerprint(data: DataConfig, max_files: int | None = None) -> dict:
         "python": data.stdlib(),
         "tokenizers": tokenizers.__version__,
         "inputs": inputs,
+        # installed distributions, for packages_* sources only (other data keeps its hash)
+        **({"packages": data.packages()} if data.packages() is not None else {}),
     }
 
 

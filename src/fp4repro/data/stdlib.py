@@ -1,7 +1,10 @@
-"""The embedded offline corpus: the standard library of the running interpreter.
+"""The embedded offline corpora: the standard library of the running interpreter, and the Python
+packages installed beside it.
 
-Every Python installation carries it, so the default experiment needs no download. Two sources
-come out of it:
+Every Python installation carries a standard library, so the default experiment needs no
+download; its installed packages (site-packages: for this project torch, triton, megatron-core,
+pandas, ... about 200 MB of source) give a larger one that still needs none. Two sources come out
+of each:
 
 - *prose*: what the standard library says about itself: every module, class and function
   docstring (found with ``ast``; nothing is imported or executed) and the ``pydoc_data.topics``
@@ -9,8 +12,9 @@ come out of it:
 - *code*: the same modules' source with those docstrings removed, so that the two sources do not
   share text. Comments stay: they are part of how code is written.
 
-Test suites (``test/``, ``tests/``, ``idlelib/idle_test`` ...) and installed third-party packages
-(``site-packages``) are left out. Files are listed in sorted path order, never filesystem order.
+Test suites (``test/``, ``tests/``, ``idlelib/idle_test`` ...) are left out, and the standard
+library's reading leaves out installed third-party packages (``site-packages``), which the
+packages' reading is. Files are listed in sorted path order, never filesystem order.
 """
 
 from __future__ import annotations
@@ -48,6 +52,24 @@ def stdlib_files(root: Path | None = None) -> list[str]:
         dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]
         folder = Path(dirpath).relative_to(root)
         found.extend((folder / name).as_posix() for name in filenames if name.endswith(".py"))
+    return sorted(found)
+
+
+def package_roots() -> list[Path]:
+    """The folders of the running interpreter's installed packages (purelib and platlib, once each)."""
+    paths = sysconfig.get_paths()
+    return sorted({Path(paths[k]) for k in ("purelib", "platlib") if Path(paths[k]).is_dir()})
+
+
+def package_files(roots: list[Path] | None = None) -> list[Path]:
+    """The ``.py`` files of the installed packages, sorted; test suites and the import hooks of
+    editable installs (``__editable__*``, which are not a package's text) left out."""
+    found = []
+    for root in roots or package_roots():
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]
+            found.extend(Path(dirpath) / name for name in filenames
+                         if name.endswith(".py") and not name.startswith("__editable__"))
     return sorted(found)
 
 
@@ -127,16 +149,29 @@ def pydoc_topics() -> list[str]:
 
 
 @dataclass
-class StdlibCorpus:
-    """The standard library read once: prose documents, code documents, files that failed."""
+class PythonCorpus:
+    """Python files read once: prose documents, code documents, files that failed."""
 
     prose: list[str] = field(default_factory=list)
     code: list[str] = field(default_factory=list)
     files: int = 0
     unreadable: list[str] = field(default_factory=list)   # "path: reason"
 
+    def read(self, path: Path, name: str) -> None:
+        """Add one file's docstrings to the prose and its docstring-free source to the code; a
+        file this interpreter cannot decode or parse is listed in ``unreadable`` instead."""
+        self.files += 1
+        try:
+            source = read_python_source(path)
+            tree = ast.parse(source, filename=name)
+        except (SyntaxError, UnicodeDecodeError, ValueError) as err:
+            self.unreadable.append(f"{name}: {type(err).__name__}: {err}")
+            return
+        self.prose.extend(docstrings(tree))
+        self.code.append(strip_docstrings(source, tree))
 
-def read_stdlib(max_files: int | None = None, progress: bool = False, root: Path | None = None) -> StdlibCorpus:
+
+def read_stdlib(max_files: int | None = None, progress: bool = False, root: Path | None = None) -> PythonCorpus:
     """Read the standard library (or an evenly spread subset of ``max_files`` files) into prose
     documents (one per docstring, plus one per pydoc topic) and code documents (one per module).
 
@@ -145,17 +180,24 @@ def read_stdlib(max_files: int | None = None, progress: bool = False, root: Path
     """
     root = root or stdlib_root()
     files = spread_sample(stdlib_files(root), max_files)
-    corpus = StdlibCorpus(files=len(files))
+    corpus = PythonCorpus()
     for relpath in tqdm(files, desc="read stdlib", unit="file", disable=not progress, dynamic_ncols=True):
         if relpath == TOPICS_FILE:
+            corpus.files += 1
             corpus.prose.extend(pydoc_topics())
             continue
-        try:
-            source = read_python_source(root / relpath)
-            tree = ast.parse(source, filename=relpath)
-        except (SyntaxError, UnicodeDecodeError, ValueError) as err:
-            corpus.unreadable.append(f"{relpath}: {type(err).__name__}: {err}")
-            continue
-        corpus.prose.extend(docstrings(tree))
-        corpus.code.append(strip_docstrings(source, tree))
+        corpus.read(root / relpath, relpath)
+    return corpus
+
+
+def read_packages(max_files: int | None = None, progress: bool = False,
+                  roots: list[Path] | None = None) -> PythonCorpus:
+    """Read the installed packages (or an evenly spread subset of ``max_files`` files) as
+    ``read_stdlib`` reads the standard library: docstrings as prose, the rest of the source as code."""
+    roots = roots or package_roots()
+    files = spread_sample(package_files(roots), max_files)
+    corpus = PythonCorpus()
+    for path in tqdm(files, desc="read packages", unit="file", disable=not progress, dynamic_ncols=True):
+        root = next(r for r in roots if path.is_relative_to(r))
+        corpus.read(path, path.relative_to(root).as_posix())
     return corpus
