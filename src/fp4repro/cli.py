@@ -131,7 +131,7 @@ def _cmd_experiment(args) -> int:
     if exp.backend != "reference":
         print(f"parallel: tensor {p.tensor}{' with sequence parallelism' if p.sequence_parallel else ''}, pipeline "
               f"{p.pipeline}, micro-batch {p.micro_batch or 'the whole per-rank batch'}, amaxes of split operands "
-              f"{'reduced over the tensor group' if p.tp_amax == 'group' else 'per shard'}")
+              f"{'reduced over the tensor group' if p.tp_amax == 'group' else 'per shard (local)'}")
     n = study.model.n_layers
     print(f"BF16 layers per recipe on {exp.model} ({n} layers; embedding and LM head are BF16 in every recipe):")
     for name in study.recipes:

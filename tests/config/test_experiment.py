@@ -43,10 +43,10 @@ def test_base_loads(tmp_path):
 
 def test_a_parallel_split_that_fits_the_model_loads(tmp_path):
     text = BASE.replace("model: tiny", "model: tiny\nbackend: megatron\n"
-                        "parallel: {tensor: 2, pipeline: 5, sequence_parallel: true, micro_batch: 2, tp_amax: shard}")
+                        "parallel: {tensor: 2, pipeline: 5, sequence_parallel: true, micro_batch: 2, tp_amax: local}")
     study = load_study(_write(tmp_path, text))
     assert study.experiment.parallel == ParallelConfig(tensor=2, pipeline=5, sequence_parallel=True,
-                                                       micro_batch=2, tp_amax="shard")
+                                                       micro_batch=2, tp_amax="local")
 
 
 BAD = {

@@ -6,7 +6,7 @@
       sequence_parallel: true # norms and residuals split along the sequence over the tensor group
       micro_batch: 1          # sequences per forward/backward on each data-parallel rank
       tp_amax: group          # group: amaxes of tensor-split operands MAX-reduced over the group;
-                              # shard: each rank scales its shard by its own amax
+                              # local: each rank scales its shard by its own amax
 
 The global batch is ``train.batch_size`` (sequences per optimizer step), for every backend: with
 ``world`` processes the data-parallel size is world / (tensor · pipeline), and each step
@@ -16,7 +16,7 @@ accumulates batch_size / (micro_batch · data-parallel size) micro-batches per r
 and weight of a row-parallel linear, the output gradient of a column-parallel one) lives as
 shards. ``group`` reduces each shard's amax over the tensor group, so every rank scales as the
 unsplit tensor would and the numerics do not depend on the tensor size (the reference model's);
-``shard`` uses each shard's own amax, as Transformer Engine does for weights and row-parallel
+``local`` uses each shard's own amax, as Transformer Engine does for weights and row-parallel
 inputs (one all-reduce less per quantization, numerics that change with the split).
 
 Checks come in three places, each where its facts are known: ``parse_parallel`` (the experiment
@@ -27,8 +27,6 @@ file alone), ``parallel_problems`` (against the model: sizes the tensor group mu
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-TP_AMAX = ("group", "shard")
 
 
 @dataclass(frozen=True)
