@@ -397,17 +397,24 @@ def _cmd_parity(args) -> int:
     from fp4repro.config.parallel import ParallelConfig
     from fp4repro.config.recipe import load_recipe
     from fp4repro.megatron.distributed import initialize
-    from fp4repro.megatron.parity import print_table, run
+    from fp4repro.megatron.parity import run, table_header, table_row
     from fp4repro.provenance import provenance
     from fp4repro.results import write_json
 
     config = load_model_config(args.model)
     recipes = {r: load_recipe(r) for r in args.recipes}
-    initialize(ParallelConfig(), batch_size=args.batch, seed=args.seed)
-    result = run(config, recipes, batch=args.batch, length=args.length, seed=args.seed)
     out = Path(args.out or f"results/megatron/first_step_{config.name}.json")
-    write_json(out, result, provenance("cuda"))
-    print_table(result)
+    origin = provenance("cuda")
+
+    def on_row(result: dict) -> None:
+        # each row as it is measured, and the file rewritten (atomically) with the rows so far
+        if len(result["rows"]) == 1:
+            print(table_header(result), flush=True)
+        print(table_row(result["rows"][-1]), flush=True)
+        write_json(out, result, origin)
+
+    initialize(ParallelConfig(), batch_size=args.batch, seed=args.seed)
+    run(config, recipes, batch=args.batch, length=args.length, seed=args.seed, on_row=on_row)
     print(f"wrote {out}")
     return 0
 

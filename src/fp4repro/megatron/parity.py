@@ -119,37 +119,43 @@ def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool 
 
 
 def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, length: int = 256,
-        seed: int = 0) -> dict:
+        seed: int = 0, on_row=None) -> dict:
     """Every recipe on one random token batch, FP32 and BF16 autocast: megatron against the
-    reference (``first_step``) and the reference against itself (``yardstick``), summarized."""
+    reference (``first_step``) and the reference against itself (``yardstick``), summarized.
+    ``on_row(result)`` is called after each row with the result so far (progress, partial files)."""
     tokens = torch.randint(0, config.vocab_size, (batch, length + 1),
                            generator=torch.Generator().manual_seed(seed)).cuda()
-    rows = []
+    result = {"model": config.name, "batch": batch, "length": length, "seed": seed, "rows": []}
     for name, recipe in recipes.items():
         reference, megatron = pair(config, recipe, seed)
         for bf16 in (False, True):
             m = first_step(reference, megatron, tokens, seed + 1, bf16)
             y = yardstick(reference, tokens, seed + 1, bf16)
             lin_m, lin_y = linear_gradients(m["gradient_difference"]), linear_gradients(y["gradient_difference"])
-            rows.append({"recipe": name, "autocast": "bf16" if bf16 else "fp32",
-                         "loss_reference": m["loss_reference"], "loss_difference": m["loss_difference"],
-                         "linear_gradient_max": max(lin_m.values()), "linear_gradient_worst": max(lin_m, key=lin_m.get),
-                         "gradient_max": max(m["gradient_difference"].values()),
-                         "yardstick_loss_difference": y["loss_difference"],
-                         "yardstick_linear_gradient_max": max(lin_y.values()),
-                         "bounds": bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None,
-                         "gradient_difference": m["gradient_difference"]})
-    return {"model": config.name, "batch": batch, "length": length, "seed": seed, "rows": rows}
+            result["rows"].append({
+                "recipe": name, "autocast": "bf16" if bf16 else "fp32",
+                "loss_reference": m["loss_reference"], "loss_difference": m["loss_difference"],
+                "linear_gradient_max": max(lin_m.values()), "linear_gradient_worst": max(lin_m, key=lin_m.get),
+                "gradient_max": max(m["gradient_difference"].values()),
+                "yardstick_loss_difference": y["loss_difference"],
+                "yardstick_linear_gradient_max": max(lin_y.values()),
+                "bounds": bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None,
+                "gradient_difference": m["gradient_difference"]})
+            if on_row is not None:
+                on_row(result)
+    return result
 
 
-def print_table(result: dict) -> None:
-    print(f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
-          "megatron - reference (yardstick: reference with the torch SSD - reference)")
-    print(f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
-          f"{'lin grad':>9} {'yard':>9} {'bound':>8}")
-    for r in result["rows"]:
-        b = r["bounds"] or {}
-        print(f"{r['recipe']:10} {r['autocast']:8} {r['loss_reference']:>9.5f} {r['loss_difference']:>+10.2e} "
-              f"{r['yardstick_loss_difference']:>+10.2e} {b.get('loss', float('nan')):>9.2e} "
-              f"{r['linear_gradient_max']:>9.2e} {r['yardstick_linear_gradient_max']:>9.2e} "
-              f"{b.get('gradient', float('nan')):>8.2e}")
+def table_header(result: dict) -> str:
+    return (f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
+            "megatron - reference (yardstick: reference with the torch SSD - reference)\n"
+            f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
+            f"{'lin grad':>9} {'yard':>9} {'bound':>8}")
+
+
+def table_row(r: dict) -> str:
+    b = r["bounds"] or {}
+    return (f"{r['recipe']:10} {r['autocast']:8} {r['loss_reference']:>9.5f} {r['loss_difference']:>+10.2e} "
+            f"{r['yardstick_loss_difference']:>+10.2e} {b.get('loss', float('nan')):>9.2e} "
+            f"{r['linear_gradient_max']:>9.2e} {r['yardstick_linear_gradient_max']:>9.2e} "
+            f"{b.get('gradient', float('nan')):>8.2e}")

@@ -1,0 +1,32 @@
+"""The parity measurement's arithmetic and table on recorded numbers (the measurement itself needs
+a GPU: test_parity_gpu.py)."""
+
+from fp4repro.megatron.parity import bf16_bounds, linear_gradients, table_header, table_row
+
+
+def test_bf16_bounds_follow_the_rounding_argument():
+    # u = 2^-8, L = 4 layers: spread u·sqrt(L) = 2^-7; loss 2·spread·max|logit|, gradients 4·spread
+    assert bf16_bounds(4, 3.0) == {"loss": 2 * 2 ** -7 * 3.0, "gradient": 4 * 2 ** -7}
+    assert bf16_bounds(16, 1.0)["gradient"] == 2 * bf16_bounds(4, 1.0)["gradient"]
+
+
+def test_linear_gradients_are_the_internal_linears_weights():
+    differences = {"embedding.weight": 9.0, "lm_head.weight": 9.0, "final_norm.weight": 9.0,
+                   "layers.0.norm.weight": 9.0, "layers.0.mixer.in_proj.weight": 1.0,
+                   "layers.0.mixer.out_proj.weight": 2.0, "layers.0.mixer.conv1d.weight": 9.0,
+                   "layers.0.mixer.A_log": 9.0, "layers.0.mixer.norm.weight": 9.0,
+                   "layers.1.mixer.fc1.weight": 3.0, "layers.1.mixer.fc2.weight": 4.0,
+                   "layers.3.mixer.qkv_proj.weight": 5.0, "layers.3.mixer.o_proj.weight": 6.0}
+    assert linear_gradients(differences) == {k: v for k, v in differences.items() if v < 9}
+
+
+def test_a_row_prints_under_its_header():
+    result = {"model": "tiny", "batch": 4, "length": 256, "seed": 0}
+    row = {"recipe": "ue5m3", "autocast": "bf16", "loss_reference": 7.62512, "loss_difference": -1.3e-3,
+           "yardstick_loss_difference": 2.4e-4, "bounds": {"loss": 0.05, "gradient": 0.035},
+           "linear_gradient_max": 0.25, "yardstick_linear_gradient_max": 0.19}
+    header = table_header(result).splitlines()
+    assert header[0].startswith("tiny: batch 4 x 256 tokens") and "lin grad" in header[1]
+    assert table_row(row).split() == ["ue5m3", "bf16", "7.62512", "-1.30e-03", "+2.40e-04", "5.00e-02",
+                                      "2.50e-01", "1.90e-01", "3.50e-02"]
+    assert table_row({**row, "autocast": "fp32", "bounds": None}).split()[5] == "nan"
