@@ -6,6 +6,7 @@ One job per module, and megatron-core imported only where it is used (importing 
     names    megatron's layer numbers and linear names <-> the reference model's (no megatron import)
     convert  state_dict layouts: the reference model's <-> megatron's (no megatron import)
     linear   ColumnParallelLinear / RowParallelLinear whose ``_forward_impl`` runs the quantized GEMMs
+    attention  causal GQA through torch's SDPA in megatron's core-attention slot
     norm     the reference's RMSNorm with megatron's module signature (sequence-parallel aware)
     model    the layer spec (no Transformer Engine), the TransformerConfig, building the model and
              attaching a recipe by global layer number

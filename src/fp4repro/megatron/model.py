@@ -2,7 +2,8 @@
 
 The layer spec uses megatron-core's own modules: ``MambaLayer`` with ``MambaMixer`` (Mamba-2;
 mamba-ssm's Triton scan, ``use_mamba_mem_eff_path=False`` since the fused path needs
-causal-conv1d's CUDA op), ``TransformerLayer`` with ``SelfAttention`` and ``DotProductAttention``,
+causal-conv1d's CUDA op), ``TransformerLayer`` with ``SelfAttention`` (its core: torch's SDPA,
+``fp4repro.megatron.attention``),
 ``MLPLayer`` with a squared-ReLU ``MLP``, the reference's RMSNorm (``fp4repro.megatron.norm``:
 FP32 inside, sequence-parallel aware), and the quantized parallel linears of
 ``fp4repro.megatron.linear``. ``MambaStack`` in megatron-core 0.16.1 makes its final norm a
@@ -38,13 +39,13 @@ from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules  # no
 from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules  # noqa: E402
 from megatron.core.ssm.mlp_layer import MLPLayer  # noqa: E402
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules  # noqa: E402
-from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
 from megatron.core.transformer.mlp import MLP, MLPSubmodules  # noqa: E402
 from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules  # noqa: E402
 
+from fp4repro.megatron.attention import SDPAttention  # noqa: E402
 from fp4repro.megatron.linear import QuantColumnParallelLinear, QuantRowParallelLinear  # noqa: E402
 from fp4repro.megatron.norm import RMSNorm  # noqa: E402
 
@@ -66,7 +67,7 @@ def stack_spec(model: ModelConfig) -> ModuleSpec:
                                                        out_proj=QuantRowParallelLinear))
     attention = ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
                            submodules=SelfAttentionSubmodules(linear_qkv=QuantColumnParallelLinear,
-                                                              core_attention=DotProductAttention,
+                                                              core_attention=SDPAttention,
                                                               linear_proj=QuantRowParallelLinear))
     mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=QuantColumnParallelLinear,
                                                           linear_fc2=QuantRowParallelLinear))
