@@ -5,9 +5,10 @@ import pytest
 from cpu_build import build, cpu_adaptations
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def megatron_cpu():
-    """``build``, with megatron's parallel state initialized for one process."""
+    """``build``, with megatron's parallel state initialized for one process while the module runs
+    (module scope: other tests must not find a process group left open)."""
     from fp4repro.config.parallel import ParallelConfig
     from fp4repro.megatron.distributed import initialize, shutdown
 

@@ -74,16 +74,18 @@ def data_fingerprint(data: DataConfig, max_files: int | None = None) -> dict:
         if not path.is_file():
             raise DataError(f"tokenizer: {path}: no such file")
         inputs["tokenizer"] = _file_fingerprint(path)
-    return {
+    fingerprint = {
         "format": DATA_FORMAT,
         "config": dataclasses.asdict(data),
         "max_files": max_files,
         "python": data.stdlib(),
         "tokenizers": tokenizers.__version__,
         "inputs": inputs,
-        # installed distributions, for packages_* sources only (other data keeps its hash)
-        **({"packages": data.packages()} if data.packages() is not None else {}),
     }
+    packages = data.packages()
+    if packages is not None:    # installed distributions, for packages_* sources only (other data keeps its hash)
+        fingerprint["packages"] = packages
+    return fingerprint
 
 
 def data_hash(fingerprint: dict) -> str:

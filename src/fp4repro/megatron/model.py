@@ -23,7 +23,7 @@ import torch
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.parallel import ParallelConfig
 from fp4repro.config.recipe import Recipe
-from fp4repro.megatron.names import LAYER_MIXERS, quant_key
+from fp4repro.megatron.names import LINEAR_NAMES, layer_index, quant_key
 from fp4repro.model._mamba_ssm import register_selective_scan_stub
 from fp4repro.quant.state import QuantState
 
@@ -120,18 +120,14 @@ def layer_linears(megatron_model: MambaModel):
     """(global layer number, megatron linear name, module) of every internal linear of this
     process's layers."""
     for layer in megatron_model.decoder.layers:
-        layer_type = {MambaLayer: "mamba", MLPLayer: "mlp", TransformerLayer: "attention"}[type(layer)]
-        holder = getattr(layer, LAYER_MIXERS[layer_type])
-        for name, module in holder.named_children():
+        for path, module in layer.named_modules():
             if isinstance(module, (QuantColumnParallelLinear, QuantRowParallelLinear)):
-                yield layer.layer_number, name, module
+                yield layer.layer_number, path.rsplit(".", 1)[-1], module
 
 
 def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, n_layers: int) -> None:
     """Give every internal linear its recipe specs by global layer number, and its QuantState key
     (those of the reference model's linear in the same layer: ``fp4repro.megatron.names``)."""
-    from fp4repro.megatron.names import LINEAR_NAMES, layer_index
-
     for number, name, module in layer_linears(megatron_model):
         specs = None if recipe is None else recipe.linear_specs(layer_index(number), n_layers, linear=LINEAR_NAMES[name])
         module.attach(specs, state, quant_key(number, name))

@@ -52,14 +52,16 @@ def megatron_logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tenso
     return model(inputs, position_ids=None, attention_mask=None)
 
 
-def _loss_and_grads(model, logits_of, inputs, targets, seed: int, bf16: bool) -> tuple[float, dict]:
+def _loss_and_grads(model, logits_of, inputs, targets, seed: int, bf16: bool) -> tuple[float, dict, float]:
+    """(loss, gradient of every parameter, max |logit|) of one forward and backward."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
         logits = logits_of(model, inputs).float()
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
     loss.backward()
-    return float(loss), {name: p.grad.detach().float() for name, p in model.named_parameters()}
+    grads = {name: p.grad.detach().float() for name, p in model.named_parameters()}
+    return float(loss), grads, float(logits.detach().abs().max())
 
 
 def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Tensor, seed: int,
@@ -68,11 +70,11 @@ def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Te
     megatron-minus-reference loss difference, and per parameter (reference names) the relative
     gradient difference and the gradient norm."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    loss_r, grads_r = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
-    loss_m, grads_m = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, bf16)
+    loss_r, grads_r, logit_max = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_m, grads_m, _ = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, bf16)
     grads_m = from_megatron(grads_m, reference.config)
     return {"loss_reference": loss_r, "loss_megatron": loss_m, "loss_difference": loss_m - loss_r,
-            "logit_max": _logit_max(reference, inputs, bf16),
+            "logit_max": logit_max,
             "gradient_difference": _relative(grads_m, grads_r),
             "gradient_norm": {n: float(g.norm()) for n, g in grads_r.items()}}
 
@@ -80,12 +82,6 @@ def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Te
 def _relative(got: dict, want: dict) -> dict:
     return {name: float((got[name] - g).norm() / g.norm()) if g.norm() > 0 else float(got[name].norm())
             for name, g in want.items()}
-
-
-@torch.no_grad()
-def _logit_max(model, inputs, bf16: bool) -> float:
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-        return float(model(inputs).float().abs().max())
 
 
 BF16_UNIT_ROUNDOFF = 2.0 ** -8
@@ -113,8 +109,8 @@ def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool 
         if hasattr(layer.mixer, "use_triton_kernels"):
             layer.mixer.use_triton_kernels = False
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    loss_r, grads_r = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
-    loss_o, grads_o = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_r, grads_r, _ = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_o, grads_o, _ = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16)
     return {"loss_difference": loss_o - loss_r, "gradient_difference": _relative(grads_o, grads_r)}
 
 

@@ -89,10 +89,8 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     held = state.held_amax(key, spec.tensor_scaling) if state is not None else None
     telemetry = state is not None and state.telemetry
     auto = state is not None and spec.auto_target is not None
-    target = spec.target
-    if auto:
-        target = state.choose_target(key, spec) if held is None else state.target(key, spec)
-        spec = _with_target(spec, target)
+    if auto:   # from here on, the fixed-target spec of the T in use
+        spec = _with_target(spec, state.choose_target(key, spec) if held is None else state.target(key, spec))
     live = state.live_slots(key, t.device) if auto and held is not None else None
     seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
     qs, d, amax, stats, _ = scaled_operand(t, spec, amax=held, stats=telemetry, live=live, seed=seed)
@@ -100,7 +98,7 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)
         if telemetry:
-            state.record(layer, operand, stats, target)
+            state.record(layer, operand, stats, spec.target)
     if t.is_cuda:
         emax = get_format(spec.element).max
         if spec.target is None:
