@@ -167,22 +167,18 @@ def _recipe_name(study, reference: str) -> str:
 
 
 def _cmd_train(args) -> int:
-    from fp4repro.errors import ConfigError
     from fp4repro.train import train
 
     study = _study(args)
     exp = study.experiment
     recipe = _recipe_name(study, args.recipe)
-    if exp.backend != "reference":
-        raise ConfigError(f"{exp.path}: field 'backend': value {exp.backend!r}: not available yet; only the reference "
-                          "backend (the reference model) trains today")
     from fp4repro.results import run_dir
 
     seed = exp.train.seeds[0] if args.seed is None else args.seed
     data = Path(args.data or f"results/{exp.name}/data")
     out = Path(args.out or run_dir("results", exp.name, recipe, seed))
     train(study, recipe, data, out, seed=seed, device=args.device, progress=not args.quiet,
-          stop_after=args.stop_after)
+          stop_after=args.stop_after, deterministic=args.deterministic)
     return 0
 
 
@@ -419,6 +415,32 @@ def _cmd_parity(args) -> int:
     return 0
 
 
+def _cmd_parity_curves(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("fp4repro parity-curves: needs a CUDA device (megatron-core's model runs on a GPU)", file=sys.stderr)
+        return 2
+    from fp4repro.provenance import provenance
+    from fp4repro.results import write_json
+    from fp4repro.train.backend_curves import first_batches, loss_curves, table_header, table_row
+
+    study = _study(args)
+    recipes = [_recipe_name(study, r) for r in (args.recipes or study.recipes)]
+    data = Path(args.data or f"results/{study.name}/data")
+    out = Path(args.out or f"results/megatron/curves_{study.name}.json")
+    origin = provenance("cuda")
+    batches = first_batches(study, data, args.steps, args.seed)
+    result = {"experiment": study.name, "seed": args.seed, "steps": args.steps, "rows": []}
+    print(table_header(study, args.steps), flush=True)
+    for recipe in recipes:
+        result["rows"].append(loss_curves(study, recipe, batches, args.seed))
+        print(table_row(result["rows"][-1]), flush=True)
+        write_json(out, result, origin)
+    print(f"wrote {out}")
+    return 0 if all(r["within"] for r in result["rows"]) else 1
+
+
 def _cmd_report(args) -> int:
     from fp4repro.report import write_report
 
@@ -493,15 +515,21 @@ def build_parser() -> argparse.ArgumentParser:
     pd_.set_defaults(func=_cmd_prepare_data)
 
     tr = sub.add_parser("train", help="train one recipe of an experiment (resumes where it stopped)",
-                        description="Train the reference model under one recipe and one seed over all stages of the "
-                                    "experiment (a seed sets initialisation and data order: the same seed gives every "
-                                    "recipe the same batches). Rerunning the same command resumes from the newest "
-                                    "valid resume checkpoint, bit for bit on CPU. Writes metrics.parquet, "
+                        description="Train the experiment's model under one recipe and one seed over all stages of "
+                                    "the experiment (a seed sets initialisation and data order: the same seed gives "
+                                    "every recipe the same batches), with the experiment's backend: the reference "
+                                    "model in this process, or megatron-core's (backend: megatron; one process per "
+                                    "GPU: start it with torchrun --nproc-per-node N for data parallelism). "
+                                    "Rerunning the same command resumes from the newest valid resume checkpoint, bit "
+                                    "for bit on CPU and, with --deterministic, on a GPU. Writes metrics.parquet, "
                                     "telemetry.parquet and done.json at the end; checkpoints live in "
                                     "runs/<fingerprint>/ (see `fp4repro runs`).")
     _experiment_arguments(tr, recipe=True)
     tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>/seed<seed>)")
     tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
+    tr.add_argument("--deterministic", action="store_true",
+                    help="deterministic GPU algorithms only (slower), so a resumed run repeats an uninterrupted one "
+                         "bit for bit")
     tr.set_defaults(func=_cmd_train)
 
     ev = sub.add_parser("evaluate", help="evaluate every checkpoint of a training run (held-out NLL, lm-eval tasks)",
@@ -613,6 +641,23 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--seed", type=int, default=0)
     pa.add_argument("--out", help="JSON output path")
     pa.set_defaults(func=_cmd_parity)
+
+    pc = sub.add_parser("parity-curves", help="the megatron backend against the reference over the first steps "
+                                              "of training (one GPU)",
+                        description="Train the reference engine twice, the reference with its torch SSD scan, and "
+                                    "the megatron engine for --steps optimizer steps from the same initial weights "
+                                    "on the experiment's first batches (its data must be prepared), per recipe, and "
+                                    "compare each loss curve with the reference's: the megatron curve must stay "
+                                    "within 3x the larger drift of the two reference variants "
+                                    "(fp4repro.train.backend_curves). Writes JSON (default "
+                                    "results/megatron/curves_<experiment>.json); exit 1 if a recipe is outside.")
+    _experiment_arguments(pc, quiet=False)
+    pc.add_argument("--recipes", nargs="+", help="recipe names or paths (default: the experiment's)")
+    pc.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
+    pc.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
+    pc.add_argument("--seed", type=int, default=0)
+    pc.add_argument("--out", help="JSON output path")
+    pc.set_defaults(func=_cmd_parity_curves)
 
     ru = sub.add_parser("runs", help="list a study's training runs (one per config fingerprint); --prune removes old ones",
                         description="A recipe's training keeps one run folder per fingerprint of what changes its "

@@ -12,7 +12,7 @@ from fp4repro.eval import NLLResult, blend_nll, final_window_loss, load_eval_mod
 from fp4repro.config.model import load_model_config
 from fp4repro.model import NemotronH
 from fp4repro.config.recipe import load_recipe
-from fp4repro.train.loop import lm_loss
+from fp4repro.train.engine import lm_loss
 
 
 def test_windows_predict_every_token_once():

@@ -1,6 +1,8 @@
 """The parity measurement's arithmetic and table on recorded numbers (the measurement itself needs
 a GPU: test_parity_gpu.py)."""
 
+import pytest
+
 from fp4repro.megatron.parity import bf16_bounds, linear_gradients, table_header, table_row
 
 
@@ -30,3 +32,17 @@ def test_a_row_prints_under_its_header():
     assert table_row(row).split() == ["ue5m3", "bf16", "7.62512", "-1.30e-03", "+2.40e-04", "5.00e-02",
                                       "2.50e-01", "1.90e-01", "3.50e-02"]
     assert table_row({**row, "autocast": "fp32", "bounds": None}).split()[5] == "nan"
+
+
+def test_loss_curves_compare_megatron_with_three_times_the_larger_reference_drift():
+    from fp4repro.train.backend_curves import compare, table_row
+
+    curves = {"reference": [5.0, 4.0, 3.0], "again": [5.0, 4.0, 3.0], "yardstick": [5.0, 4.01, 2.98],
+              "megatron": [5.0, 4.03, 3.05]}
+    got = compare(curves)
+    assert got["max_difference"]["yardstick"] == pytest.approx(0.02)
+    assert got["band"] == pytest.approx(0.06) and got["within"]
+    curves["megatron"][2] = 3.07                      # 0.07 > 3 x 0.02
+    outside = compare(curves)
+    assert not outside["within"]
+    assert table_row({"recipe": "ue5m3", **outside}).endswith("NO")

@@ -36,10 +36,12 @@ def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
         assert expected in resources
 
 
-def test_paper8b_training_says_the_backend_is_missing(tmp_path):
+def test_paper8b_training_says_tensor_parallelism_is_missing_before_any_compute(tmp_path):
+    # no data has been prepared: the refusal comes before the data is looked for
     proc = subprocess.run([sys.executable, "-m", "fp4repro.cli", "train", "--experiment", "paper8b",
                            "--recipe", "ue5m3"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and "field 'backend': value 'megatron': not available yet" in proc.stderr
+    assert proc.returncode == 2 and "field 'parallel.tensor': value 2: training through megatron-core runs " \
+        "data-parallel only" in proc.stderr, proc.stderr
 
 
 def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):

@@ -76,7 +76,7 @@ def logits_of(model: torch.nn.Module, inputs: torch.Tensor, lengths=None) -> tor
     lengths: the valid length of each row (padding after it); the quantized policy quantizes
     each row's real tokens as their own tensor (``fp4repro.eval.policy.batch_lengths``), so a
     row's logits do not depend on the other rows or on its padding. None: every row is full."""
-    from fp4repro.train.loop import forward_logits
+    from fp4repro.train.engine import forward_logits
 
     with torch.no_grad(), batch_lengths(model, lengths):
         return forward_logits(model, inputs.to(next(model.parameters()).device))

@@ -1,10 +1,11 @@
-"""The training loop of the reference model: read it top to bottom.
+"""The training loop, the same for every backend: read it top to bottom.
 
 One run = one experiment × one recipe, over all stages, with one WSD schedule. Per optimizer step:
 take the step's batch from its stage's sampler (a pure function of the step, so resuming needs
-only the step), forward (BF16 autocast on CUDA, FP32 on CPU), cross-entropy, backward, stop on a
-non-finite loss or gradient, clip, AdamW, advance the quantization state (periodic amax refresh
-counts optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
+only the step), let the backend's engine (``fp4repro.train.engine``) take one optimizer step
+(forward under BF16 autocast on CUDA, FP32 on CPU, cross-entropy, backward, clip, AdamW), stop on a
+non-finite loss or gradient, advance the quantization state (periodic amax refresh counts
+optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
 spaced in tokens; a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
 step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
 one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). Outputs in
@@ -21,25 +22,21 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from fp4repro.config.experiment import TrainConfig
 from fp4repro.config.study import Study
 from fp4repro.data import StageSampler, load_manifest
 from fp4repro.errors import FP4ReproError
-from fp4repro.model import NemotronH
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
-from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
+from fp4repro.train.checkpoint import save_checkpoint
+from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
 from fp4repro.train.schedule import WSDSchedule
 
@@ -74,47 +71,6 @@ def eval_checkpoint_steps(total_steps: int, count: int) -> list[int]:
     """Steps after which evaluation checkpoints are saved: ``count`` points evenly spaced in
     tokens (every step has the same tokens), the last one at the end of training."""
     return sorted({max(1, round(i * total_steps / count)) for i in range(1, count + 1)})
-
-
-def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=False)
-
-
-def forward_logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    """The training forward: BF16 autocast on CUDA (FP32 on CPU), logits returned in FP32.
-    Evaluation calls this too, so that it scores the model as it was trained."""
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
-        return model(inputs).float()
-
-
-def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of ``forward_logits``, in FP32."""
-    return F.cross_entropy(forward_logits(model, inputs).flatten(0, 1), targets.flatten())
-
-
-def _rng_state() -> dict:
-    """Every random generator's state, as tensors and plain values (a checkpoint read with
-    ``weights_only=True`` can hold nothing else)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _worst_operands(rows: list[dict], n: int = 5) -> str:
@@ -158,14 +114,31 @@ def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
          "(its run folder and checkpoints stay)")
 
 
+def build_engine(study: Study, recipe_name: str, seed: int, device: str, schedule: WSDSchedule,
+                 deterministic: bool = False) -> Engine:
+    """The experiment's backend for one run: the reference model here, or megatron-core's model
+    (``fp4repro.megatron.engine``, imported only then: importing megatron-core takes seconds)."""
+    recipe = study.recipe(recipe_name)
+    if study.experiment.backend == "megatron":
+        from fp4repro.megatron.engine import MegatronEngine
+
+        return MegatronEngine(study, recipe, seed, schedule, deterministic=deterministic)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+    return ReferenceEngine(study, recipe, seed, device, schedule)
+
+
 def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: int | None = None,
-          device: str | None = None, progress: bool = True, stop_after: int | None = None) -> Path:
+          device: str | None = None, progress: bool = True, stop_after: int | None = None,
+          deterministic: bool = False) -> Path:
     """Train (or resume) the run of one recipe and one seed of a study; returns ``out_dir``.
 
     seed: sets initialisation and data order (default: the experiment's first seed); the same seed
     gives every recipe the same batches, so recipes compare paired by seed.
     stop_after: end after this many optimizer steps in total (for tests and dry runs); the run
     stays resumable and is not marked done.
+    deterministic: deterministic algorithms only (torch's, cuBLAS's, megatron's), so that a
+    resumed GPU run repeats an uninterrupted one bit for bit (slower).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     exp, t = study.experiment, study.experiment.train
@@ -173,13 +146,10 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     out_dir = Path(out_dir)
 
     # ---- model, optimizer, schedule, data: all a function of the config and the seed
-    torch.manual_seed(seed)
-    recipe = study.recipe(recipe_name)
-    model = NemotronH(study.model, recipe).to(device)
-    state = model.quant_state
-    state.seed = seed
-    optimizer = build_optimizer(model, t)
     schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
+    engine = build_engine(study, recipe_name, seed, device, schedule, deterministic)
+    state, writer = engine.quant_state, engine.writer
+    recipe = study.recipe(recipe_name)
     stage_steps = t.stage_steps()
     plan = StepPlan.build(stage_steps)
     manifest = load_manifest(data_dir)
@@ -191,84 +161,69 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     # ---- this config's run folder, resumed where its last attempt left off
     numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash)
     run = RunFolder(out_dir, fingerprint)
-    _retire_finished_outputs(out_dir, fingerprint)
-    start_step = 0
-    resume = load_latest_resume(run.resume)
-    if resume is not None:
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        state.load_state_dict(resume["quant_state"])
-        state.to(device)
-        _set_rng_state(resume["rng"])
-        start_step = resume["step"]
-    run.drop_parts_after(start_step)
-    _announce(run, numerics, start_step, t.total_steps)
+    if writer:
+        _retire_finished_outputs(out_dir, fingerprint)
+    start_step = engine.load_resume(run.resume)
     origin = provenance(device)
-    attempt = run.start_attempt(numerics, start_step, origin)
+    attempt = 0
+    if writer:
+        run.drop_parts_after(start_step)
+        _announce(run, numerics, start_step, t.total_steps)
+        attempt = run.start_attempt(numerics, start_step, origin)
     metrics: list[dict] = []       # rows since the last part
     telemetry: list[dict] = []
 
     def write_parts(step: int) -> None:
         nonlocal metrics, telemetry
         for kind, rows, columns in (("metrics", metrics, METRICS), ("telemetry", telemetry, TELEMETRY)):
-            if rows:
+            if rows and writer:
                 run.write_part(kind, step, rows, columns, origin)
         metrics, telemetry = [], []
 
     def save_resume(step: int) -> None:
         write_parts(step)
-        save_checkpoint({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "quant_state": state.state_dict(), "rng": _rng_state(),
-                         "recipe": recipe.name, "experiment": exp.name, "fingerprint": run.fingerprint},
-                        run.resume / f"resume_{step:08d}.pt")
-        prune_resume(run.resume)
+        engine.save_resume(run.resume, step, {"recipe": recipe.name, "experiment": exp.name,
+                                              "fingerprint": run.fingerprint})
 
     def write_tables() -> None:
-        write_table(out_dir / "metrics.parquet", run.assemble("metrics", METRICS), origin)
-        write_table(out_dir / "telemetry.parquet", run.assemble("telemetry", TELEMETRY), origin)
+        if writer:
+            write_table(out_dir / "metrics.parquet", run.assemble("metrics", METRICS), origin)
+            write_table(out_dir / "telemetry.parquet", run.assemble("telemetry", TELEMETRY), origin)
 
     end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
-    bar = tqdm(total=t.total_steps, initial=start_step, disable=not progress, unit="step",
+    bar = tqdm(total=t.total_steps, initial=start_step, disable=not (progress and writer), unit="step",
                desc=f"{exp.name}/{recipe_name}/seed{seed}", dynamic_ncols=True, file=sys.stderr)
-    model.train()
     try:
         for step in range(start_step, end_step):
             started = time.perf_counter()
             stage = plan.stage_of_step[step]
             batch = samplers[stage].batch((step - plan.first_step_of_stage[stage]) * t.batch_size, t.batch_size)
-            batch = batch.to(device)
-            inputs, targets = batch[:, :-1], batch[:, 1:]
-            lr = schedule(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
             state.telemetry = step % t.telemetry_every == 0
 
-            loss = lm_loss(model, inputs, targets)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            if not (math.isfinite(loss.item()) and math.isfinite(grad_norm.item())):
-                raise NonFiniteLoss(_diagnose(model, inputs, targets, step, loss.item(), grad_norm.item()))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss, grad_norm, lr = engine.step(step, batch)
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                raise NonFiniteLoss(_diagnose(engine, batch, step, loss, grad_norm))
             state.advance()
             telemetry.extend(state.pop_telemetry())
 
             elapsed = time.perf_counter() - started
             tokens = (step + 1) * t.tokens_per_step
-            metrics.append({"step": step + 1, "tokens": tokens, "stage": t.stages[stage].name, "loss": loss.item(),
-                            "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": t.tokens_per_step / elapsed,
+            metrics.append({"step": step + 1, "tokens": tokens, "stage": t.stages[stage].name, "loss": loss,
+                            "lr": lr, "grad_norm": grad_norm, "tokens_per_s": t.tokens_per_step / elapsed,
                             "attempt": attempt})
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}",
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}",
                             stage=t.stages[stage].name)
 
             done = step + 1
             if done in eval_steps:
-                save_checkpoint({"model": model.state_dict(), "step": done, "tokens": tokens,
-                                 "stage": t.stages[stage].name, "model_config": exp.model, "recipe": recipe.name,
-                                 "recipe_config": recipe.config, "experiment": exp.name, "seed": seed,
-                                 "fingerprint": run.fingerprint},
-                                run.ckpt / f"step_{done:08d}.pt")
+                weights = engine.eval_state_dict()
+                if writer:
+                    save_checkpoint({"model": weights, "step": done, "tokens": tokens,
+                                     "stage": t.stages[stage].name, "model_config": exp.model, "recipe": recipe.name,
+                                     "recipe_config": recipe.config, "experiment": exp.name, "seed": seed,
+                                     "backend": exp.backend, "fingerprint": run.fingerprint},
+                                    run.ckpt / f"step_{done:08d}.pt")
             if done % t.resume_every == 0 or done == end_step:
                 save_resume(done)
     except NonFiniteLoss as err:
@@ -280,24 +235,24 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     finally:
         bar.close()
 
-    if end_step == t.total_steps:
+    if end_step == t.total_steps and writer:
         write_tables()
         write_json(out_dir / "done.json", {
             "experiment": exp.name, "recipe": recipe.name, "seed": seed, "recipe_files": list(recipe.files),
-            "fingerprint": run.fingerprint, "steps": t.total_steps, "tokens": t.total_steps * t.tokens_per_step,
+            "backend": exp.backend, "fingerprint": run.fingerprint, "steps": t.total_steps,
+            "tokens": t.total_steps * t.tokens_per_step,
             "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps)}, origin)
     return out_dir
 
 
-def _diagnose(model, inputs, targets, step, loss, grad_norm) -> str:
+def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_norm: float) -> str:
     """Redo the failing step with telemetry on and name the operands with the most non-finite and
     saturated blocks (the state is not advanced and nothing is written)."""
     message = f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} " \
               f"(loss {loss}, grad norm {grad_norm})"
-    state = model.quant_state
+    state = engine.quant_state
     state.pop_telemetry()
     state.telemetry = True
-    model.zero_grad(set_to_none=True)
-    lm_loss(model, inputs, targets).backward()
+    engine.forward_backward(batch)
     rows = state.pop_telemetry()
     return message + ("; worst operands: " + _worst_operands(rows) if rows else "; the recipe quantizes nothing")

@@ -32,7 +32,8 @@ from pathlib import Path
 import pandas as pd
 
 from fp4repro.results import write_table
-from fp4repro.train.checkpoint import RESUME_PATTERN
+from fp4repro.megatron.resume import resume_dirs
+from fp4repro.train.checkpoint import resume_checkpoints
 from fp4repro.util import atomic_write_json
 
 RUNS = "runs"
@@ -50,12 +51,16 @@ def _plain(value):
     return value
 
 
-def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int) -> dict:
-    """What a run's numbers depend on, as JSON values (the fingerprint's content)."""
+def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, backend: str = "reference") -> dict:
+    """What a run's numbers depend on, as JSON values (the fingerprint's content). The backend
+    enters only when it is not the reference (the two round differently), so reference runs keep
+    the fingerprints they had before there was a second backend."""
     defaults, operands, overrides = recipe.numerics()
-    return _plain({"model": model_config, "recipe": {"defaults": defaults, "operands": operands,
-                                                     "overrides": overrides},
-                   "data": data_hash, "train": train_config.numerics(), "seed": seed})
+    numerics = {"model": model_config, "recipe": {"defaults": defaults, "operands": operands, "overrides": overrides},
+                "data": data_hash, "train": train_config.numerics(), "seed": seed}
+    if backend != "reference":
+        numerics["backend"] = backend
+    return _plain(numerics)
 
 
 def fingerprint_of(numerics: dict) -> str:
@@ -64,7 +69,8 @@ def fingerprint_of(numerics: dict) -> str:
 
 def run_fingerprint(study, recipe: str, seed: int, data_hash: str) -> tuple[dict, str]:
     """(what the run of ``recipe`` and ``seed`` in ``study`` on this data computes, its fingerprint)."""
-    numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train, seed)
+    numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train, seed,
+                            study.experiment.backend)
     return numerics, fingerprint_of(numerics)
 
 
@@ -96,9 +102,8 @@ class RunFolder:
     # ------------------------------------------------------------------------------ record
     def resume_step(self) -> int:
         """The step of the newest resume checkpoint on disk (0 without one; not verified)."""
-        steps = [int(m.group(1)) for p in (self.resume.iterdir() if self.resume.is_dir() else ())
-                 if (m := RESUME_PATTERN.match(p.name))]
-        return max(steps, default=0)
+        newest = [*resume_checkpoints(self.resume)[:1], *resume_dirs(self.resume)[:1]]   # reference, megatron
+        return max((int(p.name[len("resume_"):][:8]) for p in newest), default=0)
 
     def record(self) -> dict | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None

@@ -1,0 +1,199 @@
+"""The megatron backend's engine for the training loop (``fp4repro.train.loop``): megatron-core's
+hybrid model wrapped in its DDP, its distributed optimizer (AdamW), its ``OptimizerParamScheduler``
+with the reference's WSD schedule, its forward-backward schedule, and ``dist_checkpointing``.
+
+One process per GPU (torchrun or Slurm; alone, a group of one). The run starts from the
+reference model's initialization for the seed (built on the CPU and converted,
+``fp4repro.megatron.convert``), so a seed gives both backends the same initial weights. Every
+data-parallel rank takes its slice of the loop's global batch and splits it into micro-batches
+(``parallel.micro_batch``); the loss of a micro-batch is its mean next-token cross-entropy
+(megatron's vocab-parallel cross-entropy in FP32 under BF16 autocast, parameters in FP32, as the
+reference trains), the step's loss their mean over micro-batches and ranks.
+
+An optimizer step, as megatron's ``ChainedOptimizer.step`` takes it, in its parts: the gradients
+are prepared and their norm taken first, so that a non-finite loss or norm leaves the parameters
+as they were (the loop then diagnoses the step on them), then clipping and AdamW.
+
+Resume checkpoints (``fp4repro.megatron.resume``) hold the model and the optimizer sharded
+(torch_dist, the distributed optimizer's state fully reshardable), and in common the scheduler,
+the ``QuantState`` and the step; each rank's random generators (torch, CUDA, Python, NumPy and
+megatron's CUDA RNG tracker) as one sharded object per rank.
+
+Model parallelism (tensor, pipeline) is refused here for now: evaluation checkpoints and the
+initialization by conversion are written for whole layers on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from fp4repro.config.recipe import Recipe
+from fp4repro.config.study import Study
+from fp4repro.errors import ConfigError, FP4ReproError
+from fp4repro.megatron import resume
+from fp4repro.megatron.convert import from_megatron, to_megatron
+from fp4repro.megatron.distributed import initialize
+from fp4repro.megatron.model import attach_recipe, build_model
+from fp4repro.megatron.schedule import wsd_scheduler
+from fp4repro.model import NemotronH
+from fp4repro.quant.state import QuantState
+from fp4repro.util import rng_state, set_rng_state
+
+# the distributed optimizer's state in checkpoints: one tensor per parameter, whatever the layout
+OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+
+
+def _refuse_model_parallelism(study: Study) -> None:
+    exp = study.experiment
+    for field, value in (("parallel.tensor", exp.parallel.tensor), ("parallel.pipeline", exp.parallel.pipeline)):
+        if value != 1:
+            raise ConfigError(f"{exp.path}: field '{field}': value {value}: training through megatron-core runs "
+                              "data-parallel only for now (1; one process per GPU)")
+
+
+def deterministic_algorithms() -> None:
+    """torch's deterministic algorithms, with the cuBLAS workspace they need (set before cuBLAS starts)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+class MegatronEngine:
+    def __init__(self, study: Study, recipe: Recipe, seed: int, schedule, deterministic: bool = False):
+        """``schedule``: the run's WSD schedule (``fp4repro.train.schedule.WSDSchedule``)."""
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        exp, t, config = study.experiment, study.experiment.train, study.model
+        _refuse_model_parallelism(study)
+        if not torch.cuda.is_available():
+            raise FP4ReproError(f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "
+                                "checkpoints need them) and none is visible; the reference backend trains on a CPU")
+        if deterministic:
+            deterministic_algorithms()
+        self.layout = initialize(exp.parallel, t.batch_size, seed)
+        self.config, self.seq_len, self.grad_clip = config, t.seq_len, t.grad_clip
+
+        torch.manual_seed(seed)
+        reference = NemotronH(config, recipe)                  # on the CPU: the reference's initialization
+        self.model = build_model(config, exp.parallel).cuda()
+        self.model.load_state_dict(to_megatron(reference.state_dict(), config), strict=True)
+        del reference
+        self.quant_state = QuantState(seed)
+        attach_recipe(self.model, recipe, self.quant_state, config.n_layers)
+
+        model_config = self.model.config
+        model_config.deterministic_mode = deterministic
+        self.ddp = DistributedDataParallel(
+            config=model_config, module=self.model,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True))
+        model_config.finalize_model_grads_func = finalize_model_grads
+        model_config.no_sync_func = self.ddp.no_sync
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=t.lr, min_lr=t.lr * t.min_lr_ratio, weight_decay=t.weight_decay,
+            adam_beta1=t.betas[0], adam_beta2=t.betas[1], adam_eps=1e-8, clip_grad=t.grad_clip,
+            bf16=False, fp16=False, params_dtype=torch.float32, use_distributed_optimizer=True), [self.ddp])
+        self.scheduler = wsd_scheduler(self.optimizer, schedule.peak_lr, schedule.total_steps, schedule.warmup_steps,
+                                       schedule.decay_steps, schedule.min_lr_ratio, t.weight_decay)
+        self.forward_backward_func = get_forward_backward_func()
+        self.writer = dist.get_rank() == 0
+        self.ddp.train()
+
+    # ---------------------------------------------------------------------------------- steps
+    def _local_batch(self, batch: torch.Tensor) -> torch.Tensor:
+        """This data-parallel rank's rows of the global batch, on its GPU."""
+        from megatron.core import parallel_state
+
+        rows = self.layout.micro_batch * self.layout.accumulation
+        rank = parallel_state.get_data_parallel_rank()
+        return batch[rank * rows:(rank + 1) * rows].cuda(non_blocking=True)
+
+    def _forward_backward(self, batch: torch.Tensor) -> float:
+        """Forward and backward over this rank's micro-batches; the mean loss over all ranks."""
+        from megatron.core import parallel_state
+
+        def forward_step(data_iterator, model):
+            tokens = next(data_iterator)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                per_token = model(tokens[:, :-1], position_ids=None, attention_mask=None, labels=tokens[:, 1:])
+            return per_token, _mean_loss
+
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        micro = iter(self._local_batch(batch).split(self.layout.micro_batch))
+        losses = self.forward_backward_func(
+            forward_step_func=forward_step, data_iterator=micro, model=[self.ddp],
+            num_microbatches=self.layout.accumulation, seq_length=self.seq_len, micro_batch_size=self.layout.micro_batch)
+        loss = torch.stack([item["lm loss"] for item in losses]).mean()
+        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+        return loss.item() / parallel_state.get_data_parallel_world_size()
+
+    def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        lr = self.optimizer.param_groups[0]["lr"]
+        loss = self._forward_backward(batch)
+        self.optimizer.prepare_grads()
+        grad_norm = float(self.optimizer.get_grad_norm())
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return loss, grad_norm, lr
+        if self.grad_clip > 0:
+            for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                if params := part.get_parameters():
+                    clip_grad_by_total_norm_fp32(params, max_norm=self.grad_clip, total_norm=grad_norm)
+        self.optimizer.step_with_ready_grads()
+        self.scheduler.step(increment=1)
+        return loss, grad_norm, lr
+
+    def forward_backward(self, batch: torch.Tensor) -> None:
+        self._forward_backward(batch)
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def eval_state_dict(self) -> dict:
+        return {k: v.detach().cpu() for k, v in from_megatron(self.model.state_dict(), self.config).items()}
+
+    def _sharded_state_dict(self, is_loading: bool) -> dict:
+        from megatron.core import tensor_parallel
+        from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+        model = self.model.sharded_state_dict()
+        rng = {"process": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+        return {"model": model,
+                "optimizer": self.optimizer.sharded_state_dict(model, is_loading=is_loading,
+                                                               metadata=OPTIMIZER_CHECKPOINT),
+                "rng": ShardedObject("rng", rng, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)}
+
+    def save_resume(self, folder: Path, step: int, meta: dict) -> None:
+        state = self._sharded_state_dict(is_loading=False)
+        state.update(step=step, scheduler=self.scheduler.state_dict(), quant_state=self.quant_state.state_dict(),
+                     meta=meta)
+        resume.save(state, folder, step)
+
+    def load_resume(self, folder: Path) -> int:
+        from megatron.core import tensor_parallel
+
+        found = resume.load_newest(lambda: self._sharded_state_dict(is_loading=True), folder)
+        if found is None:
+            return 0
+        state, step = found
+        self.model.load_state_dict(state["model"], strict=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.quant_state.load_state_dict(state["quant_state"])
+        self.quant_state.to("cuda")
+        set_rng_state(state["rng"]["process"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["rng"]["tracker"])
+        return step
+
+
+def _mean_loss(per_token: torch.Tensor):
+    """megatron's loss function for a micro-batch: its mean cross-entropy (the schedule divides by
+    the number of micro-batches, DDP averages over data-parallel ranks)."""
+    loss = per_token.float().mean()
+    return loss, {"lm loss": loss.detach()}

@@ -1,0 +1,124 @@
+"""What trains a model for the loop (``fp4repro.train.loop``): one engine per backend.
+
+The loop owns what every backend shares (stages, batches, metrics, telemetry, evaluation
+checkpoints, run folders); an engine owns the model, its optimizer and LR schedule, one optimizer
+step, and its resume checkpoints. ``ReferenceEngine`` is the reference model with torch's AdamW;
+``fp4repro.megatron.engine.MegatronEngine`` is megatron-core's model, DDP and distributed optimizer.
+Both have the shape of ``Engine``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from fp4repro.config.experiment import TrainConfig
+from fp4repro.config.recipe import Recipe
+from fp4repro.config.study import Study
+from fp4repro.model import NemotronH
+from fp4repro.quant.state import QuantState
+from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
+from fp4repro.train.schedule import WSDSchedule
+from fp4repro.util import rng_state, set_rng_state
+
+
+class Engine(Protocol):
+    quant_state: QuantState
+    writer: bool          # this process writes the run's files (rank 0)
+
+    def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
+        """One optimizer step on the global batch (sequences of seq_len + 1 tokens): (loss,
+        gradient norm before clipping, LR). With a non-finite loss or norm the parameters stay."""
+
+    def forward_backward(self, batch: torch.Tensor) -> None:
+        """Forward and backward only (gradients zeroed before; the diagnosis of a failed step)."""
+
+    def eval_state_dict(self) -> dict:
+        """The model's weights in the reference model's layout (what evaluation loads)."""
+
+    def save_resume(self, folder: Path, step: int, meta: dict) -> None:
+        """A resume checkpoint after ``step`` steps (older ones pruned to the newest two)."""
+
+    def load_resume(self, folder: Path) -> int:
+        """Restore the newest valid resume checkpoint in ``folder``; the step it holds, 0 without one."""
+
+
+def forward_logits(model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The training forward: BF16 autocast on CUDA (FP32 on CPU), logits returned in FP32.
+    Evaluation calls this too, so that it scores the model as it was trained."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=inputs.is_cuda):
+        return model(inputs).float()
+
+
+def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``forward_logits``, in FP32."""
+    return F.cross_entropy(forward_logits(model, inputs).flatten(0, 1), targets.flatten())
+
+
+def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=False)
+
+
+class ReferenceEngine:
+    """The reference model (``fp4repro.model.NemotronH``) in this process: BF16 autocast on CUDA,
+    FP32 on CPU, torch AdamW with the WSD LR set before each step, gradient clipping by total
+    norm; a resume checkpoint is one file (``fp4repro.train.checkpoint``)."""
+
+    writer = True
+
+    def __init__(self, study: Study, recipe: Recipe, seed: int, device: str, schedule: WSDSchedule):
+        torch.manual_seed(seed)
+        self.model = NemotronH(study.model, recipe).to(device)
+        self.quant_state = self.model.quant_state
+        self.quant_state.seed = seed
+        self.optimizer = build_optimizer(self.model, study.experiment.train)
+        self.schedule, self.grad_clip, self.device = schedule, study.experiment.train.grad_clip, device
+        self.model.train()
+
+    def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
+        batch = batch.to(self.device)
+        lr = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = lm_loss(self.model, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
+        loss = loss.item()
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, lr
+
+    def forward_backward(self, batch: torch.Tensor) -> None:
+        self.model.zero_grad(set_to_none=True)
+        batch = batch.to(self.device)
+        lm_loss(self.model, batch[:, :-1], batch[:, 1:]).backward()
+
+    def eval_state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def save_resume(self, folder: Path, step: int, meta: dict) -> None:
+        save_checkpoint({"step": step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                         "quant_state": self.quant_state.state_dict(), "rng": rng_state(), **meta},
+                        folder / f"resume_{step:08d}.pt")
+        prune_resume(folder)
+
+    def load_resume(self, folder: Path) -> int:
+        resume = load_latest_resume(folder)
+        if resume is None:
+            return 0
+        self.model.load_state_dict(resume["model"])
+        self.optimizer.load_state_dict(resume["optimizer"])
+        self.quant_state.load_state_dict(resume["quant_state"])
+        self.quant_state.to(self.device)
+        set_rng_state(resume["rng"])
+        return resume["step"]
