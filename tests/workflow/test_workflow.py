@@ -188,3 +188,37 @@ def test_lint_finds_nothing_but_software_deployment(tmp_path, snakemake):
     text = proc.stdout + proc.stderr
     findings = set(re.findall(r"^    \* (.+?):?$", text, re.M))
     assert findings == {"Specify a conda environment or container for each rule."}, text[-3000:]
+
+
+IMPORTED_TABLES = ("train/*/seed*/metrics.parquet", "train/*/seed*/telemetry.parquet", "eval/*/seed*/*.parquet",
+                   "eval/*/seed*/*.json")
+
+
+@pytest.mark.slow
+def test_imported_results_rebuild_figures_and_report_without_data_training_or_evaluation(smoke_run, snakemake,
+                                                                                       tmp_path):
+    # the tables of runs made elsewhere, in a fresh folder with no data, checkpoints or Snakemake records
+    work = tmp_path / "imported"
+    for pattern in IMPORTED_TABLES:
+        for table in (smoke_run / "results/smoke").glob(pattern):
+            target = work / "results/smoke" / table.relative_to(smoke_run / "results/smoke")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(table, target)
+    local = work / "configs/experiment/smoke.yaml"
+    local.parent.mkdir(parents=True)
+    local.write_text((PACKAGED / "experiment/smoke.yaml").read_text() + "imported: true\n")
+    plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=smoke"))
+    assert plan == {"figure_loss": 1, "figure_nll": 1, "figure_downstream": 1, "figure_telemetry": 1,
+                    "figure_target": 1, "report": 1, "all": 1}
+    snakemake(work, "--cores", "2", "--config", "experiment=smoke")
+    for name in FIGURES:
+        assert (work / f"figures/smoke/{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [line for line in (work / "paper/smoke/report.md").read_text().splitlines() if line.startswith("| ")]
+    original = [line for line in (smoke_run / "paper/smoke/report.md").read_text().splitlines() if line.startswith("| ")]
+    assert rows == original and len(rows) > 10
+    assert not (work / "results/smoke/data").exists()
+    # a missing table is named, not trained for
+    (work / "results/smoke/eval/ue5m3/seed0/nll.parquet").unlink()
+    (work / "paper/smoke/report.md").unlink()
+    proc = snakemake(work, "-n", "--config", "experiment=smoke", check=False)
+    assert proc.returncode != 0 and "results/smoke/eval/ue5m3/seed0/nll.parquet" in proc.stdout + proc.stderr

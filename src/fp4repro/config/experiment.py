@@ -148,6 +148,7 @@ class ExperimentConfig:
     eval: EvalConfig
     backend: str = "reference"
     parallel: ParallelConfig = ParallelConfig()
+    imported: bool = False     # runs made elsewhere: the workflow only draws figures and the report
     description: str = ""
     resources: dict = field(default_factory=dict, hash=False, compare=False)   # rule -> workflow resources
 
@@ -231,4 +232,4 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         _fail(path, err.field, err.value, err.allowed)
     return ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
                             data=data, train=train, eval=eval_config, backend=backend, parallel=parallel,
-                            description=raw.get("description", ""), resources=raw.get("resources", {}))
+                            imported=bool(raw.get("imported", False)), description=raw.get("description", ""), resources=raw.get("resources", {}))

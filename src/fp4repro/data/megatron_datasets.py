@@ -18,6 +18,7 @@ def megatron_datasets() -> SimpleNamespace:
     """The megatron-core dataset classes data preparation and sampling use, by name."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from megatron.core.datasets import helpers
         from megatron.core.datasets.blended_dataset import BlendedDataset
         from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
         from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -27,4 +28,4 @@ def megatron_datasets() -> SimpleNamespace:
     return SimpleNamespace(BlendedDataset=BlendedDataset, BlendedMegatronDatasetBuilder=BlendedMegatronDatasetBuilder,
                            GPTDataset=GPTDataset, GPTDatasetConfig=GPTDatasetConfig, DType=DType,
                            IndexedDataset=IndexedDataset, IndexedDatasetBuilder=IndexedDatasetBuilder, Split=Split,
-                           version=__version__)
+                           helpers=helpers, version=__version__)

@@ -78,7 +78,7 @@ def _quiet_megatron_logs():
             logger.setLevel(level)
 
 
-def _active_blend(manifest: Manifest, blend: dict[str, float], split: str) -> tuple[list[str], list[float]]:
+def active_blend(manifest: Manifest, blend: dict[str, float], split: str) -> tuple[list[str], list[float]]:
     """The sources with positive weight (megatron-core rejects zero weights) and their normalized
     weights, in sorted source order; every one of them must have tokens in ``split``."""
     if not blend:
@@ -117,7 +117,7 @@ class StageSampler:
         self.seq_len = seq_len
         self.num_samples = num_samples
         self.seed = seed
-        self.sources, self.weights = _active_blend(manifest, blend, split)
+        self.sources, self.weights = active_blend(manifest, blend, split)
         self.prefixes = [manifest.prefix(name, split) for name in self.sources]
         self.cache_dir = Path(cache_dir) if cache_dir is not None else manifest.root / "cache"
         self._dataset = self._build()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from fp4repro.config.study import Study
-from fp4repro.data import StageSampler, load_manifest
+from fp4repro.data import RunSampler, load_manifest
 from fp4repro.train.engine import ReferenceEngine
 from fp4repro.train.schedule import WSDSchedule
 
@@ -32,12 +32,14 @@ FACTOR = 3.0
 
 
 def first_batches(study: Study, data_dir: Path, steps: int, seed: int) -> list[torch.Tensor]:
-    """The first ``steps`` global batches of a run of ``study`` with ``seed`` (its first stage)."""
+    """The first ``steps`` global batches of a run of ``study`` with ``seed`` (those of its training)."""
     t = study.experiment.train
-    manifest = load_manifest(data_dir)
-    sampler = StageSampler(manifest, dict(t.stages[0].blend), t.seq_len, steps * t.batch_size, seed=seed,
-                           cache_dir=data_dir / "cache")
-    return [sampler.batch(i * t.batch_size, t.batch_size) for i in range(steps)]
+    if steps > t.stage_steps()[0]:
+        raise ValueError(f"{steps} steps: the first stage of {study.name} has {t.stage_steps()[0]}")
+    run = RunSampler(load_manifest(data_dir), [(dict(s.blend), n * t.batch_size)
+                                               for s, n in zip(t.stages, t.stage_steps())],
+                     t.seq_len, seed, cache_dir=data_dir / "cache")
+    return [run.stages[0].batch(i * t.batch_size, t.batch_size) for i in range(steps)]
 
 
 def _torch_ssd(engine: ReferenceEngine) -> ReferenceEngine:

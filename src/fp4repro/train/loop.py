@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from fp4repro.config.study import Study
-from fp4repro.data import StageSampler, load_manifest
+from fp4repro.data import RunSampler, load_manifest
 from fp4repro.errors import FP4ReproError
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
@@ -153,9 +153,9 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     stage_steps = t.stage_steps()
     plan = StepPlan.build(stage_steps)
     manifest = load_manifest(data_dir)
-    samplers = [StageSampler(manifest, dict(stage.blend), t.seq_len, n * t.batch_size, seed=seed + i,
-                             cache_dir=data_dir / "cache")
-                for i, (stage, n) in enumerate(zip(t.stages, stage_steps))]
+    data = RunSampler(manifest, [(dict(stage.blend), n * t.batch_size) for stage, n in zip(t.stages, stage_steps)],
+                      t.seq_len, seed, cache_dir=data_dir / "cache")
+    samplers = data.stages
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
     # ---- this config's run folder, resumed where its last attempt left off
@@ -169,6 +169,8 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     if writer:
         run.drop_parts_after(start_step)
         _announce(run, numerics, start_step, t.total_steps)
+        if repeats := data.repeats():
+            _say(f"{run.out}: warning: {repeats}: the corpus is too small for the run's tokens")
         attempt = run.start_attempt(numerics, start_step, origin)
     metrics: list[dict] = []       # rows since the last part
     telemetry: list[dict] = []

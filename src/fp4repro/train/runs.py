@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fp4repro.results import write_table
+from fp4repro.data import SAMPLING
 from fp4repro.megatron.resume import resume_dirs
+from fp4repro.results import write_table
 from fp4repro.train.checkpoint import resume_checkpoints
 from fp4repro.util import atomic_write_json
 
@@ -57,7 +58,7 @@ def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, 
     the fingerprints they had before there was a second backend."""
     defaults, operands, overrides = recipe.numerics()
     numerics = {"model": model_config, "recipe": {"defaults": defaults, "operands": operands, "overrides": overrides},
-                "data": data_hash, "train": train_config.numerics(), "seed": seed}
+                "data": data_hash, "sampling": SAMPLING, "train": train_config.numerics(), "seed": seed}
     if backend != "reference":
         numerics["backend"] = backend
     return _plain(numerics)
