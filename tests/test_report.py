@@ -441,3 +441,21 @@ def test_target_section_needs_two_of_its_recipes(tmp_path):
     assert target_section(results / "tiny", ["nvfp4", "ue5m3_auto", "mxfp4"], (0,)) == []
     lines = target_section(results / "tiny", ["nvfp4", "ue5m3", "ue5m3_auto"], (0,))
     assert list(section_table(lines)) == ["ue5m3", "ue5m3_auto"]
+
+
+def test_runs_of_different_corpora_are_not_paired(tmp_path):
+    from fp4repro.results import write_table
+
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, loss=-0.1)
+    for recipe, digest in (("nvfp4", "aaaa"), ("ue5m3", "aaaa")):
+        path = run_dir(results, "tiny", recipe, 0) / "metrics.parquet"
+        write_table(path, pd.read_parquet(path), {"data": digest})
+    (same,) = rows_of("final_loss", results)
+    assert same.comparison is not None
+    path = run_dir(results, "tiny", "ue5m3", 0) / "metrics.parquet"
+    write_table(path, pd.read_parquet(path), {"data": "bbbb"})
+    for claim in ("final_loss", "heldout_nll"):
+        (row,) = rows_of(claim, results)
+        assert row.comparison is None and "different corpora (data digests aaaa, bbbb)" in row.note

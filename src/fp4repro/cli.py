@@ -191,6 +191,28 @@ def _cmd_evaluate(args) -> int:
     return 0
 
 
+def _cmd_inventory(args) -> int:
+    from fp4repro.inventory import inventory
+    from fp4repro.provenance import provenance
+    from fp4repro.results import write_json
+
+    study = _study(args)
+    t = study.experiment.train
+    found = inventory(Path(args.results), study.name, study.recipes, t.seeds, t.total_steps, t.tokens_per_step)
+    out = Path(args.out or Path(args.results) / study.name / "runs.json")
+    write_json(out, found, provenance())
+    print(f"{'recipe':16} {'seed':>4} {'steps':>7} {'tokens':>13} {'done':>5} {'train s':>8} {'evaluated':>9} "
+          f"{'final loss':>10}  device")
+    for r in found["runs"]:
+        loss = f"{r['final_loss']:.4f}" if r["final_loss"] is not None else "-"
+        print(f"{r['recipe']:16} {r['seed']:>4} {r['steps']:>7} {r['tokens']:>13,} {'yes' if r['finished'] else 'no':>5} "
+              f"{r['train_seconds'] or 0:>8.0f} {len(r['evaluation']):>9} {loss:>10}  {r['device']}")
+    for m in found["missing"]:
+        print(f"{m['recipe']:16} {m['seed']:>4}  missing")
+    print(f"corpora: {', '.join(found['corpora']) or 'not recorded'}; wrote {out}")
+    return 0
+
+
 def _cmd_runs(args) -> int:
     import json
 
@@ -658,6 +680,18 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--seed", type=int, default=0)
     pc.add_argument("--out", help="JSON output path")
     pc.set_defaults(func=_cmd_parity_curves)
+
+    iv = sub.add_parser("inventory", help="list an experiment's runs from their result tables and write runs.json",
+                        description="The inventory of an experiment's results folder, from the tables alone "
+                                    "(fp4repro.inventory): per recipe and seed the steps and tokens reached, "
+                                    "whether the run finished, its corpus digest, device, commit, training wall "
+                                    "time, which evaluation tables exist and the final-window loss; and the runs "
+                                    "missing. Writes <results>/<experiment>/runs.json (the manifest committed "
+                                    "with imported results).")
+    _experiment_arguments(iv, quiet=False)
+    iv.add_argument("--results", default="results", help="results root (default results)")
+    iv.add_argument("--out", help="JSON output (default <results>/<experiment>/runs.json)")
+    iv.set_defaults(func=_cmd_inventory)
 
     ru = sub.add_parser("runs", help="list a study's training runs (one per config fingerprint); --prune removes old ones",
                         description="A recipe's training keeps one run folder per fingerprint of what changes its "

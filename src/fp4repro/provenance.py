@@ -4,6 +4,9 @@
      "packages": {"torch": ..., "triton": ..., "megatron-core": ..., "lm-eval": ...},
      "python": "3.11.7", "device": "NVIDIA H200" | "cpu (x86_64, 2 threads)", "created": ISO 8601 UTC}
 
+Training and evaluation add ``"data"``: the digest of the prepared corpus (``Manifest.data_hash``),
+which the report compares before it pairs two runs.
+
 ``git_commit`` is the commit of the source tree the package was imported from (an editable
 install or a checkout); null for an installed wheel, whose ``fp4repro`` version says what it is.
 Package versions come from the installed distributions' metadata (nothing is imported).

@@ -35,7 +35,7 @@ from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
                               eval_dir, event_rates, last_checkpoint, read_json, read_table, run_dir,
-                              with_operand_class)
+                              table_provenance, with_operand_class)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -115,7 +115,23 @@ def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str
     if missing:
         return Row(claim, claim.id, note=f"not measured: {', '.join(missing[:2])}{' …' if len(missing) > 2 else ''} "
                                          "missing")
+    corpora = _corpora(root, (claim.recipe, claim.baseline), seeds)
+    if len(corpora) > 1:
+        return Row(claim, claim.id, note="not measured: the runs were trained on different corpora (data digests "
+                                         f"{', '.join(sorted(corpora))}), so they are not paired")
     return files
+
+
+def _corpora(root: Path, recipes, seeds) -> set[str]:
+    """The corpus digests the runs' training tables record (tables without one are not counted)."""
+    digests = set()
+    for recipe in recipes:
+        for seed in seeds:
+            metrics = run_dir(root.parent, root.name, recipe, seed) / "metrics.parquet"
+            origin = table_provenance(metrics) if metrics.is_file() else None
+            if origin and origin.get("data"):
+                digests.add(origin["data"])
+    return digests
 
 
 def _final_window(metrics: Path, summary: Path) -> pd.DataFrame:

@@ -198,7 +198,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
     tokenizer = manifest.load_tokenizer()
 
     paths.out.mkdir(parents=True, exist_ok=True)
-    origin = provenance(device)
+    origin = {**provenance(device), "data": manifest.data_hash}
     metrics = paths.run / "metrics.parquet"
     if metrics.is_file():
         summary = {"experiment": exp.name, "recipe": recipe, "seed": seed,

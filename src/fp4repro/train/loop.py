@@ -164,7 +164,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     if writer:
         _retire_finished_outputs(out_dir, fingerprint)
     start_step = engine.load_resume(run.resume)
-    origin = provenance(device)
+    origin = {**provenance(device), "data": manifest.data_hash}   # runs pair only on the same corpus
     attempt = 0
     if writer:
         run.drop_parts_after(start_step)

@@ -1,0 +1,48 @@
+"""The inventory of an experiment's runs, from their tables alone: what a folder of committed
+results holds (``results/<experiment>/runs.json``, written by ``fp4repro inventory``).
+
+One entry per training run found (``train/<recipe>/seed<seed>/metrics.parquet``): recipe, seed,
+optimizer steps and tokens reached, whether it finished (its last step is the experiment's last)
+or stopped early (a divergence keeps the steps before it), the corpus digest, the device and the
+commit that computed it (the table's provenance), the training wall time (the sum of its steps'
+times), whether its evaluation tables are there, and the final-window loss if evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fp4repro.results import METRICS_COLUMNS, eval_dir, read_table, run_dir, table_provenance
+
+EVAL_TABLES = ("nll.parquet", "nll_documents.parquet", "downstream.parquet", "downstream_items.parquet",
+               "final_loss.json")
+
+
+def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_steps: int, tokens_per_step: int) -> dict:
+    metrics_path = run_dir(results, experiment, recipe, seed) / "metrics.parquet"
+    metrics = read_table(metrics_path, METRICS_COLUMNS, "a training metrics table (fp4repro train)")
+    origin = table_provenance(metrics_path) or {}
+    last = int(metrics["step"].max()) if len(metrics) else 0
+    evaluated = eval_dir(results, experiment, recipe, seed)
+    final = evaluated / "final_loss.json"
+    step_seconds = tokens_per_step / metrics["tokens_per_s"] if "tokens_per_s" in metrics else None
+    return {"recipe": recipe, "seed": seed, "steps": last, "tokens": last * tokens_per_step,
+            "finished": last == total_steps, "corpus": origin.get("data"), "device": origin.get("device"),
+            "commit": origin.get("git_commit"), "dirty": origin.get("git_dirty"),
+            "train_seconds": round(float(step_seconds.sum()), 1) if step_seconds is not None else None,
+            "evaluation": sorted(t for t in EVAL_TABLES if (evaluated / t).is_file()),
+            "final_loss": json.loads(final.read_text())["loss"] if final.is_file() else None}
+
+
+def inventory(results: Path, experiment: str, recipes, seeds, total_steps: int, tokens_per_step: int) -> dict:
+    """Every run of ``recipes`` × ``seeds`` whose metrics table exists, and the runs missing."""
+    runs, missing = [], []
+    for recipe in recipes:
+        for seed in seeds:
+            if (run_dir(results, experiment, recipe, seed) / "metrics.parquet").is_file():
+                runs.append(run_entry(results, experiment, recipe, seed, total_steps, tokens_per_step))
+            else:
+                missing.append({"recipe": recipe, "seed": seed})
+    corpora = sorted({r["corpus"] for r in runs if r["corpus"]})
+    return {"experiment": experiment, "runs": runs, "missing": missing, "corpora": corpora}
