@@ -4,6 +4,10 @@
 #   - mamba-ssm built from its sdist without CUDA extensions: a pure-Python wheel whose Mamba-2
 #     Triton kernels run on the GPU (fp4repro.model._mamba_ssm lets it import without the Mamba-1
 #     extension). 2.3.x, because 2.2.x imports names that transformers 5 no longer has.
+#   - jsonschema and its three dependencies (config validation), rpds-py as a cp312 binary;
+#   - lm-eval 0.4.13 and what it needs that the GPU image lacks, all pure Python (the image has
+#     pyarrow, pandas, scikit-learn, sacrebleu, transformers and huggingface-hub), for `fp4repro
+#     evaluate`'s downstream tasks; three of them are sdists, built here into universal wheels.
 # Needs network access and a Python with torch (any build, nothing is compiled: mamba-ssm's
 # setup.py only imports torch, hence --no-build-isolation); by default the project's .venv.
 # Usage: scripts/prepare_gpu_wheels.sh [OUT_DIR]        (default: wheels/; PYTHON=... to override)
@@ -22,5 +26,15 @@ mkdir -p "$out"
 MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
     "$python" -m pip wheel --wheel-dir "$out" --no-deps --no-build-isolation --no-binary mamba-ssm \
     mamba-ssm==2.3.2.post1
+
+"$python" -m pip download --dest "$out" --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+
+"$python" -m pip download --dest "$out" --no-deps --only-binary=:all: --python-version 3.12 \
+    lm-eval==0.4.13 datasets==5.2.0 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19 more-itertools==11.2.1 \
+    nltk==3.10.4 pytablewriter==1.2.1 dataproperty==1.1.1 mbstrdecoder==1.1.5 pathvalidate==3.3.1 \
+    tabledata==1.3.5 tcolorpy==0.1.7 typepy==1.3.5 chardet==6.0.0.post1
+"$python" -m pip wheel --wheel-dir "$out" --no-deps rouge-score==0.1.2 sqlitedict==2.1.0 word2number==1.1
 
 ls -l "$out"
