@@ -459,3 +459,15 @@ def test_runs_of_different_corpora_are_not_paired(tmp_path):
     for claim in ("final_loss", "heldout_nll"):
         (row,) = rows_of(claim, results)
         assert row.comparison is None and "different corpora (data digests aaaa, bbbb)" in row.note
+
+
+def test_a_diverged_run_is_named_and_not_paired(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, loss=-0.1)
+    summary = eval_dir(results, "tiny", "ue5m3", 0) / "final_loss.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "diverged": {"step": 37, "reason": "step 37"}}))
+    for claim in ("final_loss", "heldout_nll", "downstream"):
+        (row,) = rows_of(claim, results)
+        assert row.comparison is None
+        assert row.note == "not paired: ue5m3 seed 0 diverged at step 37 (its telemetry holds the failing step)"

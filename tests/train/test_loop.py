@@ -17,7 +17,7 @@ import torch
 
 from fp4repro.config.study import load_study
 from fp4repro.results import run_dir, table_provenance
-from fp4repro.train import NonFiniteLoss, list_runs, train
+from fp4repro.train import list_runs, train
 from fp4repro.train.checkpoint import resume_checkpoints
 from fp4repro.train.loop import TELEMETRY
 
@@ -147,18 +147,32 @@ def test_periodic_amax_is_held_between_refreshes(prepared):
     assert not (out / "done.json").exists()
 
 
-def test_non_finite_loss_stops_with_a_diagnosis(prepared, tmp_path):
+def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(prepared, tmp_path, capsys):
+    from fp4repro.eval.run import evaluate
+
     study, path, root = prepared
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6"))
     study_bad = load_study(bad)
-    out = tmp_path / "run"
-    with pytest.raises(NonFiniteLoss) as err:
-        train(study_bad, "ue5m3", root / "data", out, device="cpu", progress=False)
-    msg = str(err.value)
-    assert msg.startswith("step ") and "worst operands: layers." in msg
+    out = run_dir(tmp_path / "results", "smalltest", "ue5m3", 0)
+    train(study_bad, "ue5m3", root / "data", out, device="cpu", progress=False)
+    assert "diverged: step " in capsys.readouterr().err
+    done = json.loads((out / "done.json").read_text())
+    step = done["diverged"]["step"]
+    assert 1 < step < 60 and done["steps"] == step - 1
+    assert done["diverged"]["reason"].startswith(f"step {step}: non-finite") and \
+        "worst operands: layers." in done["diverged"]["reason"]
+    assert all(int(c[-11:-3]) < step for c in done["checkpoints"])
     m = pd.read_parquet(out / "metrics.parquet")
-    assert np.isfinite(m["loss"]).all() and not (out / "done.json").exists()
+    assert np.isfinite(m["loss"]).all() and m["step"].max() == step - 1
+    t = pd.read_parquet(out / "telemetry.parquet")
+    failing = t[t["step"] == step - 1]                      # telemetry steps count from 0
+    assert len(failing) and (failing["nonfinite_blocks"] > 0).any()
+    # evaluation scores what checkpoints there are and carries the divergence to the report
+    ev = evaluate(study_bad, "ue5m3", results=tmp_path / "results", data=root / "data", device="cpu",
+                  downstream=False, progress=False)
+    assert json.loads((ev / "final_loss.json").read_text())["diverged"]["step"] == step
+    assert pd.read_parquet(ev / "nll.parquet")["step"].nunique() == len(done["checkpoints"])
 
 
 def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared, tmp_path, capsys):

@@ -70,8 +70,9 @@ def finished_checkpoints(run: Path, model_config: str, recipe: str) -> list[Chec
     done = run / "done.json"
     if not done.is_file():
         raise EvalError(f"{done}: missing: the training run {run} has not finished (run `fp4repro train`)")
-    listed = json.loads(done.read_text()).get("checkpoints", [])
-    if not listed:
+    record = json.loads(done.read_text())
+    listed = record.get("checkpoints", [])
+    if not listed and not record.get("diverged"):
         raise EvalError(f"{done}: lists no checkpoints")
     return [inspect_checkpoint(run / rel, model_config, recipe) for rel in listed]
 
@@ -200,8 +201,10 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
     paths.out.mkdir(parents=True, exist_ok=True)
     origin = {**provenance(device), "data": manifest.data_hash}
     metrics = paths.run / "metrics.parquet"
+    diverged = json.loads((paths.run / "done.json").read_text()).get("diverged")
     if metrics.is_file():
-        summary = {"experiment": exp.name, "recipe": recipe, "seed": seed,
+        # a diverged run's window is that of the steps it made: the report does not pair it
+        summary = {"experiment": exp.name, "recipe": recipe, "seed": seed, "diverged": diverged,
                    **final_window_loss(metrics, exp.train.final_window)}
         write_json(paths.out / "final_loss.json", summary, origin)
 
@@ -242,4 +245,8 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
             bar.update(1)
     finally:
         bar.close()
+    wanted = [t for measure, on in (("nll", nll), ("downstream", downstream)) if on for t in MEASURES[measure]]
+    for table in wanted:                   # a run that diverged before its first checkpoint: empty tables
+        if not (paths.out / f"{table}.parquet").is_file():
+            write_table(paths.out / f"{table}.parquet", tables[table], origin)
     return paths.out

@@ -16,6 +16,11 @@ one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). 
                         run folder, +1 for each later one, a resume or a restart)
     telemetry.parquet   every ``telemetry_every`` steps, one row per layer × operand × quantization
     done.json           written last: the run finished, its fingerprint and its evaluation checkpoints
+
+A run whose loss or gradient norm turns non-finite has ended too: it is a result, not a crash. Its
+tables hold the steps before and the failing step's telemetry (the step redone with telemetry on),
+and done.json says ``diverged`` (the step and the worst operands) beside the evaluation
+checkpoints saved before it; the run is resumable as any other.
 """
 
 from __future__ import annotations
@@ -48,7 +53,12 @@ TELEMETRY = ["step", "layer", "operand", "steps_since_refresh", "blocks", "satur
 
 
 class NonFiniteLoss(FP4ReproError):
-    """The loss or the gradient norm became NaN or inf; the message names the worst operands."""
+    """The loss or the gradient norm became NaN or inf; the message names the worst operands,
+    ``rows`` are the failing step's telemetry."""
+
+    def __init__(self, message: str, rows: list[dict] = ()):
+        super().__init__(message)
+        self.rows = list(rows)
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,16 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
             write_table(out_dir / "metrics.parquet", run.assemble("metrics", METRICS), origin)
             write_table(out_dir / "telemetry.parquet", run.assemble("telemetry", TELEMETRY), origin)
 
+    def write_done(last_step: int, diverged: dict | None = None) -> None:
+        """done.json: the run has ended, after ``last_step`` steps (all of them, or a divergence)."""
+        if writer:
+            write_json(out_dir / "done.json", {
+                "experiment": exp.name, "recipe": recipe.name, "seed": seed, "recipe_files": list(recipe.files),
+                "backend": exp.backend, "fingerprint": run.fingerprint, "steps": last_step,
+                "tokens": last_step * t.tokens_per_step, "diverged": diverged,
+                "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps
+                                      if s <= last_step)}, origin)
+
     end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
     bar = tqdm(total=t.total_steps, initial=start_step, disable=not (progress and writer), unit="step",
                desc=f"{exp.name}/{recipe_name}/seed{seed}", dynamic_ncols=True, file=sys.stderr)
@@ -204,7 +224,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
 
             loss, grad_norm, lr = engine.step(step, batch)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise NonFiniteLoss(_diagnose(engine, batch, step, loss, grad_norm))
+                raise NonFiniteLoss(*_diagnose(engine, batch, step, loss, grad_norm))
             state.advance()
             telemetry.extend(state.pop_telemetry())
 
@@ -229,27 +249,25 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
             if done % t.resume_every == 0 or done == end_step:
                 save_resume(done)
     except NonFiniteLoss as err:
-        write_parts(step)            # the steps before the failure, nothing after
+        telemetry.extend(err.rows)
+        write_parts(step)            # the steps before the failure and the failing step's telemetry
         write_tables()
-        _say(f"{run.out}: stopped at step {step + 1}; metrics and telemetry of the steps before it are in "
-             f"{out_dir / 'metrics.parquet'} and telemetry.parquet")
-        raise err
+        write_done(step, {"step": step + 1, "reason": str(err)})
+        _say(f"{run.out}: diverged: {err}. Kept as the run's result: metrics and telemetry (the failing step's "
+             f"too) in {out_dir}, done.json says where it diverged")
+        return out_dir
     finally:
         bar.close()
 
-    if end_step == t.total_steps and writer:
+    if end_step == t.total_steps:
         write_tables()
-        write_json(out_dir / "done.json", {
-            "experiment": exp.name, "recipe": recipe.name, "seed": seed, "recipe_files": list(recipe.files),
-            "backend": exp.backend, "fingerprint": run.fingerprint, "steps": t.total_steps,
-            "tokens": t.total_steps * t.tokens_per_step,
-            "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps)}, origin)
+        write_done(end_step)
     return out_dir
 
 
-def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_norm: float) -> str:
-    """Redo the failing step with telemetry on and name the operands with the most non-finite and
-    saturated blocks (the state is not advanced and nothing is written)."""
+def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_norm: float) -> tuple[str, list]:
+    """Redo the failing step with telemetry on: (a message naming the operands with the most
+    non-finite and saturated blocks, the step's telemetry rows); the state is not advanced."""
     message = f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} " \
               f"(loss {loss}, grad norm {grad_norm})"
     state = engine.quant_state
@@ -257,4 +275,4 @@ def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_
     state.telemetry = True
     engine.forward_backward(batch)
     rows = state.pop_telemetry()
-    return message + ("; worst operands: " + _worst_operands(rows) if rows else "; the recipe quantizes nothing")
+    return message + ("; worst operands: " + _worst_operands(rows) if rows else "; the recipe quantizes nothing"), rows
