@@ -16,6 +16,7 @@ from fp4repro.config.experiment import ExperimentConfig, ExperimentError, load_e
 from fp4repro.config.model import ModelConfig, ModelConfigError, load_model_config
 from fp4repro.config.parallel import parallel_problems
 from fp4repro.config.recipe import Recipe, RecipeError, load_recipe
+from fp4repro.config.shards import shard_problems
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
         if other is not None and Path(other.path).resolve() != Path(recipe.path).resolve():
             raise ExperimentError(f"{where}: value {reference!r}: recipe name {recipe.name!r} is also the name of "
                                   f"{other.path}; a recipe's name names its result folders, so names must differ")
+        for problem in shard_problems(model, recipe, exp.parallel):
+            _fail(exp.path, problem.field, problem.value, f"{problem.allowed} ({where}: {reference!r})")
         recipes.setdefault(recipe.name, recipe)
         given.setdefault(recipe.name, str(reference))
     exp = _check_telemetry(exp, recipes, model)
