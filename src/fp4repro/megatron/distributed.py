@@ -1,19 +1,37 @@
 """Processes and megatron-core's parallel state for one run.
 
-Launched by ``torchrun`` (or Slurm through it), the process group comes from the environment
-(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...); started alone, it is a group of one. NCCL where
-there is a GPU, gloo where there is none (megatron's modules can be built on a CPU, not run).
+Launched by ``torchrun``, the process group comes from its environment (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``...); launched as the tasks of a Slurm job step (``srun``, one task per GPU), from
+Slurm's (``slurm_environment``); started alone, it is a group of one. NCCL where there is a GPU,
+gloo where there is none (megatron's modules can be built on a CPU, not run).
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from fp4repro.config.parallel import ParallelConfig, ParallelLayout, layout
+
+
+def slurm_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed's variables for a task of a Slurm job step with several tasks, from
+    Slurm's: RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
+    MASTER_ADDR = the step's first node (``scontrol show hostnames``), MASTER_PORT = 20000 + the
+    job id mod 20000 (the same in every task, distinct for jobs sharing a node). Empty when torchrun
+    has set them, or outside a step of more than one task."""
+    if "WORLD_SIZE" in env or int(env.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in env:
+        return {}
+    nodes = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
+    first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
+                           check=True).stdout.split()[0]
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": first, "MASTER_PORT": str(20000 + int(env["SLURM_JOB_ID"]) % 20000)}
 
 
 def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> ParallelLayout:
@@ -22,6 +40,7 @@ def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> Parallel
     from megatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
+        os.environ.update(slurm_environment(os.environ))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "WORLD_SIZE" in os.environ:
             if torch.cuda.is_available():
