@@ -127,14 +127,17 @@ def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str
 
 
 def _divergences(root: Path, recipes, seeds) -> list[str]:
-    """The runs among ``recipes`` × ``seeds`` that diverged (their evaluation's final_loss.json
-    says so), each as "<recipe> seed <s> diverged at step <n>": a result of its own, which has no
-    partner to be compared with step by step."""
+    """The runs among ``recipes`` × ``seeds`` that diverged (their training's done.json or their
+    evaluation's final_loss.json says so: imported results carry the latter), each as "<recipe>
+    seed <s> diverged at step <n>": a result of its own, which has no partner to be compared with
+    step by step."""
     found = []
     for recipe in recipes:
         for seed in seeds:
-            summary = eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json"
-            diverged = json.loads(summary.read_text()).get("diverged") if summary.is_file() else None
+            records = (run_dir(root.parent, root.name, recipe, seed) / "done.json",
+                       eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json")
+            diverged = next((d for d in (json.loads(r.read_text()).get("diverged") for r in records if r.is_file())
+                             if d), None)
             if diverged:
                 found.append(f"{recipe} seed {seed} diverged at step {diverged['step']} (its telemetry holds "
                              "the failing step)")

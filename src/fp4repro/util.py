@@ -97,3 +97,12 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def deterministic_algorithms() -> None:
+    """torch's deterministic algorithms, with the cuBLAS workspace they need on CUDA (the variable
+    must be set before cuBLAS starts: before the first GEMM)."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)

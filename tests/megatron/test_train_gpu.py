@@ -94,6 +94,10 @@ def test_a_megatron_run_finishes_evaluates_and_resumes_bit_for_bit(prepared, det
     train(study, "ue5m3", root / "data", resumed, progress=False, deterministic=True, stop_after=30)
     assert not (resumed / "done.json").exists()
     train(study, "ue5m3", root / "data", resumed, progress=False, deterministic=True)
+    # the second attempt began after step 30, from the checkpoint (with deterministic algorithms a
+    # restart from step 0 would give the same losses: equal losses alone prove no resume)
+    attempts = pd.read_parquet(resumed / "metrics.parquet").set_index("step")["attempt"]
+    assert (attempts.loc[:30] == 0).all() and (attempts.loc[31:] == 1).all()
     again = _losses(resumed)
     assert again.index.tolist() == losses.index.tolist()
     assert again.loc[31:35].tolist() == losses.loc[31:35].tolist()          # bit for bit

@@ -21,12 +21,15 @@ print(f"rank {dist.get_rank()} of {dist.get_world_size()}: data {split.data}, su
 
 
 def test_slurm_variables_become_torch_distributed_ones(slurm_cluster):
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "12345",
-           "SLURM_JOB_NODELIST": slurm_cluster.node, "PATH": slurm_cluster.env["PATH"]}
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "12345",
+           "SLURM_STEP_ID": "3", "SLURM_JOB_NODELIST": slurm_cluster.node, "PATH": slurm_cluster.env["PATH"]}
     assert slurm_environment(env) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
-                                      "MASTER_ADDR": slurm_cluster.node, "MASTER_PORT": str(20000 + 12345)}
-    assert slurm_environment({**env, "WORLD_SIZE": "2"}) == {}          # torchrun's win
-    assert slurm_environment({**env, "SLURM_NTASKS": "1"}) == {}        # one task: a group of one
+                                      "MASTER_ADDR": slurm_cluster.node,
+                                      "MASTER_PORT": str(20000 + (16 * 12345 + 3) % 20000)}
+    assert slurm_environment({**env, "WORLD_SIZE": "2"}) == {}               # torchrun's win
+    assert slurm_environment({**env, "SLURM_STEP_NUM_TASKS": "1"}) == {}     # one task: a group of one
+    batch_script = {k: v for k, v in env.items() if k != "SLURM_STEP_NUM_TASKS"} | {"SLURM_NTASKS": "2"}
+    assert slurm_environment(batch_script) == {}                             # not a task of a step
 
 
 def test_the_tasks_of_an_srun_step_form_one_process_group(slurm_cluster, tmp_path):

@@ -152,7 +152,8 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
 
     study, path, root = prepared
     bad = tmp_path / "bad.yaml"
-    bad.write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6"))
+    # a resume checkpoint after every step: the failing step's telemetry must not replace the last one's
+    bad.write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6").replace("resume_every: 10", "resume_every: 1"))
     study_bad = load_study(bad)
     out = run_dir(tmp_path / "results", "smalltest", "ue5m3", 0)
     train(study_bad, "ue5m3", root / "data", out, device="cpu", progress=False)
@@ -168,6 +169,7 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
     t = pd.read_parquet(out / "telemetry.parquet")
     failing = t[t["step"] == step - 1]                      # telemetry steps count from 0
     assert len(failing) and (failing["nonfinite_blocks"] > 0).any()
+    assert sorted(set(t["step"])) == list(range(step))
     # evaluation scores what checkpoints there are and carries the divergence to the report
     ev = evaluate(study_bad, "ue5m3", results=tmp_path / "results", data=root / "data", device="cpu",
                   downstream=False, progress=False)

@@ -203,9 +203,11 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
     metrics = paths.run / "metrics.parquet"
     diverged = json.loads((paths.run / "done.json").read_text()).get("diverged")
     if metrics.is_file():
-        # a diverged run's window is that of the steps it made: the report does not pair it
-        summary = {"experiment": exp.name, "recipe": recipe, "seed": seed, "diverged": diverged,
-                   **final_window_loss(metrics, exp.train.final_window)}
+        # a diverged run's window is that of the steps it made (none if it diverged at its first):
+        # the report does not pair it
+        summary = {"experiment": exp.name, "recipe": recipe, "seed": seed, "diverged": diverged}
+        if not (diverged and pd.read_parquet(metrics, columns=["step"]).empty):
+            summary.update(final_window_loss(metrics, exp.train.final_window))
         write_json(paths.out / "final_loss.json", summary, origin)
 
     tables = {name: _read_table(paths.out / f"{name}.parquet", columns) for name, columns in TABLES.items()}

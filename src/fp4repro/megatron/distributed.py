@@ -20,18 +20,20 @@ from fp4repro.config.parallel import ParallelConfig, ParallelLayout, layout
 
 
 def slurm_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """torch.distributed's variables for a task of a Slurm job step with several tasks, from
-    Slurm's: RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
-    MASTER_ADDR = the step's first node (``scontrol show hostnames``), MASTER_PORT = 20000 + the
-    job id mod 20000 (the same in every task, distinct for jobs sharing a node). Empty when torchrun
-    has set them, or outside a step of more than one task."""
-    if "WORLD_SIZE" in env or int(env.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in env:
+    """torch.distributed's variables for a task of a Slurm job step (srun) with several tasks,
+    from Slurm's: RANK = SLURM_PROCID, WORLD_SIZE = SLURM_STEP_NUM_TASKS, LOCAL_RANK =
+    SLURM_LOCALID, MASTER_ADDR = the step's first node (``scontrol show hostnames``), MASTER_PORT =
+    20000 + (16 · job id + step id) mod 20000 (the same in every task of the step, distinct for
+    steps and jobs sharing a node). Empty when torchrun has set them, and outside a step of more
+    than one task (a batch script's own process is not one of its tasks)."""
+    if "WORLD_SIZE" in env or int(env.get("SLURM_STEP_NUM_TASKS", "1")) <= 1 or "SLURM_PROCID" not in env:
         return {}
     nodes = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
     first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
                            check=True).stdout.split()[0]
-    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_NTASKS"], "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-            "MASTER_ADDR": first, "MASTER_PORT": str(20000 + int(env["SLURM_JOB_ID"]) % 20000)}
+    port = 20000 + (16 * int(env["SLURM_JOB_ID"]) + int(env.get("SLURM_STEP_ID", "0"))) % 20000
+    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": first, "MASTER_PORT": str(port)}
 
 
 def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> ParallelLayout:
@@ -43,8 +45,8 @@ def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> Parallel
         os.environ.update(slurm_environment(os.environ))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "WORLD_SIZE" in os.environ:
-            if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            if torch.cuda.is_available():   # modulo: a task may see only its own GPU (srun --gpus-per-task)
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             dist.init_process_group(backend)
         else:
             store = tempfile.mkdtemp(prefix="fp4repro_pg_")

@@ -15,9 +15,12 @@ are prepared and their norm taken first, so that a non-finite loss or norm leave
 as they were (the loop then diagnoses the step on them), then clipping and AdamW.
 
 Resume checkpoints (``fp4repro.megatron.resume``) hold the model and the optimizer sharded
-(torch_dist, the distributed optimizer's state fully reshardable), and in common the scheduler,
-the ``QuantState`` and the step; each rank's random generators (torch, CUDA, Python, NumPy and
-megatron's CUDA RNG tracker) as one sharded object per rank.
+(torch_dist, the distributed optimizer's state fully reshardable), and in common the scheduler
+and the step; per rank, as one sharded object each, its ``QuantState`` (under data parallelism a
+rank samples the amaxes of its own activations and gradients) and its random generators (torch,
+CUDA, Python, NumPy and megatron's CUDA RNG tracker): a resume restores every rank as it was, on
+the same number of processes. An automatic target's growth is MAX-reduced over the data-parallel
+ranks before T is chosen, so every rank picks the same T.
 
 Model parallelism (tensor, pipeline) is refused here for now: evaluation checkpoints and the
 initialization by conversion are written for whole layers on every rank.
@@ -26,7 +29,6 @@ initialization by conversion are written for whole layers on every rank.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -42,7 +44,7 @@ from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.model import NemotronH
 from fp4repro.quant.state import QuantState
-from fp4repro.util import rng_state, set_rng_state
+from fp4repro.util import deterministic_algorithms, rng_state, set_rng_state
 
 # the distributed optimizer's state in checkpoints: one tensor per parameter, whatever the layout
 OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
@@ -54,12 +56,6 @@ def _refuse_model_parallelism(study: Study) -> None:
         if value != 1:
             raise ConfigError(f"{exp.path}: field '{field}': value {value}: training through megatron-core runs "
                               "data-parallel only for now (1; one process per GPU)")
-
-
-def deterministic_algorithms() -> None:
-    """torch's deterministic algorithms, with the cuBLAS workspace they need (set before cuBLAS starts)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
 
 
 class MegatronEngine:
@@ -86,6 +82,7 @@ class MegatronEngine:
         self.model.load_state_dict(to_megatron(reference.state_dict(), config), strict=True)
         del reference
         self.quant_state = QuantState(seed)
+        self.quant_state.reduce_max = _max_over_data_parallel_ranks
         attach_recipe(self.model, recipe, self.quant_state, config.n_layers)
 
         model_config = self.model.config
@@ -163,16 +160,16 @@ class MegatronEngine:
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
         model = self.model.sharded_state_dict()
-        rng = {"process": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+        rank = {"rng": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+                "quant_state": self.quant_state.state_dict()}
         return {"model": model,
                 "optimizer": self.optimizer.sharded_state_dict(model, is_loading=is_loading,
                                                                metadata=OPTIMIZER_CHECKPOINT),
-                "rng": ShardedObject("rng", rng, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)}
+                "rank": ShardedObject("rank", rank, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)}
 
     def save_resume(self, folder: Path, step: int, meta: dict) -> None:
         state = self._sharded_state_dict(is_loading=False)
-        state.update(step=step, scheduler=self.scheduler.state_dict(), quant_state=self.quant_state.state_dict(),
-                     meta=meta)
+        state.update(step=step, scheduler=self.scheduler.state_dict(), meta=meta)
         resume.save(state, folder, step)
 
     def load_resume(self, folder: Path) -> int:
@@ -185,11 +182,20 @@ class MegatronEngine:
         self.model.load_state_dict(state["model"], strict=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.quant_state.load_state_dict(state["quant_state"])
+        rank = state["rank"]
+        self.quant_state.load_state_dict(rank["quant_state"])
         self.quant_state.to("cuda")
-        set_rng_state(state["rng"]["process"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(state["rng"]["tracker"])
+        set_rng_state(rank["rng"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(rank["tracker"])
         return step
+
+
+def _max_over_data_parallel_ranks(value: torch.Tensor) -> torch.Tensor:
+    from megatron.core import parallel_state
+
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
+    return value
 
 
 def _mean_loss(per_token: torch.Tensor):

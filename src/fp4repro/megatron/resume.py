@@ -3,8 +3,10 @@ format, reshardable), made atomic.
 
 Every rank writes its shards into ``.resume_<step>.dist.partial/``; after all have finished,
 rank 0 renames it to ``resume_<step>.dist/``, so a folder with the final name is complete (a
-crash leaves only a partial one, removed by the next save). The newest two are kept. A folder
-that does not load is reported and the one before it is tried.
+crash leaves only partial ones, removed by the next save). The newest two are kept. A folder
+that does not load is reported and the one before it is tried; when none of them loads the run
+stops with the reasons rather than start again from step 0 (a resume on another number of
+processes, say, whose per-rank state does not fit).
 
 Importing this module does not import megatron-core (the run folders read its names).
 """
@@ -18,6 +20,8 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
+
+from fp4repro.errors import FP4ReproError
 
 RESUME_DIR_PATTERN = re.compile(r"^resume_(\d{8})\.dist$")
 
@@ -46,8 +50,10 @@ def save(sharded_state_dict: dict, folder: Path, step: int, keep: int = 2) -> Pa
     final = folder / f"resume_{step:08d}.dist"
     partial = folder / f".{final.name}.partial"
     if _rank() == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(".resume_*.dist.partial"):     # this save's, or a crashed one's
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir()
     _barrier()
     dist_checkpointing.save(sharded_state_dict, str(partial))
     _barrier()
@@ -71,11 +77,17 @@ def load_newest(sharded_state_dict_of, folder: Path) -> tuple[dict, int] | None:
     gives the sharded state dict to load into (built afresh for each try: loading consumes it)."""
     from megatron.core import dist_checkpointing
 
+    failures = []
     for path in resume_dirs(folder):
         try:
             state = dist_checkpointing.load(sharded_state_dict_of(), str(path))
         except Exception as err:   # any reason a folder cannot be read: fall back to the one before
             print(f"warning: skipping resume checkpoint {path}: {err}", file=sys.stderr)
+            failures.append(f"{path.name}: {err}")
             continue
         return state, int(RESUME_DIR_PATTERN.match(path.name).group(1))
+    if failures:
+        raise FP4ReproError(f"{folder}: no resume checkpoint loads ({'; '.join(failures)}); the run does not start "
+                            "again from step 0 over them: resume with the processes they were written by, or "
+                            "move the folder away to start afresh")
     return None

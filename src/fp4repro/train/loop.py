@@ -44,6 +44,7 @@ from fp4repro.train.checkpoint import save_checkpoint
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
 from fp4repro.train.schedule import WSDSchedule
+from fp4repro.util import deterministic_algorithms
 
 METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
 TELEMETRY = ["step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks", "underflow_blocks",
@@ -134,7 +135,7 @@ def build_engine(study: Study, recipe_name: str, seed: int, device: str, schedul
 
         return MegatronEngine(study, recipe, seed, schedule, deterministic=deterministic)
     if deterministic:
-        torch.use_deterministic_algorithms(True)
+        deterministic_algorithms()
     return ReferenceEngine(study, recipe, seed, device, schedule)
 
 
@@ -250,7 +251,8 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
                 save_resume(done)
     except NonFiniteLoss as err:
         telemetry.extend(err.rows)
-        write_parts(step)            # the steps before the failure and the failing step's telemetry
+        write_parts(step + 1)        # the steps before the failure and the failing step's telemetry (a part
+                                     # of its own: the one of step ``step`` may be a resume checkpoint's)
         write_tables()
         write_done(step, {"step": step + 1, "reason": str(err)})
         _say(f"{run.out}: diverged: {err}. Kept as the run's result: metrics and telemetry (the failing step's "
