@@ -178,7 +178,7 @@ def _cmd_train(args) -> int:
     data = Path(args.data or f"results/{exp.name}/data")
     out = Path(args.out or run_dir("results", exp.name, recipe, seed))
     train(study, recipe, data, out, seed=seed, device=args.device, progress=not args.quiet,
-          stop_after=args.stop_after, deterministic=args.deterministic)
+          stop_after=args.stop_after, deterministic=args.deterministic, init_from=args.init_from)
     return 0
 
 
@@ -549,6 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     _experiment_arguments(tr, recipe=True)
     tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>/seed<seed>)")
     tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
+    tr.add_argument("--init-from", metavar="CHECKPOINT",
+                    help="start from the weights of this evaluation checkpoint (runs/<fingerprint>/ckpt/step_N.pt "
+                         "of a run of either backend) instead of the seed's initialization; another run "
+                         "(fingerprint) than the one from the seed")
     tr.add_argument("--deterministic", action="store_true",
                     help="deterministic GPU algorithms only (slower), so a resumed run repeats an uninterrupted one "
                          "bit for bit")

@@ -253,3 +253,45 @@ def test_runs_lists_every_run_and_prune_removes_only_other_configs(prepared, tmp
     assert main([*args, "--prune"]) == 0
     (kept,) = list_runs(out)
     assert kept.record()["numerics"]["train"]["lr"] == study.experiment.train.lr
+
+
+def test_a_run_can_start_from_another_runs_checkpoint(prepared, tmp_path):
+    from fp4repro.model import NemotronH
+    from fp4repro.train import load_checkpoint
+    from fp4repro.train.engine import lm_loss
+    from fp4repro.data import RunSampler, load_manifest
+
+    study, path, root = prepared
+    first = tmp_path / "first"
+    train(study, "bf16", root / "data", first, device="cpu", progress=False, stop_after=10)
+    ckpt = sorted((_run_folder(first).ckpt).glob("step_*.pt"))[-1]
+    start = tmp_path / "start"
+    train(study, "bf16", root / "data", start, device="cpu", progress=False, stop_after=1, init_from=ckpt)
+    # the first loss is the checkpoint's model on the run's first batch, computed here by hand
+    t = study.experiment.train
+    run = RunSampler(load_manifest(root / "data"), [(dict(s.blend), n * t.batch_size)
+                                                    for s, n in zip(t.stages, t.stage_steps())],
+                     t.seq_len, 0, cache_dir=root / "data" / "cache")
+    batch = run.stages[0].batch(0, t.batch_size)
+    model = NemotronH(study.model, study.recipe("bf16"))
+    model.load_state_dict(load_checkpoint(ckpt)["model"])
+    expected = lm_loss(model, batch[:, :-1], batch[:, 1:]).item()
+    got = _run_folder(start).assemble("metrics", ["step", "loss"])
+    assert got["loss"].iloc[0] == expected
+    # another start is another run: not the seed's fingerprint
+    fresh = tmp_path / "fresh"
+    train(study, "bf16", root / "data", fresh, device="cpu", progress=False, stop_after=1)
+    assert _run_folder(fresh).fingerprint != _run_folder(start).fingerprint
+    assert pd.read_parquet(_run_folder(fresh).path / "metrics" / "upto_00000001.parquet")["loss"].iloc[0] != expected
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_training(prepared, tmp_path):
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.train import save_checkpoint
+
+    study, path, root = prepared
+    bad = tmp_path / "other.pt"
+    save_checkpoint({"model": {}, "model_config": "small", "step": 1}, bad)
+    with pytest.raises(FP4ReproError, match="written for model config 'small', but experiment 'smalltest' trains 'tiny'"):
+        train(study, "bf16", root / "data", tmp_path / "run", device="cpu", progress=False, init_from=bad)
+    assert not (tmp_path / "run").exists()

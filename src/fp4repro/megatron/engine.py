@@ -59,8 +59,11 @@ def _refuse_model_parallelism(study: Study) -> None:
 
 
 class MegatronEngine:
-    def __init__(self, study: Study, recipe: Recipe, seed: int, schedule, deterministic: bool = False):
-        """``schedule``: the run's WSD schedule (``fp4repro.train.schedule.WSDSchedule``)."""
+    def __init__(self, study: Study, recipe: Recipe, seed: int, schedule, deterministic: bool = False,
+                 initial: dict | None = None):
+        """``schedule``: the run's WSD schedule (``fp4repro.train.schedule.WSDSchedule``); ``initial``:
+        weights to start from in the reference model's layout (a reference checkpoint's) instead of
+        the seed's initialization."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -77,10 +80,11 @@ class MegatronEngine:
         self.config, self.seq_len, self.grad_clip = config, t.seq_len, t.grad_clip
 
         torch.manual_seed(seed)
-        reference = NemotronH(config, recipe)                  # on the CPU: the reference's initialization
+        if initial is None:
+            initial = NemotronH(config, recipe).state_dict()      # on the CPU: the reference's initialization
         self.model = build_model(config, exp.parallel).cuda()
-        self.model.load_state_dict(to_megatron(reference.state_dict(), config), strict=True)
-        del reference
+        self.model.load_state_dict(to_megatron(initial, config), strict=True)
+        del initial
         self.quant_state = QuantState(seed)
         self.quant_state.reduce_max = _max_over_data_parallel_ranks
         attach_recipe(self.model, recipe, self.quant_state, config.n_layers)

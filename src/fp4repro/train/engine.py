@@ -75,9 +75,14 @@ class ReferenceEngine:
 
     writer = True
 
-    def __init__(self, study: Study, recipe: Recipe, seed: int, device: str, schedule: WSDSchedule):
+    def __init__(self, study: Study, recipe: Recipe, seed: int, device: str, schedule: WSDSchedule,
+                 initial: dict | None = None):
+        """``initial``: weights to start from (the reference layout) instead of the seed's initialization."""
         torch.manual_seed(seed)
-        self.model = NemotronH(study.model, recipe).to(device)
+        self.model = NemotronH(study.model, recipe)
+        if initial is not None:
+            self.model.load_state_dict(initial, strict=True)
+        self.model.to(device)
         self.quant_state = self.model.quant_state
         self.quant_state.seed = seed
         self.optimizer = build_optimizer(self.model, study.experiment.train)

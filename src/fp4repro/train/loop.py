@@ -40,7 +40,8 @@ from fp4repro.data import RunSampler, load_manifest
 from fp4repro.errors import FP4ReproError
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
-from fp4repro.train.checkpoint import save_checkpoint
+from fp4repro.model import NemotronH
+from fp4repro.train.checkpoint import load_checkpoint, save_checkpoint
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
 from fp4repro.train.schedule import WSDSchedule
@@ -126,22 +127,40 @@ def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
 
 
 def build_engine(study: Study, recipe_name: str, seed: int, device: str, schedule: WSDSchedule,
-                 deterministic: bool = False) -> Engine:
+                 deterministic: bool = False, initial: dict | None = None) -> Engine:
     """The experiment's backend for one run: the reference model here, or megatron-core's model
-    (``fp4repro.megatron.engine``, imported only then: importing megatron-core takes seconds)."""
+    (``fp4repro.megatron.engine``, imported only then: importing megatron-core takes seconds);
+    ``initial``: the weights it starts from (reference layout), else the seed's initialization."""
     recipe = study.recipe(recipe_name)
     if study.experiment.backend == "megatron":
         from fp4repro.megatron.engine import MegatronEngine
 
-        return MegatronEngine(study, recipe, seed, schedule, deterministic=deterministic)
+        return MegatronEngine(study, recipe, seed, schedule, deterministic=deterministic, initial=initial)
     if deterministic:
         deterministic_algorithms()
-    return ReferenceEngine(study, recipe, seed, device, schedule)
+    return ReferenceEngine(study, recipe, seed, device, schedule, initial=initial)
+
+
+def initial_weights(study: Study, path: Path) -> tuple[dict, str]:
+    """(weights, sha256) of an evaluation checkpoint a run starts from, checked (its digest, its
+    model config, its tensors) before any compute."""
+    ckpt = load_checkpoint(Path(path))
+    model = study.experiment.model
+    if ckpt.get("model_config") != model:
+        raise FP4ReproError(f"{path}: written for model config {ckpt.get('model_config')!r}, but experiment "
+                            f"{study.name!r} trains {model!r}")
+    with torch.device("meta"):
+        expected = NemotronH(study.model).state_dict()
+    wrong = sorted(set(expected) ^ set(ckpt["model"]))
+    wrong += [k for k in expected if k in ckpt["model"] and ckpt["model"][k].shape != expected[k].shape]
+    if wrong:
+        raise FP4ReproError(f"{path}: its weights do not fit model {model!r} ({', '.join(wrong[:3])}…)")
+    return ckpt["model"], Path(f"{path}.sha256").read_text().strip()
 
 
 def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: int | None = None,
           device: str | None = None, progress: bool = True, stop_after: int | None = None,
-          deterministic: bool = False) -> Path:
+          deterministic: bool = False, init_from: Path | None = None) -> Path:
     """Train (or resume) the run of one recipe and one seed of a study; returns ``out_dir``.
 
     seed: sets initialisation and data order (default: the experiment's first seed); the same seed
@@ -150,6 +169,8 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     stays resumable and is not marked done.
     deterministic: deterministic algorithms only (torch's, cuBLAS's, megatron's), so that a
     resumed GPU run repeats an uninterrupted one bit for bit (slower).
+    init_from: an evaluation checkpoint (of either backend's run: both write the reference layout)
+    to start from instead of the seed's initialization; its digest enters the run's fingerprint.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     exp, t = study.experiment, study.experiment.train
@@ -158,7 +179,8 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
 
     # ---- model, optimizer, schedule, data: all a function of the config and the seed
     schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
-    engine = build_engine(study, recipe_name, seed, device, schedule, deterministic)
+    initial, init_digest = initial_weights(study, init_from) if init_from is not None else (None, None)
+    engine = build_engine(study, recipe_name, seed, device, schedule, deterministic, initial)
     state, writer = engine.quant_state, engine.writer
     recipe = study.recipe(recipe_name)
     stage_steps = t.stage_steps()
@@ -170,7 +192,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
     # ---- this config's run folder, resumed where its last attempt left off
-    numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash)
+    numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash, init_digest)
     run = RunFolder(out_dir, fingerprint)
     if writer:
         _retire_finished_outputs(out_dir, fingerprint)

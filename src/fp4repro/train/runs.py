@@ -52,7 +52,8 @@ def _plain(value):
     return value
 
 
-def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, backend: str = "reference") -> dict:
+def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, backend: str = "reference",
+                 init: str | None = None) -> dict:
     """What a run's numbers depend on, as JSON values (the fingerprint's content). The backend
     enters only when it is not the reference (the two round differently), so reference runs keep
     the fingerprints they had before there was a second backend."""
@@ -61,6 +62,8 @@ def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, 
                 "data": data_hash, "sampling": SAMPLING, "train": train_config.numerics(), "seed": seed}
     if backend != "reference":
         numerics["backend"] = backend
+    if init is not None:            # the sha256 of the checkpoint the run starts from
+        numerics["init"] = init
     return _plain(numerics)
 
 
@@ -68,10 +71,10 @@ def fingerprint_of(numerics: dict) -> str:
     return hashlib.sha256(json.dumps(numerics, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_fingerprint(study, recipe: str, seed: int, data_hash: str) -> tuple[dict, str]:
+def run_fingerprint(study, recipe: str, seed: int, data_hash: str, init: str | None = None) -> tuple[dict, str]:
     """(what the run of ``recipe`` and ``seed`` in ``study`` on this data computes, its fingerprint)."""
     numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train, seed,
-                            study.experiment.backend)
+                            study.experiment.backend, init)
     return numerics, fingerprint_of(numerics)
 
 
