@@ -29,11 +29,15 @@ def test_dry_run_plans_the_whole_study(tmp_path, experiment, runs, snakemake):
 
 
 def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
-    out = snakemake(tmp_path, "-n", "--config", "experiment=paper8b").stdout
+    out = snakemake(tmp_path, "-n", "-p", "--config", "experiment=paper8b").stdout
     train = out[out.index("rule train:"):]
     resources = train[train.index("resources:"):].splitlines()[0]
-    for expected in ("nodes=32", "tasks=256", "gres=gpu:8", "runtime=20160", "mem_mb=1800000"):
+    for expected in ("nodes=32", "tasks=256", "gres=gpu:8", "runtime=20160", "mem_mb=1800000", "mpi=srun"):
         assert expected in resources
+    # the megatron backend: srun starts the allocation's tasks, torchrun one process per GPU elsewhere
+    command = train[train.index("Shell command:"):].splitlines()[0]
+    assert '[ -n "${SLURM_JOB_ID:-}" ] && echo "srun --kill-on-bad-exit=1"' in command
+    assert 'echo "torchrun --standalone --nproc-per-node=8 --no-python" ) fp4repro train' in command
 
 
 def test_paper8b_training_says_tensor_parallelism_is_missing_before_any_compute(tmp_path):

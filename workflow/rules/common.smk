@@ -74,6 +74,28 @@ def resources_of(rule_name):
     return {key: value for key, value in EXP.resources.get(rule_name, {}).items() if key != "threads"}
 
 
+def launcher(rule_name):
+    """What a rule's command runs under: nothing for the reference backend (one process); for the
+    megatron backend, one process per GPU: inside a Slurm allocation `srun` starts the job's tasks
+    (the experiment's `tasks`, one per GPU, on all its nodes; the rule asks for `mpi` so that
+    Snakemake's job step runs the command as it is), elsewhere `torchrun` starts one per GPU of
+    this machine (the GPU count of the rule's `gres`)."""
+    if EXP.backend != "megatron":
+        return ""
+    gres = str(EXP.resources.get(rule_name, {}).get("gres", "gpu:1"))
+    gpus = int(gres.rsplit(":", 1)[-1]) if gres.rsplit(":", 1)[-1].isdigit() else 1
+    return (
+        '$( [ -n "${SLURM_JOB_ID:-}" ] && echo "srun --kill-on-bad-exit=1" '
+        f'|| echo "torchrun --standalone --nproc-per-node={gpus} --no-python" ) '
+    )
+
+
+def launcher_resources():
+    """The `mpi` resource that makes Snakemake's Slurm job step run a megatron rule's command
+    (which calls srun itself) instead of wrapping it in a one-task srun."""
+    return {"mpi": "srun"} if EXP.backend == "megatron" else {}
+
+
 def section(name):
     """A config section as a rule parameter (editing it reruns the rules that read it)."""
     return repr(getattr(EXP, name))

@@ -16,11 +16,13 @@ rule train:
         recipe=recipe_arg,
         data=lambda wildcards, input: os.path.dirname(input.manifest),
         out=lambda wildcards, output: os.path.dirname(output.done),
+        launch=launcher("train"),
     log:
         f"{LOGS}/train/{{recipe}}/seed{{seed}}.log",
     threads: threads_of("train")
     resources:
         **resources_of("train"),
+        **launcher_resources(),
     shell:
-        "OMP_NUM_THREADS={threads} fp4repro train {params.recipe} "
+        "OMP_NUM_THREADS={threads} {params.launch}fp4repro train {params.recipe} "
         "--data {params.data} --out {params.out} 2> {log}"
