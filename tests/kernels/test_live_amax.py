@@ -233,3 +233,15 @@ def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
         qs, d, *_ = scaled_operand(x, spec, amax=amax, rand=rand)
         torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)
         assert _same(k["decode_scale"].cpu(), d)
+
+
+@pytest.mark.parametrize("kind", ["normal", "nan-inf", "zero", "huge"])
+@pytest.mark.parametrize("spec", [SPECS["1x16 RNE current"], SPECS["16x16 RHT"], SPECS["1x16 RHT+SR"]],
+                         ids=["1x16", "16x16 RHT", "1x16 RHT"])
+def test_the_kernels_operand_amax_is_the_references(spec, kind):
+    # what shards of a tensor-parallel operand MAX-reduce before they quantize: the amax over
+    # finite elements of the padded, transformed matrix, on both paths
+    from fp4repro.reference.block import operand_amax
+
+    x = _x(kind, (40, 72), _seed("operand_amax", kind))
+    assert _same(tensor_amax(x.to(torch.bfloat16).to(DEVICE), spec), operand_amax(x.to(torch.bfloat16), spec))

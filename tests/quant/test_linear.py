@@ -205,9 +205,9 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
         calls = []
         original = linear.quantized_operand
 
-        def counting(t, spec, state, layer, operand):
+        def counting(t, spec, state, layer, operand, group=None):
             calls.append(operand)
-            return original(t, spec, state, layer, operand)
+            return original(t, spec, state, layer, operand, group)
 
         monkeypatch.setattr(linear, "quantized_operand", counting)
         if not reuse:

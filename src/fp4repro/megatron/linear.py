@@ -9,56 +9,86 @@ unquantized (BF16 layers, exempt linears), megatron's own path runs unchanged. A
 runs ``fp4repro.quant.linear.quantized_linear``: the same function, LinearSpecs, QuantState keys,
 telemetry and kernels as the reference model's ``QuantLinear``.
 
-Tensor size 1 here: a quantized linear refuses a sequence-parallel input and a data-gradient
-all-reduce (tensor size > 1), which need the communication of megatron's autograd function
-around the quantized GEMMs and amaxes reduced over the tensor group (``parallel.tp_amax``).
+Tensor parallelism without sequence parallelism: a column-parallel linear's input gradient is
+all-reduced over the tensor group (megatron's ``copy_to_tensor_model_parallel_region``, what its
+own autograd function does when asked for ``allreduce_dgrad``); a row-parallel linear's output is
+reduced by megatron's ``forward`` around this hook. With ``parallel.tp_amax: group`` the operands
+whose tensor is split over the tensor group (``SPLIT_OPERANDS``: those blocked along the split
+dimension, ``fp4repro.config.shards``) scale by the whole tensor's amax, MAX-reduced over the
+group (``quantized_operand``). A sequence-parallel input is refused for now.
 """
 
 from __future__ import annotations
 
+import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
+from fp4repro.config.shards import ALONG
 from fp4repro.config.spec import LinearSpecs
 from fp4repro.quant.linear import describe_specs, quantized_linear
 from fp4repro.quant.state import QuantState
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: megatron's all-reduces reduce
+    ``grad.contiguous()`` in place and pass ``grad`` on, so a strided gradient (ours comes back
+    through a transpose) would leave them unreduced."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
 class _Quantized:
     """The quantized ``_forward_impl`` shared by both parallel linears."""
 
+    SPLIT_DIM = ""                      # the dimension tensor parallelism splits: N or K
     specs: LinearSpecs | None = None
     quant_state: QuantState | None = None
     quant_key: str = ""
+    amax_groups: dict = {}
 
-    def attach(self, specs: LinearSpecs | None, state: QuantState, key: str) -> None:
+    def attach(self, specs: LinearSpecs | None, state: QuantState, key: str, amax_group=None) -> None:
         """Quantize this linear's GEMMs with ``specs`` (None or all-None: megatron's own GEMM),
-        its amaxes and telemetry in ``state`` under ``key``."""
+        its amaxes and telemetry in ``state`` under ``key``; ``amax_group``: the tensor group over
+        which the split operands' amaxes are reduced (None: each shard its own, ``tp_amax: local``)."""
         self.specs = specs if specs is not None and specs.any_quantized else None
         self.quant_state, self.quant_key = state, key
+        self.amax_groups = {} if amax_group is None else {op: amax_group for op, _ in ALONG[self.SPLIT_DIM]}
 
     def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False,
                       **kwargs):
         if self.specs is None:
             return super()._forward_impl(input, weight, bias, *args, sequence_parallel=sequence_parallel,
                                          allreduce_dgrad=allreduce_dgrad, **kwargs)
-        if sequence_parallel or allreduce_dgrad:
-            raise NotImplementedError(f"{self.quant_key}: quantized GEMMs under tensor parallelism (size > 1) "
-                                      "are not in this backend yet; run with parallel.tensor: 1")
+        if sequence_parallel:
+            raise NotImplementedError(f"{self.quant_key}: quantized GEMMs with sequence parallelism are not in "
+                                      "this backend yet; run with parallel.sequence_parallel: false")
+        if allreduce_dgrad:      # the input gradient summed over the tensor group, as megatron's GEMM does
+            input = _ContiguousGrad.apply(copy_to_tensor_model_parallel_region(input))
         if input.dim() == 3 and input.shape[1] > 1:
             # megatron's activations are [sequence, batch, hidden]; the quantization sees the
             # reference's token order, sequence by sequence, so that blocks along tokens (wgrad's
             # column-wise operands) hold 16 tokens of one sequence as they do there
-            out = quantized_linear(input.transpose(0, 1), weight, bias, self.specs, self.quant_state, self.quant_key)
-            return out.transpose(0, 1)
-        return quantized_linear(input, weight, bias, self.specs, self.quant_state, self.quant_key)
+            out = quantized_linear(input.transpose(0, 1), weight, bias, self.specs, self.quant_state, self.quant_key,
+                                   self.amax_groups)
+            # contiguous: megatron's output all-reduce (row-parallel) reduces ``input_.contiguous()``
+            # in place and returns ``input_``, so a transposed view would go out unreduced
+            return out.transpose(0, 1).contiguous()
+        return quantized_linear(input, weight, bias, self.specs, self.quant_state, self.quant_key, self.amax_groups)
 
     def describe(self) -> dict[str, str]:
         return describe_specs(self.specs)
 
 
 class QuantColumnParallelLinear(_Quantized, ColumnParallelLinear):
-    pass
+    SPLIT_DIM = "N"          # output features: W's rows, dY's columns
 
 
 class QuantRowParallelLinear(_Quantized, RowParallelLinear):
-    pass
+    SPLIT_DIM = "K"          # input features: W's and X's columns

@@ -125,9 +125,16 @@ def layer_linears(megatron_model: MambaModel):
                 yield layer.layer_number, path.rsplit(".", 1)[-1], module
 
 
-def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, n_layers: int) -> None:
+def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, n_layers: int,
+                  tp_amax: str = "group") -> None:
     """Give every internal linear its recipe specs by global layer number, and its QuantState key
-    (those of the reference model's linear in the same layer: ``fp4repro.megatron.names``)."""
+    (those of the reference model's linear in the same layer: ``fp4repro.megatron.names``); under
+    tensor parallelism with ``tp_amax: group``, the tensor group its split operands reduce amaxes over."""
+    from megatron.core import parallel_state
+
+    group = None
+    if tp_amax == "group" and parallel_state.get_tensor_model_parallel_world_size() > 1:
+        group = parallel_state.get_tensor_model_parallel_group()
     for number, name, module in layer_linears(megatron_model):
         specs = None if recipe is None else recipe.linear_specs(layer_index(number), n_layers, linear=LINEAR_NAMES[name])
-        module.attach(specs, state, quant_key(number, name))
+        module.attach(specs, state, quant_key(number, name), group)

@@ -47,11 +47,12 @@ import operator
 
 import numpy as np
 import torch
+import torch.distributed
 import torch.nn.functional as F
 
 from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
-from fp4repro.quant.ops import scaled_operand, uses_kernel
+from fp4repro.quant.ops import operand_amax, scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
 from fp4repro.reference.block import global_encode_scale
 
@@ -74,8 +75,14 @@ def _with_target(spec: QuantSpec, target: float) -> QuantSpec:
 
 
 def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
-                      layer: str, operand: str) -> tuple[torch.Tensor, torch.Tensor | float | None]:
+                      layer: str, operand: str, group=None) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
+
+    ``group`` (a torch.distributed process group): t is this rank's shard of a tensor split over
+    the group, whose amax (current, or the fresh sample of a periodic refresh) is MAX-reduced over
+    it before the quantization uses it, so that every shard is scaled as the whole tensor is: its
+    blocks then equal the whole tensor's (``fp4repro.config.shards`` checks that they tile). A held
+    amax is already the group's (it was reduced when sampled).
 
     d is a Python float where it is known on the host (a held amax, or no tensor scale) and
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
@@ -93,7 +100,11 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
         spec = _with_target(spec, state.choose_target(key, spec) if held is None else state.target(key, spec))
     live = state.live_slots(key, t.device) if auto and held is not None else None
     seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
-    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=held, stats=telemetry, live=live, seed=seed)
+    amax = held
+    if group is not None and held is None and spec.target is not None:
+        amax = operand_amax(t, spec)
+        torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
+    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=amax, stats=telemetry, live=live, seed=seed)
     if state is not None:
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)
@@ -242,7 +253,7 @@ def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, ope
 
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype):
+    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype, groups):
         x2 = x.reshape(-1, x.shape[-1])
         # Q(W) is kept for dgrad when its transpose can serve (one quantization fewer per step),
         # with the amax it was made with; in the compute dtype, which holds q·s exactly
@@ -252,8 +263,8 @@ class _QuantLinearFunction(torch.autograd.Function):
         if _grouping_matters(specs.fprop_x, x, lengths):
             qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x")
         else:
-            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x")
-        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w")
+            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", groups.get("fprop.x"))
+        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", groups.get("fprop.w"))
         qw = _as(qw, compute_dtype)
         y = emulated_gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
@@ -261,45 +272,46 @@ class _QuantLinearFunction(torch.autograd.Function):
         ctx.qw = (qw, dw, w_amax) if w_amax is not None else None
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
-        ctx.compute_dtype, ctx.x_shape, ctx.x_dtype = compute_dtype, x.shape, x.dtype
+        ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.groups = compute_dtype, x.shape, x.dtype, groups
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
-        specs, state, layer, cdt = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype
+        specs, state, layer, cdt, groups = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype, ctx.groups
         dy2 = _as(dy.reshape(-1, dy.shape[-1]), cdt)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy")
+            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", groups.get("dgrad.dy"))
             if ctx.qw is not None and ctx.qw[2] == _weight_amax_used(state, specs.dgrad_w, layer, "dgrad.w"):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
             else:
-                qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w")
+                qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", groups.get("dgrad.w"))
             dx = _as(emulated_gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy")
-            qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x")
+            qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", groups.get("wgrad.dy"))
+            qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", groups.get("wgrad.x"))
             dw = _as(emulated_gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
         ctx.qw = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, specs: LinearSpecs,
-                     state: QuantState | None, name: str) -> torch.Tensor:
+                     state: QuantState | None, name: str, groups: dict | None = None) -> torch.Tensor:
     """y = x · Wᵀ (+ b) with the recipe's quantized GEMMs in forward and backward: the one
     implementation of the emulation, which ``QuantLinear`` and the megatron backend's parallel
     linears both call. The GEMMs compute in autocast's dtype when autocast is on, else in x's
     (float32 on CPU, where the emulation is float32 end to end); the quantization state of this
-    linear lives in ``state`` under ``name``."""
+    linear lives in ``state`` under ``name``. ``groups``: operand -> the process group over which
+    that operand's tensor is split (tensor parallelism: ``quantized_operand``); none by default."""
     device_type = x.device.type
     autocast = torch.is_autocast_enabled(device_type)
     compute_dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
     if device_type == "cpu":
         compute_dtype = torch.float32
-    args = (x, weight, bias, specs, state, name, compute_dtype)
+    args = (x, weight, bias, specs, state, name, compute_dtype, groups or {})
     if not autocast:
         return _QuantLinearFunction.apply(*args)
     with torch.autocast(device_type, enabled=False):

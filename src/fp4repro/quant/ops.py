@@ -77,6 +77,16 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
                           stats=_kernel_stats(k, x2d, spec, amax) if stats else None)
 
 
+def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The current amax (finite elements, after the RHT when spec.rht) a quantization of x uses,
+    float32 scalar on x's device: the kernel's pass, or the reference's ``operand_amax``."""
+    from fp4repro.kernels import tensor_amax
+
+    if not uses_kernel(x):
+        return reference.operand_amax(x, spec)
+    return tensor_amax(x if x.dim() == 2 else x.reshape(rows_cols(x.shape)), spec)
+
+
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
                    stats: bool = False, groups: torch.Tensor | None = None, live: torch.Tensor | None = None,

@@ -133,6 +133,14 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return amax
 
 
+def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The current amax a quantization of x with ``spec`` uses: ``tensor_amax`` of x padded to
+    whole blocks and, with ``spec.rht``, transformed (float32 scalar). Taken alone so that shards
+    of one tensor can MAX-reduce theirs into the whole tensor's before they quantize."""
+    x2d = pad_to_blocks(x, spec)
+    return tensor_amax(rht(x2d) if spec.rht else x2d)
+
+
 def group_amax(x2d: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """A of each row's group: ``tensor_amax`` of the rows sharing its group id, float32 (rows, 1).
 
