@@ -166,3 +166,39 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path,
         assert ranks[0]["groups"] == [] and ranks[0]["groups_fc2"] == []
         # each shard scaled by its own amax: other operands, other numbers
         assert not torch.allclose(ranks[0]["y"], y, rtol=1e-5, atol=1e-6)
+
+
+def _refresh(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.quant.linear import quantized_operand
+    from fp4repro.quant.state import QuantState
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        def world_max(value):
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+            return value
+
+        spec = load_recipe("ue5m3").linear_specs(0, 4, linear="fc1").fprop_x        # periodic amax
+        state = QuantState()
+        state.reduce_max = world_max
+        x = _tensor(rank) * (1 + rank)                       # each rank's own batch: other amaxes
+        quantized_operand(x, spec, state, "l", "fprop.x")
+        torch.save(state.state_dict()["held"], f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_refresh_holds_the_amax_of_every_data_parallel_rank(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "held")
+    mp.start_processes(_refresh, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn",
+                       join=True)
+    held = [torch.load(f"{out}.{rank}")["l.fprop.x"] for rank in (0, 1)]
+    from fp4repro.reference.block import tensor_amax
+
+    assert torch.equal(held[0], held[1]) and torch.equal(held[0], tensor_amax(_tensor(1) * 2))

@@ -82,7 +82,8 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     the group, whose amax (current, or the fresh sample of a periodic refresh) is MAX-reduced over
     it before the quantization uses it, so that every shard is scaled as the whole tensor is: its
     blocks then equal the whole tensor's (``fp4repro.config.shards`` checks that they tile). A held
-    amax is already the group's (it was reduced when sampled).
+    amax is already the group's (it was reduced when sampled). A periodic refresh's sample is also
+    MAX-reduced by ``state.reduce_max`` (across data-parallel ranks) when the state has one.
 
     d is a Python float where it is known on the host (a held amax, or no tensor scale) and
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
@@ -101,9 +102,13 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     live = state.live_slots(key, t.device) if auto and held is not None else None
     seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
     amax = held
-    if group is not None and held is None and spec.target is not None:
+    refresh = held is None and state is not None and state.reduce_max is not None and spec.tensor_scaling.kind == "periodic"
+    if spec.target is not None and held is None and (group is not None or refresh):
         amax = operand_amax(t, spec)
-        torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
+        if group is not None:
+            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
+        if refresh:           # every data-parallel rank holds the same amax until the next refresh
+            amax = state.reduce_max(amax)
     qs, d, amax, stats, _ = scaled_operand(t, spec, amax=amax, stats=telemetry, live=live, seed=seed)
     if state is not None:
         if held is None:

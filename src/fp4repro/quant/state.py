@@ -55,7 +55,9 @@ class QuantState:
         self._live: dict[str, torch.Tensor] = {}        # this interval's running live amax (slots), on the device
         self._growths: dict[str, list[float]] = {}      # G of the last ``window`` finished intervals
         self._target: dict[str, float] = {}             # the automatic T in use
-        self.reduce_max = None                          # growth reduction across ranks (None: one process)
+        # MAX reduction across data-parallel ranks (None: one process) of an automatic target's
+        # growth and of each periodic refresh's fresh amax, so that every rank holds the same
+        self.reduce_max = None
         self._sr_draws: dict[str, int] = {}             # SR quantizations of each key in this step
 
     # ------------------------------------------------------------------ periodic tensor scaling
