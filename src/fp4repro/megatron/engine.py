@@ -16,11 +16,11 @@ as they were (the loop then diagnoses the step on them), then clipping and AdamW
 
 Resume checkpoints (``fp4repro.megatron.resume``) hold the model and the optimizer sharded
 (torch_dist, the distributed optimizer's state fully reshardable), and in common the scheduler
-and the step; per rank, as one sharded object each, its ``QuantState`` (under data parallelism a
-rank samples the amaxes of its own activations and gradients) and its random generators (torch,
-CUDA, Python, NumPy and megatron's CUDA RNG tracker): a resume restores every rank as it was, on
-the same number of processes. An automatic target's growth is MAX-reduced over the data-parallel
-ranks before T is chosen, so every rank picks the same T.
+and the step; per rank, as one sharded object each, its ``QuantState`` and its random generators
+(torch, CUDA, Python, NumPy and megatron's CUDA RNG tracker): a resume restores every rank as it
+was, on the same number of processes. Each periodic refresh's fresh amax and each automatic
+target's growth are MAX-reduced over the data-parallel ranks (``QuantState.reduce_max``), so every
+rank holds the same amaxes and picks the same T.
 
 Model parallelism (tensor, pipeline) is refused here for now: evaluation checkpoints and the
 initialization by conversion are written for whole layers on every rank.
