@@ -72,7 +72,7 @@ def _rne(specs):
                                          for f in dataclasses.fields(specs) if getattr(specs, f.name) is not None})
 
 
-def _mlp_at_tensor_size_2(rank: int, init: str, out: str, mode: str) -> None:
+def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
@@ -98,21 +98,25 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str, mode: str) -> None:
                       MLPSubmodules(linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear))
         w1, w2, x, dy = _mlp_inputs()
         half = w1.shape[0] // 2
-        with torch.no_grad():
-            mlp.linear_fc1.weight.copy_(w1[rank * half:(rank + 1) * half])
-            mlp.linear_fc2.weight.copy_(w2[:, rank * half:(rank + 1) * half])
         recipe = load_recipe("nvfp4")
-        group = parallel_state.get_tensor_model_parallel_group() if mode == "group" else None
-        state = QuantState()
-        mlp.linear_fc1.attach(_rne(recipe.linear_specs(0, 4, linear="fc1")), state, "fc1", group)
-        mlp.linear_fc2.attach(_rne(recipe.linear_specs(0, 4, linear="fc2")), state, "fc2", group)
-        xs = x.transpose(0, 1).clone().requires_grad_()             # megatron's [sequence, batch, hidden]
-        y, _ = mlp(xs)
-        y.backward(dy.transpose(0, 1))
-        torch.save({"y": y.detach().transpose(0, 1), "dx": xs.grad.transpose(0, 1),
-                    "dw1": mlp.linear_fc1.weight.grad, "dw2": mlp.linear_fc2.weight.grad,
-                    "groups": sorted(mlp.linear_fc1.amax_groups), "groups_fc2": sorted(mlp.linear_fc2.amax_groups)},
-                   f"{out}.{rank}")
+        results = {}
+        for mode in ("group", "local"):
+            with torch.no_grad():
+                mlp.linear_fc1.weight.copy_(w1[rank * half:(rank + 1) * half])
+                mlp.linear_fc2.weight.copy_(w2[:, rank * half:(rank + 1) * half])
+            mlp.zero_grad(set_to_none=True)
+            group = parallel_state.get_tensor_model_parallel_group() if mode == "group" else None
+            state = QuantState()
+            mlp.linear_fc1.attach(_rne(recipe.linear_specs(0, 4, linear="fc1")), state, "fc1", group)
+            mlp.linear_fc2.attach(_rne(recipe.linear_specs(0, 4, linear="fc2")), state, "fc2", group)
+            xs = x.transpose(0, 1).clone().requires_grad_()             # megatron's [sequence, batch, hidden]
+            y, _ = mlp(xs)
+            y.backward(dy.transpose(0, 1))
+            results[mode] = {"y": y.detach().transpose(0, 1), "dx": xs.grad.transpose(0, 1),
+                             "dw1": mlp.linear_fc1.weight.grad.clone(), "dw2": mlp.linear_fc2.weight.grad.clone(),
+                             "groups": sorted(mlp.linear_fc1.amax_groups),
+                             "groups_fc2": sorted(mlp.linear_fc2.amax_groups)}
+        torch.save(results, f"{out}.{rank}")
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
@@ -130,17 +134,16 @@ def _mlp_inputs():
     return w1, w2, x, dy
 
 
-@pytest.mark.parametrize("mode", ["group", "local"])
-def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path, mode, megatron_cpu):
+def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path):
     import torch.multiprocessing as mp
 
     from fp4repro.config.recipe import load_recipe
     from fp4repro.quant.linear import QuantLinear
 
     out = str(tmp_path / "mlp")
-    mp.start_processes(_mlp_at_tensor_size_2, args=(f"file://{tmp_path}/rendezvous", out, mode), nprocs=2,
+    mp.start_processes(_mlp_at_tensor_size_2, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2,
                        start_method="spawn", join=True)
-    ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
+    modes = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     w1, w2, x, dy = _mlp_inputs()
     recipe = load_recipe("nvfp4")
     fc1 = QuantLinear(64, 128, specs=_rne(recipe.linear_specs(0, 4, linear="fc1")), name="fc1")
@@ -151,21 +154,21 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path,
     xr = x.clone().requires_grad_()
     y = fc2(torch.relu(fc1(xr)) ** 2)
     y.backward(dy)
+    ranks = [m["group"] for m in modes]
     dw1 = torch.cat([r["dw1"] for r in ranks])
     dw2 = torch.cat([r["dw2"] for r in ranks], dim=1)
-    if mode == "group":
-        assert ranks[0]["groups"] == ["dgrad.dy", "dgrad.w", "fprop.w", "wgrad.dy"]
-        assert ranks[0]["groups_fc2"] == ["dgrad.w", "fprop.w", "fprop.x", "wgrad.x"]
-        # every quantized operand is the reference's: what differs is the order of FP32 sums
-        # (fc2's partial products and the input gradient are all-reduced over the two ranks)
-        for got, want in ((ranks[0]["y"], y), (ranks[0]["dx"], xr.grad), (dw1, fc1.weight.grad),
-                          (dw2, fc2.weight.grad)):
-            assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
-        assert torch.equal(dw1, fc1.weight.grad)     # fc1's weight gradient: one rank's GEMM, no sum
-    else:
-        assert ranks[0]["groups"] == [] and ranks[0]["groups_fc2"] == []
-        # each shard scaled by its own amax: other operands, other numbers
-        assert not torch.allclose(ranks[0]["y"], y, rtol=1e-5, atol=1e-6)
+    assert ranks[0]["groups"] == ["dgrad.dy", "dgrad.w", "fprop.w", "wgrad.dy"]
+    assert ranks[0]["groups_fc2"] == ["dgrad.w", "fprop.w", "fprop.x", "wgrad.x"]
+    # every quantized operand is the reference's: what differs is the order of FP32 sums
+    # (fc2's partial products and the input gradient are all-reduced over the two ranks)
+    for got, want in ((ranks[0]["y"], y), (ranks[0]["dx"], xr.grad), (dw1, fc1.weight.grad),
+                      (dw2, fc2.weight.grad)):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
+    assert torch.equal(dw1, fc1.weight.grad)     # fc1's weight gradient: one rank's GEMM, no sum
+    local = modes[0]["local"]
+    assert local["groups"] == [] and local["groups_fc2"] == []
+    # each shard scaled by its own amax (tp_amax: local): other operands, other numbers
+    assert not torch.allclose(local["y"], y, rtol=1e-5, atol=1e-6)
 
 
 def _refresh(rank: int, init: str, out: str) -> None:
