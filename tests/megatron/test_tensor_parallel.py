@@ -4,7 +4,8 @@ the group each half's quantized operand is bit for bit the same half of the whol
 each shard's own amax (tp_amax: local) it is not. And megatron's quantized MLP pair at tensor
 size 2 computes the tensor-size-1 reference MLP, its split operands reducing amaxes over the group."""
 
-import pytest
+import contextlib
+
 import torch
 
 SHAPE = (64, 96)
@@ -17,14 +18,23 @@ def _tensor(seed: int) -> torch.Tensor:
     return x
 
 
-def _operands(rank: int, init: str, out: str) -> None:
+@contextlib.contextmanager
+def _gloo(rank: int, init: str):
+    """This worker in a two-process gloo group for the block's duration."""
     import torch.distributed as dist
-
-    from fp4repro.config.recipe import load_recipe
-    from fp4repro.quant.linear import quantized_operand
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def _operands(rank: int, init: str, out: str) -> None:
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.quant.linear import quantized_operand
+
+    with _gloo(rank, init) as dist:
         specs = load_recipe("nvfp4").linear_specs(0, 4, linear="fc1")
         results = {}
         for name, spec in (("fprop.w (16x16)", specs.fprop_w), ("fprop.x (1x16)", specs.fprop_x),
@@ -37,8 +47,6 @@ def _operands(rank: int, init: str, out: str) -> None:
                     q, d = quantized_operand(shard.contiguous(), spec, None, "l", "op", group)
                     results[name, split, mode] = (q * d).float()
         torch.save(results, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_split_operands_quantize_as_the_whole_tensor_with_the_group_amax(tmp_path):
@@ -73,7 +81,6 @@ def _rne(specs):
 
 
 def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
-    import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
     from cpu_build import build_on, cpu_adaptations
@@ -83,8 +90,8 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
     from fp4repro.megatron.model import transformer_config
     from fp4repro.quant.state import QuantState
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
+    with _gloo(rank, init), contextlib.ExitStack() as teardown:
+        teardown.callback(parallel_state.destroy_model_parallel)
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
         tensor_parallel.model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
         cpu_adaptations()
@@ -117,9 +124,6 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
                              "groups": sorted(mlp.linear_fc1.amax_groups),
                              "groups_fc2": sorted(mlp.linear_fc2.amax_groups)}
         torch.save(results, f"{out}.{rank}")
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
 
 
 MLP_MODEL = dict(name="mlp", pattern="-", hidden_size=64, vocab_size=64, mlp_hidden_size=128, attn_heads=4,
@@ -172,14 +176,11 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path)
 
 
 def _refresh(rank: int, init: str, out: str) -> None:
-    import torch.distributed as dist
-
     from fp4repro.config.recipe import load_recipe
     from fp4repro.quant.linear import quantized_operand
     from fp4repro.quant.state import QuantState
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
+    with _gloo(rank, init) as dist:
         def world_max(value):
             value = value.clone()
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
@@ -191,8 +192,6 @@ def _refresh(rank: int, init: str, out: str) -> None:
         x = _tensor(rank) * (1 + rank)                       # each rank's own batch: other amaxes
         quantized_operand(x, spec, state, "l", "fprop.x")
         torch.save(state.state_dict()["held"], f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_refresh_holds_the_amax_of_every_data_parallel_rank(tmp_path):

@@ -269,9 +269,7 @@ def test_a_run_can_start_from_another_runs_checkpoint(prepared, tmp_path):
     train(study, "bf16", root / "data", start, device="cpu", progress=False, stop_after=1, init_from=ckpt)
     # the first loss is the checkpoint's model on the run's first batch, computed here by hand
     t = study.experiment.train
-    run = RunSampler(load_manifest(root / "data"), [(dict(s.blend), n * t.batch_size)
-                                                    for s, n in zip(t.stages, t.stage_steps())],
-                     t.seq_len, 0, cache_dir=root / "data" / "cache")
+    run = RunSampler.of_run(load_manifest(root / "data"), t, 0, cache_dir=root / "data" / "cache")
     batch = run.stages[0].batch(0, t.batch_size)
     model = NemotronH(study.model, study.recipe("bf16"))
     model.load_state_dict(load_checkpoint(ckpt)["model"])

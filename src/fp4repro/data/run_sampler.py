@@ -99,6 +99,13 @@ class RunSampler:
                        for name, n in sorted(counts.items())}
         self.supply = {name: max((manifest.tokens(name, "train") - 1) // seq_len, 1) for name in counts}
 
+    @classmethod
+    def of_run(cls, manifest: Manifest, train, seed: int, cache_dir=None) -> "RunSampler":
+        """The samples of a training run (``TrainConfig``: its stages' blends, steps and batch size)."""
+        return cls(manifest, [(dict(stage.blend), steps * train.batch_size)
+                              for stage, steps in zip(train.stages, train.stage_steps())],
+                   train.seq_len, seed, cache_dir=cache_dir)
+
     def epochs(self) -> dict[str, float]:
         """Passes over each source's training tokens the run makes (above 1: it repeats tokens)."""
         return {name: self.windows[name] / self.supply[name] for name in sorted(self.windows)}

@@ -31,7 +31,7 @@ from fp4repro.config.model import ModelConfig
 from fp4repro.config.recipe import Recipe
 from fp4repro.megatron.convert import from_megatron, to_megatron
 from fp4repro.megatron.model import attach_recipe, build_model
-from fp4repro.model import NemotronH
+from fp4repro.model import NemotronH, use_torch_ssd
 from fp4repro.quant.state import QuantState
 
 
@@ -104,10 +104,7 @@ def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool 
     torch SSD scan instead of mamba-ssm's kernel (same weights, same seed)."""
     import copy
 
-    other = copy.deepcopy(reference)          # with a copy of its QuantState, shared by its linears
-    for layer in other.layers:
-        if hasattr(layer.mixer, "use_triton_kernels"):
-            layer.mixer.use_triton_kernels = False
+    other = use_torch_ssd(copy.deepcopy(reference))     # with a copy of its QuantState, shared by its linears
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     loss_r, grads_r, _ = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
     loss_o, grads_o, _ = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16)

@@ -129,3 +129,12 @@ class NemotronH(nn.Module):
         if not include_embeddings:
             total -= self.embedding.weight.numel() + self.lm_head.weight.numel()
         return total
+
+
+def use_torch_ssd(model: NemotronH) -> NemotronH:
+    """``model`` with its Mamba layers on the torch SSD scan instead of mamba-ssm's Triton kernel
+    (the same math rounded differently: the yardstick of backend comparisons)."""
+    for layer in model.layers:
+        if hasattr(layer.mixer, "use_triton_kernels"):
+            layer.mixer.use_triton_kernels = False
+    return model

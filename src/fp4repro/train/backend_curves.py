@@ -25,6 +25,7 @@ import torch
 
 from fp4repro.config.study import Study
 from fp4repro.data import RunSampler, load_manifest
+from fp4repro.model import use_torch_ssd
 from fp4repro.train.engine import ReferenceEngine
 from fp4repro.train.schedule import WSDSchedule
 
@@ -36,16 +37,13 @@ def first_batches(study: Study, data_dir: Path, steps: int, seed: int) -> list[t
     t = study.experiment.train
     if steps > t.stage_steps()[0]:
         raise ValueError(f"{steps} steps: the first stage of {study.name} has {t.stage_steps()[0]}")
-    run = RunSampler(load_manifest(data_dir), [(dict(s.blend), n * t.batch_size)
-                                               for s, n in zip(t.stages, t.stage_steps())],
-                     t.seq_len, seed, cache_dir=data_dir / "cache")
+    run = RunSampler.of_run(load_manifest(data_dir), t, seed, cache_dir=data_dir / "cache")
     return [run.stages[0].batch(i * t.batch_size, t.batch_size) for i in range(steps)]
 
 
-def _torch_ssd(engine: ReferenceEngine) -> ReferenceEngine:
-    for layer in engine.model.layers:
-        if hasattr(layer.mixer, "use_triton_kernels"):
-            layer.mixer.use_triton_kernels = False
+def _yardstick_engine(study: Study, recipe, seed: int, schedule) -> ReferenceEngine:
+    engine = ReferenceEngine(study, recipe, seed, "cuda", schedule)
+    use_torch_ssd(engine.model)
     return engine
 
 
@@ -67,7 +65,7 @@ def loss_curves(study: Study, recipe: str, batches: list[torch.Tensor], seed: in
     r = study.recipe(recipe)
     makers = {"reference": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),
               "again": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),
-              "yardstick": lambda: _torch_ssd(ReferenceEngine(study, r, seed, "cuda", schedule)),
+              "yardstick": lambda: _yardstick_engine(study, r, seed, schedule),
               "megatron": lambda: MegatronEngine(study, r, seed, schedule)}
     curves = {}
     for name, make in makers.items():

@@ -186,8 +186,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     stage_steps = t.stage_steps()
     plan = StepPlan.build(stage_steps)
     manifest = load_manifest(data_dir)
-    data = RunSampler(manifest, [(dict(stage.blend), n * t.batch_size) for stage, n in zip(t.stages, stage_steps)],
-                      t.seq_len, seed, cache_dir=data_dir / "cache")
+    data = RunSampler.of_run(manifest, t, seed, cache_dir=data_dir / "cache")
     samplers = data.stages
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
