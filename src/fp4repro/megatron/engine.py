@@ -163,6 +163,8 @@ class MegatronEngine:
         from megatron.core import tensor_parallel
         from megatron.core.dist_checkpointing.mapping import ShardedObject
 
+        if is_loading:
+            _give_adam_a_state(self.optimizer)
         model = self.model.sharded_state_dict()
         rank = {"rng": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
                 "quant_state": self.quant_state.state_dict()}
@@ -184,7 +186,7 @@ class MegatronEngine:
             return 0
         state, step = found
         self.model.load_state_dict(state["model"], strict=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        _load_optimizer(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         rank = state["rank"]
         self.quant_state.load_state_dict(rank["quant_state"])
@@ -192,6 +194,44 @@ class MegatronEngine:
         set_rng_state(rank["rng"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rank["tracker"])
         return step
+
+
+def _give_adam_a_state(optimizer) -> None:
+    """Zero AdamW state (step 0, zero moments: what torch's AdamW creates at its first step) for
+    every parameter that has none yet. Without Apex or Transformer Engine, megatron's distributed
+    optimizer reads the step out of torch AdamW's per-parameter state when it builds the state dict
+    that a checkpoint loads into, and a fresh AdamW has no state before its first step (megatron
+    asserts, with no message). The load then overwrites all of it."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        adam = part.optimizer
+        for group in adam.param_groups:
+            for param in group["params"]:
+                if not adam.state[param]:
+                    adam.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
+                                         "exp_avg_sq": torch.zeros_like(param)}
+
+
+def _load_optimizer(optimizer, state: dict) -> None:
+    """Load the distributed optimizer's checkpointed state (fully reshardable), around two faults
+    of megatron-core 0.16.1's torch-AdamW path (no Apex or Transformer Engine): its parameter-state
+    load copies into every entry of a parameter's AdamW state, the step too, which the checkpoint
+    does not hold (KeyError: 'step'); and its non-parameter load gives every parameter one shared
+    step tensor, which AdamW would increment once per parameter at each step. So: the param groups
+    and the step first, then the parameter state with the steps set aside, then one step tensor per
+    parameter."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = [state] if len(parts) == 1 else [v for _, v in sorted(state.items())]
+    for part, part_state in zip(parts, states, strict=True):
+        part_state = dict(part_state)
+        param_state = part_state.pop("param_state")
+        if (kind := part_state.pop("param_state_sharding_type")) != "fully_reshardable":
+            raise FP4ReproError(f"optimizer state sharded as {kind!r}; resume checkpoints are written fully reshardable")
+        part.load_state_dict(part_state)
+        steps = {param: adam_state.pop("step") for param, adam_state in part.optimizer.state.items()
+                 if "step" in adam_state}
+        part.load_parameter_state_from_fully_reshardable(param_state)
+        for param, step in steps.items():
+            part.optimizer.state[param]["step"] = step.clone()
 
 
 def _max_over_data_parallel_ranks(value: torch.Tensor) -> torch.Tensor:

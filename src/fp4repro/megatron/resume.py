@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import torch.distributed as dist
@@ -82,8 +83,10 @@ def load_newest(sharded_state_dict_of, folder: Path) -> tuple[dict, int] | None:
         try:
             state = dist_checkpointing.load(sharded_state_dict_of(), str(path))
         except Exception as err:   # any reason a folder cannot be read: fall back to the one before
-            print(f"warning: skipping resume checkpoint {path}: {err}", file=sys.stderr)
-            failures.append(f"{path.name}: {err}")
+            reason = "".join(traceback.format_exception_only(err)).strip()   # the type too: some say nothing else
+            print(f"warning: skipping resume checkpoint {path}: {reason}\n"
+                  f"{''.join(traceback.format_tb(err.__traceback__)[-4:])}", file=sys.stderr)
+            failures.append(f"{path.name}: {reason}")
             continue
         return state, int(RESUME_DIR_PATTERN.match(path.name).group(1))
     if failures:
