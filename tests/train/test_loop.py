@@ -293,3 +293,18 @@ def test_a_checkpoint_of_another_model_is_refused_before_training(prepared, tmp_
     with pytest.raises(FP4ReproError, match="written for model config 'small', but experiment 'smalltest' trains 'tiny'"):
         train(study, "bf16", root / "data", tmp_path / "run", device="cpu", progress=False, init_from=bad)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_is_refused_naming_the_tensor(prepared, tmp_path):
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.model import NemotronH
+    from fp4repro.train import save_checkpoint
+
+    study, path, root = prepared
+    weights = NemotronH(study.model).state_dict()
+    weights["embedding.weight"] = weights["embedding.weight"][:-1]
+    bad = tmp_path / "cut.pt"
+    save_checkpoint({"model": weights, "model_config": "tiny", "step": 1}, bad)
+    with pytest.raises(FP4ReproError, match=r"do not fit model 'tiny'.*embedding.weight: shape \(2047, 128\) in the checkpoint"):
+        train(study, "bf16", root / "data", tmp_path / "run", device="cpu", progress=False, init_from=bad)
+    assert not (tmp_path / "run").exists()

@@ -33,6 +33,7 @@ from fp4repro.config.spec import QuantSpec, TensorScaling
 from fp4repro.formats import get_format
 from fp4repro.eval.errors import EvalError
 from fp4repro.model import NemotronH
+from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.quant import QuantState
 from fp4repro.quant.state import chosen_target
 from fp4repro.train import load_checkpoint
@@ -136,32 +137,6 @@ def checkpoint_recipe(ckpt: dict, path: Path) -> Recipe:
         raise EvalError(str(err)) from None
 
 
-def state_dict_mismatch(state_dict: dict, model_config: str) -> list[str]:
-    """Why ``state_dict`` does not fit the model of ``model_config`` (empty list: it fits).
-
-    The reference model is built on the meta device, so this costs no memory for large configs.
-    """
-    with torch.device("meta"):
-        expected = NemotronH(load_model_config(model_config)).state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    problems = []
-    if missing:
-        problems.append(f"missing keys {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_few(unexpected)}")
-    for key in sorted(set(expected) & set(state_dict)):
-        want, got = tuple(expected[key].shape), tuple(state_dict[key].shape)
-        if want != got:
-            problems.append(f"{key}: shape {got} in the checkpoint, {want} in the model")
-    return problems
-
-
-def _few(items: list[str], n: int = 4) -> str:
-    shown = ", ".join(items[:n])
-    return f"[{shown}{', …' if len(items) > n else ''}] ({len(items)})"
-
-
 def inspect_checkpoint(path: Path, model_config: str, recipe: str | None = None) -> CheckpointInfo:
     """Check an evaluation checkpoint against a model config (and recipe) without loading its
     weights into memory (memory-mapped); raises EvalError naming the file and the mismatch."""
@@ -181,7 +156,7 @@ def inspect_checkpoint(path: Path, model_config: str, recipe: str | None = None)
                         f"but the experiment's model is {model_config!r}")
     if recipe is not None and ckpt["recipe"] != recipe:
         raise EvalError(f"{path}: written by recipe {ckpt['recipe']!r}, not {recipe!r}")
-    problems = state_dict_mismatch(ckpt["model"], model_config)
+    problems = state_dict_mismatch(ckpt["model"], load_model_config(model_config))
     if problems:
         raise EvalError(f"{path}: weights do not match model config {model_config!r}: " + "; ".join(problems))
     return CheckpointInfo(path=path, step=int(ckpt["step"]), tokens=int(ckpt["tokens"]),
@@ -195,7 +170,7 @@ def checked_checkpoint(path: Path, model_config: str | None = None) -> dict:
     (default: the checkpoint's own)."""
     ckpt = load_checkpoint(Path(path))
     config_name = model_config or ckpt["model_config"]
-    problems = state_dict_mismatch(ckpt["model"], config_name)
+    problems = state_dict_mismatch(ckpt["model"], load_model_config(config_name))
     if ckpt["model_config"] != config_name or problems:
         why = "; ".join(problems) or f"written for {ckpt['model_config']!r}"
         raise EvalError(f"{path}: does not match model config {config_name!r}: {why}")

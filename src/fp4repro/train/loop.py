@@ -40,7 +40,7 @@ from fp4repro.data import RunSampler, load_manifest
 from fp4repro.errors import FP4ReproError
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
-from fp4repro.model import NemotronH
+from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.train.checkpoint import load_checkpoint, save_checkpoint
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
@@ -149,12 +149,8 @@ def initial_weights(study: Study, path: Path) -> tuple[dict, str]:
     if ckpt.get("model_config") != model:
         raise FP4ReproError(f"{path}: written for model config {ckpt.get('model_config')!r}, but experiment "
                             f"{study.name!r} trains {model!r}")
-    with torch.device("meta"):
-        expected = NemotronH(study.model).state_dict()
-    wrong = sorted(set(expected) ^ set(ckpt["model"]))
-    wrong += [k for k in expected if k in ckpt["model"] and ckpt["model"][k].shape != expected[k].shape]
-    if wrong:
-        raise FP4ReproError(f"{path}: its weights do not fit model {model!r} ({', '.join(wrong[:3])}…)")
+    if problems := state_dict_mismatch(ckpt["model"], study.model):
+        raise FP4ReproError(f"{path}: its weights do not fit model {model!r}: " + "; ".join(problems))
     return ckpt["model"], Path(f"{path}.sha256").read_text().strip()
 
 
