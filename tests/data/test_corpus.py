@@ -10,7 +10,7 @@ import pytest
 from fp4repro.data import DataError
 from fp4repro.data.corpus import (SPLITS, dedup_and_split, document_hash, expand_paths, normalize_text,
                                   read_file_source, split_of)
-from fp4repro.data.stdlib import (TOPICS_FILE, docstrings, package_files, package_roots, read_packages,
+from fp4repro.data.stdlib import (TOPICS_FILE, docstring_owners, docstrings, package_files, package_roots, read_packages,
                                   read_python_source, read_stdlib, spread_sample, stdlib_files, stdlib_root,
                                   strip_docstrings)
 from fp4repro.config.experiment import Source
@@ -25,6 +25,52 @@ def test_stdlib_files_exclude_tests_and_third_party_and_are_sorted():
     for path in files:
         parts = set(path.split("/")[:-1])
         assert not parts & {"test", "tests", "idle_test", "site-packages", "dist-packages"}, path
+
+
+NESTED_DEFINITIONS = """
+def f():
+    if x:
+        class A:
+            def m(self): "m"
+    else:
+        def g(): pass
+    for i in y:
+        pass
+    else:
+        def h(): pass
+    while z:
+        async def a(): pass
+    try:
+        def t(): pass
+    except E:
+        def e(): pass
+    else:
+        def o(): pass
+    finally:
+        def fin(): pass
+    with c:
+        def w(): pass
+    match v:
+        case 1:
+            def case(): pass
+    return lambda: (yield)
+"""
+
+
+@pytest.mark.parametrize("source", ["stdlib sample", "nested"])
+def test_the_statement_walk_finds_every_docstring_owner_that_ast_walk_finds(source):
+    if source == "nested":
+        sources = [NESTED_DEFINITIONS]
+    else:
+        root = stdlib_root()
+        sources = [read_python_source(root / rel) for rel in spread_sample(stdlib_files(root), 80)]
+    for text in sources:
+        tree = ast.parse(text)
+        every = {id(n) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                                                  ast.AsyncFunctionDef))}
+        assert {id(n) for n in docstring_owners(tree)} == every
+    if source == "nested":
+        assert len(every) == 13
 
 
 def test_strip_docstrings_keeps_code_valid_and_comments():

@@ -34,6 +34,10 @@ EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-
 TOPICS_FILE = "pydoc_data/topics.py"
 
 _DOCSTRING_OWNERS = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+# where statements are held: a class or function definition is a statement, so these fields are
+# all a walk for docstring owners has to follow (``ast.walk`` would visit every expression too,
+# several times the work)
+_STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 def stdlib_root() -> Path:
@@ -89,10 +93,22 @@ def read_python_source(path: Path) -> str:
         return f.read()
 
 
+def docstring_owners(tree: ast.Module) -> list[ast.AST]:
+    """The module and every class and function definition in it (nested ones too), in no order."""
+    owners, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _DOCSTRING_OWNERS):
+            owners.append(node)
+        for name in _STATEMENT_FIELDS:
+            stack.extend(getattr(node, name, ()))
+    return owners
+
+
 def docstrings(tree: ast.Module) -> list[str]:
     """The cleaned docstrings (``inspect.cleandoc`` style) of the module and of every class and
     function in it, in source order."""
-    owners = [node for node in ast.walk(tree) if isinstance(node, _DOCSTRING_OWNERS)]
+    owners = docstring_owners(tree)
     owners.sort(key=lambda node: (getattr(node, "lineno", 0), getattr(node, "col_offset", 0)))
     found = (ast.get_docstring(node, clean=True) for node in owners)
     return [text for text in found if text]
@@ -122,8 +138,8 @@ def strip_docstrings(source: str, tree: ast.Module | None = None) -> str:
     # where the tokenizer does (\n, \r\n, \r), unlike str.splitlines.
     lines = source.encode("utf-8").splitlines(keepends=True)
     removals = []
-    for node in ast.walk(tree):
-        if isinstance(node, _DOCSTRING_OWNERS) and (doc := _docstring_node(node)) is not None:
+    for node in docstring_owners(tree):
+        if (doc := _docstring_node(node)) is not None:
             needs_pass = len(node.body) == 1 and not isinstance(node, ast.Module)
             removals.append((doc, needs_pass))
     # From the end backwards, so that earlier positions stay valid.
