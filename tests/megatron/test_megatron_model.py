@@ -120,3 +120,25 @@ def test_pipeline_stages_attach_the_recipe_by_global_layer_number(tmp_path):
     got = {key: described for stage in stages for _, key, described in stage}
     assert got == {k: v for k, v in reference.items() if k != "lm_head"}
     assert "2048" in got["layers.3.mixer.fc1"]["wgrad.dy"] and "2048" not in got["layers.3.mixer.fc2"]["wgrad.dy"]
+
+
+@pytest.mark.parametrize("name", ["linear_proj", "linear_fc1"])
+def test_a_quantized_linear_returns_its_input_gradient_in_the_inputs_layout(name, megatron_cpu):
+    """megatron's activations are [sequence, batch, hidden] and the modules before a linear take
+    their output's gradient in that layout (megatron's own GEMMs return it so); the quantized GEMM
+    runs on the [batch, sequence] view, so its input gradient must be laid out again."""
+    import torch
+
+    tiny = load_model_config("tiny")
+    model = megatron_cpu(tiny)
+    attach_recipe(model, load_recipe("ue5m3"), QuantState(), tiny.n_layers)
+    module = next(m for _, n, m in layer_linears(model) if n == name and m.specs is not None)
+    gen = torch.Generator().manual_seed(7)
+    leaf = torch.randn(32, 2, module.weight.shape[1], generator=gen).requires_grad_()
+    x = leaf * 1.0                   # not a leaf: a leaf's .grad is re-laid out by autograd itself
+    arriving = []
+    x.register_hook(arriving.append)
+    out, _ = module(x)
+    out.backward(torch.randn(out.shape, generator=gen))
+    (grad,) = arriving
+    assert grad.shape == x.shape and grad.stride() == x.stride()

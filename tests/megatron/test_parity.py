@@ -46,3 +46,22 @@ def test_loss_curves_compare_megatron_with_three_times_the_larger_reference_drif
     outside = compare(curves)
     assert not outside["within"]
     assert table_row({"recipe": "ue5m3", **outside}).endswith("NO")
+
+
+def test_the_yardstick_leaves_the_references_stochastic_rounding_draws_alone():
+    """first_step, yardstick, first_step: the second first_step must draw the same SR bits in both
+    models, so the yardstick may not draw from the reference's QuantState."""
+    import torch
+
+    from fp4repro.config.model import load_model_config
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.megatron.parity import yardstick
+    from fp4repro.model import NemotronH
+    from fp4repro.quant.state import QuantState
+
+    config = load_model_config("tiny")
+    reference = NemotronH(config, load_recipe("ue5m3"), state=QuantState(seed=3))
+    tokens = torch.randint(0, config.vocab_size, (1, 33), generator=torch.Generator().manual_seed(3))
+    before = dict(reference.quant_state._sr_draws)
+    result = yardstick(reference, tokens, seed=1, bf16=False)
+    assert result["gradient_difference"] and reference.quant_state._sr_draws == before

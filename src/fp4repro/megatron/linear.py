@@ -31,9 +31,11 @@ from fp4repro.quant.state import QuantState
 
 
 class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous: megatron's all-reduces reduce
-    ``grad.contiguous()`` in place and pass ``grad`` on, so a strided gradient (ours comes back
-    through a transpose) would leave them unreduced."""
+    """Identity whose backward makes the gradient contiguous. The quantized GEMM runs on the
+    [batch, sequence] view of megatron's [sequence, batch] activations, so its input gradient
+    comes back through a transpose; the modules before it take it in their output's layout, as
+    megatron's own GEMMs return it (megatron's all-reduces, for one, reduce ``grad.contiguous()``
+    in place and pass ``grad`` on: a strided gradient would go on unreduced)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -70,7 +72,8 @@ class _Quantized:
             raise NotImplementedError(f"{self.quant_key}: quantized GEMMs with sequence parallelism are not in "
                                       "this backend yet; run with parallel.sequence_parallel: false")
         if allreduce_dgrad:      # the input gradient summed over the tensor group, as megatron's GEMM does
-            input = _ContiguousGrad.apply(copy_to_tensor_model_parallel_region(input))
+            input = copy_to_tensor_model_parallel_region(input)
+        input = _ContiguousGrad.apply(input)
         if input.dim() == 3 and input.shape[1] > 1:
             # megatron's activations are [sequence, batch, hidden]; the quantization sees the
             # reference's token order, sequence by sequence, so that blocks along tokens (wgrad's

@@ -101,12 +101,15 @@ def linear_gradients(differences: dict) -> dict:
 
 def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool = True) -> dict:
     """``first_step``'s comparison of the reference model with a copy of itself that runs the
-    torch SSD scan instead of mamba-ssm's kernel (same weights, same seed)."""
+    torch SSD scan instead of mamba-ssm's kernel (same weights, same seed). Both sides are copies
+    (each with a copy of the QuantState, shared by its linears): the reference's own state counts
+    the stochastic roundings of each operand in a step (``QuantState.sr_seed``), so a pass here
+    would give its next ``first_step`` other SR bits than the megatron model's."""
     import copy
 
-    other = use_torch_ssd(copy.deepcopy(reference))     # with a copy of its QuantState, shared by its linears
+    base, other = copy.deepcopy(reference), use_torch_ssd(copy.deepcopy(reference))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    loss_r, grads_r, _ = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_r, grads_r, _ = _loss_and_grads(base, lambda m, x: m(x), inputs, targets, seed, bf16)
     loss_o, grads_o, _ = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16)
     return {"loss_difference": loss_o - loss_r, "gradient_difference": _relative(grads_o, grads_r)}
 
