@@ -1,4 +1,5 @@
-"""`snakemake --profile slurm` on the single-node test Slurm: the reduced study through sbatch.
+"""`snakemake --profile slurm` on the single-node test Slurm: the reduced study's jobs through sbatch
+(data, then the training and evaluation of two recipes), equal to the local smoke run's.
 
 The repository's cluster profile is installed with `make slurm-profile` into a temporary config
 home, as a user would install it; the test cluster has no accounting, so the run adds the two
@@ -52,11 +53,17 @@ def next_job_id(slurm_cluster) -> int:
     return max((int(j["JobId"]) for j in slurm_cluster.jobs()), default=0) + 1
 
 
+# the jobs of two recipes, one unquantized: every kind of rule that becomes a Slurm job (the
+# figures and the report are local rules, run beside Snakemake as in the local smoke run)
+RECIPES = ("bf16", "ue5m3")
+
+
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, snakemake):
     workdir = tmp_path_factory.mktemp("smoke-slurm")
     first = next_job_id(slurm_cluster)
-    proc = snakemake(workdir, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke",
+    targets = [f"results/smoke/eval/{recipe}/seed0/final_loss.json" for recipe in RECIPES]
+    proc = snakemake(workdir, *targets, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke",
                      env=slurm_profile_env)
     return workdir, rule_jobs(slurm_cluster, first), proc
 
@@ -64,7 +71,7 @@ def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, snakemake):
 def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, slurm_cluster):
     _, jobs, _ = slurm_run
     # the light rules (figures, report) are local rules: they run beside Snakemake, not as jobs
-    assert {rule: len(j) for rule, j in jobs.items()} == {"prepare_data": 1, "train": 4, "evaluate": 4}
+    assert {rule: len(j) for rule, j in jobs.items()} == {"prepare_data": 1, "train": 2, "evaluate": 2}
     for job in (j for js in jobs.values() for j in js):
         assert job["JobState"] == "COMPLETED" and job["NodeList"] == slurm_cluster.node
     # resources: the experiment's (smoke.yaml)
@@ -77,7 +84,7 @@ def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, sl
 
 def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
     workdir, _, _ = slurm_run
-    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048"):
+    for recipe in RECIPES:
         for table, drop in (("train/{}/seed0/metrics.parquet", ["tokens_per_s"]),
                             ("train/{}/seed0/telemetry.parquet", []), ("eval/{}/seed0/nll.parquet", []),
                             ("eval/{}/seed0/nll_documents.parquet", []), ("eval/{}/seed0/downstream.parquet", [])):
@@ -89,9 +96,6 @@ def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
         a, b = (json.loads((root / rel).read_text()) for root in (workdir, smoke_run))
         assert a.pop("provenance")["created"] and b.pop("provenance")    # when and where differ
         assert a == b
-    assert (workdir / "paper/smoke/report.md").read_text() == (smoke_run / "paper/smoke/report.md").read_text()
-    for name in ("loss", "nll", "downstream", "telemetry"):
-        assert (workdir / f"figures/smoke/{name}.png").stat().st_size > 10_000
 
 
 def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster, slurm_profile_env, tmp_path,
