@@ -5,7 +5,7 @@ import pytest
 from fp4repro.config.model import load_model_config
 from fp4repro.config.parallel import ParallelConfig
 from fp4repro.config.recipe import load_recipe
-from fp4repro.config.shards import rank_parts, shard_problems
+from fp4repro.config.shards import rank_parts, shard_problems, split_index
 
 
 def test_the_8b_model_at_its_published_tensor_size_tiles_for_every_recipe():
@@ -51,3 +51,19 @@ def test_an_experiment_whose_split_cuts_blocks_fails_to_load_naming_file_and_fie
     message = str(err.value)
     assert message.startswith(f"{path}: field 'parallel.tensor': value 2: recipe 'nvfp4' quantizes fprop.w of "
                               "in_proj") and "B (16 / 2) = 8" in message and "field 'recipes.1'" in message
+
+
+def test_a_ranks_indices_split_each_segment_of_in_proj_and_the_others_in_one_part():
+    from fp4repro.config.model import ModelConfig
+
+    config = ModelConfig(name="m", pattern="M*-", hidden_size=64, vocab_size=64, mlp_hidden_size=128, attn_heads=4,
+                         attn_kv_heads=2, attn_head_dim=16, mamba_heads=8, mamba_head_dim=8, mamba_state_size=16,
+                         mamba_groups=2, mamba_conv_kernel=4, mamba_chunk_size=16)
+    # in_proj rows: z 0-63, x 64-127, B 128-159, C 160-191, dt 192-199; rank 1 of 2 holds the
+    # second half of each
+    assert split_index(config, "in_proj", 2, 1) == [*range(32, 64), *range(96, 128), *range(144, 160),
+                                                     *range(176, 192), *range(196, 200)]
+    # QKV rows (4 query heads + 2 keys + 2 values, 16 each, grouped by KV group): whole groups
+    assert split_index(config, "qkv_proj", 2, 0) == list(range(64))
+    assert split_index(config, "fc2", 2, 1) == list(range(64, 128))
+    assert split_index(config, "o_proj", 1, 0) == list(range(64))

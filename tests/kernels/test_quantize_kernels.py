@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from fp4repro.formats import get_format
-from fp4repro.kernels import philox_uniforms, quantize_2d
+from fp4repro.kernels import philox_uniforms, quantize_2d, shard_place
 from fp4repro.kernels.quantize import _round_grid, _sr_addend, philox2x32
 from fp4repro.quant import QuantSpec, TensorScaling, reference_only
 from fp4repro.quant import scaled_operand as front_scaled_operand
@@ -325,3 +325,42 @@ def test_large_tensors_on_gpu(name):
     _compare(x, spec, held)
     _compare(x, spec, held, columnwise=True)
     assert rows_cols(x.shape) == (1024, 4096)
+
+
+# a tensor-parallel rank's part of a fused projection: two segments, each split in halves
+SHARD_ROWS = list(range(16, 32)) + list(range(56, 72))
+SHARD_COLS = list(range(16, 32)) + list(range(64, 80))
+
+
+@pytest.mark.parametrize("name", ["nvfp4-sr", "nvfp4-rht-sr", "ue5m3-t2048-sr"])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("columnwise", [False, True])
+def test_a_shard_at_its_place_rounds_as_the_whole_tensor(name, axis, columnwise):
+    """SR with the shard's place in the whole tensor: every element of the shard gets the random
+    bits it gets in the whole tensor (the same amax: the group's), so the shard's quantized
+    operand is the whole's rows or columns; without the place it is not."""
+    spec = SPECS[name]
+    whole = _inputs("normal", (80, 96), 5)
+    index = SHARD_ROWS if axis == 0 else SHARD_COLS
+    amax = torch.tensor(float(whole.abs().max()), device=DEVICE)
+
+    def quantized(x, place=None):
+        xd = x.contiguous().to(DEVICE)
+        if columnwise:
+            xd = xd.t().contiguous().t()
+        return quantize_2d(xd, spec, amax=amax, seed=77, out_dtype=torch.float32, place=place)["qs"].cpu()
+
+    expected = quantized(whole)[index] if axis == 0 else quantized(whole)[:, index]
+    shard = whole[index] if axis == 0 else whole[:, index]
+    parts = whole.shape[axis] // len(index)          # 80 / 32 rows is not whole: unused along rows
+    got = quantized(shard, shard_place(axis, index, parts if axis == 1 else 1, DEVICE))
+    assert torch.equal(got, expected)
+    assert not torch.equal(quantized(shard), expected)
+
+
+def test_a_shard_place_along_columns_must_keep_philox_groups_whole():
+    with pytest.raises(ValueError, match="runs of 8 consecutive columns"):
+        shard_place(1, list(range(4, 20)), 2, "cpu")
+    with pytest.raises(ValueError, match="runs of 8 consecutive columns"):
+        shard_place(1, list(range(8)) + list(range(17, 25)), 2, "cpu")
+    assert shard_place(1, list(range(16, 32)), 3, "cpu").map.tolist() == [2, 3]

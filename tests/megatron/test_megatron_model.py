@@ -32,7 +32,7 @@ def test_each_linear_gets_the_reference_linears_specs_and_key(name, megatron_cpu
     reference = {k: v for k, v in NemotronH(tiny, recipe).describe().items() if k != "lm_head"}
     model = megatron_cpu(tiny)
     state = QuantState()
-    attach_recipe(model, recipe, state, tiny.n_layers)
+    attach_recipe(model, recipe, state, tiny)
     linears = list(layer_linears(model))
     assert [n for n, _, _ in linears] == sorted(n for n, _, _ in linears) and linears[0][0] == 1
     got = {module.quant_key: module.describe() for _, _, module in linears}
@@ -89,7 +89,7 @@ def _pipeline_stage(rank: int, init: str, out: str, recipe_path: str) -> None:
         cpu_adaptations()
         config = ModelConfig(**{**SIX_LAYERS})
         model = build(config, parallel=ParallelConfig(pipeline=2))
-        attach_recipe(model, load_recipe(recipe_path), QuantState(), config.n_layers)
+        attach_recipe(model, load_recipe(recipe_path), QuantState(), config)
         torch.save([(n, module.quant_key, module.describe()) for n, _, module in layer_linears(model)],
                    f"{out}.{rank}")
     finally:
@@ -131,7 +131,7 @@ def test_a_quantized_linear_returns_its_input_gradient_in_the_inputs_layout(name
 
     tiny = load_model_config("tiny")
     model = megatron_cpu(tiny)
-    attach_recipe(model, load_recipe("ue5m3"), QuantState(), tiny.n_layers)
+    attach_recipe(model, load_recipe("ue5m3"), QuantState(), tiny)
     module = next(m for _, n, m in layer_linears(model) if n == name and m.specs is not None)
     gen = torch.Generator().manual_seed(7)
     leaf = torch.randn(32, 2, module.weight.shape[1], generator=gen).requires_grad_()

@@ -32,7 +32,7 @@ def _gloo(rank: int, init: str):
 
 def _operands(rank: int, init: str, out: str) -> None:
     from fp4repro.config.recipe import load_recipe
-    from fp4repro.quant.linear import quantized_operand
+    from fp4repro.quant.linear import Shard, quantized_operand
 
     with _gloo(rank, init) as dist:
         specs = load_recipe("nvfp4").linear_specs(0, 4, linear="fc1")
@@ -44,7 +44,7 @@ def _operands(rank: int, init: str, out: str) -> None:
             cols = x[:, rank * 48:(rank + 1) * 48]                   # K split: columns
             for split, shard in (("rows", rows), ("cols", cols)):
                 for mode, group in (("group", dist.group.WORLD), ("local", None)):
-                    q, d = quantized_operand(shard.contiguous(), spec, None, "l", "op", group)
+                    q, d = quantized_operand(shard.contiguous(), spec, None, "l", "op", Shard(group))
                     results[name, split, mode] = (q * d).float()
         torch.save(results, f"{out}.{rank}")
 
@@ -72,8 +72,10 @@ def test_split_operands_quantize_as_the_whole_tensor_with_the_group_amax(tmp_pat
 
 
 def _rne(specs):
-    """The recipe's specs with round-to-nearest everywhere (stochastic rounding's bits follow
-    local coordinates for now, so SR operands are not yet the same at every tensor size)."""
+    """The recipe's specs with round-to-nearest everywhere: on a CPU, stochastic rounding draws
+    from a generator of the shard's own shape (the kernels draw at the shard's place in the whole
+    tensor: tests/kernels/test_quantize_kernels.py), so SR operands are the same at every tensor
+    size only on a GPU."""
     import dataclasses
 
     return dataclasses.replace(specs, **{f.name: dataclasses.replace(getattr(specs, f.name), rounding="rne")
@@ -98,6 +100,7 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
         from megatron.core.transformer.mlp import MLP, MLPSubmodules
 
         from fp4repro.megatron.linear import QuantColumnParallelLinear, QuantRowParallelLinear
+        from fp4repro.megatron.model import linear_shards
 
         config = ModelConfig(**MLP_MODEL)
         with build_on("cpu"):
@@ -112,17 +115,17 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
                 mlp.linear_fc1.weight.copy_(w1[rank * half:(rank + 1) * half])
                 mlp.linear_fc2.weight.copy_(w2[:, rank * half:(rank + 1) * half])
             mlp.zero_grad(set_to_none=True)
-            group = parallel_state.get_tensor_model_parallel_group() if mode == "group" else None
             state = QuantState()
-            mlp.linear_fc1.attach(_rne(recipe.linear_specs(0, 4, linear="fc1")), state, "fc1", group)
-            mlp.linear_fc2.attach(_rne(recipe.linear_specs(0, 4, linear="fc2")), state, "fc2", group)
+            for module, linear in ((mlp.linear_fc1, "fc1"), (mlp.linear_fc2, "fc2")):
+                specs = _rne(recipe.linear_specs(0, 4, linear=linear))
+                module.attach(specs, state, linear, linear_shards(module, specs, config, linear, mode))
             xs = x.transpose(0, 1).clone().requires_grad_()             # megatron's [sequence, batch, hidden]
             y, _ = mlp(xs)
             y.backward(dy.transpose(0, 1))
             results[mode] = {"y": y.detach().transpose(0, 1), "dx": xs.grad.transpose(0, 1),
                              "dw1": mlp.linear_fc1.weight.grad.clone(), "dw2": mlp.linear_fc2.weight.grad.clone(),
-                             "groups": sorted(mlp.linear_fc1.amax_groups),
-                             "groups_fc2": sorted(mlp.linear_fc2.amax_groups)}
+                             "groups": sorted(op for op, shard in mlp.linear_fc1.shards.items() if shard.group),
+                             "groups_fc2": sorted(op for op, shard in mlp.linear_fc2.shards.items() if shard.group)}
         torch.save(results, f"{out}.{rank}")
 
 

@@ -43,6 +43,24 @@ def rank_parts(model: ModelConfig, linear: str, tp: int) -> tuple[str, dict[str,
             "fc2": ("K", {f"width ({model.mlp_hidden_size} / {tp})": model.mlp_hidden_size // tp})}[linear]
 
 
+def split_index(model: ModelConfig, linear: str, tp: int, rank: int) -> list[int]:
+    """The indices, along the dimension tensor parallelism splits (``rank_parts``), that rank
+    ``rank`` of ``tp`` holds of a linear's whole tensor as megatron-core lays it out: each segment
+    of a fused projection split evenly (Mamba's in_proj: z, x, B, C, dt), else one contiguous part
+    (the QKV projection's rows are grouped by KV group, whole groups per rank)."""
+    d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
+    qkv = (model.attn_heads + 2 * model.attn_kv_heads) * model.attn_head_dim
+    segments = {"in_proj": [d_inner, d_inner, bc, bc, model.mamba_heads], "qkv_proj": [qkv],
+                "fc1": [model.mlp_hidden_size], "out_proj": [d_inner],
+                "o_proj": [model.attn_heads * model.attn_head_dim], "fc2": [model.mlp_hidden_size]}[linear]
+    index, start = [], 0
+    for size in segments:
+        part = size // tp
+        index.extend(range(start + rank * part, start + (rank + 1) * part))
+        start += size
+    return index
+
+
 def shard_problems(model: ModelConfig, recipe: Recipe, parallel: ParallelConfig) -> list[ParallelError]:
     """One error per (linear, segment, operand) whose rank's part is not a whole number of blocks."""
     tp = parallel.tensor

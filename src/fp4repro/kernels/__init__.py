@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -114,7 +116,7 @@ def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> t
 
 @functools.lru_cache(maxsize=4096)
 def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, int], write_qs: bool,
-                   codes: bool, stats: bool, live: bool = False) -> tuple:
+                   codes: bool, stats: bool, live: bool = False, sr_map: int = 0) -> tuple:
     """What a quantization of this spec, shape and memory order launches, worked out once:
     (padded shape, column-wise, grid, constexprs, num_warps). The target T is not among the
     constexprs (it is the runtime argument ``emax_t``): specs differing only in T share them."""
@@ -127,6 +129,8 @@ def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, 
                       EVEN=rows % tile_r == 0 and cols % tile_c == 0, **_launch_args(spec))
     if live:   # absent otherwise: the kernel's defaults, the same compiled kernel as before
         constexprs.update(LIVE=True, LIVE_SLOTS=LIVE_SLOTS, LIVE_SLOT_STRIDE=LIVE_SLOT_STRIDE)
+    if sr_map:
+        constexprs.update(SR_MAP=sr_map)
     grid = (_cdiv(rows_p, tile_r), _cdiv(cols_p, tile_c))
     return (rows_p, cols_p), columnwise, grid, tuple(constexprs.items()), warps
 
@@ -155,6 +159,33 @@ def _amax_arg(amax, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return torch.as_tensor(amax, dtype=torch.float32, device=x.device).reshape(())
 
 
+class ShardPlace(NamedTuple):
+    """Where a shard of a tensor split over tensor-parallel ranks sits in the whole tensor, for the
+    random stream of stochastic rounding (``shard_place`` builds it)."""
+
+    axis: int                # the axis of M the split runs along: 0 rows, 1 columns
+    map: torch.Tensor        # int64: axis 0, the whole tensor's row of each row; axis 1, its 8-group
+                             # of columns of each 8-group
+    parts: int               # the whole tensor's extent along ``axis`` over the shard's
+
+
+def shard_place(axis: int, index: Sequence[int], parts: int, device) -> ShardPlace:
+    """The ``ShardPlace`` of a shard whose i-th index along M's ``axis`` is the whole tensor's
+    ``index[i]`` (the whole tensor being ``parts`` times as long there). Along columns, each run of 8
+    columns must be 8 consecutive columns of the whole tensor starting at a multiple of 8 (one
+    Philox call serves 8 elements): block-aligned splits are (``fp4repro.config.shards``)."""
+    index = torch.as_tensor(list(index), dtype=torch.int64)
+    if axis == 1:
+        groups = index.reshape(-1, 8) if len(index) % 8 == 0 else None
+        if groups is None or (groups[:, 0] % 8 != 0).any() or (groups - groups[:, :1] != torch.arange(8)).any():
+            raise ValueError("a shard split along columns must keep runs of 8 consecutive columns starting at a "
+                             "multiple of 8 (one Philox call serves 8 elements)")
+        index = groups[:, 0] // 8
+    elif axis != 0:
+        raise ValueError(f"axis must be 0 (rows) or 1 (columns), got {axis}")
+    return ShardPlace(axis, index.to(device), int(parts))
+
+
 def _draw_seed() -> int:
     """An SR seed from torch's CPU generator (so a seeded run is reproducible)."""
     return int(torch.randint(0, 2**31 - 1, (1,)).item())
@@ -162,7 +193,8 @@ def _draw_seed() -> int:
 
 def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
                 rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                codes: bool = False, stats: bool = False, live: torch.Tensor | None = None) -> dict:
+                codes: bool = False, stats: bool = False, live: torch.Tensor | None = None,
+                place: ShardPlace | None = None) -> dict:
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
     Returns a dict with ``qs`` (q·s_b in x's logical shape, dense: column-major for a column-major
@@ -175,9 +207,11 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     pass and no extra launch; ``live_slots_amax`` reads the running maximum (with a held amax, the
     largest growth since the slots were made is that over the held amax). The target T is a runtime
     argument of the kernel: a new T compiles nothing. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
-    runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream.
+    runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream; ``place``: x is
+    a shard of a tensor split over tensor-parallel ranks, and SR draws the bits of its elements'
+    places in the whole tensor (the same seed then rounds the shard as it rounds the whole).
     """
-    launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats, live)
+    launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats, live, place)
     _launcher("_quantize_kernel")(*launch)
     return out
 
@@ -185,7 +219,7 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
 def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
                     rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
                     codes: bool = False, stats: bool = False,
-                    live: torch.Tensor | None = None) -> tuple[tuple, dict]:
+                    live: torch.Tensor | None = None, place: ShardPlace | None = None) -> tuple[tuple, dict]:
     """What ``quantize_2d`` launches, without launching: ((grid, args, constexprs, num_warps) of
     ``_quantize_kernel``, the output dict with its buffers allocated on x's device)."""
     if seed is not None and not 0 <= seed < 2**32:
@@ -197,9 +231,14 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
     if strides[1] != 1 and not _columnwise(x.shape, strides):
         x = x.contiguous()
         strides = x.stride()
+    sr_map = 0 if place is None or spec.rounding != "sr" else place.axis + 1
     (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(spec, x.shape, strides, write_qs,
-                                                                          codes, stats, live is not None)
+                                                                          codes, stats, live is not None, sr_map)
     rows, cols = x.shape
+    if sr_map and len(place.map) != (rows if place.axis == 0 else cols_p // 8):
+        raise ValueError(f"the shard place maps {len(place.map)} {'rows' if place.axis == 0 else '8-groups'}, "
+                         f"x has {rows} rows and {cols_p // 8} 8-groups of columns")
+    rand_pitch = cols_p * (place.parts if sr_map == 2 else 1)
     device = x.device
     amax = _amax_arg(amax, x, spec)
     if spec.rounding == "sr" and seed is None:
@@ -226,8 +265,9 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
     emax_t = emax_target(get_format(spec.element).max, spec.target)
     out_strides = qs.stride() if write_qs else (0, 0)
     live = _dummy(device, torch.int32) if live is None else live
-    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, live, rows, cols, cols_p, *strides,
-            *out_strides, seed or 0, rand_offset, emax_t)
+    rand_map = place.map if sr_map else _dummy(device, torch.int64)
+    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, live, rand_map, rows, cols, cols_p, *strides,
+            *out_strides, seed or 0, rand_offset, rand_pitch, emax_t)
     out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)

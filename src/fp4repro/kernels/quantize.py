@@ -34,7 +34,8 @@ come from Philox2x32-10 (Salmon et al., SC'11; the Random123 generator, checked 
 known-answer vectors): one call gives 64 bits, the 8 bytes of 8 consecutive elements, which is
 what one thread holds of a row (BF16 loads of 16 bytes), so no thread computes random bits it
 does not use. Element i of the padded matrix in M's row-major order (i = rand_offset + row ·
-cols_padded + col, rand_offset % 8 == 0) takes byte i % 8 of philox2x32(seed, counter = i // 8)
+pitch + col, pitch = cols_padded unless placed, rand_offset % 8 == 0) takes byte i % 8 of
+philox2x32(seed, counter = i // 8)
 (the words w0 then w1, each little end first). Rounding is an integer carry, as SR hardware does
 it: the byte is added just below the grid's last kept mantissa bit (with half a step less one)
 and the discarded bits are cleared (``_round_grid``). That is the reference's ``u < frac`` with
@@ -42,6 +43,11 @@ u = (255 - byte + 1/2) / 256, the midpoints of 256 equal cells of [0, 1): P(up) 
 frac) / 256 (ties down), a bias of at most 2^-9 ulp per rounding with zero mean for fractions
 spread over a cell (k / 256 would round up with probability ceil(256 · frac) / 256: up to 2^-8
 ulp, always away from zero). ``philox_uniforms`` gives the same u to feed the reference.
+
+A shard of a tensor split over tensor-parallel ranks draws at its elements' places in the whole
+tensor (``SR_MAP``: a map from its rows, or its 8-groups of columns, to the whole tensor's, and
+pitch the whole tensor's padded width), so that it rounds every element with the bits the unsplit
+tensor would: SR then means the same at every tensor-parallel size.
 
 Why the carry and not the reference's floor/compare: on the H200, SR at 8192x8192 was bound by
 instruction issue, not memory (SASS: 647 instructions per thread for 16 elements against 374
@@ -342,9 +348,9 @@ def _scaled(qk, s, block_bad):
 
 @triton.jit(do_not_specialize=["seed", "rand_offset"])  # one compiled kernel for every seed (and T)
 def _quantize_kernel(
-    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr, d_ptr, live_ptr,
+    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr, d_ptr, live_ptr, rand_map_ptr,
     rows, cols, cols_padded, stride_r, stride_c, out_stride_r, out_stride_c,
-    seed, rand_offset, emax_t,
+    seed, rand_offset, rand_pitch, emax_t,
     TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr, SR: tl.constexpr,
     HAS_TARGET: tl.constexpr,
@@ -354,6 +360,7 @@ def _quantize_kernel(
     S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
     WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
     LIVE: tl.constexpr = False, LIVE_SLOTS: tl.constexpr = 1, LIVE_SLOT_STRIDE: tl.constexpr = 1,
+    SR_MAP: tl.constexpr = 0,
 ):
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
@@ -372,16 +379,20 @@ def _quantize_kernel(
     else:
         xb = tl.reshape(x, (NB_R, BLOCK_R, NB_C, BLOCK_C))
     if SR:
-        # the uniforms of M's 8-groups (one Philox call each), built directly in memory order
-        grp = pid_c * (TILE_C // 8) + tl.arange(0, TILE_C // 8)
+        # the uniforms of M's 8-groups (one Philox call each), built directly in memory order;
+        # with SR_MAP a shard's rows (1) or 8-groups (2) at their places in the whole tensor
+        grp = (pid_c * (TILE_C // 8) + tl.arange(0, TILE_C // 8)).to(tl.int64)
+        at_r = offs_r.to(tl.int64)
+        if SR_MAP == 1:
+            at_r = tl.load(rand_map_ptr + offs_r, mask=offs_r < rows, other=0)
+        if SR_MAP == 2:
+            grp = tl.load(rand_map_ptr + grp, mask=grp < cols_padded // 8, other=0)
         if COLUMNWISE:   # (TILE_C // 8, 8, TILE_R): group, byte, M row
-            counter = (rand_offset // 8 + offs_r[None, None, :].to(tl.int64) * (cols_padded // 8)
-                       + grp[:, None, None])
+            counter = (rand_offset // 8 + at_r[None, None, :] * (rand_pitch // 8) + grp[:, None, None])
             rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN)
             rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
         else:            # (TILE_R, TILE_C // 8, 8): M row, group, byte
-            counter = (rand_offset // 8 + offs_r[:, None, None].to(tl.int64) * (cols_padded // 8)
-                       + grp[None, :, None])
+            counter = (rand_offset // 8 + at_r[:, None, None] * (rand_pitch // 8) + grp[None, :, None])
             rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN)
             rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
     else:

@@ -87,7 +87,7 @@ class MegatronEngine:
         del initial
         self.quant_state = QuantState(seed)
         self.quant_state.reduce_max = _max_over_data_parallel_ranks
-        attach_recipe(self.model, recipe, self.quant_state, config.n_layers)
+        attach_recipe(self.model, recipe, self.quant_state, config)
 
         model_config = self.model.config
         model_config.deterministic_mode = deterministic

@@ -13,9 +13,10 @@ Tensor parallelism without sequence parallelism: a column-parallel linear's inpu
 all-reduced over the tensor group (megatron's ``copy_to_tensor_model_parallel_region``, what its
 own autograd function does when asked for ``allreduce_dgrad``); a row-parallel linear's output is
 reduced by megatron's ``forward`` around this hook. With ``parallel.tp_amax: group`` the operands
-whose tensor is split over the tensor group (``SPLIT_OPERANDS``: those blocked along the split
-dimension, ``fp4repro.config.shards``) scale by the whole tensor's amax, MAX-reduced over the
-group (``quantized_operand``). A sequence-parallel input is refused for now.
+whose tensor is split over the tensor group (those with the split dimension along their block
+rows or columns, ``fp4repro.config.shards.ALONG``) scale by the whole tensor's amax, MAX-reduced
+over the group, and in either mode their stochastic rounding draws the bits of their elements'
+places in the whole tensor (``quantized_operand``). A sequence-parallel input is refused for now.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
-from fp4repro.config.shards import ALONG
 from fp4repro.config.spec import LinearSpecs
 from fp4repro.quant.linear import describe_specs, quantized_linear
 from fp4repro.quant.state import QuantState
@@ -53,15 +53,16 @@ class _Quantized:
     specs: LinearSpecs | None = None
     quant_state: QuantState | None = None
     quant_key: str = ""
-    amax_groups: dict = {}
+    shards: dict = {}
 
-    def attach(self, specs: LinearSpecs | None, state: QuantState, key: str, amax_group=None) -> None:
+    def attach(self, specs: LinearSpecs | None, state: QuantState, key: str, shards: dict | None = None) -> None:
         """Quantize this linear's GEMMs with ``specs`` (None or all-None: megatron's own GEMM),
-        its amaxes and telemetry in ``state`` under ``key``; ``amax_group``: the tensor group over
-        which the split operands' amaxes are reduced (None: each shard its own, ``tp_amax: local``)."""
+        its amaxes and telemetry in ``state`` under ``key``; ``shards``: operand -> its
+        ``fp4repro.quant.linear.Shard`` under tensor parallelism (the group its amax is reduced
+        over, its place in the whole tensor: ``fp4repro.megatron.model.attach_recipe``)."""
         self.specs = specs if specs is not None and specs.any_quantized else None
         self.quant_state, self.quant_key = state, key
-        self.amax_groups = {} if amax_group is None else {op: amax_group for op, _ in ALONG[self.SPLIT_DIM]}
+        self.shards = shards or {}
 
     def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False,
                       **kwargs):
@@ -79,11 +80,11 @@ class _Quantized:
             # reference's token order, sequence by sequence, so that blocks along tokens (wgrad's
             # column-wise operands) hold 16 tokens of one sequence as they do there
             out = quantized_linear(input.transpose(0, 1), weight, bias, self.specs, self.quant_state, self.quant_key,
-                                   self.amax_groups)
+                                   self.shards)
             # contiguous: megatron's output all-reduce (row-parallel) reduces ``input_.contiguous()``
             # in place and returns ``input_``, so a transposed view would go out unreduced
             return out.transpose(0, 1).contiguous()
-        return quantized_linear(input, weight, bias, self.specs, self.quant_state, self.quant_key, self.amax_groups)
+        return quantized_linear(input, weight, bias, self.specs, self.quant_state, self.quant_key, self.shards)
 
     def describe(self) -> dict[str, str]:
         return describe_specs(self.specs)

@@ -23,8 +23,11 @@ import torch
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.parallel import ParallelConfig
 from fp4repro.config.recipe import Recipe
+from fp4repro.config.shards import ALONG, split_index
+from fp4repro.kernels import shard_place
 from fp4repro.megatron.names import LINEAR_NAMES, layer_index, quant_key
 from fp4repro.model._mamba_ssm import register_selective_scan_stub
+from fp4repro.quant.linear import Shard
 from fp4repro.quant.state import QuantState
 
 # mamba-ssm built without its CUDA extensions imports only with this stand-in registered, and
@@ -125,16 +128,35 @@ def layer_linears(megatron_model: MambaModel):
                 yield layer.layer_number, path.rsplit(".", 1)[-1], module
 
 
-def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, n_layers: int,
+def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, config: ModelConfig,
                   tp_amax: str = "group") -> None:
     """Give every internal linear its recipe specs by global layer number, and its QuantState key
     (those of the reference model's linear in the same layer: ``fp4repro.megatron.names``); under
-    tensor parallelism with ``tp_amax: group``, the tensor group its split operands reduce amaxes over."""
+    tensor parallelism, the ``Shard`` of each split operand: with ``tp_amax: group`` the tensor group
+    it reduces amaxes over, and, for stochastic rounding, its place in the whole tensor
+    (``fp4repro.config.shards.split_index``)."""
     from megatron.core import parallel_state
 
-    group = None
-    if tp_amax == "group" and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        group = parallel_state.get_tensor_model_parallel_group()
     for number, name, module in layer_linears(megatron_model):
-        specs = None if recipe is None else recipe.linear_specs(layer_index(number), n_layers, linear=LINEAR_NAMES[name])
-        module.attach(specs, state, quant_key(number, name), group)
+        linear = LINEAR_NAMES[name]
+        specs = None if recipe is None else recipe.linear_specs(layer_index(number), config.n_layers, linear=linear)
+        module.attach(specs, state, quant_key(number, name), linear_shards(module, specs, config, linear, tp_amax))
+
+
+def linear_shards(module, specs, config: ModelConfig, linear: str, tp_amax: str = "group") -> dict:
+    """operand -> ``Shard`` of a quantized parallel linear's operands that tensor parallelism
+    splits (none at tensor size 1): the tensor group with ``tp_amax: group``, and for an operand
+    rounded stochastically the place of this rank's part in the whole tensor."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if tp == 1 or specs is None:
+        return {}
+    group = parallel_state.get_tensor_model_parallel_group() if tp_amax == "group" else None
+    index = split_index(config, linear, tp, parallel_state.get_tensor_model_parallel_rank())
+    shards = {}
+    for operand, axis in ALONG[module.SPLIT_DIM]:
+        spec = specs[operand]
+        sr = spec is not None and spec.rounding == "sr"
+        shards[operand] = Shard(group, shard_place(axis, index, tp, module.weight.device) if sr else None)
+    return shards

@@ -43,7 +43,7 @@ def pair(config: ModelConfig, recipe: Recipe | None, seed: int) -> tuple[Nemotro
     reference = NemotronH(config, recipe).cuda()
     megatron = build_model(config).cuda()
     megatron.load_state_dict(to_megatron(reference.state_dict(), config), strict=True)
-    attach_recipe(megatron, recipe, QuantState(), config.n_layers)
+    attach_recipe(megatron, recipe, QuantState(), config)
     return reference, megatron
 
 

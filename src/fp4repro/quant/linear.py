@@ -44,6 +44,7 @@ import functools
 from dataclasses import replace
 import math
 import operator
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -74,16 +75,27 @@ def _with_target(spec: QuantSpec, target: float) -> QuantSpec:
     return replace(spec, target=target, auto_target=None)
 
 
+class Shard(NamedTuple):
+    """How an operand's tensor is split over tensor-parallel ranks (``quantized_operand``)."""
+
+    group: Any = None        # the process group its amax is MAX-reduced over (None: the shard's own)
+    place: Any = None        # where the shard sits in the whole tensor (``fp4repro.kernels.ShardPlace``)
+
+
 def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
-                      layer: str, operand: str, group=None) -> tuple[torch.Tensor, torch.Tensor | float | None]:
+                      layer: str, operand: str,
+                      shard: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
 
-    ``group`` (a torch.distributed process group): t is this rank's shard of a tensor split over
-    the group, whose amax (current, or the fresh sample of a periodic refresh) is MAX-reduced over
-    it before the quantization uses it, so that every shard is scaled as the whole tensor is: its
-    blocks then equal the whole tensor's (``fp4repro.config.shards`` checks that they tile). A held
-    amax is already the group's (it was reduced when sampled). A periodic refresh's sample is also
-    MAX-reduced by ``state.reduce_max`` (across data-parallel ranks) when the state has one.
+    ``shard``: t is this rank's shard of a tensor split over tensor-parallel ranks. With a
+    ``group`` (a torch.distributed process group) the amax (current, or the fresh sample of a
+    periodic refresh) is MAX-reduced over it before the quantization uses it, so that every shard
+    is scaled as the whole tensor is: its blocks then equal the whole tensor's
+    (``fp4repro.config.shards`` checks that they tile). A held amax is already the group's (it was
+    reduced when sampled). With a ``place``, stochastic rounding draws the random bits of the
+    shard's elements' places in the whole tensor (on the kernels; the CPU reference draws from a
+    generator of its own). A periodic refresh's sample is also MAX-reduced by ``state.reduce_max``
+    (across data-parallel ranks) when the state has one.
 
     d is a Python float where it is known on the host (a held amax, or no tensor scale) and
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
@@ -103,13 +115,14 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
     amax = held
     refresh = held is None and state is not None and state.reduce_max is not None and spec.tensor_scaling.kind == "periodic"
+    group, place = shard or (None, None)
     if spec.target is not None and held is None and (group is not None or refresh):
         amax = operand_amax(t, spec)
         if group is not None:
             torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
         if refresh:           # every data-parallel rank holds the same amax until the next refresh
             amax = state.reduce_max(amax)
-    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=amax, stats=telemetry, live=live, seed=seed)
+    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=amax, stats=telemetry, live=live, seed=seed, place=place)
     if state is not None:
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)
@@ -258,7 +271,7 @@ def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, ope
 
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype, groups):
+    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype, shards):
         x2 = x.reshape(-1, x.shape[-1])
         # Q(W) is kept for dgrad when its transpose can serve (one quantization fewer per step),
         # with the amax it was made with; in the compute dtype, which holds q·s exactly
@@ -268,8 +281,8 @@ class _QuantLinearFunction(torch.autograd.Function):
         if _grouping_matters(specs.fprop_x, x, lengths):
             qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x")
         else:
-            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", groups.get("fprop.x"))
-        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", groups.get("fprop.w"))
+            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"))
+        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"))
         qw = _as(qw, compute_dtype)
         y = emulated_gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
@@ -277,25 +290,25 @@ class _QuantLinearFunction(torch.autograd.Function):
         ctx.qw = (qw, dw, w_amax) if w_amax is not None else None
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
-        ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.groups = compute_dtype, x.shape, x.dtype, groups
+        ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.shards = compute_dtype, x.shape, x.dtype, shards
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
-        specs, state, layer, cdt, groups = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype, ctx.groups
+        specs, state, layer, cdt, shards = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype, ctx.shards
         dy2 = _as(dy.reshape(-1, dy.shape[-1]), cdt)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", groups.get("dgrad.dy"))
+            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"))
             if ctx.qw is not None and ctx.qw[2] == _weight_amax_used(state, specs.dgrad_w, layer, "dgrad.w"):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
             else:
-                qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", groups.get("dgrad.w"))
+                qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", shards.get("dgrad.w"))
             dx = _as(emulated_gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", groups.get("wgrad.dy"))
-            qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", groups.get("wgrad.x"))
+            qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"))
+            qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"))
             dw = _as(emulated_gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
         ctx.qw = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -304,19 +317,19 @@ class _QuantLinearFunction(torch.autograd.Function):
 
 
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, specs: LinearSpecs,
-                     state: QuantState | None, name: str, groups: dict | None = None) -> torch.Tensor:
+                     state: QuantState | None, name: str, shards: dict | None = None) -> torch.Tensor:
     """y = x · Wᵀ (+ b) with the recipe's quantized GEMMs in forward and backward: the one
     implementation of the emulation, which ``QuantLinear`` and the megatron backend's parallel
     linears both call. The GEMMs compute in autocast's dtype when autocast is on, else in x's
     (float32 on CPU, where the emulation is float32 end to end); the quantization state of this
-    linear lives in ``state`` under ``name``. ``groups``: operand -> the process group over which
-    that operand's tensor is split (tensor parallelism: ``quantized_operand``); none by default."""
+    linear lives in ``state`` under ``name``. ``shards``: operand -> its ``Shard``, how that
+    operand's tensor is split over tensor-parallel ranks (``quantized_operand``); none by default."""
     device_type = x.device.type
     autocast = torch.is_autocast_enabled(device_type)
     compute_dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
     if device_type == "cpu":
         compute_dtype = torch.float32
-    args = (x, weight, bias, specs, state, name, compute_dtype, groups or {})
+    args = (x, weight, bias, specs, state, name, compute_dtype, shards or {})
     if not autocast:
         return _QuantLinearFunction.apply(*args)
     with torch.autocast(device_type, enabled=False):

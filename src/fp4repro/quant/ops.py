@@ -90,7 +90,7 @@ def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
                    stats: bool = False, groups: torch.Tensor | None = None, live: torch.Tensor | None = None,
-                   seed: int | None = None) -> reference.ScaledOperand:
+                   seed: int | None = None, place=None) -> reference.ScaledOperand:
     """(q · s_b in x's 2-D shape, d, A used, stats, None) (``fp4repro.reference.block.scaled_operand``;
     with row ``groups``, always the reference: the kernels take one amax per call).
 
@@ -102,7 +102,9 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
 
     ``seed`` (stochastic rounding, 0 <= seed < 2^32): the kernels' Philox key, or on the reference
     the seed of a generator of its own; without one, the kernels draw a seed from torch's CPU
-    generator and the reference draws from torch's global generator."""
+    generator and the reference draws from torch's global generator. ``place``
+    (``fp4repro.kernels.ShardPlace``): x is a tensor-parallel shard, and the kernels draw the bits
+    of its elements' places in the whole tensor (the reference's generator knows no places)."""
     from fp4repro.kernels import fold_live_amax, quantize_2d
 
     if groups is not None or not uses_kernel(x, generator, rand):
@@ -114,7 +116,7 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
             fold_live_amax(live, r.live)
         return r._replace(live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
-    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live, seed=seed)
+    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live, seed=seed, place=place)
     return reference.ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
                                    _kernel_stats(k, x2d, spec, amax) if stats else None, None)
 
