@@ -2,7 +2,8 @@
 (split as a column-parallel linear splits N, or a row-parallel one K); with the amax reduced over
 the group each half's quantized operand is bit for bit the same half of the whole tensor's, with
 each shard's own amax (tp_amax: local) it is not. And megatron's quantized MLP pair at tensor
-size 2 computes the tensor-size-1 reference MLP, its split operands reducing amaxes over the group."""
+size 2 computes the tensor-size-1 reference MLP, its split operands reducing amaxes over the group,
+with sequence parallelism too."""
 
 import contextlib
 
@@ -103,14 +104,22 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
         from fp4repro.megatron.model import linear_shards
 
         config = ModelConfig(**MLP_MODEL)
-        with build_on("cpu"):
-            mlp = MLP(transformer_config(config, ParallelConfig(tensor=2), cpu_initialization=True),
-                      MLPSubmodules(linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear))
+        mlps = {}
+        for sequence_parallel in (False, True):
+            with build_on("cpu"):
+                mlps[sequence_parallel] = MLP(
+                    transformer_config(config, ParallelConfig(tensor=2, sequence_parallel=sequence_parallel),
+                                       cpu_initialization=True),
+                    MLPSubmodules(linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear))
         w1, w2, x, dy = _mlp_inputs()
-        half = w1.shape[0] // 2
+        half, length = w1.shape[0] // 2, x.shape[1] // 2
         recipe = load_recipe("nvfp4")
         results = {}
-        for mode in ("group", "local"):
+        for mode in ("group", "local", "sequence"):
+            # sequence: tp_amax group with sequence parallelism, each rank given its half of the
+            # sequence (megatron's [sequence, batch, hidden]) and its half of the output's gradient
+            mlp = mlps[mode == "sequence"]
+            part = slice(rank * length, (rank + 1) * length) if mode == "sequence" else slice(None)
             with torch.no_grad():
                 mlp.linear_fc1.weight.copy_(w1[rank * half:(rank + 1) * half])
                 mlp.linear_fc2.weight.copy_(w2[:, rank * half:(rank + 1) * half])
@@ -118,10 +127,12 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
             state = QuantState()
             for module, linear in ((mlp.linear_fc1, "fc1"), (mlp.linear_fc2, "fc2")):
                 specs = _rne(recipe.linear_specs(0, 4, linear=linear))
-                module.attach(specs, state, linear, linear_shards(module, specs, config, linear, mode))
-            xs = x.transpose(0, 1).clone().requires_grad_()             # megatron's [sequence, batch, hidden]
-            y, _ = mlp(xs)
-            y.backward(dy.transpose(0, 1))
+                tp_amax = "local" if mode == "local" else "group"
+                module.attach(specs, state, linear, linear_shards(module, specs, config, linear, tp_amax))
+            xs = x.transpose(0, 1)[part].clone().requires_grad_()       # megatron's [sequence, batch, hidden]
+            with build_on("cpu"):          # megatron's sequence gather allocates on the "current CUDA device"
+                y, _ = mlp(xs)
+                y.backward(dy.transpose(0, 1)[part])
             results[mode] = {"y": y.detach().transpose(0, 1), "dx": xs.grad.transpose(0, 1),
                              "dw1": mlp.linear_fc1.weight.grad.clone(), "dw2": mlp.linear_fc2.weight.grad.clone(),
                              "groups": sorted(op for op, shard in mlp.linear_fc1.shards.items() if shard.group),
@@ -172,6 +183,14 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path)
                       (dw2, fc2.weight.grad)):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
     assert torch.equal(dw1, fc1.weight.grad)     # fc1's weight gradient: one rank's GEMM, no sum
+    # sequence parallelism: each rank's half of the sequence in and out, the same numbers (the
+    # quantized GEMMs see the gathered sequence); BF16-free on CPU, so only FP32 sum order differs
+    sequence = [m["sequence"] for m in modes]
+    for got, want in ((torch.cat([r["y"] for r in sequence], dim=1), y),
+                      (torch.cat([r["dx"] for r in sequence], dim=1), xr.grad),
+                      (torch.cat([r["dw1"] for r in sequence]), fc1.weight.grad),
+                      (torch.cat([r["dw2"] for r in sequence], dim=1), fc2.weight.grad)):
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
     local = modes[0]["local"]
     assert local["groups"] == [] and local["groups_fc2"] == []
     # each shard scaled by its own amax (tp_amax: local): other operands, other numbers

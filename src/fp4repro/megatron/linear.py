@@ -9,21 +9,25 @@ unquantized (BF16 layers, exempt linears), megatron's own path runs unchanged. A
 runs ``fp4repro.quant.linear.quantized_linear``: the same function, LinearSpecs, QuantState keys,
 telemetry and kernels as the reference model's ``QuantLinear``.
 
-Tensor parallelism without sequence parallelism: a column-parallel linear's input gradient is
-all-reduced over the tensor group (megatron's ``copy_to_tensor_model_parallel_region``, what its
-own autograd function does when asked for ``allreduce_dgrad``); a row-parallel linear's output is
-reduced by megatron's ``forward`` around this hook. With ``parallel.tp_amax: group`` the operands
+Tensor parallelism: a column-parallel linear's input gradient is all-reduced over the tensor
+group (megatron's ``copy_to_tensor_model_parallel_region``, what its own autograd function does
+when asked for ``allreduce_dgrad``); with sequence parallelism its input, this rank's part of the
+sequence, is all-gathered for the GEMM and its input gradient reduce-scattered back
+(``gather_from_sequence_parallel_region``), so the quantized operands are the whole sequence's as
+without it; a row-parallel linear's output is reduced (or reduce-scattered along the sequence) by
+megatron's ``forward`` around this hook. With ``parallel.tp_amax: group`` the operands
 whose tensor is split over the tensor group (those with the split dimension along their block
 rows or columns, ``fp4repro.config.shards.ALONG``) scale by the whole tensor's amax, MAX-reduced
 over the group, and in either mode their stochastic rounding draws the bits of their elements'
-places in the whole tensor (``quantized_operand``). A sequence-parallel input is refused for now.
+places in the whole tensor (``quantized_operand``).
 """
 
 from __future__ import annotations
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
+                                                    gather_from_sequence_parallel_region)
 
 from fp4repro.config.spec import LinearSpecs
 from fp4repro.quant.linear import describe_specs, quantized_linear
@@ -69,10 +73,10 @@ class _Quantized:
         if self.specs is None:
             return super()._forward_impl(input, weight, bias, *args, sequence_parallel=sequence_parallel,
                                          allreduce_dgrad=allreduce_dgrad, **kwargs)
-        if sequence_parallel:
-            raise NotImplementedError(f"{self.quant_key}: quantized GEMMs with sequence parallelism are not in "
-                                      "this backend yet; run with parallel.sequence_parallel: false")
-        if allreduce_dgrad:      # the input gradient summed over the tensor group, as megatron's GEMM does
+        if sequence_parallel:    # this rank's part of the sequence: the whole of it for the GEMM, the input
+            # gradient reduce-scattered back over the tensor group, as megatron's GEMM does (in BF16)
+            input = gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True)
+        elif allreduce_dgrad:    # the input gradient summed over the tensor group, as megatron's GEMM does
             input = copy_to_tensor_model_parallel_region(input)
         input = _ContiguousGrad.apply(input)
         if input.dim() == 3 and input.shape[1] > 1:
