@@ -40,12 +40,19 @@ def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
     assert 'echo "torchrun --standalone --nproc-per-node=8 --no-python" ) fp4repro train' in command
 
 
-def test_paper8b_training_says_tensor_parallelism_is_missing_before_any_compute(tmp_path):
-    # no data has been prepared: the refusal comes before the data is looked for
-    proc = subprocess.run([sys.executable, "-m", "fp4repro.cli", "train", "--experiment", "paper8b",
-                           "--recipe", "ue5m3"], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2 and "field 'parallel.tensor': value 2: training through megatron-core runs " \
-        "data-parallel only" in proc.stderr, proc.stderr
+def test_paper8b_training_stops_before_any_compute_without_gpus_or_with_pipeline_stages(tmp_path):
+    # no data has been prepared: the refusals come before the data is looked for
+    def train(experiment):
+        return subprocess.run([sys.executable, "-m", "fp4repro.cli", "train", "--experiment", str(experiment),
+                               "--recipe", "ue5m3"], capture_output=True, text=True, cwd=tmp_path)
+
+    proc = train("paper8b")                     # tensor parallelism trains, on GPUs
+    assert proc.returncode == 1 and "backend megatron trains on CUDA GPUs" in proc.stderr, proc.stderr
+    staged = tmp_path / "paper8b.yaml"
+    staged.write_text((PACKAGED / "experiment/paper8b.yaml").read_text().replace("pipeline: 1", "pipeline: 2"))
+    proc = train(staged)
+    assert proc.returncode == 2 and "field 'parallel.pipeline': value 2: training through megatron-core runs " \
+        "without pipeline parallelism" in proc.stderr, proc.stderr
 
 
 def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):

@@ -43,22 +43,33 @@ def rank_parts(model: ModelConfig, linear: str, tp: int) -> tuple[str, dict[str,
             "fc2": ("K", {f"width ({model.mlp_hidden_size} / {tp})": model.mlp_hidden_size // tp})}[linear]
 
 
-def split_index(model: ModelConfig, linear: str, tp: int, rank: int) -> list[int]:
-    """The indices, along the dimension tensor parallelism splits (``rank_parts``), that rank
-    ``rank`` of ``tp`` holds of a linear's whole tensor as megatron-core lays it out: each segment
-    of a fused projection split evenly (Mamba's in_proj: z, x, B, C, dt), else one contiguous part
-    (the QKV projection's rows are grouped by KV group, whole groups per rank)."""
+def split_segments(model: ModelConfig, linear: str) -> list[int]:
+    """The whole tensor's pieces along the dimension tensor parallelism splits (``rank_parts``),
+    in megatron-core's layout, each of which every rank holds an equal part of: Mamba's in_proj
+    z, x, B, C, dt; one piece otherwise (the QKV projection's rows are grouped by KV group, whole
+    groups per rank)."""
     d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
-    qkv = (model.attn_heads + 2 * model.attn_kv_heads) * model.attn_head_dim
-    segments = {"in_proj": [d_inner, d_inner, bc, bc, model.mamba_heads], "qkv_proj": [qkv],
-                "fc1": [model.mlp_hidden_size], "out_proj": [d_inner],
-                "o_proj": [model.attn_heads * model.attn_head_dim], "fc2": [model.mlp_hidden_size]}[linear]
+    return {"in_proj": [d_inner, d_inner, bc, bc, model.mamba_heads],
+            "qkv_proj": [(model.attn_heads + 2 * model.attn_kv_heads) * model.attn_head_dim],
+            "fc1": [model.mlp_hidden_size], "out_proj": [d_inner],
+            "o_proj": [model.attn_heads * model.attn_head_dim], "fc2": [model.mlp_hidden_size]}[linear]
+
+
+def segment_index(segments: list[int], tp: int, rank: int) -> list[int]:
+    """The indices into the whole tensor of rank ``rank``'s part: of each segment in turn, its
+    ``rank``-th of ``tp`` equal parts."""
     index, start = [], 0
     for size in segments:
         part = size // tp
         index.extend(range(start + rank * part, start + (rank + 1) * part))
         start += size
     return index
+
+
+def split_index(model: ModelConfig, linear: str, tp: int, rank: int) -> list[int]:
+    """The indices, along the dimension tensor parallelism splits, that rank ``rank`` of ``tp``
+    holds of a linear's whole tensor as megatron-core lays it out."""
+    return segment_index(split_segments(model, linear), tp, rank)
 
 
 def shard_problems(model: ModelConfig, recipe: Recipe, parallel: ParallelConfig) -> list[ParallelError]:

@@ -2,8 +2,9 @@
 
 Evaluation scores every checkpoint with the reference model (one code path, on one GPU or a CPU),
 and a reference checkpoint can start a megatron run, so the two layouts convert both ways,
-exactly: every tensor is copied or permuted, never recomputed. The layouts are those of one
-process (tensor and pipeline size 1); megatron's distributed checkpoints reshard themselves.
+exactly: every tensor is copied or permuted, never recomputed. The layouts are those of the whole
+model (tensor and pipeline size 1); a tensor-parallel rank's part of megatron's is
+``fp4repro.megatron.shard``'s, and megatron's distributed checkpoints reshard themselves.
 
     reference                               megatron
     embedding.weight                        embedding.word_embeddings.weight

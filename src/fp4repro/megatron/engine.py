@@ -22,8 +22,12 @@ was, on the same number of processes. Each periodic refresh's fresh amax and eac
 target's growth are MAX-reduced over the data-parallel ranks (``QuantState.reduce_max``), so every
 rank holds the same amaxes and picks the same T.
 
-Model parallelism (tensor, pipeline) is refused here for now: evaluation checkpoints and the
-initialization by conversion are written for whole layers on every rank.
+Tensor parallelism: each rank starts from its part of the converted initialization
+(``fp4repro.megatron.shard``), the evaluation checkpoints gather the parts back into the whole
+model (collective over the tensor group), the quantized linears reduce amaxes and place SR bits
+over the group as ``parallel.tp_amax`` says (``attach_recipe``), and the resume checkpoints are
+megatron's sharded ones. Pipeline parallelism is refused for now (the initialization and the
+evaluation checkpoints are written for every layer on every rank).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from fp4repro.megatron.convert import from_megatron, to_megatron
 from fp4repro.megatron.distributed import initialize
 from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
+from fp4repro.megatron.shard import gather, shard
 from fp4repro.model import NemotronH
 from fp4repro.quant.state import QuantState
 from fp4repro.util import deterministic_algorithms, rng_state, set_rng_state
@@ -50,12 +55,11 @@ from fp4repro.util import deterministic_algorithms, rng_state, set_rng_state
 OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 
 
-def _refuse_model_parallelism(study: Study) -> None:
+def _refuse_pipeline_parallelism(study: Study) -> None:
     exp = study.experiment
-    for field, value in (("parallel.tensor", exp.parallel.tensor), ("parallel.pipeline", exp.parallel.pipeline)):
-        if value != 1:
-            raise ConfigError(f"{exp.path}: field '{field}': value {value}: training through megatron-core runs "
-                              "data-parallel only for now (1; one process per GPU)")
+    if exp.parallel.pipeline != 1:
+        raise ConfigError(f"{exp.path}: field 'parallel.pipeline': value {exp.parallel.pipeline}: training through "
+                          "megatron-core runs without pipeline parallelism for now (1)")
 
 
 class MegatronEngine:
@@ -66,11 +70,12 @@ class MegatronEngine:
         the seed's initialization."""
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
+        from megatron.core import parallel_state
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         exp, t, config = study.experiment, study.experiment.train, study.model
-        _refuse_model_parallelism(study)
+        _refuse_pipeline_parallelism(study)
         if not torch.cuda.is_available():
             raise FP4ReproError(f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "
                                 "checkpoints need them) and none is visible; the reference backend trains on a CPU")
@@ -83,11 +88,12 @@ class MegatronEngine:
         if initial is None:
             initial = NemotronH(config, recipe).state_dict()      # on the CPU: the reference's initialization
         self.model = build_model(config, exp.parallel).cuda()
-        self.model.load_state_dict(to_megatron(initial, config), strict=True)
+        self.model.load_state_dict(shard(to_megatron(initial, config), config, self.layout.tensor,
+                                         parallel_state.get_tensor_model_parallel_rank()), strict=True)
         del initial
         self.quant_state = QuantState(seed)
         self.quant_state.reduce_max = _max_over_data_parallel_ranks
-        attach_recipe(self.model, recipe, self.quant_state, config)
+        attach_recipe(self.model, recipe, self.quant_state, config, exp.parallel.tp_amax)
 
         model_config = self.model.config
         model_config.deterministic_mode = deterministic
@@ -157,7 +163,12 @@ class MegatronEngine:
 
     # ---------------------------------------------------------------------------- checkpoints
     def eval_state_dict(self) -> dict:
-        return {k: v.detach().cpu() for k, v in from_megatron(self.model.state_dict(), self.config).items()}
+        """The whole model in the reference layout (collective: the tensor group's parts gathered)."""
+        from megatron.core import parallel_state
+
+        local = {k: v.detach() for k, v in self.model.state_dict().items() if not k.endswith("._extra_state")}
+        whole = gather(local, self.config, parallel_state.get_tensor_model_parallel_group())
+        return {k: v.cpu() for k, v in from_megatron(whole, self.config).items()}
 
     def _sharded_state_dict(self, is_loading: bool) -> dict:
         from megatron.core import tensor_parallel

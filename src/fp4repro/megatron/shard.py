@@ -1,0 +1,88 @@
+"""A whole megatron state dict (tensor size 1) <-> one tensor-parallel rank's part of it.
+
+The run starts from the reference's initialization converted to megatron's layout
+(``fp4repro.megatron.convert``), which each rank cuts to its part (``shard``); an evaluation
+checkpoint is the whole model again (``gather``, collective over the tensor group), converted back.
+What megatron-core splits, and along which dimension (its checkpoints' layout, ``sharded_state_dict``):
+
+    embedding.word_embeddings.weight, output_layer.weight    rows (the vocabulary)
+    mixer.in_proj.weight                                      rows: each of z, x, B, C, dt
+    mixer.conv1d.weight, mixer.conv1d.bias                    rows (channels): each of x, B, C
+    mixer.A_log, mixer.dt_bias, mixer.D                       heads
+    mixer.norm.weight                                         d_inner
+    mixer.out_proj.weight                                     columns (d_inner)
+    self_attention.linear_qkv.weight                          rows: whole KV groups
+    self_attention.linear_proj.weight                         columns (heads)
+    mlp.linear_fc1.weight / mlp.linear_fc2.weight             rows / columns (the MLP width)
+    the norms of the layers and the final norm                not split: every rank holds them whole
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fp4repro.config.model import ModelConfig
+from fp4repro.config.shards import segment_index, split_segments
+
+# megatron's name of a linear -> the reference's (split_segments' names)
+_LINEARS = {"in_proj": "in_proj", "out_proj": "out_proj", "linear_qkv": "qkv_proj", "linear_proj": "o_proj",
+            "linear_fc1": "fc1", "linear_fc2": "fc2"}
+_ROW_PARALLEL = ("out_proj", "linear_proj", "linear_fc2")
+
+
+def split_of(key: str, config: ModelConfig) -> tuple[int, list[int]] | None:
+    """(the dimension a tensor of megatron's state dict is split along, the whole tensor's
+    segments along it), or None for a tensor every rank holds whole."""
+    d_inner, bc = config.mamba_d_inner, config.mamba_groups * config.mamba_state_size
+    name = key.rsplit(".", 2)
+    if key in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return 0, [config.vocab_size]
+    if not key.startswith("decoder.layers.") or ".mixer." not in key and ".self_attention." not in key \
+            and ".mlp." not in key:
+        return None
+    module, param = name[-2], name[-1]
+    if module in _LINEARS and param == "weight":
+        return (1 if module in _ROW_PARALLEL else 0), split_segments(config, _LINEARS[module])
+    if module == "conv1d":
+        return 0, [d_inner, bc, bc]
+    if param in ("A_log", "dt_bias", "D"):
+        return 0, [config.mamba_heads]
+    if module == "norm" and ".mixer." in key:
+        return 0, [d_inner]
+    return None
+
+
+def shard(whole: dict, config: ModelConfig, tp: int, rank: int) -> dict:
+    """Rank ``rank``'s part (of ``tp``) of a whole megatron state dict (tensors indexed, copies)."""
+    out = {}
+    for key, value in whole.items():
+        split = split_of(key, config)
+        if split is None or tp == 1:
+            out[key] = value
+        else:
+            dim, segments = split
+            out[key] = value.index_select(dim, torch.tensor(segment_index(segments, tp, rank)))
+    return out
+
+
+def gather(local: dict, config: ModelConfig, group=None) -> dict:
+    """The whole megatron state dict from every rank's part (collective over the tensor
+    ``group``: every rank calls it, every rank gets the whole)."""
+    tp = dist.get_world_size(group) if group is not None else 1
+    out = {}
+    for key, value in local.items():
+        split = split_of(key, config)
+        if split is None or tp == 1 or value is None or not torch.is_tensor(value):
+            out[key] = value
+            continue
+        dim, segments = split
+        parts = [torch.empty_like(value) for _ in range(tp)]
+        dist.all_gather(parts, value.contiguous(), group=group)
+        whole_shape = list(value.shape)
+        whole_shape[dim] = sum(segments)
+        whole = value.new_empty(whole_shape)
+        for rank, part in enumerate(parts):
+            whole.index_copy_(dim, torch.tensor(segment_index(segments, tp, rank), device=value.device), part)
+        out[key] = whole
+    return out
