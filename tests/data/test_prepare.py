@@ -3,6 +3,7 @@
 import json
 import shutil
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -52,9 +53,10 @@ def test_stdlib_preparation_is_byte_identical_and_offline(tmp_path, monkeypatch,
 
     monkeypatch.setattr(socket, "socket", no_network)
     exp = make_experiment(tmp_path, {"prose": {"kind": "stdlib_prose"}, "code": {"kind": "stdlib_code"}},
-                           tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05})
-    first = prepare_data(exp, tmp_path / "one", progress=False, max_files=30)
-    second = prepare_data(exp, tmp_path / "two", progress=False, max_files=30)
+                           tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05}, max_files=30)
+    first = prepare_data(exp, tmp_path / "one", progress=False)
+    second = prepare_data(exp, tmp_path / "two", progress=False)
+    assert first.documents("code", "train") + first.documents("code", "valid") + first.documents("code", "test") <= 30
     a, b = output_bytes(first.root), output_bytes(second.root)
     assert set(a) == {"tokenizer.json", "manifest.json"} | {f"{s}_{split}{ext}" for s in ("prose", "code")
                                                              for split in ("train", "valid", "test")
@@ -149,7 +151,7 @@ def test_changed_config_is_prepared_again(prepared_copy, synthetic_inputs, tmp_p
     exp, manifest, folder = prepared_copy
     changed = make_experiment(tmp_path, synthetic_inputs, split={"valid": 0.3, "test": 0.1})
     assert data_hash(data_fingerprint(changed.data)) != manifest.data_hash
-    assert data_hash(data_fingerprint(exp.data, max_files=3)) != manifest.data_hash
+    assert data_hash(data_fingerprint(replace(exp.data, max_files=3))) != manifest.data_hash
     redone = prepare_data(changed, folder, progress=False)
     assert redone.data_hash != manifest.data_hash
     assert redone.documents("alpha", "valid") > manifest.documents("alpha", "valid")
@@ -222,11 +224,12 @@ def test_input_files_are_the_files_a_preparation_reads(synthetic_inputs, tmp_pat
 
 def test_installed_packages_prepare_as_sources_and_their_versions_enter_the_hash(tmp_path, make_experiment):
     exp = make_experiment(tmp_path, {"prose": {"kind": "packages_prose"}, "code": {"kind": "packages_code"}},
-                          tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05}, name="packages")
-    fingerprint = data_fingerprint(exp.data, max_files=40)
+                          tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05}, name="packages",
+                          max_files=40)
+    fingerprint = data_fingerprint(exp.data)
     versions = fingerprint["packages"]
     assert versions == sorted(versions) and any(v.startswith("torch==") for v in versions)
-    manifest = prepare_data(exp, tmp_path / "data", progress=False, max_files=40)
+    manifest = prepare_data(exp, tmp_path / "data", progress=False)
     assert manifest.tokens("prose", "train") > 1_000 and manifest.tokens("code", "train") > 10_000
     # another set of installed packages is other data; a standard-library experiment has no such input
     other = {**fingerprint, "packages": versions[:-1]}

@@ -49,6 +49,7 @@ class DataConfig:
     valid_fraction: float = 0.01
     test_fraction: float = 0.01
     seed: int = 1234
+    max_files: int | None = None                # read an evenly spread subset of this many files per source
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
@@ -202,7 +203,7 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
     split = d.get("split", {})
     data = DataConfig(sources=sources, vocab_size=tok.get("vocab_size"), tokenizer_path=tok.get("path"),
                       valid_fraction=split.get("valid", 0.01), test_fraction=split.get("test", 0.01),
-                      seed=d.get("seed", 1234))
+                      seed=d.get("seed", 1234), max_files=d.get("max_files"))
 
     t = raw["train"]
     names = {s.name for s in sources}

@@ -53,7 +53,7 @@ def _indexed_prefix(prefix: str) -> Path:
     return Path(prefix).expanduser().absolute()
 
 
-def data_fingerprint(data: DataConfig, max_files: int | None = None) -> dict:
+def data_fingerprint(data: DataConfig) -> dict:
     """Everything the prepared data depends on, as JSON-able data (input globs are expanded here,
     so an empty glob fails before any work)."""
     inputs: dict[str, object] = {}
@@ -76,8 +76,8 @@ def data_fingerprint(data: DataConfig, max_files: int | None = None) -> dict:
         inputs["tokenizer"] = _file_fingerprint(path)
     fingerprint = {
         "format": DATA_FORMAT,
-        "config": dataclasses.asdict(data),
-        "max_files": max_files,
+        "config": {k: v for k, v in dataclasses.asdict(data).items() if k != "max_files"},
+        "max_files": data.max_files,     # outside "config": experiments without it keep their hash
         "python": data.stdlib(),
         "tokenizers": tokenizers.__version__,
         "inputs": inputs,
@@ -162,19 +162,18 @@ def _say(progress: bool, message: str) -> None:
 
 # ---- entry point ------------------------------------------------------------------------------
 
-def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True, *,
-                 max_files: int | None = None) -> Manifest:
+def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True) -> Manifest:
     """Prepare the experiment's data in ``out_dir`` (tokenizer.json, ``<source>_<split>.bin/.idx``,
     manifest.json) and return its manifest; does nothing when ``out_dir`` already holds it.
 
-    progress: show progress bars and status lines (on stderr).
-    max_files: read only an evenly spread subset of this many files per source (standard library
-        included) — for tests and quick looks; part of the hash, so it never passes for full data.
+    progress: show progress bars and status lines (on stderr). The experiment's
+    ``data.max_files`` reads only an evenly spread subset of that many files per source (standard
+    library included), for quick runs; it is part of the hash, so it never passes for full data.
     """
     out_dir = Path(out_dir).resolve()
     data = exp.data
     _check_source_names(data)
-    fingerprint = data_fingerprint(data, max_files)
+    fingerprint = data_fingerprint(data)
     wanted = data_hash(fingerprint)
     existing = read_manifest(out_dir)
     if existing is not None and existing.data_hash == wanted and not existing.problems():
@@ -184,7 +183,7 @@ def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True, *,
     # From here on the folder is incomplete until the new manifest is written.
     manifest_path(out_dir).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpora = read_corpora(data, max_files, progress)
+    corpora = read_corpora(data, data.max_files, progress)
     tokenizer_file = _write_tokenizer(data, corpora, out_dir, progress)
     tokenizer = load_tokenizer(tokenizer_file)
     eod = eod_id(tokenizer, tokenizer_file)

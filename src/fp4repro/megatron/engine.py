@@ -19,7 +19,9 @@ Resume checkpoints (``fp4repro.megatron.resume``) hold the model and the optimiz
 and the step; per rank, as one sharded object each, its ``QuantState`` and its random generators
 (torch, CUDA, Python, NumPy and megatron's CUDA RNG tracker): a resume restores every rank as it
 was, on the same number of processes. Each periodic refresh's fresh amax and each automatic
-target's growth are MAX-reduced over the data-parallel ranks (``QuantState.reduce_max``), so every
+target's growth are MAX-reduced over the ranks that hold the same tensors (``QuantState.reduce_max``):
+the data-parallel ranks, and with ``tp_amax: group`` the tensor-parallel ones too (the shards of a
+split operand then take the whole tensor's growth; the unsplit ones are equal anyway), so every
 rank holds the same amaxes and picks the same T.
 
 Tensor parallelism: each rank starts from its part of the converted initialization
@@ -32,6 +34,7 @@ evaluation checkpoints are written for every layer on every rank).
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -92,7 +95,9 @@ class MegatronEngine:
                                          parallel_state.get_tensor_model_parallel_rank()), strict=True)
         del initial
         self.quant_state = QuantState(seed)
-        self.quant_state.reduce_max = _max_over_data_parallel_ranks
+        # every rank (tensor x data; pipeline size 1) with tp_amax: group, else each shard's data-parallel replicas
+        amax_group = None if exp.parallel.tp_amax == "group" else parallel_state.get_data_parallel_group()
+        self.quant_state.reduce_max = functools.partial(_max_over, group=amax_group)
         attach_recipe(self.model, recipe, self.quant_state, config, exp.parallel.tp_amax)
 
         model_config = self.model.config
@@ -167,8 +172,8 @@ class MegatronEngine:
         from megatron.core import parallel_state
 
         local = {k: v.detach() for k, v in self.model.state_dict().items() if not k.endswith("._extra_state")}
-        whole = gather(local, self.config, parallel_state.get_tensor_model_parallel_group())
-        return {k: v.cpu() for k, v in from_megatron(whole, self.config).items()}
+        whole = gather(local, self.config, parallel_state.get_tensor_model_parallel_group(), keep=self.writer)
+        return from_megatron(whole, self.config) if self.writer else {}
 
     def _sharded_state_dict(self, is_loading: bool) -> dict:
         from megatron.core import tensor_parallel
@@ -245,11 +250,10 @@ def _load_optimizer(optimizer, state: dict) -> None:
             part.optimizer.state[param]["step"] = step.clone()
 
 
-def _max_over_data_parallel_ranks(value: torch.Tensor) -> torch.Tensor:
-    from megatron.core import parallel_state
-
+def _max_over(value: torch.Tensor, group=None) -> torch.Tensor:
+    """The maximum of ``value`` over the ranks of ``group`` (None: all of them)."""
     value = value.clone()
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return value
 
 

@@ -66,15 +66,18 @@ def shard(whole: dict, config: ModelConfig, tp: int, rank: int) -> dict:
     return out
 
 
-def gather(local: dict, config: ModelConfig, group=None) -> dict:
-    """The whole megatron state dict from every rank's part (collective over the tensor
-    ``group``: every rank calls it, every rank gets the whole)."""
+def gather(local: dict, config: ModelConfig, group=None, keep: bool = True) -> dict:
+    """The whole megatron state dict, on the CPU, from every rank's part (collective over the
+    tensor ``group``: every rank calls it). Each whole tensor leaves the GPU as soon as it is put
+    together, so a GPU holds one at a time; ``keep=False``: this rank takes part but keeps nothing
+    (returns {}: only the rank that writes the checkpoint needs it)."""
     tp = dist.get_world_size(group) if group is not None else 1
     out = {}
     for key, value in local.items():
         split = split_of(key, config)
         if split is None or tp == 1 or value is None or not torch.is_tensor(value):
-            out[key] = value
+            if keep:
+                out[key] = value.cpu() if torch.is_tensor(value) else value
             continue
         dim, segments = split
         parts = [torch.empty_like(value) for _ in range(tp)]
@@ -84,5 +87,6 @@ def gather(local: dict, config: ModelConfig, group=None) -> dict:
         whole = value.new_empty(whole_shape)
         for rank, part in enumerate(parts):
             whole.index_copy_(dim, torch.tensor(segment_index(segments, tp, rank), device=value.device), part)
-        out[key] = whole
+        if keep:
+            out[key] = whole.cpu()
     return out
