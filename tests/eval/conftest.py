@@ -26,7 +26,8 @@ EXPERIMENT = {
     "model": "tiny",
     "recipes": ["bf16", "nvfp4", "ue5m3"],
     "data": {"sources": {"prose": {"kind": "stdlib_prose"}, "code": {"kind": "stdlib_code"}},
-             "tokenizer": {"vocab_size": 2048}, "split": {"valid": 0.1, "test": 0.2}, "seed": 1234},
+             "tokenizer": {"vocab_size": 2048}, "split": {"valid": 0.1, "test": 0.2}, "seed": 1234,
+             "max_files": 30},
     "train": {"seq_len": 64, "batch_size": 8, "checkpoints": 2, "final_window": 0.25,
               "stages": [{"name": "s1", "tokens": 4096, "blend": {"prose": 0.7, "code": 0.3}},
                          {"name": "s2", "tokens": 2048, "blend": {"prose": 0.4, "code": 0.6}}]},
@@ -78,7 +79,7 @@ def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
     path = write_experiment(root)
     exp = load_experiment(path)
-    prepare_data(exp, root / "results" / exp.name / "data", progress=False, max_files=30)
+    prepare_data(exp, root / "results" / exp.name / "data", progress=False)
     return exp, path, root / "results"
 
 

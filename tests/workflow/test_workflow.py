@@ -13,6 +13,9 @@ import pandas as pd
 import pytest
 
 from fp4repro.config.files import PACKAGED
+from fp4repro.config.study import load_study
+from fp4repro.errors import ConfigError
+from fp4repro.train import train as run_training
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ["loss", "nll", "downstream", "telemetry", "target"]
@@ -50,9 +53,9 @@ def test_paper8b_training_stops_before_any_compute_without_gpus_or_with_pipeline
     assert proc.returncode == 1 and "backend megatron trains on CUDA GPUs" in proc.stderr, proc.stderr
     staged = tmp_path / "paper8b.yaml"
     staged.write_text((PACKAGED / "experiment/paper8b.yaml").read_text().replace("pipeline: 1", "pipeline: 2"))
-    proc = train(staged)
-    assert proc.returncode == 2 and "field 'parallel.pipeline': value 2: training through megatron-core runs " \
-        "without pipeline parallelism" in proc.stderr, proc.stderr
+    with pytest.raises(ConfigError, match="field 'parallel.pipeline': value 2: training through megatron-core runs "
+                                          "without pipeline parallelism"):
+        run_training(load_study(staged), "ue5m3", tmp_path / "data", tmp_path / "out", progress=False)
 
 
 def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
