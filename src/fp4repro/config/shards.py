@@ -27,32 +27,37 @@ ALONG = {"N": (("fprop.w", 0), ("dgrad.dy", 1), ("dgrad.w", 1), ("wgrad.dy", 0))
          "K": (("fprop.x", 1), ("fprop.w", 1), ("dgrad.w", 0), ("wgrad.x", 0))}
 
 
+def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int, str]]]:
+    """(the dimension tensor parallelism splits, the whole tensor's segments along it in
+    megatron-core's layout, each of which every rank holds an equal part of: (name, size, the size
+    as it reads)). Mamba's in_proj: z, x, B, C, dt; one segment otherwise (the QKV projection's
+    rows are grouped by KV group, whole groups per rank)."""
+    d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
+    heads, d, width = model.attn_heads, model.attn_head_dim, model.mlp_hidden_size
+    qkv = (heads + 2 * model.attn_kv_heads) * d
+    return {"in_proj": ("N", [("z", d_inner, str(d_inner)), ("x", d_inner, str(d_inner)), ("B", bc, str(bc)),
+                              ("C", bc, str(bc)), ("dt", model.mamba_heads, str(model.mamba_heads))]),
+            "qkv_proj": ("N", [("query, key and value rows", qkv, str(qkv))]),
+            "fc1": ("N", [("width", width, str(width))]), "out_proj": ("K", [("d_inner", d_inner, str(d_inner))]),
+            "o_proj": ("K", [("heads", heads * d, f"{heads} x {d}")]),
+            "fc2": ("K", [("width", width, str(width))])}[linear]
+
+
 def rank_parts(model: ModelConfig, linear: str, tp: int) -> tuple[str, dict[str, int]]:
     """(the dimension tensor parallelism splits, the contiguous pieces of one rank's part of it:
     what -> size) of a linear. The model's split sizes divide ``tp`` (``parallel_problems``)."""
-    d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
-    r, d = model.attn_heads // model.attn_kv_heads, model.attn_head_dim
-    return {"in_proj": ("N", {f"z ({d_inner} / {tp})": d_inner // tp, f"x ({d_inner} / {tp})": d_inner // tp,
-                              f"B ({bc} / {tp})": bc // tp, f"C ({bc} / {tp})": bc // tp,
-                              f"dt ({model.mamba_heads} / {tp})": model.mamba_heads // tp}),
-            # whole KV groups per rank, each [its r query heads | key | value]
-            "qkv_proj": ("N", {f"queries of a KV group ({r} x {d})": r * d, f"key of a KV group ({d})": d}),
-            "fc1": ("N", {f"width ({model.mlp_hidden_size} / {tp})": model.mlp_hidden_size // tp}),
-            "out_proj": ("K", {f"d_inner ({d_inner} / {tp})": d_inner // tp}),
-            "o_proj": ("K", {f"heads ({model.attn_heads} x {d} / {tp})": model.attn_heads * d // tp}),
-            "fc2": ("K", {f"width ({model.mlp_hidden_size} / {tp})": model.mlp_hidden_size // tp})}[linear]
+    dim, segments = _segments(model, linear)
+    if linear == "qkv_proj":      # whole KV groups per rank, each [its r query heads | key | value]
+        r, d = model.attn_heads // model.attn_kv_heads, model.attn_head_dim
+        return dim, {f"queries of a KV group ({r} x {d})": r * d, f"key of a KV group ({d})": d}
+    return dim, {f"{name} ({reads} / {tp})": size // tp for name, size, reads in segments}
 
 
-def split_segments(model: ModelConfig, linear: str) -> list[int]:
-    """The whole tensor's pieces along the dimension tensor parallelism splits (``rank_parts``),
-    in megatron-core's layout, each of which every rank holds an equal part of: Mamba's in_proj
-    z, x, B, C, dt; one piece otherwise (the QKV projection's rows are grouped by KV group, whole
-    groups per rank)."""
-    d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
-    return {"in_proj": [d_inner, d_inner, bc, bc, model.mamba_heads],
-            "qkv_proj": [(model.attn_heads + 2 * model.attn_kv_heads) * model.attn_head_dim],
-            "fc1": [model.mlp_hidden_size], "out_proj": [d_inner],
-            "o_proj": [model.attn_heads * model.attn_head_dim], "fc2": [model.mlp_hidden_size]}[linear]
+def split_segments(model: ModelConfig, linear: str) -> tuple[str, list[int]]:
+    """(the dimension tensor parallelism splits: N or K, the sizes of the whole tensor's segments
+    along it, each of which every rank holds an equal part of: ``_segments``)."""
+    dim, segments = _segments(model, linear)
+    return dim, [size for _, size, _ in segments]
 
 
 def segment_index(segments: list[int], tp: int, rank: int) -> list[int]:
@@ -69,7 +74,7 @@ def segment_index(segments: list[int], tp: int, rank: int) -> list[int]:
 def split_index(model: ModelConfig, linear: str, tp: int, rank: int) -> list[int]:
     """The indices, along the dimension tensor parallelism splits, that rank ``rank`` of ``tp``
     holds of a linear's whole tensor as megatron-core lays it out."""
-    return segment_index(split_segments(model, linear), tp, rank)
+    return segment_index(split_segments(model, linear)[1], tp, rank)
 
 
 def shard_problems(model: ModelConfig, recipe: Recipe, parallel: ParallelConfig) -> list[ParallelError]:

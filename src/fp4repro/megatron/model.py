@@ -135,8 +135,6 @@ def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: Quan
     tensor parallelism, the ``Shard`` of each split operand: with ``tp_amax: group`` the tensor group
     it reduces amaxes over, and, for stochastic rounding, its place in the whole tensor
     (``fp4repro.config.shards.split_index``)."""
-    from megatron.core import parallel_state
-
     for number, name, module in layer_linears(megatron_model):
         linear = LINEAR_NAMES[name]
         specs = None if recipe is None else recipe.linear_specs(layer_index(number), config.n_layers, linear=linear)

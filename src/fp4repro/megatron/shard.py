@@ -24,32 +24,27 @@ import torch.distributed as dist
 
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.shards import segment_index, split_segments
-
-# megatron's name of a linear -> the reference's (split_segments' names)
-_LINEARS = {"in_proj": "in_proj", "out_proj": "out_proj", "linear_qkv": "qkv_proj", "linear_proj": "o_proj",
-            "linear_fc1": "fc1", "linear_fc2": "fc2"}
-_ROW_PARALLEL = ("out_proj", "linear_proj", "linear_fc2")
+from fp4repro.megatron.names import LINEAR_NAMES
 
 
 def split_of(key: str, config: ModelConfig) -> tuple[int, list[int]] | None:
     """(the dimension a tensor of megatron's state dict is split along, the whole tensor's
     segments along it), or None for a tensor every rank holds whole."""
-    d_inner, bc = config.mamba_d_inner, config.mamba_groups * config.mamba_state_size
-    name = key.rsplit(".", 2)
     if key in ("embedding.word_embeddings.weight", "output_layer.weight"):
         return 0, [config.vocab_size]
     if not key.startswith("decoder.layers.") or ".mixer." not in key and ".self_attention." not in key \
             and ".mlp." not in key:
         return None
-    module, param = name[-2], name[-1]
-    if module in _LINEARS and param == "weight":
-        return (1 if module in _ROW_PARALLEL else 0), split_segments(config, _LINEARS[module])
-    if module == "conv1d":
-        return 0, [d_inner, bc, bc]
+    module, param = key.rsplit(".", 2)[-2:]
+    if module in LINEAR_NAMES and param == "weight":        # a weight is (N, K): rows N, columns K
+        dim, segments = split_segments(config, LINEAR_NAMES[module])
+        return (0 if dim == "N" else 1), segments
+    if module == "conv1d":                                  # its channels: in_proj's x, B and C
+        return 0, split_segments(config, "in_proj")[1][1:4]
     if param in ("A_log", "dt_bias", "D"):
         return 0, [config.mamba_heads]
     if module == "norm" and ".mixer." in key:
-        return 0, [d_inner]
+        return 0, [config.mamba_d_inner]
     return None
 
 

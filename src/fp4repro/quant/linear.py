@@ -95,7 +95,7 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     reduced when sampled). With a ``place``, stochastic rounding draws the random bits of the
     shard's elements' places in the whole tensor (on the kernels; the CPU reference draws from a
     generator of its own). A periodic refresh's sample is also MAX-reduced by ``state.reduce_max``
-    (across data-parallel ranks) when the state has one.
+    (across the ranks that hold the same tensors) when the state has one.
 
     d is a Python float where it is known on the host (a held amax, or no tensor scale) and
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held

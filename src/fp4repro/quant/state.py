@@ -55,8 +55,9 @@ class QuantState:
         self._live: dict[str, torch.Tensor] = {}        # this interval's running live amax (slots), on the device
         self._growths: dict[str, list[float]] = {}      # G of the last ``window`` finished intervals
         self._target: dict[str, float] = {}             # the automatic T in use
-        # MAX reduction across data-parallel ranks (None: one process) of an automatic target's
-        # growth and of each periodic refresh's fresh amax, so that every rank holds the same
+        # MAX reduction across the ranks that hold the same tensors (None: one process) of an
+        # automatic target's growth and of each periodic refresh's fresh amax, so that every rank
+        # holds the same
         self.reduce_max = None
         self._sr_draws: dict[str, int] = {}             # SR quantizations of each key in this step
 
