@@ -133,12 +133,18 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return amax
 
 
-def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """The current amax a quantization of x with ``spec`` uses: ``tensor_amax`` of x padded to
-    whole blocks and, with ``spec.rht``, transformed (float32 scalar). Taken alone so that shards
-    of one tensor can MAX-reduce theirs into the whole tensor's before they quantize."""
+def blocked_matrix(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The matrix a quantization with ``spec`` takes its blocks (and its amax) from: x as 2-D,
+    padded to whole blocks and, with ``spec.rht``, transformed."""
     x2d = pad_to_blocks(x, spec)
-    return tensor_amax(rht(x2d) if spec.rht else x2d)
+    return rht(x2d) if spec.rht else x2d
+
+
+def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The current amax a quantization of x with ``spec`` uses: ``tensor_amax`` of its
+    ``blocked_matrix`` (float32 scalar). Taken alone so that shards of one tensor can MAX-reduce
+    theirs into the whole tensor's before they quantize."""
+    return tensor_amax(blocked_matrix(x, spec))
 
 
 def group_amax(x2d: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
@@ -296,9 +302,7 @@ class _Blocks:
 
 def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups=None) -> _Blocks:
     element, scale = get_format(spec.element), get_format(spec.scale)
-    x2d = pad_to_blocks(x, spec)
-    if spec.rht:
-        x2d = rht(x2d)
+    x2d = blocked_matrix(x, spec)
     if groups is not None:
         if amax is not None or spec.block[0] != 1:
             raise ValueError(f"row groups need the current amax and 1-row blocks, not {spec.block}"
