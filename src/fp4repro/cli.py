@@ -432,8 +432,12 @@ def _cmd_parity(args) -> int:
         write_json(out, result, origin)
 
     initialize(ParallelConfig(), batch_size=args.batch, seed=args.seed)
-    run(config, recipes, batch=args.batch, length=args.length, seed=args.seed, on_row=on_row)
+    result = run(config, recipes, batch=args.batch, length=args.length, seed=args.seed, on_row=on_row)
     print(f"wrote {out}")
+    outside = [f"{r['recipe']} ({r['autocast']})" for r in result["rows"] if r["within"] is False]
+    if outside:
+        print(f"outside their bounds: {', '.join(outside)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -658,8 +662,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "random token batch and compare the loss and every parameter's gradient, in "
                                     "FP32 and under BF16 autocast, per recipe; beside each difference, the "
                                     "reference against itself with its torch SSD scan (the same math rounded "
-                                    "differently) and the BF16-rounding bounds (fp4repro.megatron.parity). Writes "
-                                    "JSON (default results/megatron/first_step_<model>.json).")
+                                    "differently) and under BF16 autocast against itself in FP32 (the BF16 effect), "
+                                    "and each row's verdict: the BF16 recipe within the BF16-rounding bounds, a "
+                                    "quantized recipe's every linear within sqrt(2) times its BF16 effect "
+                                    "(fp4repro.megatron.parity). Writes JSON (default "
+                                    "results/megatron/first_step_<model>.json); exit 1 if a row is outside.")
     pa.add_argument("--model", default="tiny", help="model config name or path (default tiny)")
     pa.add_argument("--recipes", nargs="+", default=["bf16", "ue5m3", "nvfp4"], help="recipe names or paths")
     pa.add_argument("--batch", type=int, default=4, help="sequences (default 4)")

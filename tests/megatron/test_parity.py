@@ -3,7 +3,7 @@ a GPU: test_parity_gpu.py)."""
 
 import pytest
 
-from fp4repro.megatron.parity import bf16_bounds, linear_gradients, table_header, table_row
+from fp4repro.megatron.parity import bf16_bounds, linear_gradients, table_header, table_row, verdict
 
 
 def test_bf16_bounds_follow_the_rounding_argument():
@@ -26,12 +26,47 @@ def test_a_row_prints_under_its_header():
     result = {"model": "tiny", "batch": 4, "length": 256, "seed": 0}
     row = {"recipe": "ue5m3", "autocast": "bf16", "loss_reference": 7.62512, "loss_difference": -1.3e-3,
            "yardstick_loss_difference": 2.4e-4, "bounds": {"loss": 0.05, "gradient": 0.035},
-           "linear_gradient_max": 0.25, "yardstick_linear_gradient_max": 0.19}
+           "linear_gradient_max": 0.25, "yardstick_linear_gradient_max": 0.19,
+           "bf16_effect_linear_gradient_max": 0.31, "worst_ratio": 0.87, "megatron_effect_ratio": 1.02,
+           "within": True}
     header = table_header(result).splitlines()
     assert header[0].startswith("tiny: batch 4 x 256 tokens") and "lin grad" in header[1]
     assert table_row(row).split() == ["ue5m3", "bf16", "7.62512", "-1.30e-03", "+2.40e-04", "5.00e-02",
-                                      "2.50e-01", "1.90e-01", "3.50e-02"]
-    assert table_row({**row, "autocast": "fp32", "bounds": None}).split()[5] == "nan"
+                                      "2.50e-01", "1.90e-01", "3.50e-02", "3.10e-01", "0.87", "1.02", "yes"]
+    fp32 = table_row({**row, "autocast": "fp32", "bounds": None, "within": None,
+                      "bf16_effect_linear_gradient_max": float("nan"), "worst_ratio": float("nan"),
+                      "megatron_effect_ratio": float("nan")}).split()
+    assert fp32[5] == fp32[9] == fp32[10] == fp32[11] == "nan" and fp32[12] == "-"
+    assert table_row({**row, "within": False}).split()[-1] == "NO"
+
+
+def _differences(**linears):
+    names = {"in_proj": "layers.0.mixer.in_proj.weight", "fc1": "layers.1.mixer.fc1.weight"}
+    return {"gradient_difference": {"embedding.weight": 5.0, **{names[k]: v for k, v in linears.items()}}}
+
+
+def test_a_quantized_row_is_within_when_every_linear_moves_at_most_sqrt2_times_as_far_as_bf16_rounding_moves_it():
+    # two BF16 roundings of one FP32 computation, each moving a gradient by E in unrelated
+    # directions, end sqrt(E^2 + E^2) apart
+    bounds = {"loss": 0.02, "gradient": 0.035}
+    effect = _differences(in_proj=0.20, fc1=0.10)
+    ok = verdict(True, {"loss_difference": -4e-4, **_differences(in_proj=0.28, fc1=0.09)}, effect, bounds,
+                 megatron_effect=_differences(in_proj=0.22, fc1=0.08))
+    assert ok["within"] and ok["worst_ratio"] == pytest.approx(1.4) and ok["worst_ratio_linear"].endswith("in_proj.weight")
+    assert ok["bf16_effect_linear_gradient_max"] == 0.20 and ok["megatron_effect_ratio"] == pytest.approx(1.1)
+    # fc1 exceeds sqrt(2) times its own effect though it stays under in_proj's
+    per_linear = verdict(True, {"loss_difference": -4e-4, **_differences(in_proj=0.05, fc1=0.15)}, effect, bounds)
+    assert not per_linear["within"] and per_linear["worst_ratio"] == pytest.approx(1.5)
+    assert "megatron_effect_ratio" not in per_linear
+    # the loss bound holds for quantized rows too; embedding differences are not the linears'
+    assert not verdict(True, {"loss_difference": 0.03, **_differences(in_proj=0.01, fc1=0.01)}, effect, bounds)["within"]
+
+
+def test_a_bf16_row_is_judged_by_the_rounding_bounds_not_by_the_bf16_effect():
+    bounds = {"loss": 0.02, "gradient": 0.035}
+    effect = _differences(in_proj=0.001, fc1=0.001)
+    assert verdict(False, {"loss_difference": 1e-4, **_differences(in_proj=0.03, fc1=0.01)}, effect, bounds)["within"]
+    assert not verdict(False, {"loss_difference": 1e-4, **_differences(in_proj=0.04, fc1=0.01)}, effect, bounds)["within"]
 
 
 def test_loss_curves_compare_megatron_with_three_times_the_larger_reference_drift():
@@ -65,3 +100,25 @@ def test_the_yardstick_leaves_the_references_stochastic_rounding_draws_alone():
     before = dict(reference.quant_state._sr_draws)
     result = yardstick(reference, tokens, seed=1, bf16=False)
     assert result["gradient_difference"] and reference.quant_state._sr_draws == before
+
+
+def test_the_bf16_effect_compares_the_reference_under_autocast_with_itself_in_fp32():
+    """On CPU (autocast on the inputs' device): a nonzero effect, the same bits again on a repeat,
+    and the reference's own SR draws untouched."""
+    import torch
+
+    from fp4repro.config.model import load_model_config
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.megatron.parity import bf16_effect
+    from fp4repro.model import NemotronH
+    from fp4repro.quant.state import QuantState
+
+    config = load_model_config("tiny")
+    reference = NemotronH(config, load_recipe("ue5m3"), state=QuantState(seed=4))
+    tokens = torch.randint(0, config.vocab_size, (1, 33), generator=torch.Generator().manual_seed(4))
+    before = dict(reference.quant_state._sr_draws)
+    first = bf16_effect(reference, tokens, seed=1)
+    assert reference.quant_state._sr_draws == before
+    lin = linear_gradients(first["gradient_difference"])
+    assert min(lin.values()) > 1e-3 and first["loss_difference"] != 0.0
+    assert bf16_effect(reference, tokens, seed=1) == first

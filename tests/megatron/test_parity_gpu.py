@@ -1,7 +1,9 @@
 """The megatron model against the reference model on one GPU: the same weights (converted) and the
 same tokens. A quantized linear of megatron's computes bit for bit what the reference's computes;
 the BF16 recipe's first step agrees to FP32 rounding in FP32 and within the BF16-rounding bounds
-of ``fp4repro.megatron.parity`` under autocast, and a transposed weight breaks those bounds."""
+of ``fp4repro.megatron.parity`` under autocast, and a transposed weight breaks those bounds; a
+quantized recipe's first step in FP32 equals the reference's exactly where no quantization
+decision has flipped yet (the last quantized layer), which a recipe attached one layer off breaks."""
 
 import pytest
 import torch
@@ -36,6 +38,31 @@ def test_bf16_first_step_agrees_within_rounding_and_a_transposed_weight_breaks_i
     megatron.load_state_dict(state, strict=True)
     broken = first_step(reference, megatron, tokens, seed=2, bf16=True)
     assert max(linear_gradients(broken["gradient_difference"]).values()) > bounds["gradient"]
+
+
+def test_a_recipe_attached_one_layer_off_breaks_the_last_quantized_layers_exact_agreement(megatron_cpu, monkeypatch):
+    """nvfp4 keeps tiny's last layer (4, MLP) in BF16; the attention output projection of layer 3
+    is the last quantized linear. In FP32 its weight gradient is the reference's exactly (its
+    operands agree to FP32 rounding, too little to move an FP4 decision). With megatron's layer
+    numbers read as 0-based indices clamped to the model (a plausible off-by-one: number 4 taken
+    as index 4), layer 3 is left in BF16 and its gradient moves by the FP4 rounding it skipped."""
+    import fp4repro.megatron.model as megatron_model
+    from fp4repro.megatron.model import attach_recipe
+    from fp4repro.quant.state import QuantState
+
+    tiny = load_model_config("tiny")
+    nvfp4 = load_recipe("nvfp4")
+    assert nvfp4.bf16_layers(tiny.n_layers) == [tiny.n_layers - 1] and tiny.layer_types[3] == "attention"
+    tokens = _tokens(tiny)
+    o_proj, fc1 = "layers.3.mixer.o_proj.weight", "layers.4.mixer.fc1.weight"
+    reference, megatron = pair(tiny, nvfp4, seed=0)
+    right = first_step(reference, megatron, tokens, seed=2, bf16=False)["gradient_difference"]
+    assert right[o_proj] <= 1e-4 and right[fc1] <= 1e-4, (right[o_proj], right[fc1])
+    reference, megatron = pair(tiny, nvfp4, seed=0)
+    monkeypatch.setattr(megatron_model, "layer_index", lambda number: min(number, tiny.n_layers - 1))
+    attach_recipe(megatron, nvfp4, QuantState(), tiny)
+    wrong = first_step(reference, megatron, tokens, seed=2, bf16=False)["gradient_difference"]
+    assert wrong[o_proj] > 1e-2, wrong[o_proj]
 
 
 # (megatron module path, reference module path) of one linear of each kind in tiny ("M-M*-");

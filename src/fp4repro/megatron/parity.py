@@ -15,14 +15,27 @@ u·sqrt(L) relative. ``bf16_bounds`` allows 4·u·sqrt(L) for every weight gradi
 loss (a mean of cross-entropies, each with gradient of L1 norm at most 2 in its logits),
 2·u·sqrt(L)·max|logit|. Without autocast (FP32) the backends differ only in FP32 rounding.
 
-Quantized recipes have no such bound: FP4 rounding is discontinuous, so an input that moves by
-one FP32 ulp across a rounding boundary moves its element by a whole FP4 step, and the loss and
-gradients of two correct implementations differ by what those flips add up to. The yardstick
-(``yardstick``) is the reference model against itself with its other SSD implementation (the
-torch scan instead of mamba-ssm's Triton kernel: the same math, rounded differently).
+Quantized recipes have no analytic bound: FP4 rounding is discontinuous, so an input that moves by
+one ulp across a rounding boundary moves its element by a whole FP4 step, the next layer's inputs
+move by that much, and the flips multiply layer by layer; the loss and gradients of two correct
+implementations differ by what those flips add up to. Two measured references: the yardstick
+(``yardstick``), the reference model against itself with its other SSD implementation (the torch
+scan instead of mamba-ssm's Triton kernel: the same math, rounded differently, an FP32-level
+change in one place), and the BF16 effect (``bf16_effect``), the reference under BF16 autocast
+against itself in FP32: what BF16 rounding of every GEMM and activation does to each gradient.
+Two correct BF16 implementations are two BF16 roundings of the same FP32 computation F: each
+moves a gradient away from F's by about the BF16 effect E, in directions that share only the
+roundings the two implementations share. If they shared none, the two would be sqrt(E^2 + E^2)
+= sqrt(2)·E apart; if they shared all, 0. The quantized recipes' bound under BF16 autocast
+(``verdict``) is therefore sqrt(2)·E per linear, with E measured on the reference only (a bug in
+the megatron model cannot widen its own bound). Its premise, that megatron's BF16 rounding moves
+the gradients no more than the reference's does, is measured too (``megatron_bf16_effect``:
+the megatron model under BF16 autocast against the reference in FP32, divided by E).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -56,12 +69,12 @@ def _loss_and_grads(model, logits_of, inputs, targets, seed: int, bf16: bool) ->
     """(loss, gradient of every parameter, max |logit|) of one forward and backward."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = logits_of(model, inputs).float()
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
     loss.backward()
     grads = {name: p.grad.detach().float() for name, p in model.named_parameters()}
-    return float(loss), grads, float(logits.detach().abs().max())
+    return float(loss.detach()), grads, float(logits.detach().abs().max())
 
 
 def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Tensor, seed: int,
@@ -99,19 +112,66 @@ def linear_gradients(differences: dict) -> dict:
             or n.endswith(("fc1.weight", "fc2.weight"))}
 
 
-def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool = True) -> dict:
-    """``first_step``'s comparison of the reference model with a copy of itself that runs the
-    torch SSD scan instead of mamba-ssm's kernel (same weights, same seed). Both sides are copies
-    (each with a copy of the QuantState, shared by its linears): the reference's own state counts
-    the stochastic roundings of each operand in a step (``QuantState.sr_seed``), so a pass here
-    would give its next ``first_step`` other SR bits than the megatron model's."""
-    import copy
-
-    base, other = copy.deepcopy(reference), use_torch_ssd(copy.deepcopy(reference))
+def _reference_against_itself(reference: NemotronH, other: NemotronH, tokens: torch.Tensor, seed: int,
+                              bf16: bool, bf16_other: bool) -> dict:
+    """``first_step``'s comparison of two variants of the reference model, ``other`` minus a copy of
+    ``reference``. Both must be copies, each with a copy of the QuantState, shared by its linears:
+    the reference's own state counts the stochastic roundings of each operand in a step
+    (``QuantState.sr_seed``), so a pass of the reference itself would give its next ``first_step``
+    other SR bits than the megatron model's."""
+    base = copy.deepcopy(reference)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     loss_r, grads_r, _ = _loss_and_grads(base, lambda m, x: m(x), inputs, targets, seed, bf16)
-    loss_o, grads_o, _ = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16)
+    loss_o, grads_o, _ = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16_other)
     return {"loss_difference": loss_o - loss_r, "gradient_difference": _relative(grads_o, grads_r)}
+
+
+def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool = True) -> dict:
+    """The reference with the torch SSD scan instead of mamba-ssm's kernel, minus the reference
+    (same weights, seed and autocast)."""
+    other = use_torch_ssd(copy.deepcopy(reference))
+    return _reference_against_itself(reference, other, tokens, seed, bf16, bf16)
+
+
+def bf16_effect(reference: NemotronH, tokens: torch.Tensor, seed: int) -> dict:
+    """The reference under BF16 autocast minus the reference in FP32 (same weights and seed, so the
+    same SR bits): what BF16 rounding alone does to the loss and to each gradient."""
+    return _reference_against_itself(reference, copy.deepcopy(reference), tokens, seed, False, True)
+
+
+def megatron_bf16_effect(config: ModelConfig, recipe: Recipe | None, tokens: torch.Tensor, seed_model: int,
+                         seed: int) -> dict:
+    """A fresh pair (``pair``, so both QuantStates draw their first SR bits): the megatron model
+    under BF16 autocast minus the reference in FP32, per parameter (reference names)."""
+    reference, megatron = pair(config, recipe, seed_model)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    loss_r, grads_r, _ = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, False)
+    loss_m, grads_m, _ = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, True)
+    return {"loss_difference": loss_m - loss_r,
+            "gradient_difference": _relative(from_megatron(grads_m, config), grads_r)}
+
+
+QUANTIZED_BOUND = 2.0 ** 0.5     # in units of the reference's BF16 effect on the same linear
+
+
+def verdict(quantized: bool, megatron: dict, effect: dict, bounds: dict, megatron_effect: dict | None = None) -> dict:
+    """Whether a BF16-autocast row is within its bound. Every recipe: |loss difference| at most the
+    loss bound of ``bf16_bounds``. The BF16 recipe: every linear's weight gradient within the
+    gradient bound. A quantized recipe: every linear's gradient difference at most sqrt(2) times
+    the reference's BF16 effect on that linear (``worst_ratio`` = max over linears of difference /
+    effect <= ``QUANTIZED_BOUND``). ``megatron_effect`` (``megatron_bf16_effect``) gives the
+    premise's check, ``megatron_effect_ratio`` = max over linears of its effect / the reference's."""
+    lin_m, lin_e = linear_gradients(megatron["gradient_difference"]), linear_gradients(effect["gradient_difference"])
+    ratios = {n: lin_m[n] / lin_e[n] if lin_e[n] > 0 else float("inf") for n in lin_m}
+    worst = max(ratios, key=ratios.get)
+    loss_ok = abs(megatron["loss_difference"]) <= bounds["loss"]
+    gradients_ok = ratios[worst] <= QUANTIZED_BOUND if quantized else max(lin_m.values()) <= bounds["gradient"]
+    out = {"within": bool(loss_ok and gradients_ok), "worst_ratio": ratios[worst], "worst_ratio_linear": worst,
+           "bf16_effect_linear_gradient_max": max(lin_e.values())}
+    if megatron_effect is not None:
+        lin_me = linear_gradients(megatron_effect["gradient_difference"])
+        out["megatron_effect_ratio"] = max(lin_me[n] / lin_e[n] if lin_e[n] > 0 else float("inf") for n in lin_me)
+    return out
 
 
 def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, length: int = 256,
@@ -124,10 +184,14 @@ def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, 
     result = {"model": config.name, "batch": batch, "length": length, "seed": seed, "rows": []}
     for name, recipe in recipes.items():
         reference, megatron = pair(config, recipe, seed)
+        effect = bf16_effect(reference, tokens, seed + 1)
+        megatron_effect = megatron_bf16_effect(config, recipe, tokens, seed, seed + 1)
+        quantized = recipe is not None and len(recipe.bf16_layers(config.n_layers)) < config.n_layers
         for bf16 in (False, True):
             m = first_step(reference, megatron, tokens, seed + 1, bf16)
             y = yardstick(reference, tokens, seed + 1, bf16)
             lin_m, lin_y = linear_gradients(m["gradient_difference"]), linear_gradients(y["gradient_difference"])
+            bounds = bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None
             result["rows"].append({
                 "recipe": name, "autocast": "bf16" if bf16 else "fp32",
                 "loss_reference": m["loss_reference"], "loss_difference": m["loss_difference"],
@@ -135,8 +199,12 @@ def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, 
                 "gradient_max": max(m["gradient_difference"].values()),
                 "yardstick_loss_difference": y["loss_difference"],
                 "yardstick_linear_gradient_max": max(lin_y.values()),
-                "bounds": bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None,
-                "gradient_difference": m["gradient_difference"]})
+                "bounds": bounds,
+                **(verdict(quantized, m, effect, bounds, megatron_effect) if bf16 else {"within": None}),
+                "gradient_difference": m["gradient_difference"],
+                "yardstick_gradient_difference": y["gradient_difference"],
+                "bf16_effect_gradient_difference": effect["gradient_difference"] if bf16 else None,
+                "megatron_bf16_effect_gradient_difference": megatron_effect["gradient_difference"] if bf16 else None})
             if on_row is not None:
                 on_row(result)
     return result
@@ -144,14 +212,18 @@ def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, 
 
 def table_header(result: dict) -> str:
     return (f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
-            "megatron - reference (yardstick: reference with the torch SSD - reference)\n"
+            "megatron - reference (yard: reference with the torch SSD - reference; "
+            "bf16 eff: reference in BF16 - in FP32; ratio: worst linear's megatron difference / its bf16 eff, "
+            f"quantized bound {QUANTIZED_BOUND:.2f}; m eff: worst linear's (megatron in BF16 - reference in FP32) / its bf16 eff)\n"
             f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
-            f"{'lin grad':>9} {'yard':>9} {'bound':>8}")
+            f"{'lin grad':>9} {'yard':>9} {'bound':>8} {'bf16 eff':>9} {'ratio':>6} {'m eff':>6} within")
 
 
 def table_row(r: dict) -> str:
     b = r["bounds"] or {}
+    within = {True: "yes", False: "NO", None: "-"}[r.get("within")]
     return (f"{r['recipe']:10} {r['autocast']:8} {r['loss_reference']:>9.5f} {r['loss_difference']:>+10.2e} "
             f"{r['yardstick_loss_difference']:>+10.2e} {b.get('loss', float('nan')):>9.2e} "
             f"{r['linear_gradient_max']:>9.2e} {r['yardstick_linear_gradient_max']:>9.2e} "
-            f"{b.get('gradient', float('nan')):>8.2e}")
+            f"{b.get('gradient', float('nan')):>8.2e} {r.get('bf16_effect_linear_gradient_max', float('nan')):>9.2e} "
+            f"{r.get('worst_ratio', float('nan')):>6.2f} {r.get('megatron_effect_ratio', float('nan')):>6.2f} {within}")
