@@ -387,6 +387,8 @@ def _cmd_bench(args) -> int:
         out = Path(args.out or "results/bench/live_amax.json")
         print_table(run(out=out, pairs=args.pairs))
         print(f"wrote {out}")
+    if args.what == "throughput":
+        return _bench_throughput(args)
     if args.what == "sass":
         from fp4repro.bench.sass import print_table, run
 
@@ -402,6 +404,28 @@ def _cmd_bench(args) -> int:
         for r in rows:
             print(f"{r['spec']:28} {'x'.join(map(str, r['shape'])):>11} {r['median_s']:>9.3f} {r['melem_per_s']:>8.1f}")
         print(f"wrote {args.out}")
+    return 0
+
+
+def _bench_throughput(args) -> int:
+    import torch
+
+    from fp4repro.bench import throughput
+
+    args.add_recipe = [*throughput.ABLATION, *(args.add_recipe or ())]
+    study = _study(args)
+    names = list(dict.fromkeys([*throughput.ABLATION, *study.recipes]))
+    cuda = torch.cuda.is_available()
+    columns = args.columns or (list(throughput.COLUMNS) if cuda else ["emulated"])
+    out = Path(args.out or "results/bench/throughput_"
+               f"{throughput.device_tag(torch.cuda.get_device_name() if cuda else None)}.json")
+    result = throughput.run(study.model, {n: study.recipe(n) for n in names},
+                            seq_len=args.seq_len or study.experiment.train.seq_len, batch=args.batch,
+                            steps=args.steps, warmup=args.warmup, columns=columns,
+                            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+                            on_column=lambda r: throughput.record(out, r, "cuda" if cuda else "cpu"))
+    print(throughput.table(result))
+    print(f"wrote {out} (shapes: {result['model']})")
     return 0
 
 
@@ -631,8 +655,27 @@ def build_parser() -> argparse.ArgumentParser:
                                    "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
                                    "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
                                    "with a 95% confidence interval (default output "
-                                   "results/bench/live_amax.json).")
-    b.add_argument("what", choices=["quant", "kernels", "sass", "live"])
+                                   "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
+                                   "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
+                                   "the experiment's model under the paper's ablation recipes and the "
+                                   "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
+                                   "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
+                                   "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
+                                   "both (fp4repro.bench.throughput); filed per model in "
+                                   "results/bench/throughput_<device>.json.")
+    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput"])
+    b.add_argument("--experiment", default="tiny",
+                   help="throughput: the experiment whose model shapes and recipes are timed, with the paper's "
+                        "ablation recipes (default tiny)")
+    b.add_argument("--add-recipe", action="append", metavar="RECIPE",
+                   help="throughput: another recipe (name or YAML path) to time; repeatable")
+    b.add_argument("--seq-len", type=int, help="throughput: tokens per sequence (default: the experiment's)")
+    b.add_argument("--batch", type=int, default=1, help="throughput: sequences per step (default 1)")
+    b.add_argument("--steps", type=int, default=7, help="throughput: timed steps per recipe (at least 5)")
+    b.add_argument("--warmup", type=int, default=2, help="throughput: untimed steps per recipe first")
+    b.add_argument("--columns", nargs="+", choices=["emulated", "fp8_analogue"],
+                   help="throughput: what to measure (default both on a GPU, emulated on CPU)")
+    b.add_argument("--quiet", action="store_true", help="throughput: no progress lines")
     b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
     b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
     b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")

@@ -148,3 +148,31 @@ def test_fp4_training_step_on_cuda_under_bf16_autocast(recipe):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     rows = model.quant_state.pop_telemetry()
     assert rows and {r["operand"] for r in rows} == set(OPERANDS)
+
+
+def test_attaching_a_recipe_gives_the_model_that_recipe_builds():
+    """One model timed under several recipes (``fp4repro bench throughput``): attaching ue5m3 to a
+    model built for nvfp4 computes what a model built for ue5m3 with the same weights computes."""
+    from fp4repro.model import attach_recipe
+    from fp4repro.quant.state import QuantState
+
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(11))
+    built = build("ue5m3")
+    attached = build("nvfp4")
+    attached.load_state_dict(built.state_dict())
+    before = attached(tokens)
+    state = QuantState()
+    attach_recipe(attached, recipes.load_recipe("ue5m3"), state)
+    assert attached.quant_state is state and attached.recipe.name == "ue5m3"
+    assert quantized_operands(attached) == quantized_operands(built)
+    assert torch.equal(attached(tokens), built(tokens)) and not torch.equal(before, built(tokens))
+    assert all(m.state is state for _, m in attached.linears() if hasattr(m, "specs"))
+
+
+def test_a_recipe_cannot_be_attached_to_a_model_built_without_one():
+    from fp4repro.model import attach_recipe
+    from fp4repro.quant.state import QuantState
+
+    plain = NemotronH(load_model_config("tiny"), None)
+    with pytest.raises(TypeError, match="build the model with a recipe"):
+        attach_recipe(plain, recipes.load_recipe("ue5m3"), QuantState())

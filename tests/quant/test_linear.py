@@ -228,3 +228,33 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(reused[0], fresh[0]))
     assert fresh[1] == 3
     assert reused[1] == (1 if recipe == "ue5m3" else 0)   # ue5m3 samples dgrad.w's amax on step 0
+
+
+def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_forwards_choice():
+    """Within ``gemm_instrument(g)`` each quantized GEMM calls g with the operands the emulation
+    would multiply; the backward, run after the context has closed (as autograd may run it on a
+    thread of its own), still calls g; outside, the emulated GEMM again."""
+    from fp4repro.quant.linear import emulated_gemm, gemm_instrument
+
+    calls = []
+
+    def doubled(a, da, b, db, out_dtype):
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return 2 * emulated_gemm(a, da, b, db, out_dtype)
+
+    lin = _layer(load_recipe("ue5m3").linear_specs(0, 4), bias=False)
+    x = torch.randn(3, 10, 64, requires_grad=True)
+    torch.manual_seed(5)
+    want = lin(x)
+    want_dx, want_dw = torch.autograd.grad(want, (x, lin.weight), torch.ones_like(want))
+    lin.state = QuantState()
+    with gemm_instrument(doubled):
+        torch.manual_seed(5)
+        got = lin(x)
+    assert calls == [((30, 64), (48, 64))] and torch.equal(got, 2 * want)
+    dx, dw = torch.autograd.grad(got, (x, lin.weight), torch.ones_like(got))
+    assert calls[1:] == [((30, 48), (64, 48)), ((48, 30), (64, 30))]
+    assert torch.equal(dx, 2 * want_dx) and torch.equal(dw, 2 * want_dw)
+    lin.state = QuantState()
+    torch.manual_seed(5)
+    assert torch.equal(lin(x), want) and len(calls) == 3

@@ -131,6 +131,23 @@ class NemotronH(nn.Module):
         return total
 
 
+def attach_recipe(model: NemotronH, recipe: Recipe, state: QuantState) -> NemotronH:
+    """``model`` with every internal linear given ``recipe``'s specs for its layer and name, and
+    ``state``: the model a constructor call with that recipe and state would build, with these
+    weights (so that one model can be timed under several recipes). The model must have been
+    built with a recipe (its internal linears are then ``QuantLinear``s)."""
+    n_layers = model.config.n_layers
+    for i, layer in enumerate(model.layers):
+        for name in layer.mixer.LINEARS:
+            linear = getattr(layer.mixer, name)
+            if not isinstance(linear, QuantLinear):
+                raise TypeError(f"layers.{i}.mixer.{name} is a {type(linear).__name__}: build the model "
+                                "with a recipe to attach another")
+            linear.attach(recipe.linear_specs(i, n_layers, linear=name), state)
+    model.recipe, model.quant_state = recipe, state
+    return model
+
+
 def use_torch_ssd(model: NemotronH) -> NemotronH:
     """``model`` with its Mamba layers on the torch SSD scan instead of mamba-ssm's Triton kernel
     (the same math rounded differently: the yardstick of backend comparisons)."""

@@ -40,6 +40,8 @@ its own d_x[i]·d_w (``emulated_gemm``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import replace
 import math
@@ -245,6 +247,23 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     return (acc * alpha).to(out_dtype)
 
 
+_gemm_instrument = contextvars.ContextVar("fp4repro_gemm_instrument", default=None)
+
+
+@contextlib.contextmanager
+def gemm_instrument(gemm):
+    """Within this context (this thread or task), the quantized linears' GEMMs call
+    ``gemm(a, d_a, b, d_b, out_dtype)`` in place of ``emulated_gemm``: the same operands (q·s and
+    decode scales), another execution, for timing instruments (``fp4repro.bench``) only. The
+    choice is made in the forward and kept for the backward, which autograd may run on a thread
+    of its own."""
+    token = _gemm_instrument.set(gemm)
+    try:
+        yield
+    finally:
+        _gemm_instrument.reset(token)
+
+
 def transposable_weight_spec(specs: LinearSpecs) -> bool:
     """Whether Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop given the same amax: one spec for both, square
     blocks (a block of Wᵀ is the transpose of a block of W, with the same amax and scale) and
@@ -284,13 +303,15 @@ class _QuantLinearFunction(torch.autograd.Function):
             qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"))
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"))
         qw = _as(qw, compute_dtype)
-        y = emulated_gemm(qx, dx, qw, dw, compute_dtype)
+        gemm = _gemm_instrument.get() or emulated_gemm
+        y = gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
             y = y + bias.to(compute_dtype)
         ctx.qw = (qw, dw, w_amax) if w_amax is not None else None
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.shards = compute_dtype, x.shape, x.dtype, shards
+        ctx.gemm = gemm
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -305,11 +326,11 @@ class _QuantLinearFunction(torch.autograd.Function):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
             else:
                 qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", shards.get("dgrad.w"))
-            dx = _as(emulated_gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
+            dx = _as(ctx.gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"))
             qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"))
-            dw = _as(emulated_gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
+            dw = _as(ctx.gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
         ctx.qw = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)
@@ -357,9 +378,13 @@ class QuantLinear(torch.nn.Linear):
                  specs: LinearSpecs | None = None, state: QuantState | None = None, name: str = "",
                  device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.name = name
+        self.attach(specs, state)
+
+    def attach(self, specs: LinearSpecs | None, state: QuantState | None) -> None:
+        """Quantize with ``specs`` (None or all-None: plain ``F.linear``) and ``state`` from now on."""
         self.specs = specs if specs is not None and specs.any_quantized else None
         self.state = state
-        self.name = name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.specs is None:

@@ -1,0 +1,252 @@
+"""`fp4repro bench throughput`: model-body tokens/s per recipe, measured on this GPU.
+
+The body is the decoder layers only (no embedding, LM head, loss or optimizer), forward and
+backward, at ``batch`` sequences of ``seq_len`` tokens. Parameters are BF16, as megatron-core's
+``--bf16`` model holds them (FP32 master weights belong to the optimizer, outside the body), under
+BF16 autocast as training runs; the input is a random hidden state with a gradient (the first
+layer's input gradient is computed, as training does for the embedding), the output gradient
+random.
+
+Method. One model, its weights shared by every recipe: ``fp4repro.model.attach_recipe`` swaps the
+recipe's specs and a QuantState of its own into the same layers. Per column, each recipe's
+``warmup`` steps (Triton compiles, cuBLAS picks its kernels, periodic scaling holds its first
+amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks
+or temperature reaches every recipe alike); each step is timed with CUDA events and synchronized
+(on CPU, the wall clock: for tests). Per recipe: the median step, its quartiles, body tokens/s =
+batch·seq_len / median, the peak memory. Per column, the effects the paper's +21.2% mixes
+(``EFFECTS``): the speed-up time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and
+both, as the geometric mean of the per-round ratios with a 95% Student-t interval
+(``fp4repro.bench.live.paired_log_ratio``).
+
+Columns (``COLUMNS``):
+- ``emulated``: this suite's quantization kernels and BF16 tensor-core GEMMs (what training runs).
+- ``fp8_analogue``: the same quantization kernels (RHT on or off as the recipe says), the
+  quantized layers' GEMMs on E4M3 tensor cores (``fp4repro.bench.fp8_gemm``: an instrument for
+  time), exempt layers in BF16. One profiled step per recipe counts what ran (the quantizer's
+  launches and its GPU time, the FP8 GEMM calls), so that the column shows it.
+The Blackwell projection and the native column are not measured here (``NOT_MEASURED``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fp4repro.bench.fp8_gemm import fp8_timing_gemm
+from fp4repro.bench.live import paired_log_ratio
+from fp4repro.config.model import ModelConfig
+from fp4repro.config.recipe import Recipe
+from fp4repro.errors import ConfigError, FP4ReproError
+from fp4repro.model import NemotronH, attach_recipe
+from fp4repro.provenance import provenance
+from fp4repro.quant.linear import gemm_instrument
+from fp4repro.quant.state import QuantState
+from fp4repro.results import write_json
+
+# the paper's ablation, always timed; an experiment's own recipes join them
+ABLATION = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
+# effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
+EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
+COLUMNS = ("emulated", "fp8_analogue")
+NOT_MEASURED = {
+    "projection": "not built yet: the per-component Blackwell model and its H200 check",
+    "native": "not run: needs FP4 tensor cores (compute capability >= 10.0) and Transformer Engine",
+}
+
+
+def build_body(config: ModelConfig, recipe: Recipe, device: str) -> NemotronH:
+    """The model of ``config`` with BF16 parameters on ``device``, its internal linears built for a
+    recipe (so that any recipe can be attached), embedding and LM head dropped (outside the body)."""
+    with torch.device(device):
+        model = NemotronH(config, recipe, QuantState())
+    model.embedding = model.lm_head = None
+    return model.to(torch.bfloat16)
+
+
+def body_step(model: NemotronH, x: torch.Tensor, dy: torch.Tensor) -> None:
+    """One forward and backward of the decoder layers (the parameters' gradients set anew)."""
+    for p in model.parameters():
+        p.grad = None
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        h = x
+        for layer in model.layers:
+            h = layer(h)
+    h.backward(dy)
+
+
+class _Clock:
+    """Step timer: CUDA events on a GPU, the wall clock on CPU. ``time(fn)`` -> milliseconds."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def time(self, fn) -> float:
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        self.start.record()
+        fn()
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+
+def kernel_census(step, device: torch.device) -> dict:
+    """Run ``step`` once under the profiler (on CPU, only the CPU's operators): launches and GPU milliseconds of the quantization
+    kernel, calls of the FP8 GEMM (``aten::_scaled_mm``: cuBLAS's Hopper GEMM kernels are named
+    for their tiling, not their types), and all kernel launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    census = {"quantize_launches": 0, "quantize_ms": 0.0, "fp8_gemm_calls": 0, "kernel_launches": 0}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            census["fp8_gemm_calls"] += event.name == "aten::_scaled_mm"
+            continue
+        census["kernel_launches"] += 1
+        if "_quantize_kernel" in event.name:
+            census["quantize_launches"] += 1
+            census["quantize_ms"] += event.device_time_total / 1e3
+    return census
+
+
+def summarize(times_ms, tokens: int) -> dict:
+    """Median and quartiles of a recipe's step times, and body tokens/s at the median."""
+    t = np.asarray(times_ms, dtype=np.float64)
+    q1, median, q3 = np.percentile(t, [25, 50, 75])
+    return {"ms": [float(v) for v in t], "median_ms": float(median), "q1_ms": float(q1), "q3_ms": float(q3),
+            "tokens_per_s": tokens / (median / 1e3)}
+
+
+def effects(times: dict[str, list[float]]) -> dict:
+    """Per effect of ``EFFECTS`` whose recipes were timed: the speed-up time(nvfp4) / time(variant)
+    from the per-round pairs, with its 95% interval (``paired_log_ratio``)."""
+    out = {}
+    for effect, variant in EFFECTS.items():
+        if "nvfp4" in times and variant in times:
+            r = paired_log_ratio(times[variant], times["nvfp4"])
+            out[effect] = {"versus": variant, "speedup": r["ratio"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
+                           "n": r["n"]}
+    return out
+
+
+def time_column(model: NemotronH, recipes: dict[str, Recipe], x: torch.Tensor, dy: torch.Tensor, steps: int,
+                warmup: int, column: str, progress=print) -> dict:
+    """Every recipe's step times in one column (interleaved rounds, see the module docstring)."""
+    states = {name: QuantState() for name in recipes}
+    instrument = gemm_instrument(fp8_timing_gemm) if column == "fp8_analogue" else contextlib.nullcontext()
+    clock = _Clock(x.device)
+    tokens = x.shape[0] * x.shape[1]
+
+    def step_of(name):
+        attach_recipe(model, recipes[name], states[name])
+        return lambda: body_step(model, x, dy)
+
+    times = {name: [] for name in recipes}
+    peak = {}
+    with instrument:
+        for name in recipes:
+            step = step_of(name)
+            for _ in range(warmup):
+                step()
+            if x.is_cuda:
+                torch.cuda.reset_peak_memory_stats()
+            times[name].append(clock.time(step))
+            peak[name] = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
+            progress(f"{column}: {name} warmed up ({times[name][-1]:.1f} ms)")
+        for r in range(1, steps):
+            for name in recipes:
+                times[name].append(clock.time(step_of(name)))
+            progress(f"{column}: round {r + 1}/{steps}")
+        census = {name: kernel_census(step_of(name), x.device) for name in recipes}
+    rows = {name: {**summarize(times[name], tokens), "peak_mib": peak[name], "kernels": census[name]}
+            for name in recipes}
+    return {"recipes": rows, "effects": effects(times)}
+
+
+def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: int = 1, steps: int = 7,
+        warmup: int = 2, columns=COLUMNS, device: str | None = None, seed: int = 0, progress=print,
+        on_column=None) -> dict:
+    """Body tokens/s of every recipe in every column of one model's shapes (``record`` files it);
+    ``on_column(result)`` is called with the result so far after each column."""
+    if steps < 5:
+        raise ConfigError(f"bench throughput --steps: at least 5 timed steps per recipe, got {steps}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise ConfigError(f"bench throughput --columns: {unknown} unknown; measured columns are {list(COLUMNS)}")
+    if device == "cpu" and "fp8_analogue" in columns:
+        raise ConfigError("bench throughput --columns: fp8_analogue needs a GPU with FP8 tensor cores; on CPU, "
+                          "emulated only")
+    torch.manual_seed(seed)
+    model = build_body(config, next(iter(recipes.values())), device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(batch, seq_len, config.hidden_size, device=device, generator=g, dtype=torch.bfloat16)
+    x.requires_grad_(True)
+    dy = torch.randn(batch, seq_len, config.hidden_size, device=device, generator=g, dtype=torch.bfloat16)
+    result = {"model": config.name, "seq_len": seq_len, "batch": batch, "steps": steps, "warmup": warmup,
+              "parameters_bf16": True, "columns": {}, "not_measured": dict(NOT_MEASURED)}
+    if device == "cuda":
+        result["device"] = torch.cuda.get_device_name()
+        result["compute_capability"] = list(torch.cuda.get_device_capability())
+    for column in columns:
+        result["columns"][column] = time_column(model, recipes, x, dy, steps, warmup, column, progress)
+        if on_column is not None:
+            on_column(result)
+    return result
+
+
+def device_tag(name: str | None) -> str:
+    """The file tag of a device name: "NVIDIA H200" -> "h200"; no device -> "cpu"."""
+    if not name:
+        return "cpu"
+    return "_".join(name.lower().replace("nvidia", "").split())
+
+
+def record(out: Path, result: dict, device: str) -> dict:
+    """File ``result`` under its model in the JSON at ``out`` (``{"shapes": {model: result}}``),
+    keeping the other models' entries; written atomically. Returns the whole file's content."""
+    import json
+
+    shapes = {}
+    if out.is_file():
+        try:
+            shapes = json.loads(out.read_text()).get("shapes", {})
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+            raise FP4ReproError(f"{out}: not a throughput results file ({err}); move it away or pass another "
+                                "--out") from err
+    content = {"shapes": {**shapes, result["model"]: result}}
+    write_json(out, content, provenance(device))
+    return content
+
+
+def table(result: dict) -> str:
+    """Body tokens/s per recipe and column, then the effects."""
+    columns = list(result["columns"])
+    lines = [f"{result['model']}: body of {result['batch']} x {result['seq_len']} tokens, "
+             f"median of {result['steps']} steps" + (f" on {result['device']}" if "device" in result else ""),
+             f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns)]
+    recipes = list(result["columns"][columns[0]]["recipes"])
+    for name in recipes:
+        cells = "".join(f" {result['columns'][c]['recipes'][name]['tokens_per_s']:>20,.0f} "
+                        f"{result['columns'][c]['recipes'][name]['median_ms']:>8.1f}" for c in columns)
+        lines.append(f"{name:28}{cells}")
+    for c in columns:
+        for effect, e in result["columns"][c]["effects"].items():
+            lines.append(f"{c}: removing {effect:9} x{e['speedup']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}] "
+                         f"(nvfp4 / {e['versus']})")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""The body-throughput benchmark's arithmetic, table and file on recorded numbers, and its loop on
+CPU (the tiny model, wall clock); its GPU measurement is ``fp4repro bench throughput`` on a
+device (results/bench/throughput_<device>.json)."""
+
+import json
+import math
+
+import pytest
+
+from fp4repro.bench import throughput
+from fp4repro.config.model import load_model_config
+from fp4repro.config.recipe import load_recipe
+from fp4repro.errors import ConfigError, FP4ReproError
+
+
+def test_a_recipes_summary_is_the_median_step_and_its_quartiles():
+    s = throughput.summarize([12.0, 10.0, 11.0, 14.0, 13.0], tokens=8192)
+    assert (s["median_ms"], s["q1_ms"], s["q3_ms"]) == (12.0, 11.0, 13.0)
+    assert s["tokens_per_s"] == pytest.approx(8192 / 0.012)
+
+
+def test_an_effect_is_nvfp4s_time_over_the_variants_paired_by_round():
+    # per-round ratios 1.2, 1.25, 1.2, 1.25, 1.2: geometric mean, and a t-interval around it
+    nvfp4 = [12.0, 12.5, 12.0, 12.5, 12.0]
+    times = {"nvfp4": nvfp4, "nvfp4_no_rht": [10.0] * 5, "nvfp4_no_rht_no_bf16_tail": [x / 1.5 for x in nvfp4]}
+    got = throughput.effects(times)
+    assert set(got) == {"rht", "both"}                # the tail's variant was not timed
+    geo = math.exp((3 * math.log(1.2) + 2 * math.log(1.25)) / 5)
+    assert got["rht"]["speedup"] == pytest.approx(geo) and got["rht"]["versus"] == "nvfp4_no_rht"
+    assert got["rht"]["ci_low"] < geo < got["rht"]["ci_high"] and got["rht"]["n"] == 5
+    assert got["both"]["speedup"] == pytest.approx(1.5) and got["both"]["ci_high"] == pytest.approx(1.5)
+
+
+def _recorded(model="tiny"):
+    rows = {name: {**throughput.summarize(ms, 128), "peak_mib": 10.0, "kernels": None}
+            for name, ms in {"bf16": [10.0] * 5, "nvfp4": [20.0] * 5, "nvfp4_no_rht": [16.0] * 5}.items()}
+    return {"model": model, "seq_len": 128, "batch": 1, "steps": 5, "warmup": 1,
+            "columns": {"emulated": {"recipes": rows, "effects": throughput.effects(
+                {n: r["ms"] for n, r in rows.items()})}}, "not_measured": dict(throughput.NOT_MEASURED)}
+
+
+def test_the_table_gives_tokens_per_second_per_recipe_and_the_effects():
+    lines = throughput.table(_recorded()).splitlines()
+    assert lines[0].startswith("tiny: body of 1 x 128 tokens, median of 5 steps")
+    assert lines[2].split() == ["bf16", "12,800", "10.0"] and lines[3].split() == ["nvfp4", "6,400", "20.0"]
+    assert lines[-1].startswith("emulated: removing rht") and "x1.250 [1.250, 1.250]" in lines[-1]
+
+
+def test_results_are_filed_per_model_in_one_file(tmp_path):
+    out = tmp_path / "throughput_h200.json"
+    throughput.record(out, _recorded("nemotron_h_8b"), "cpu")
+    throughput.record(out, _recorded("small"), "cpu")
+    throughput.record(out, {**_recorded("small"), "seq_len": 256}, "cpu")
+    content = json.loads(out.read_text())
+    assert set(content["shapes"]) == {"nemotron_h_8b", "small"} and content["shapes"]["small"]["seq_len"] == 256
+    assert "provenance" in content
+    out.write_text("[1, 2]")
+    with pytest.raises(FP4ReproError, match="not a throughput results file"):
+        throughput.record(out, _recorded(), "cpu")
+    assert out.read_text() == "[1, 2]"
+
+
+def test_device_names_become_file_tags():
+    assert throughput.device_tag("NVIDIA H200") == "h200"
+    assert throughput.device_tag("NVIDIA GeForce RTX 4090") == "geforce_rtx_4090"
+    assert throughput.device_tag(None) == "cpu"
+
+
+def test_the_loop_times_every_recipe_in_every_round_on_cpu():
+    recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "nvfp4_no_rht")}
+    seen = []
+    result = throughput.run(load_model_config("tiny"), recipes, seq_len=32, steps=5, warmup=1,
+                            columns=["emulated"], device="cpu", progress=seen.append)
+    column = result["columns"]["emulated"]
+    assert list(column["recipes"]) == list(recipes)
+    assert all(len(r["ms"]) == 5 and r["tokens_per_s"] > 0 for r in column["recipes"].values())
+    assert {r["kernels"]["fp8_gemm_calls"] for r in column["recipes"].values()} == {0}
+    assert set(column["effects"]) == {"rht"} and result["not_measured"]["native"].startswith("not run")
+    assert seen[-1] == "emulated: round 5/5"
+
+
+@pytest.mark.parametrize("kwargs, message", [({"steps": 4}, "at least 5"), ({"columns": ["fp8_analogue"]}, "needs a GPU"),
+                                             ({"columns": ["native"]}, "unknown")])
+def test_bad_settings_are_refused_before_any_compute(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        throughput.run(load_model_config("tiny"), {"bf16": load_recipe("bf16")}, seq_len=32, device="cpu",
+                       **{"steps": 5, **kwargs})
+
+
+def test_the_census_counts_fp8_gemm_calls():
+    import torch
+
+    from fp4repro.bench.fp8_gemm import fp8_timing_gemm
+
+    a, b = torch.randn(32, 64).to(torch.bfloat16), torch.randn(48, 64).to(torch.bfloat16)
+    census = throughput.kernel_census(lambda: [fp8_timing_gemm(a, None, b, 0.5, torch.bfloat16) for _ in range(3)],
+                                      torch.device("cpu"))
+    assert census["fp8_gemm_calls"] == 3 and census["quantize_launches"] == 0
+    assert throughput.kernel_census(lambda: a @ b.t(), torch.device("cpu"))["fp8_gemm_calls"] == 0
