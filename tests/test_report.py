@@ -8,6 +8,7 @@ pairing the tests exploit) or drawn per recipe from stable seeds.
 """
 
 import json
+import math
 import zlib
 from pathlib import Path
 
@@ -280,7 +281,30 @@ def test_unmeasured_claims_say_why(tmp_path):
     assert missing.note.startswith("not measured") and "seed1" in missing.note
     (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results,
                             recipes=("nvfp4", "nvfp4_no_rht_no_bf16_tail"))
-    assert throughput.note.startswith("not measured")
+    assert throughput.note.startswith("not measured: no body-throughput file")
+
+
+def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_without_the_native_one(tmp_path):
+    from fp4repro.bench import throughput
+
+    results = tmp_path / "results"
+    rows = {"nvfp4": [1000.0, 1010.0, 1000.0, 1005.0, 1000.0], "nvfp4_no_rht_no_bf16_tail": [990.0, 1000.0, 990.0, 995.0, 990.0]}
+    slower = {"nvfp4": rows["nvfp4"], "nvfp4_no_rht_no_bf16_tail": [1010.0, 1020.0, 1010.0, 1015.0, 1010.0]}
+    entry = {"model": "nemotron_h_8b", "seq_len": 8192, "batch": 1, "steps": 5, "device": "NVIDIA H200",
+             "not_measured": dict(throughput.NOT_MEASURED),
+             "columns": {"emulated": {"recipes": {}, "effects": throughput.effects(rows)},
+                         "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower)}}}
+    throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
+    claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
+    (row,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    assert row.verdict == "not measured natively" and row.comparison is None
+    ratio = math.exp(sum(math.log(a / b) for a, b in zip(rows["nvfp4"], rows["nvfp4_no_rht_no_bf16_tail"])) / 5)
+    assert f"NVIDIA H200 emulated: {ratio - 1:+.1%}" in row.note and "(raises tokens/s)" in row.note
+    assert "NVIDIA H200 fp8 analogue: -1.0%" in row.note and "(lowers tokens/s)" in row.note
+    assert "compute capability >= 10.0" in row.note
+    (other,) = measure(claim, results / "small", ("nvfp4",), (0,), BLEND, model="small")
+    assert other.note.startswith("not measured: no body-throughput file") and "small's shapes" in other.note
+    assert "measured for other shapes, nemotron_h_8b: NVIDIA H200 emulated" in other.note
 
 
 def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, monkeypatch):

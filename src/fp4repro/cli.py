@@ -353,7 +353,7 @@ def _cmd_plot(args) -> int:
                               "results/<experiment>/<train|eval>/<recipe>/seed<seed>/...); "
                               "pass --out figures/<experiment>/<figure>.png")
         out = f"figures/{experiments.pop()}/{args.figure}.png"
-    given = {"final_window": args.final_window, "baseline": args.baseline,
+    given = {"final_window": args.final_window, "baseline": args.baseline, "model": args.model,
              "blend": _blend_option(args.blend) if args.blend is not None else None}
     given = {k: v for k, v in given.items() if v is not None}
     extra = [k for k in given if k not in OPTIONS[args.figure]]
@@ -639,6 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--blend", default=None, metavar="SOURCE=W,...",
                     help="nll only: the final stage's blend weights for the one-seed document bootstrap, e.g. "
                          "prose=0.4,code=0.6 (default: the experiment config's)")
+    pl.add_argument("--model", default=None, metavar="MODEL",
+                    help="throughput only: the model whose shapes to draw (default: the only one in the inputs)")
     pl.set_defaults(func=_cmd_plot)
 
     b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",

@@ -35,8 +35,8 @@ from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_f
 from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
-                              eval_dir, event_rates, last_checkpoint, read_json, read_table, run_dir,
-                              table_provenance, with_operand_class)
+                              eval_dir, event_rates, last_checkpoint, read_json, read_table, read_throughput,
+                              run_dir, table_provenance, with_operand_class)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -312,15 +312,51 @@ def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
     return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
 
 
-def measure(claim: Claim, root: Path, recipes, seeds=(0,), blend: dict[str, float] | None = None) -> list[Row]:
-    """The report lines of one claim against the results under ``root`` (results/<exp>)."""
+def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
+    """Per measured column of one body-throughput entry: the speed-up time(baseline) / time(recipe)
+    with its 95% interval, and what it says of tokens/s."""
+    shows = []
+    for column, measured in entry["columns"].items():
+        effect = next((e for e in measured["effects"].values() if e["versus"] == claim.recipe), None)
+        if effect is None or claim.baseline != "nvfp4":
+            continue
+        direction = "raises" if effect["ci_low"] > 1 else "lowers" if effect["ci_high"] < 1 else "does not resolve"
+        shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {effect['speedup'] - 1:+.1%} "
+                     f"[{effect['ci_low'] - 1:+.1%}, {effect['ci_high'] - 1:+.1%}] ({direction} tokens/s)")
+    return shows
+
+
+def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
+    """A throughput claim against the body-throughput files in ``bench`` (results/bench/
+    throughput_<device>.json, ``fp4repro bench throughput``) for ``model``'s shapes: per device
+    and measured column, the speed-up time(baseline) / time(recipe) with its 95% interval. Only
+    a native FP4 column can reproduce the claim; the others give a direction at their own GEMM
+    ratio, so the row says "not measured natively" with what they show. Without ``model``'s
+    shapes the row is "not measured" and gives the shapes that were."""
+    entries = [(m, e) for path in sorted(bench.glob("throughput_*.json"))
+               for m, e in read_throughput(path, ReportError).items()]
+    ours = [e for m, e in entries if m == model]
+    shows = [s for e in ours for s in _throughput_effects(claim, e)]
+    if not shows:
+        others = "; ".join(f"{m}: {s}" for m, e in entries if m != model for s in _throughput_effects(claim, e))
+        return [Row(claim, claim.id, note=f"not measured: no body-throughput file in {bench} has {model}'s shapes "
+                                          "(fp4repro bench throughput on a GPU)"
+                                          + (f"; measured for other shapes, {others}" if others else ""))]
+    native = ours[-1].get("not_measured", {}).get("native", "native column absent")
+    return [Row(claim, claim.id, note=f"not measured natively: {native}; {model} body, {claim.recipe} vs "
+                                      f"{claim.baseline}: " + "; ".join(shows))]
+
+
+def measure(claim: Claim, root: Path, recipes, seeds=(0,), blend: dict[str, float] | None = None,
+            model: str | None = None) -> list[Row]:
+    """The report lines of one claim against the results under ``root`` (results/<exp>); a
+    throughput claim reads the benchmark files beside it (results/bench) for ``model``."""
+    if claim.measure == "throughput":
+        return throughput(claim, root.parent / "bench", model)
     absent = [r for r in (claim.recipe, claim.baseline) if r not in recipes]
     if absent:
         return [Row(claim, claim.id, note=f"not measured: recipe(s) {', '.join(absent)} not in this experiment")]
     seeds = list(seeds)
-    if claim.measure == "throughput":
-        return [Row(claim, claim.id, note="not measured: needs native FP4 GEMMs; the throughput ablation is "
-                                          "not part of this DAG yet")]
     if claim.measure == "final_loss":
         return final_loss(claim, root, seeds)
     if claim.measure == "heldout_nll":
@@ -554,7 +590,7 @@ def write_report(study, claims: str | Path, out: str | Path, results: str | Path
     exp = study.experiment
     blend = dict(exp.train.stages[-1].blend)
     rows = [row for claim in claim_list
-            for row in measure(claim, root, list(study.recipes), exp.train.seeds, blend)]
+            for row in measure(claim, root, list(study.recipes), exp.train.seeds, blend, study.model.name)]
     out = Path(out)
     beyond = target_section(root, list(study.recipes), exp.train.seeds)
     diverged = _divergences(root, list(study.recipes), exp.train.seeds)

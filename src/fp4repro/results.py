@@ -143,6 +143,23 @@ def read_json(path: Path, keys, what: str, error: type[Exception] = ValueError) 
     return data
 
 
+THROUGHPUT_WHAT = "a body-throughput results file (fp4repro bench throughput)"
+
+
+def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:
+    """model -> its entry of a body-throughput results file (``{"shapes": {model: entry}}``), each
+    entry checked to hold columns of timed recipes and effects."""
+    shapes = read_json(path, ("shapes",), THROUGHPUT_WHAT, error)["shapes"]
+    if not isinstance(shapes, dict):
+        raise error(f"{path}: shapes: expected one entry per model ({THROUGHPUT_WHAT})")
+    for model, entry in shapes.items():
+        columns = entry.get("columns") if isinstance(entry, dict) else None
+        if not isinstance(columns, dict) or not all(isinstance(c, dict) and {"recipes", "effects"} <= set(c)
+                                                    for c in columns.values()):
+            raise error(f"{path}: shapes.{model}: expected columns, each with recipes and effects ({THROUGHPUT_WHAT})")
+    return shapes
+
+
 def last_checkpoint(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """The rows of each ``by`` group's last evaluated checkpoint (largest step)."""
     if not by:

@@ -55,7 +55,7 @@ def test_results_are_filed_per_model_in_one_file(tmp_path):
     assert set(content["shapes"]) == {"nemotron_h_8b", "small"} and content["shapes"]["small"]["seq_len"] == 256
     assert "provenance" in content
     out.write_text("[1, 2]")
-    with pytest.raises(FP4ReproError, match="not a throughput results file"):
+    with pytest.raises(FP4ReproError, match="body-throughput results file"):
         throughput.record(out, _recorded(), "cpu")
     assert out.read_text() == "[1, 2]"
 

@@ -190,7 +190,10 @@ def artist(ax, gid: str):
     return found[0]
 
 
-@pytest.mark.parametrize("figure", sorted(FIGURES))
+RUN_FIGURES = sorted(set(FIGURES) - {"throughput"})     # figures of runs' tables (throughput: a benchmark's)
+
+
+@pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_figure_writes_png_and_pdf(results, tmp_path, figure):
     out = tmp_path / "figs" / f"{figure}.png"
     done = results / "train" / "ue5m3" / "seed0" / "done.json"     # a workflow may list it: accepted, ignored
@@ -199,7 +202,7 @@ def test_figure_writes_png_and_pdf(results, tmp_path, figure):
     assert_figure(out)
 
 
-@pytest.mark.parametrize("figure", sorted(FIGURES))
+@pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_figure_from_several_seeds_draws_the_mean(results_seeds, tmp_path, figure):
     out = tmp_path / f"{figure}.png"
     fig = plot_figure(figure, inputs_of(results_seeds, figure), out)   # several seeds: no blend needed
@@ -364,7 +367,7 @@ BROKEN = {"loss": ("train/ue5m3/seed0/metrics.parquet", "loss"), "nll": ("eval/u
           "target": ("train/ue5m3/seed0/telemetry.parquet", "operand")}
 
 
-@pytest.mark.parametrize("figure", sorted(FIGURES))
+@pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_wrong_columns_name_the_file_and_column(results, tmp_path, figure):
     rel, column = BROKEN[figure]
     bad = tmp_path / "results" / "toy" / rel
@@ -511,3 +514,53 @@ def test_target_without_an_automatic_recipe_says_so(results, tmp_path):
     text = " ".join(t.get_text() for t in axis(fig, "none").texts)
     assert "gradients: 448 (ue5m3); 2048 (ue5m3_t2048*)" in text
     assert "activations: 448 (ue5m3, ue5m3_t2048*)" in text
+
+
+# ---------------------------------------------------------------------------------- throughput
+
+def _throughput_file(path: Path, model: str, device: str = "NVIDIA H200") -> Path:
+    """A body-throughput file as ``fp4repro bench throughput`` writes it (recorded numbers)."""
+    from fp4repro.bench import throughput
+
+    def rows(scale):
+        out = {}
+        for name, ms in {"bf16": 900.0, "nvfp4": 1000.0, "nvfp4_no_rht_no_bf16_tail": 990.0, "ue5m3": 920.0}.items():
+            out[name] = {**throughput.summarize([ms * scale * f for f in (0.99, 1.0, 1.0, 1.0, 1.01)], 8192),
+                         "peak_mib": 1.0, "kernels": None}
+        return out
+
+    columns = {}
+    for column, scale in (("emulated", 1.0), ("fp8_analogue", 0.95)):
+        r = rows(scale)
+        columns[column] = {"recipes": r, "effects": throughput.effects({n: v["ms"] for n, v in r.items()})}
+    entry = {"model": model, "seq_len": 8192, "batch": 1, "steps": 5, "warmup": 1, "device": device,
+             "columns": columns, "not_measured": dict(throughput.NOT_MEASURED)}
+    throughput.record(path, entry, "cpu")
+    return path
+
+
+def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_measured(tmp_path):
+    inputs = [_throughput_file(tmp_path / "throughput_h200.json", "nemotron_h_8b")]
+    _throughput_file(inputs[0], "small")
+    with pytest.raises(PlotError, match="shapes of nemotron_h_8b, small; pass --model"):
+        plot_figure("throughput", inputs, tmp_path / "t.png")
+    fig = plot_figure("throughput", inputs, tmp_path / "t.png", model="nemotron_h_8b")
+    assert_figure(tmp_path / "t.png")
+    emulated, analogue, projection, native = (axis(fig, f"throughput:{c}") for c in
+                                              ("emulated", "fp8_analogue", "projection", "native"))
+    widths = [p.get_width() for p in emulated.patches]
+    assert widths == pytest.approx([8192 / 0.9, 8192 / 1.0, 8192 / 0.99, 8192 / 0.92])   # bf16 first
+    assert [t.get_text() for t in emulated.get_yticklabels()] == ["bf16", "nvfp4", "nvfp4_no_rht_no_bf16_tail", "ue5m3"]
+    assert [p.get_width() for p in analogue.patches] == pytest.approx([w / 0.95 for w in widths])
+    assert "x1.010 [1.010, 1.010]" in emulated.get_title()
+    assert "8,192  (1.111x BF16 time)" in [t.get_text() for t in emulated.texts]
+    assert "compute capability >= 10.0" in " ".join(native.texts[0].get_text().split())
+    assert "not built" in projection.texts[0].get_text()
+    fig = plot_figure("throughput", inputs, tmp_path / "tiny.png", model="tiny")     # the measured ones, said
+    assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
+    assert len(fig.axes) == 8
+    # the folder of the files: its files; a folder that does not exist holds none
+    fig = plot_figure("throughput", [tmp_path], tmp_path / "folder.png", model="small")
+    assert len(fig.axes) == 4
+    fig = plot_figure("throughput", [tmp_path / "results" / "bench"], tmp_path / "none.png")
+    assert "not measured for this model's shapes (looked in" in fig.axes[0].texts[0].get_text()

@@ -18,7 +18,7 @@ from fp4repro.errors import ConfigError
 from fp4repro.train import train as run_training
 
 REPO = Path(__file__).resolve().parents[2]
-FIGURES = ["loss", "nll", "downstream", "telemetry", "target"]
+FIGURES = ["loss", "nll", "downstream", "telemetry", "target", "throughput"]
 CHAIN = {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1, "figure_downstream": 1,
          "figure_telemetry": 1, "figure_target": 1, "report": 1, "all": 1}
 
@@ -28,7 +28,8 @@ def test_dry_run_plans_the_whole_study(tmp_path, experiment, runs, snakemake):
     """One training and one evaluation job per recipe and seed (paper8b: 5 recipes × 3 seeds)."""
     jobs = snakemake.planned_jobs(snakemake(tmp_path, "-n", "--config", f"experiment={experiment}"))
     assert jobs == {"prepare_data": 1, "train": runs, "evaluate": runs, "figure_loss": 1, "figure_nll": 1,
-                    "figure_downstream": 1, "figure_telemetry": 1, "figure_target": 1, "report": 1, "all": 1}
+                    "figure_downstream": 1, "figure_telemetry": 1, "figure_target": 1, "figure_throughput": 1,
+                    "report": 1, "all": 1}
 
 
 def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
@@ -189,7 +190,7 @@ def test_snakemake_report_shows_figures_with_captions_and_the_claims(smoke_run, 
     snakemake(smoke_run, "--report", str(out), "--config", "experiment=smoke")
     html = out.read_text()
     for caption in ("Training loss against tokens for each recipe", "Held-out negative log-likelihood",
-                    "Downstream aggregates (lm-eval groups", "Quantization events per recipe",
+                    "Downstream aggregates (lm-eval groups", "Quantization events per recipe", "Model-body throughput",
                     "The claims report: each claim of the paper"):
         assert caption in html
     for name in FIGURES:
@@ -223,7 +224,7 @@ def test_imported_results_rebuild_figures_and_report_without_data_training_or_ev
     local.write_text((PACKAGED / "experiment/smoke.yaml").read_text() + "imported: true\n")
     plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=smoke"))
     assert plan == {"figure_loss": 1, "figure_nll": 1, "figure_downstream": 1, "figure_telemetry": 1,
-                    "figure_target": 1, "report": 1, "all": 1}
+                    "figure_target": 1, "figure_throughput": 1, "report": 1, "all": 1}
     snakemake(work, "--cores", "2", "--config", "experiment=smoke")
     for name in FIGURES:
         assert (work / f"figures/smoke/{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,6 +3,7 @@ import os
 import re
 import shlex
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
@@ -31,6 +32,10 @@ RECIPES = list(STUDY.recipes)  # recipe names: they name the result folders
 SEEDS = list(EXP.train.seeds)  # one run per recipe and seed; the same seed gives every recipe the same batches
 RESULTS = f"results/{EXP.name}"
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
+# the body-throughput measurements committed under results/bench (`fp4repro bench throughput` on a
+# GPU): the throughput figure and the report's throughput row read them; no job here measures
+THROUGHPUT_FOLDER = "results/bench"
+THROUGHPUT_FILES = sorted(str(p) for p in Path(THROUGHPUT_FOLDER).glob("throughput_*.json"))
 REPORT = f"paper/{EXP.name}/report.md"
 LOGS = f"logs/{EXP.name}"
 # The experiment as given (it resolves in each job's working directory as it did here). A job of

@@ -8,6 +8,7 @@ localrules:
     figure_downstream,
     figure_telemetry,
     figure_target,
+    figure_throughput,
 
 
 rule figure_loss:
@@ -84,3 +85,20 @@ rule figure_target:
         **LIGHT,
     shell:
         plot("target")
+
+
+rule figure_throughput:
+    input:
+        THROUGHPUT_FILES,
+    output:
+        png=figure("throughput"),
+        pdf=f"figures/{EXP.name}/throughput.pdf",
+    params:
+        model=STUDY.model.name,
+        folder=THROUGHPUT_FOLDER,  # its files are the input; with none measured, the figure says so
+    log:
+        f"{LOGS}/figures/throughput.log",
+    resources:
+        **LIGHT,
+    shell:
+        "fp4repro plot throughput --model {params.model} --out {output.png} {params.folder} 2> {log}"

@@ -13,6 +13,7 @@ rule report:
         downstream_items=per_run(f"{RESULTS}/eval/{{recipe}}/seed{{seed}}/downstream_items.parquet"),
         metrics=per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/metrics.parquet"),
         telemetry=per_run(f"{RESULTS}/train/{{recipe}}/seed{{seed}}/telemetry.parquet"),
+        throughput=THROUGHPUT_FILES,
         figures=FIGURE_FILES,
     output:
         report(REPORT, caption="../report/claims.rst", category="Claims"),

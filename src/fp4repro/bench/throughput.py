@@ -24,7 +24,11 @@ Columns (``COLUMNS``):
   quantized layers' GEMMs on E4M3 tensor cores (``fp4repro.bench.fp8_gemm``: an instrument for
   time), exempt layers in BF16. One profiled step per recipe counts what ran (the quantizer's
   launches and its GPU time, the FP8 GEMM calls), so that the column shows it.
-The Blackwell projection and the native column are not measured here (``NOT_MEASURED``).
+- ``native`` (run only where the GPU has FP4 tensor cores and Transformer Engine imports:
+  ``fp4repro.bench.native``): Transformer Engine's ``NVFP4BlockScaling`` for the recipes it can
+  compute (the NVFP4 family), the exempt layers outside FP4 autocast; elsewhere the result says
+  why it did not run.
+The Blackwell projection is not built yet (``NOT_MEASURED``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fp4repro.bench import native
 from fp4repro.bench.fp8_gemm import fp8_timing_gemm
 from fp4repro.bench.live import paired_log_ratio
 from fp4repro.config.model import ModelConfig
@@ -45,7 +50,7 @@ from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
 from fp4repro.quant.linear import gemm_instrument
 from fp4repro.quant.state import QuantState
-from fp4repro.results import write_json
+from fp4repro.results import read_throughput, write_json
 
 # the paper's ablation, always timed; an experiment's own recipes join them
 ABLATION = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
@@ -55,7 +60,7 @@ COLUMNS = ("emulated", "fp8_analogue")
 NOT_MEASURED = {
     "projection": "not built yet: the per-component Blackwell model and its H200 check",
     "native": "not run: needs FP4 tensor cores (compute capability >= 10.0) and Transformer Engine",
-}
+}   # the native column replaces its entry by what ``native.native_available`` says here, or runs
 
 
 def build_body(config: ModelConfig, recipe: Recipe, device: str) -> NemotronH:
@@ -144,45 +149,72 @@ def effects(times: dict[str, list[float]]) -> dict:
     return out
 
 
-def time_column(model: NemotronH, recipes: dict[str, Recipe], x: torch.Tensor, dy: torch.Tensor, steps: int,
-                warmup: int, column: str, progress=print) -> dict:
-    """Every recipe's step times in one column (interleaved rounds, see the module docstring)."""
-    states = {name: QuantState() for name in recipes}
-    instrument = gemm_instrument(fp8_timing_gemm) if column == "fp8_analogue" else contextlib.nullcontext()
+def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: int, column: str,
+                progress=print) -> dict:
+    """Every recipe's step times in one column (interleaved rounds, see the module docstring);
+    ``step_of(name)`` readies the model for recipe ``name`` and returns its step."""
     clock = _Clock(x.device)
     tokens = x.shape[0] * x.shape[1]
+    times = {name: [] for name in names}
+    peak = {}
+    for name in names:
+        step = step_of(name)
+        for _ in range(warmup):
+            step()
+        if x.is_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times[name].append(clock.time(step))
+        peak[name] = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
+        progress(f"{column}: {name} warmed up ({times[name][-1]:.1f} ms)")
+    for r in range(1, steps):
+        for name in names:
+            times[name].append(clock.time(step_of(name)))
+        progress(f"{column}: round {r + 1}/{steps}")
+    census = {name: kernel_census(step_of(name), x.device) for name in names}
+    rows = {name: {**summarize(times[name], tokens), "peak_mib": peak[name], "kernels": census[name]}
+            for name in names}
+    return {"recipes": rows, "effects": effects(times)}
+
+
+def suite_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int, column: str,
+                 progress=print) -> dict:
+    """The emulated or the FP8-analogue column: this suite's quantized linears, each recipe
+    attached in turn with a QuantState of its own."""
+    states = {name: QuantState() for name in recipes}
 
     def step_of(name):
         attach_recipe(model, recipes[name], states[name])
         return lambda: body_step(model, x, dy)
 
-    times = {name: [] for name in recipes}
-    peak = {}
+    instrument = gemm_instrument(fp8_timing_gemm) if column == "fp8_analogue" else contextlib.nullcontext()
     with instrument:
-        for name in recipes:
-            step = step_of(name)
-            for _ in range(warmup):
-                step()
-            if x.is_cuda:
-                torch.cuda.reset_peak_memory_stats()
-            times[name].append(clock.time(step))
-            peak[name] = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
-            progress(f"{column}: {name} warmed up ({times[name][-1]:.1f} ms)")
-        for r in range(1, steps):
-            for name in recipes:
-                times[name].append(clock.time(step_of(name)))
-            progress(f"{column}: round {r + 1}/{steps}")
-        census = {name: kernel_census(step_of(name), x.device) for name in recipes}
-    rows = {name: {**summarize(times[name], tokens), "peak_mib": peak[name], "kernels": census[name]}
-            for name in recipes}
-    return {"recipes": rows, "effects": effects(times)}
+        return time_column(step_of, list(recipes), x, steps, warmup, column, progress)
+
+
+def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int,
+                  progress=print) -> dict:
+    """Transformer Engine's NVFP4 on FP4 tensor cores (``fp4repro.bench.native``) for the recipes
+    it can compute; the others are listed with the reason. Replaces the model's linears by
+    Transformer Engine's (run it last)."""
+    mappings, without = {}, {}
+    for name, recipe in recipes.items():
+        try:
+            mappings[name] = native.te_mapping(recipe, model.config)
+        except native.NoTEEquivalent as err:
+            without[name] = str(err)
+    body = native.te_body(model, model.config)
+    timed = time_column(lambda name: native.native_step(body, mappings[name], x, dy), list(mappings), x, steps,
+                        warmup, "native", progress)
+    return {**timed, "mappings": {n: {"arguments": m.arguments, "bf16_layers": list(m.bf16_layers)}
+                                  for n, m in mappings.items()}, "no_equivalent": without}
 
 
 def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: int = 1, steps: int = 7,
         warmup: int = 2, columns=COLUMNS, device: str | None = None, seed: int = 0, progress=print,
         on_column=None) -> dict:
     """Body tokens/s of every recipe in every column of one model's shapes (``record`` files it);
-    ``on_column(result)`` is called with the result so far after each column."""
+    ``on_column(result)`` is called with the result so far after each column. The native column
+    runs where ``fp4repro.bench.native.native_available`` says it can, after the others."""
     if steps < 5:
         raise ConfigError(f"bench throughput --steps: at least 5 timed steps per recipe, got {steps}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -198,13 +230,20 @@ def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: in
     x = torch.randn(batch, seq_len, config.hidden_size, device=device, generator=g, dtype=torch.bfloat16)
     x.requires_grad_(True)
     dy = torch.randn(batch, seq_len, config.hidden_size, device=device, generator=g, dtype=torch.bfloat16)
+    native_ok, native_reason = native.native_available() if device == "cuda" else (False, "not run: no CUDA device")
     result = {"model": config.name, "seq_len": seq_len, "batch": batch, "steps": steps, "warmup": warmup,
-              "parameters_bf16": True, "columns": {}, "not_measured": dict(NOT_MEASURED)}
+              "parameters_bf16": True, "columns": {},
+              "not_measured": {**NOT_MEASURED, **({} if native_ok else {"native": native_reason})}}
     if device == "cuda":
         result["device"] = torch.cuda.get_device_name()
         result["compute_capability"] = list(torch.cuda.get_device_capability())
     for column in columns:
-        result["columns"][column] = time_column(model, recipes, x, dy, steps, warmup, column, progress)
+        result["columns"][column] = suite_column(model, recipes, x, dy, steps, warmup, column, progress)
+        if on_column is not None:
+            on_column(result)
+    if native_ok:
+        result["columns"]["native"] = native_column(model, recipes, x, dy, steps, warmup, progress)
+        del result["not_measured"]["native"]
         if on_column is not None:
             on_column(result)
     return result
@@ -220,15 +259,7 @@ def device_tag(name: str | None) -> str:
 def record(out: Path, result: dict, device: str) -> dict:
     """File ``result`` under its model in the JSON at ``out`` (``{"shapes": {model: result}}``),
     keeping the other models' entries; written atomically. Returns the whole file's content."""
-    import json
-
-    shapes = {}
-    if out.is_file():
-        try:
-            shapes = json.loads(out.read_text()).get("shapes", {})
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
-            raise FP4ReproError(f"{out}: not a throughput results file ({err}); move it away or pass another "
-                                "--out") from err
+    shapes = read_throughput(out, FP4ReproError) if out.is_file() else {}
     content = {"shapes": {**shapes, result["model"]: result}}
     write_json(out, content, provenance(device))
     return content
@@ -243,7 +274,8 @@ def table(result: dict) -> str:
     recipes = list(result["columns"][columns[0]]["recipes"])
     for name in recipes:
         cells = "".join(f" {result['columns'][c]['recipes'][name]['tokens_per_s']:>20,.0f} "
-                        f"{result['columns'][c]['recipes'][name]['median_ms']:>8.1f}" for c in columns)
+                        f"{result['columns'][c]['recipes'][name]['median_ms']:>8.1f}"
+                        if name in result["columns"][c]["recipes"] else f" {'-':>20} {'-':>8}" for c in columns)
         lines.append(f"{name:28}{cells}")
     for c in columns:
         for effect, e in result["columns"][c]["effects"].items():

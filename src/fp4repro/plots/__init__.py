@@ -23,7 +23,7 @@ from fp4repro.plots.catalog import CATALOG, FIGURE_INPUTS, OPTIONS, PlotError, f
 # name -> (module, function) of each figure
 _FUNCTIONS = {"loss": ("loss", "plot_loss"), "nll": ("nll", "plot_nll"),
               "downstream": ("downstream", "plot_downstream"), "telemetry": ("telemetry", "plot_telemetry"),
-              "target": ("target", "plot_target")}
+              "target": ("target", "plot_target"), "throughput": ("throughput", "plot_throughput")}
 
 
 def _lazy(name: str) -> Callable[..., None]:
@@ -45,7 +45,7 @@ def plot_figure(name: str, inputs: list[Path], out_png: Path, **options):
     matplotlib Figure (closed: its artists can be read, it is not shown).
 
     options: figure-specific keywords (``OPTIONS``): ``final_window`` (loss), ``baseline`` (loss,
-    nll, downstream), ``blend`` and ``resamples`` (nll)."""
+    nll, downstream), ``blend`` and ``resamples`` (nll), ``model`` (throughput)."""
     if name not in FIGURES:
         raise PlotError(f"unknown figure {name!r}; figures: {', '.join(FIGURES)}")
     unknown = sorted(set(options) - set(OPTIONS[name]))

@@ -60,6 +60,15 @@ CATALOG: dict[str, tuple[str, str]] = {
         "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of every run (its `target` column; a table "
         "written without it counts as T not recorded, and its recipe's fixed T is read from the recipe file "
         "where one of that name exists; an empty table such as bf16's is skipped)"),
+    "throughput": (
+        "model-body tokens/s per recipe (decoder layers, forward + backward), one panel per column (emulated, FP8 "
+        "timing analogue, Blackwell projection, native; a column not measured says why) and one row per device "
+        "measured, for one model's shapes: the interquartile range over the timed steps as error bars, each "
+        "recipe's time relative to BF16, and the speed-up of removing RHT and the BF16 tail together with its 95% "
+        "interval (the paper's +21.2%)",
+        "results/bench/throughput_<device>.json files (fp4repro bench throughput), or the folder holding them "
+        "(results/bench; one that does not exist holds none); --model picks the shapes when they hold several (a "
+        "model none holds gives a figure that says it was not measured)"),
 }
 
 # name -> the keyword options of its function (``plot_figure(..., **options)``, ``fp4repro plot --...``)
@@ -69,6 +78,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "downstream": ("baseline",),
     "telemetry": (),
     "target": (),
+    "throughput": ("model",),
 }
 
 FIGURE_INPUTS: dict[str, str] = {name: inputs for name, (_, inputs) in CATALOG.items()}

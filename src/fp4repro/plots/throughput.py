@@ -1,0 +1,123 @@
+"""Figure ``throughput``: model-body tokens/s per recipe, one panel per column (emulated, FP8
+timing analogue, Blackwell projection, native), one row per measured device, for one model's
+shapes; each bar's interquartile range over the timed steps as its error bar, its time relative
+to BF16 above it, and in each panel's title the speed-up of removing RHT and the BF16 tail
+together (nvfp4's time over nvfp4_no_rht_no_bf16_tail's, 95% interval), the paper's +21.2%. A
+column not measured is a panel that says why. A model no file has: the shapes that were measured,
+the title saying so (so that a CPU study shows the committed measurements), or, with none, a
+figure that says nothing was measured."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from fp4repro.plots.catalog import PlotError
+from fp4repro.plots.common import recipe_colors, save, theme
+from fp4repro.results import read_throughput
+
+COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
+           "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
+           "projection": "Blackwell projection",
+           "native": "native FP4 (Transformer Engine)"}
+ABLATION_ORDER = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
+
+
+def throughput_files(inputs: list[Path]) -> list[Path]:
+    """The files of the inputs: a file is itself, a folder its ``throughput_*.json`` (a folder
+    that does not exist holds none: nothing was measured)."""
+    files = []
+    for path in inputs:
+        if path.is_dir() or (not path.exists() and not path.suffix):
+            files += sorted(path.glob("throughput_*.json"))
+        else:
+            files.append(path)
+    return files
+
+
+def read_entries(inputs: list[Path], model: str | None) -> tuple[str | None, list[dict], list[dict]]:
+    """(model, its entries: one per input file that measured it, every entry of the inputs).
+    Without ``model`` the inputs must hold exactly one."""
+    shapes = {path: read_throughput(path, PlotError) for path in throughput_files(inputs)}
+    models = sorted({m for entries in shapes.values() for m in entries})
+    if model is None:
+        if len(models) > 1:
+            raise PlotError(f"throughput: the inputs hold shapes of {', '.join(models)}; pass --model")
+        model = models[0] if models else None
+    everything = [entry for entries in shapes.values() for entry in entries.values()]
+    return model, [entries[model] for entries in shapes.values() if model in entries], everything
+
+
+def _order(recipes) -> list[str]:
+    known = [r for r in ABLATION_ORDER if r in recipes]
+    return known + [r for r in recipes if r not in known]
+
+
+def _panel(ax, entry: dict, column: str) -> None:
+    measured = entry["columns"].get(column)
+    ax.set_label(f"throughput:{column}")
+    if measured is None:
+        reason = entry.get("not_measured", {}).get(column, "not measured")
+        ax.text(0.5, 0.5, textwrap.fill(reason, 28), ha="center", va="center", fontsize=9, transform=ax.transAxes)
+        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_title(textwrap.fill(COLUMNS.get(column, column), 24), fontsize=10)
+        return
+    rows = measured["recipes"]
+    names = _order(rows)
+    tokens = entry["batch"] * entry["seq_len"]
+    values = [rows[n]["tokens_per_s"] for n in names]
+    low = [v - tokens / (rows[n]["q3_ms"] / 1e3) for v, n in zip(values, names)]
+    high = [tokens / (rows[n]["q1_ms"] / 1e3) - v for v, n in zip(values, names)]
+    colors = recipe_colors(names)
+    y = list(range(len(names)))[::-1]                     # the first recipe on top
+    ax.barh(y, values, xerr=[low, high], color=[colors[n] for n in names], capsize=3)
+    ax.set_yticks(y, names, fontsize=9)
+    # the differences are percents of the whole: the axis starts near the slowest recipe of the
+    # device's measured columns (said below), the same for each so that they compare
+    everything = [r["tokens_per_s"] for c in entry["columns"].values() for r in c["recipes"].values()]
+    ax.set_xlim(0.9 * min(everything), 1.06 * max(everything))
+    ax.set_xlabel("body tokens/s (axis does not start at 0)")
+    if "bf16" in rows:
+        for yi, n, v in zip(y, names, values):
+            ax.annotate(f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)", (v, yi),
+                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+    both = measured["effects"].get("both")
+    title = COLUMNS.get(column, column)
+    if both is not None:
+        title += f"\nremoving RHT + BF16 tail: x{both['speedup']:.3f} [{both['ci_low']:.3f}, {both['ci_high']:.3f}]"
+    ax.set_title(title, fontsize=10)
+
+
+def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None):
+    theme()
+    model, entries, everything = read_entries(inputs, model)
+    shown = f"{model}: model-body tokens/s"
+    if not entries and everything:          # show what was measured, for other shapes, saying so
+        entries = everything
+        shown = (f"{model}'s shapes not measured; shown: {', '.join(sorted({e['model'] for e in entries}))}'s "
+                 "model-body tokens/s")
+    if not entries:
+        fig, ax = plt.subplots(figsize=(7, 2.5))
+        ax.axis("off")
+        looked = ", ".join(str(p) for p in inputs) or "no input"
+        ax.text(0.5, 0.5, f"body throughput not measured for {model or 'this model'}'s shapes (looked in "
+                          f"{looked}): fp4repro bench throughput --experiment <experiment> on a GPU",
+                ha="center", va="center", wrap=True, transform=ax.transAxes)
+        save(fig, out_png)
+        return fig
+    columns = list(COLUMNS)
+    widths = [3 if any(c in e["columns"] for e in entries) else 1.2 for c in columns]
+    fig, axes = plt.subplots(len(entries), len(columns), figsize=(2.6 * sum(widths), 3.8 * len(entries)),
+                             squeeze=False, gridspec_kw={"width_ratios": widths})
+    for row, entry in zip(axes, entries):
+        for ax, column in zip(row, columns):
+            _panel(ax, entry, column)
+        row[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}")
+    first = entries[0]
+    fig.suptitle(f"{shown}, forward + backward, {first['batch']} x {first['seq_len']} tokens "
+                 f"(median of {first['steps']} steps; whiskers: interquartile range)", fontsize=11)
+    fig.tight_layout()
+    save(fig, out_png)
+    return fig
