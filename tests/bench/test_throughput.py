@@ -76,6 +76,7 @@ def test_the_loop_times_every_recipe_in_every_round_on_cpu():
     assert all(len(r["ms"]) == 5 and r["tokens_per_s"] > 0 for r in column["recipes"].values())
     assert {r["kernels"]["fp8_gemm_calls"] for r in column["recipes"].values()} == {0}
     assert set(column["effects"]) == {"rht"} and result["not_measured"]["native"].startswith("not run")
+    assert result["work"]["bf16"]["quantized_elements"] == {} and result["work"]["nvfp4"]["amax_elements"] > 0
     assert seen[-1] == "emulated: round 5/5"
 
 
@@ -95,5 +96,6 @@ def test_the_census_counts_fp8_gemm_calls():
     a, b = torch.randn(32, 64).to(torch.bfloat16), torch.randn(48, 64).to(torch.bfloat16)
     census = throughput.kernel_census(lambda: [fp8_timing_gemm(a, None, b, 0.5, torch.bfloat16) for _ in range(3)],
                                       torch.device("cpu"))
-    assert census["fp8_gemm_calls"] == 3 and census["quantize_launches"] == 0
-    assert throughput.kernel_census(lambda: a @ b.t(), torch.device("cpu"))["fp8_gemm_calls"] == 0
+    assert census["fp8_gemm_calls"] == 3 and census["gemm_calls"] == 3 and census["quantize_launches"] == 0
+    plain = throughput.kernel_census(lambda: (torch.mm(a, b.t()), torch.addmm(a[:, :48], a, b.t())), torch.device("cpu"))
+    assert plain["fp8_gemm_calls"] == 0 and plain["gemm_calls"] == 2

@@ -28,7 +28,9 @@ Columns (``COLUMNS``):
   ``fp4repro.bench.native``): Transformer Engine's ``NVFP4BlockScaling`` for the recipes it can
   compute (the NVFP4 family), the exempt layers outside FP4 autocast; elsewhere the result says
   why it did not run.
-The Blackwell projection is not built yet (``NOT_MEASURED``).
+The Blackwell projection is not built yet (``NOT_MEASURED``); its first input, each recipe's GEMM
+FLOPs by precision and quantized elements by kernel case (``fp4repro.bench.body_work``), is
+recorded with the measurements (``work``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import numpy as np
 import torch
 
 from fp4repro.bench import native
+from fp4repro.bench.body_work import body_work
+from fp4repro.bench.body_work import summary as summary_of_work
 from fp4repro.bench.fp8_gemm import fp8_timing_gemm
 from fp4repro.bench.live import paired_log_ratio
 from fp4repro.config.model import ModelConfig
@@ -104,10 +108,26 @@ class _Clock:
         return self.start.elapsed_time(self.end)
 
 
+GEMM_OPERATORS = ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm", "aten::baddbmm")
+
+
+def _inside_gemm(event) -> bool:
+    """Whether a profiler event runs inside another GEMM operator (the CPU's ``_scaled_mm`` calls
+    ``mm``: its time is the outer one's)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name in GEMM_OPERATORS:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def kernel_census(step, device: torch.device) -> dict:
-    """Run ``step`` once under the profiler (on CPU, only the CPU's operators): launches and GPU milliseconds of the quantization
-    kernel, calls of the FP8 GEMM (``aten::_scaled_mm``: cuBLAS's Hopper GEMM kernels are named
-    for their tiling, not their types), and all kernel launches."""
+    """Run ``step`` once under the profiler (on CPU, only the CPU's operators): launches and GPU
+    milliseconds of the quantization kernel, calls of the FP8 GEMM (``aten::_scaled_mm``: cuBLAS's
+    Hopper GEMM kernels are named for their tiling, not their types), calls and GPU milliseconds of
+    every GEMM operator (``GEMM_OPERATORS``; SDPA's and the Mamba scan's own matrix products are
+    not among them), and all kernel launches."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -117,10 +137,14 @@ def kernel_census(step, device: torch.device) -> dict:
         step()
         if cuda:
             torch.cuda.synchronize()
-    census = {"quantize_launches": 0, "quantize_ms": 0.0, "fp8_gemm_calls": 0, "kernel_launches": 0}
+    census = {"quantize_launches": 0, "quantize_ms": 0.0, "fp8_gemm_calls": 0, "gemm_calls": 0, "gemm_ms": 0.0,
+              "kernel_launches": 0}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             census["fp8_gemm_calls"] += event.name == "aten::_scaled_mm"
+            if event.name in GEMM_OPERATORS and not _inside_gemm(event):  # each GEMM's kernels once
+                census["gemm_calls"] += 1
+                census["gemm_ms"] += event.device_time_total / 1e3
             continue
         census["kernel_launches"] += 1
         if "_quantize_kernel" in event.name:
@@ -233,6 +257,7 @@ def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: in
     native_ok, native_reason = native.native_available() if device == "cuda" else (False, "not run: no CUDA device")
     result = {"model": config.name, "seq_len": seq_len, "batch": batch, "steps": steps, "warmup": warmup,
               "parameters_bf16": True, "columns": {},
+              "work": {name: summary_of_work(*body_work(config, r, batch * seq_len)) for name, r in recipes.items()},
               "not_measured": {**NOT_MEASURED, **({} if native_ok else {"native": native_reason})}}
     if device == "cuda":
         result["device"] = torch.cuda.get_device_name()
