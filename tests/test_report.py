@@ -293,7 +293,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     entry = {"model": "nemotron_h_8b", "seq_len": 8192, "batch": 1, "steps": 5, "device": "NVIDIA H200",
              "not_measured": dict(throughput.NOT_MEASURED),
              "columns": {"emulated": {"recipes": {}, "effects": throughput.effects(rows)},
-                         "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower)}}}
+                         "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower), "cast": "clamped"}}}
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
     (row,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
@@ -302,6 +302,24 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     assert f"NVIDIA H200 emulated: {ratio - 1:+.1%}" in row.note and "(raises tokens/s)" in row.note
     assert "NVIDIA H200 fp8 analogue: -1.0%" in row.note and "(lowers tokens/s)" in row.note
     assert "compute capability >= 10.0" in row.note
+    # a device with FP4 tensor cores: its native column decides
+    native = {**entry, "device": "NVIDIA B200", "not_measured": {"projection": "not built"},
+              "columns": {**entry["columns"], "native": {"recipes": {}, "effects": throughput.effects(rows)}}}
+    throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
+    (decided,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    assert decided.verdict == "reproduced" and "native FP4 on 1 device(s)" in decided.note
+    assert "NVIDIA B200 native: " in decided.note and "NVIDIA H200 fp8 analogue" in decided.note
+    native["columns"]["native"]["effects"] = throughput.effects(slower)
+    throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
+    (against,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    assert against.verdict == "opposite direction"
+    (results / "bench" / "throughput_b200.json").unlink()
+    # an analogue measured before its cast clamped is void, and said so
+    del entry["columns"]["fp8_analogue"]["cast"]
+    throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
+    (void,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    assert "NVIDIA H200 fp8 analogue: void: made before the FP8 cast clamped" in void.note
+    assert void.verdict == "not measured natively"
     (other,) = measure(claim, results / "small", ("nvfp4",), (0,), BLEND, model="small")
     assert other.note.startswith("not measured: no body-throughput file") and "small's shapes" in other.note
     assert "measured for other shapes, nemotron_h_8b: NVIDIA H200 emulated" in other.note

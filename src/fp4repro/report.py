@@ -36,7 +36,7 @@ from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
                               eval_dir, event_rates, last_checkpoint, read_json, read_table, read_throughput,
-                              run_dir, table_provenance, with_operand_class)
+                              run_dir, table_provenance, void_column, with_operand_class)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -312,13 +312,24 @@ def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
     return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
 
 
+def _throughput_effect(claim: Claim, measured: dict) -> dict | None:
+    """The effect of one measured column that is this claim's: time(nvfp4) / time(recipe)."""
+    if claim.baseline != "nvfp4":
+        return None
+    return next((e for e in measured["effects"].values() if e["versus"] == claim.recipe), None)
+
+
 def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
     """Per measured column of one body-throughput entry: the speed-up time(baseline) / time(recipe)
     with its 95% interval, and what it says of tokens/s."""
     shows = []
     for column, measured in entry["columns"].items():
-        effect = next((e for e in measured["effects"].values() if e["versus"] == claim.recipe), None)
-        if effect is None or claim.baseline != "nvfp4":
+        effect = _throughput_effect(claim, measured)
+        if effect is None:
+            continue
+        void = void_column(column, measured)
+        if void:
+            shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {void}")
             continue
         direction = "raises" if effect["ci_low"] > 1 else "lowers" if effect["ci_high"] < 1 else "does not resolve"
         shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {effect['speedup'] - 1:+.1%} "
@@ -330,21 +341,34 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     """A throughput claim against the body-throughput files in ``bench`` (results/bench/
     throughput_<device>.json, ``fp4repro bench throughput``) for ``model``'s shapes: per device
     and measured column, the speed-up time(baseline) / time(recipe) with its 95% interval. Only
-    a native FP4 column can reproduce the claim; the others give a direction at their own GEMM
-    ratio, so the row says "not measured natively" with what they show. Without ``model``'s
-    shapes the row is "not measured" and gives the shapes that were."""
+    a native FP4 column decides the claim (reproduced when every device's native interval lies
+    beyond 1 in the claim's direction, opposite when one lies beyond it the other way, else not
+    resolved); without one the row says "not measured natively" and what the other columns show.
+    Without ``model``'s shapes the row is "not measured" and gives the shapes that were."""
     entries = [(m, e) for path in sorted(bench.glob("throughput_*.json"))
                for m, e in read_throughput(path, ReportError).items()]
     ours = [e for m, e in entries if m == model]
-    shows = [s for e in ours for s in _throughput_effects(claim, e)]
-    if not shows:
-        others = "; ".join(f"{m}: {s}" for m, e in entries if m != model for s in _throughput_effects(claim, e))
+    if not ours:
+        others = "; ".join(f"{m}: {s}" for m, e in entries for s in _throughput_effects(claim, e))
         return [Row(claim, claim.id, note=f"not measured: no body-throughput file in {bench} has {model}'s shapes "
                                           "(fp4repro bench throughput on a GPU)"
                                           + (f"; measured for other shapes, {others}" if others else ""))]
-    native = ours[-1].get("not_measured", {}).get("native", "native column absent")
-    return [Row(claim, claim.id, note=f"not measured natively: {native}; {model} body, {claim.recipe} vs "
-                                      f"{claim.baseline}: " + "; ".join(shows))]
+    shows = [s for e in ours for s in _throughput_effects(claim, e)]
+    if not shows:
+        return [Row(claim, claim.id, note=f"not measured: {model}'s shapes were timed without {claim.recipe} and "
+                                          f"{claim.baseline} both in one column")]
+    native = [effect for e in ours if "native" in e["columns"]
+              for effect in [_throughput_effect(claim, e["columns"]["native"])] if effect is not None]
+    detail = f"{model} body, {claim.recipe} vs {claim.baseline}: " + "; ".join(shows)
+    if not native:
+        why = "; ".join(sorted({f"{e.get('device', 'cpu')}: {e.get('not_measured', {}).get('native', 'not run')}"
+                                for e in ours}))
+        return [Row(claim, claim.id, note=f"not measured natively: {detail}; native column, {why}")]
+    higher = claim.expect == "higher"
+    beyond = [(e["ci_low"] > 1) if higher else (e["ci_high"] < 1) for e in native]
+    against = [(e["ci_high"] < 1) if higher else (e["ci_low"] > 1) for e in native]
+    verdict = OPPOSITE if any(against) else REPRODUCED if all(beyond) else "not resolved"
+    return [Row(claim, claim.id, note=f"{verdict}: native FP4 on {len(native)} device(s); {detail}")]
 
 
 def measure(claim: Claim, root: Path, recipes, seeds=(0,), blend: dict[str, float] | None = None,

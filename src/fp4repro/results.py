@@ -160,6 +160,16 @@ def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:
     return shapes
 
 
+def void_column(column: str, measured: dict) -> str | None:
+    """Why a measured column of a body-throughput entry cannot be used, or None: an FP8-analogue
+    column without its ``cast`` record was made before the cast clamped, when torch's cast (before
+    2.12) turned operands beyond ±448 into NaN."""
+    if column == "fp8_analogue" and "cast" not in measured:
+        return ("void: made before the FP8 cast clamped (torch < 2.12 casts values beyond ±448 to NaN, so the "
+                "analogue multiplied NaNs); measure again")
+    return None
+
+
 def last_checkpoint(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """The rows of each ``by`` group's last evaluated checkpoint (largest step)."""
     if not by:

@@ -4,7 +4,7 @@ CPU where torch's ``_scaled_mm`` runs too; its speed is measured by ``fp4repro b
 import pytest
 import torch
 
-from fp4repro.bench.fp8_gemm import FP8, fp8_timing_gemm
+from fp4repro.bench.fp8_gemm import FP8, e4m3, fp8_timing_gemm
 
 
 def _operands(seed):
@@ -14,14 +14,15 @@ def _operands(seed):
     return a, b
 
 
-def test_it_multiplies_the_e4m3_casts_of_its_operands_with_the_decode_scales():
+def test_it_multiplies_the_clamped_e4m3_casts_of_its_operands_with_the_decode_scales():
     a, b = _operands(1)
-    a[0, 0] = 1000.0                                   # beyond E4M3's 448: the cast saturates
-    want = (a.to(FP8).float() @ b.to(FP8).float().t()) * 0.5 * 0.25
+    a[0, :3] = torch.tensor([1000.0, -2688.0, 12288.0])  # q·s of FP4 operands reach 6·T: clamped, not NaN
+    clamped = a.float().clamp(-448, 448)
+    want = (clamped.to(FP8).float() @ b.float().clamp(-448, 448).to(FP8).float().t()) * 0.5 * 0.25
     got = fp8_timing_gemm(a, 0.5, b, torch.tensor(0.25), torch.bfloat16)
-    assert got.dtype == torch.bfloat16 and got.shape == (32, 48)
+    assert got.dtype == torch.bfloat16 and got.shape == (32, 48) and torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=2 ** -7, atol=0)
-    assert a.to(FP8)[0, 0].float() == 448.0
+    assert e4m3(a)[0, :3].float().tolist() == [448.0, -448.0, 448.0]
 
 
 def test_a_transposed_operand_and_missing_scales_are_taken_as_the_emulated_gemm_takes_them():

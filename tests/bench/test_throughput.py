@@ -99,3 +99,19 @@ def test_the_census_counts_fp8_gemm_calls():
     assert census["fp8_gemm_calls"] == 3 and census["gemm_calls"] == 3 and census["quantize_launches"] == 0
     plain = throughput.kernel_census(lambda: (torch.mm(a, b.t()), torch.addmm(a[:, :48], a, b.t())), torch.device("cpu"))
     assert plain["fp8_gemm_calls"] == 0 and plain["gemm_calls"] == 2
+
+
+def test_every_recipe_warms_up_first_then_rounds_rotate_the_order():
+    import torch
+
+    calls = []
+    x = torch.zeros(1, 16, 1)
+    result = throughput.time_column(lambda name: lambda: calls.append(name), ["a", "b", "c"], x, steps=5, warmup=1,
+                                    column="emulated", progress=lambda m: None)
+    rounds = ["abc", "bca", "cab", "abc", "bca"]
+    assert "".join(calls) == "abc" + "".join(rounds) + "abc"          # warm-ups, rounds, the census
+    assert all(len(r["ms"]) == 5 for r in result["recipes"].values()) and result["interleaved"]
+    calls.clear()
+    blocks = throughput.time_column(lambda name: lambda: calls.append(name), ["a", "b"], x, steps=5, warmup=1,
+                                    column="native", progress=lambda m: None, interleave=False)
+    assert "".join(calls) == "ab" + "a" * 6 + "b" * 6 + "ab" and not blocks["interleaved"]

@@ -23,7 +23,20 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
         assert census["nvfp4"]["quantize_launches"] > 0
         # the tail's layer quantizes too when it is not exempt
         assert census["nvfp4_no_bf16_tail"]["quantize_launches"] > census["nvfp4"]["quantize_launches"]
+    assert "cast" in result["columns"]["fp8_analogue"]        # its record that the operands were clamped
     fp8 = {n: r["kernels"]["fp8_gemm_calls"] for n, r in result["columns"]["fp8_analogue"]["recipes"].items()}
     emulated = {n: r["kernels"]["fp8_gemm_calls"] for n, r in result["columns"]["emulated"]["recipes"].items()}
+    # the analogue computes on finite numbers (q·s beyond E4M3's range is clamped, not NaN)
+    from fp4repro.bench.fp8_gemm import fp8_timing_gemm
+    from fp4repro.model import attach_recipe
+    from fp4repro.quant.linear import gemm_instrument
+    from fp4repro.quant.state import QuantState
+
+    body = throughput.build_body(load_model_config("tiny"), recipes["nvfp4"], "cuda")
+    attach_recipe(body, recipes["nvfp4_no_bf16_tail"], QuantState())
+    x = torch.randn(1, 256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with gemm_instrument(fp8_timing_gemm):
+        throughput.body_step(body, x, torch.randn_like(x))
+    assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in body.parameters())
     # tiny: 5 layers, 10 internal linears, 3 GEMMs each; nvfp4 keeps layer 4 (2 linears) in BF16
     assert fp8 == {"bf16": 0, "nvfp4": 24, "nvfp4_no_bf16_tail": 30} and set(emulated.values()) == {0}

@@ -60,6 +60,12 @@ def test_a_quantized_row_is_within_when_every_linear_moves_at_most_sqrt2_times_a
     assert "megatron_effect_ratio" not in per_linear
     # the loss bound holds for quantized rows too; embedding differences are not the linears'
     assert not verdict(True, {"loss_difference": 0.03, **_differences(in_proj=0.01, fc1=0.01)}, effect, bounds)["within"]
+    # a NaN anywhere is outside, wherever it sits
+    for nan in ({"in_proj": 0.01, "fc1": float("nan")}, {"in_proj": float("nan"), "fc1": 0.01}):
+        assert not verdict(True, {"loss_difference": 0.0, **_differences(**nan)}, effect, bounds)["within"]
+        assert not verdict(False, {"loss_difference": 0.0, **_differences(**nan)}, effect, bounds)["within"]
+    assert not verdict(True, {"loss_difference": float("nan"), **_differences(in_proj=0.01, fc1=0.01)}, effect,
+                       bounds)["within"]
 
 
 def test_a_bf16_row_is_judged_by_the_rounding_bounds_not_by_the_bf16_effect():

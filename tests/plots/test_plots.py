@@ -533,6 +533,7 @@ def _throughput_file(path: Path, model: str, device: str = "NVIDIA H200") -> Pat
     for column, scale in (("emulated", 1.0), ("fp8_analogue", 0.95)):
         r = rows(scale)
         columns[column] = {"recipes": r, "effects": throughput.effects({n: v["ms"] for n, v in r.items()})}
+    columns["fp8_analogue"]["cast"] = "saturating"
     entry = {"model": model, "seq_len": 8192, "batch": 1, "steps": 5, "warmup": 1, "device": device,
              "columns": columns, "not_measured": dict(throughput.NOT_MEASURED)}
     throughput.record(path, entry, "cpu")
@@ -559,6 +560,14 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     fig = plot_figure("throughput", inputs, tmp_path / "tiny.png", model="tiny")     # the measured ones, said
     assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
     assert len(fig.axes) == 8
+    # an analogue measured before its cast clamped (no cast record) is void, said in its panel
+    void = json.loads(inputs[0].read_text())
+    del void["shapes"]["nemotron_h_8b"]["columns"]["fp8_analogue"]["cast"]
+    (tmp_path / "void").mkdir()
+    (tmp_path / "void" / "throughput_h200.json").write_text(json.dumps(void))
+    fig = plot_figure("throughput", [tmp_path / "void"], tmp_path / "void.png", model="nemotron_h_8b")
+    assert "void: made before the FP8 cast clamped" in " ".join(axis(fig, "throughput:fp8_analogue").texts[0].get_text().split())
+    assert not axis(fig, "throughput:fp8_analogue").patches
     # the folder of the files: its files; a folder that does not exist holds none
     fig = plot_figure("throughput", [tmp_path], tmp_path / "folder.png", model="small")
     assert len(fig.axes) == 4

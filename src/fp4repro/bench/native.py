@@ -101,8 +101,26 @@ def native_available() -> tuple[bool, str]:
         import transformer_engine.pytorch as te
     except ImportError as err:
         return False, f"not run: Transformer Engine does not import ({err})"
+    if not (hasattr(te, "autocast") and hasattr(te, "is_nvfp4_available")):
+        return False, ("not run: this Transformer Engine has no te.autocast / te.is_nvfp4_available (they came "
+                       "after NVFP4BlockScaling, with v2.9)")
     available, reason = te.is_nvfp4_available(return_reason=True)
     return bool(available), "" if available else f"not run: {reason}"
+
+
+# fields of newer NVFP4BlockScaling whose defaults come from environment variables read at import
+# (NVTE_NVFP4_*): pinned to the recipe the table above describes, where the field exists
+PINNED = {"row_scaled_activation": False, "nvfp4_4over6": "none", "backward_override": None}
+
+
+def nvfp4_recipe(arguments: dict):
+    """``NVFP4BlockScaling(**arguments)`` with ``PINNED`` fields set where this version has them."""
+    import dataclasses
+
+    from transformer_engine.common.recipe import NVFP4BlockScaling
+
+    have = {f.name for f in dataclasses.fields(NVFP4BlockScaling)}
+    return NVFP4BlockScaling(**arguments, **{k: v for k, v in PINNED.items() if k in have})
 
 
 def te_body(model, config: ModelConfig):
@@ -124,14 +142,14 @@ def te_body(model, config: ModelConfig):
 def native_step(model, mapping: TEMapping, x: torch.Tensor, dy: torch.Tensor):
     """One forward and backward of the body under ``mapping`` (a callable for the timing loop)."""
     import transformer_engine.pytorch as te
-    from transformer_engine.common.recipe import NVFP4BlockScaling
 
-    recipe = NVFP4BlockScaling(**mapping.arguments) if mapping.arguments is not None else None
+    recipe = nvfp4_recipe(mapping.arguments) if mapping.arguments is not None else None
     exempt = set(mapping.bf16_layers)
 
     def step() -> None:
         for p in model.parameters():
             p.grad = None
+        x.grad = None
         with torch.autocast("cuda", dtype=torch.bfloat16), te.autocast(enabled=recipe is not None, recipe=recipe):
             h = x
             for i, layer in enumerate(model.layers):

@@ -8,12 +8,12 @@ layer's input gradient is computed, as training does for the embedding), the out
 random.
 
 Method. One model, its weights shared by every recipe: ``fp4repro.model.attach_recipe`` swaps the
-recipe's specs and a QuantState of its own into the same layers. Per column, each recipe's
-``warmup`` steps (Triton compiles, cuBLAS picks its kernels, periodic scaling holds its first
-amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks
-or temperature reaches every recipe alike); each step is timed with CUDA events and synchronized
-(on CPU, the wall clock: for tests). Per recipe: the median step, its quartiles, body tokens/s =
-batch·seq_len / median, the peak memory. Per column, the effects the paper's +21.2% mixes
+recipe's specs and a QuantState of its own into the same layers. Per column, every recipe's
+``warmup`` steps first (Triton compiles, cuBLAS picks its kernels, periodic scaling holds its
+first amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks
+or temperature reaches every recipe alike; the order rotates each round); each step is timed with
+CUDA events and synchronized (on CPU, the wall clock: for tests). Per recipe: the median step,
+its quartiles, body tokens/s = batch·seq_len / median; per column the peak memory. Per column, the effects the paper's +21.2% mixes
 (``EFFECTS``): the speed-up time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and
 both, as the geometric mean of the per-round ratios with a 95% Student-t interval
 (``fp4repro.bench.live.paired_log_ratio``).
@@ -80,6 +80,7 @@ def body_step(model: NemotronH, x: torch.Tensor, dy: torch.Tensor) -> None:
     """One forward and backward of the decoder layers (the parameters' gradients set anew)."""
     for p in model.parameters():
         p.grad = None
+    x.grad = None
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         h = x
         for layer in model.layers:
@@ -174,30 +175,38 @@ def effects(times: dict[str, list[float]]) -> dict:
 
 
 def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: int, column: str,
-                progress=print) -> dict:
-    """Every recipe's step times in one column (interleaved rounds, see the module docstring);
-    ``step_of(name)`` readies the model for recipe ``name`` and returns its step."""
+                progress=print, interleave: bool = True) -> dict:
+    """Every recipe's step times in one column; ``step_of(name)`` readies the model for recipe
+    ``name`` and returns its step. Every recipe's warm-up first; then, interleaved, ``steps``
+    rounds of one step of each recipe, the order rotated by one each round (no recipe always
+    follows the same one); or, with ``interleave`` off, each recipe's steps in one block (for
+    modules that rebuild state whenever the recipe changes)."""
     clock = _Clock(x.device)
     tokens = x.shape[0] * x.shape[1]
     times = {name: [] for name in names}
-    peak = {}
     for name in names:
         step = step_of(name)
         for _ in range(warmup):
             step()
-        if x.is_cuda:
-            torch.cuda.reset_peak_memory_stats()
-        times[name].append(clock.time(step))
-        peak[name] = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
-        progress(f"{column}: {name} warmed up ({times[name][-1]:.1f} ms)")
-    for r in range(1, steps):
+        progress(f"{column}: {name} warmed up")
+    if x.is_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    if interleave:
+        for r in range(steps):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(clock.time(step_of(name)))
+            progress(f"{column}: round {r + 1}/{steps}")
+    else:
         for name in names:
-            times[name].append(clock.time(step_of(name)))
-        progress(f"{column}: round {r + 1}/{steps}")
+            step = step_of(name)
+            for _ in range(warmup):
+                step()
+            times[name] = [clock.time(step) for _ in range(steps)]
+            progress(f"{column}: {name} timed")
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
     census = {name: kernel_census(step_of(name), x.device) for name in names}
-    rows = {name: {**summarize(times[name], tokens), "peak_mib": peak[name], "kernels": census[name]}
-            for name in names}
-    return {"recipes": rows, "effects": effects(times)}
+    rows = {name: {**summarize(times[name], tokens), "kernels": census[name]} for name in names}
+    return {"recipes": rows, "effects": effects(times), "peak_mib": peak, "interleaved": interleave}
 
 
 def suite_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int, column: str,
@@ -210,9 +219,12 @@ def suite_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int
         attach_recipe(model, recipes[name], states[name])
         return lambda: body_step(model, x, dy)
 
-    instrument = gemm_instrument(fp8_timing_gemm) if column == "fp8_analogue" else contextlib.nullcontext()
-    with instrument:
+    if column != "fp8_analogue":
         return time_column(step_of, list(recipes), x, steps, warmup, column, progress)
+    with gemm_instrument(fp8_timing_gemm):
+        timed = time_column(step_of, list(recipes), x, steps, warmup, column, progress)
+    # the record that the operands were clamped, not NaN (``fp4repro.results.void_column``)
+    return {**timed, "cast": "saturating E4M3 (clamped to ±448, fp4repro.kernels.saturating_e4m3)"}
 
 
 def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int,
@@ -227,8 +239,10 @@ def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: in
         except native.NoTEEquivalent as err:
             without[name] = str(err)
     body = native.te_body(model, model.config)
+    # Transformer Engine rebuilds a module's quantizers whenever the autocast recipe changes: each
+    # recipe's steps in one block, after its own warm-up
     timed = time_column(lambda name: native.native_step(body, mappings[name], x, dy), list(mappings), x, steps,
-                        warmup, "native", progress)
+                        warmup, "native", progress, interleave=False)
     return {**timed, "mappings": {n: {"arguments": m.arguments, "bf16_layers": list(m.bf16_layers)}
                                   for n, m in mappings.items()}, "no_equivalent": without}
 
@@ -245,9 +259,12 @@ def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: in
     unknown = [c for c in columns if c not in COLUMNS]
     if unknown:
         raise ConfigError(f"bench throughput --columns: {unknown} unknown; measured columns are {list(COLUMNS)}")
-    if device == "cpu" and "fp8_analogue" in columns:
-        raise ConfigError("bench throughput --columns: fp8_analogue needs a GPU with FP8 tensor cores; on CPU, "
-                          "emulated only")
+    if "fp8_analogue" in columns and (device == "cpu" or torch.cuda.get_device_capability() < (8, 9)):
+        raise ConfigError("bench throughput --columns: fp8_analogue needs a GPU with FP8 tensor cores (compute "
+                          "capability >= 8.9); here, emulated only")
+    if (batch * seq_len) % 16:
+        raise ConfigError(f"bench throughput: batch x sequence = {batch * seq_len} tokens; the GEMMs' dimensions "
+                          "must be multiples of 16 (FP8 and FP4 tensor cores, 16-element blocks)")
     torch.manual_seed(seed)
     model = build_body(config, next(iter(recipes.values())), device)
     g = torch.Generator(device=device).manual_seed(seed)

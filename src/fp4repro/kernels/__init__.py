@@ -291,6 +291,18 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
     return out
 
 
+def saturating_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x (2-D, any strides) clamped to ±448 and cast to ``float8_e4m3fn``, row-major, in one pass
+    (``fp4repro.kernels.fp8_cast``)."""
+    from fp4repro.kernels.fp8_cast import _saturating_e4m3_kernel
+
+    rows, cols = x.shape
+    out = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+    _saturating_e4m3_kernel[(_cdiv(rows, 64), _cdiv(cols, 64))](x, out, rows, cols, x.stride(0), x.stride(1),
+                                                                 BR=64, BC=64)
+    return out
+
+
 def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> torch.Tensor:
     """The n float32 uniforms the SR kernels draw for offsets rand_offset .. rand_offset + n - 1:
     (255 - byte + 1/2) / 256 with 8 random bits each (see ``fp4repro.kernels.quantize``), to feed the

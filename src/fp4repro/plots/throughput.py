@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
 from fp4repro.plots.common import recipe_colors, save, theme
-from fp4repro.results import read_throughput
+from fp4repro.results import read_throughput, void_column
 
 COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
@@ -58,8 +58,9 @@ def _order(recipes) -> list[str]:
 def _panel(ax, entry: dict, column: str) -> None:
     measured = entry["columns"].get(column)
     ax.set_label(f"throughput:{column}")
-    if measured is None:
-        reason = entry.get("not_measured", {}).get(column, "not measured")
+    void = void_column(column, measured) if measured is not None else None
+    if measured is None or void:
+        reason = void or entry.get("not_measured", {}).get(column, "not measured")
         ax.text(0.5, 0.5, textwrap.fill(reason, 28), ha="center", va="center", fontsize=9, transform=ax.transAxes)
         ax.set_xticks([]), ax.set_yticks([])
         ax.set_title(textwrap.fill(COLUMNS.get(column, column), 24), fontsize=10)
@@ -76,7 +77,8 @@ def _panel(ax, entry: dict, column: str) -> None:
     ax.set_yticks(y, names, fontsize=9)
     # the differences are percents of the whole: the axis starts near the slowest recipe of the
     # device's measured columns (said below), the same for each so that they compare
-    everything = [r["tokens_per_s"] for c in entry["columns"].values() for r in c["recipes"].values()]
+    everything = [r["tokens_per_s"] for name, c in entry["columns"].items() if not void_column(name, c)
+                  for r in c["recipes"].values()]
     ax.set_xlim(0.9 * min(everything), 1.06 * max(everything))
     ax.set_xlabel("body tokens/s (axis does not start at 0)")
     if "bf16" in rows:
