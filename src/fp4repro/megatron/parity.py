@@ -31,9 +31,11 @@ exceed it by chance); if they shared all, 0. The quantized recipes' bound under 
 (``verdict``) is sqrt(2)·E per linear, with E measured on the reference only (a bug in the
 megatron model cannot widen its own bound), from the state the compared row starts in (the same
 SR draw count, the same held amaxes). Their loss is held to the BF16 recipe's loss bound, a
-ceiling that a working implementation stays far below (FP4 flips move the mean loss little). Its premise, that megatron's BF16 rounding moves
-the gradients no more than the reference's does, is measured too (``megatron_bf16_effect``:
-the megatron model under BF16 autocast against the reference in FP32, divided by E).
+ceiling that a working implementation stays far below (FP4 flips move the mean loss little). The
+bound's premise, that megatron's BF16 rounding moves the gradients no more than the reference's
+does, is measured too (``megatron_effect`` of ``run``:
+the megatron model's BF16 pass of the row against the reference's FP32 pass from the same state,
+divided by E).
 """
 
 from __future__ import annotations
@@ -85,15 +87,19 @@ def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Te
                bf16: bool = True) -> dict:
     """Loss and gradients of both models on ``tokens`` (batch, time + 1): the losses, the
     megatron-minus-reference loss difference, and per parameter (reference names) the relative
-    gradient difference and the gradient norm."""
+    gradient difference and the gradient norm; ``megatron_pass``: megatron's (loss, gradients)."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     loss_r, grads_r, logit_max = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
     loss_m, grads_m, _ = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, bf16)
     grads_m = from_megatron(grads_m, reference.config)
-    return {"loss_reference": loss_r, "loss_megatron": loss_m, "loss_difference": loss_m - loss_r,
-            "logit_max": logit_max,
-            "gradient_difference": _relative(grads_m, grads_r),
+    return {"loss_reference": loss_r, "loss_megatron": loss_m, **_difference((loss_m, grads_m), (loss_r, grads_r)),
+            "logit_max": logit_max, "megatron_pass": (loss_m, grads_m),
             "gradient_norm": {n: float(g.norm()) for n, g in grads_r.items()}}
+
+
+def _difference(got: tuple[float, dict], want: tuple[float, dict]) -> dict:
+    """Loss difference and relative gradient differences of two (loss, gradients) passes."""
+    return {"loss_difference": got[0] - want[0], "gradient_difference": _relative(got[1], want[1])}
 
 
 def _relative(got: dict, want: dict) -> dict:
@@ -116,46 +122,31 @@ def linear_gradients(differences: dict) -> dict:
             or n.endswith(("fc1.weight", "fc2.weight"))}
 
 
-def _reference_against_itself(reference: NemotronH, other: NemotronH, tokens: torch.Tensor, seed: int,
-                              bf16: bool, bf16_other: bool) -> dict:
-    """``first_step``'s comparison of two variants of the reference model, ``other`` minus a copy of
-    ``reference``. Both must be copies, each with a copy of the QuantState, shared by its linears:
-    the reference's own state counts the stochastic roundings of each operand in a step
-    (``QuantState.sr_seed``), so a pass of the reference itself would give its next ``first_step``
-    other SR bits than the megatron model's."""
-    base = copy.deepcopy(reference)
+def _copy_pass(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool, variant=None) -> tuple[float, dict]:
+    """(loss, gradients) of one pass of a copy of the reference (``variant`` applied to it). A copy,
+    with a copy of the QuantState shared by its linears: the reference's own state counts the
+    stochastic roundings of each operand in a step (``QuantState.sr_seed``), so a pass of the
+    reference itself would give its next ``first_step`` other SR bits than the megatron model's;
+    copies taken from one state draw the same bits."""
+    model = copy.deepcopy(reference)
+    if variant is not None:
+        model = variant(model)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    loss_r, grads_r, _ = _loss_and_grads(base, lambda m, x: m(x), inputs, targets, seed, bf16)
-    loss_o, grads_o, _ = _loss_and_grads(other, lambda m, x: m(x), inputs, targets, seed, bf16_other)
-    return {"loss_difference": loss_o - loss_r, "gradient_difference": _relative(grads_o, grads_r)}
+    loss, grads, _ = _loss_and_grads(model, lambda m, x: m(x), inputs, targets, seed, bf16)
+    return loss, grads
 
 
 def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool = True) -> dict:
     """The reference with the torch SSD scan instead of mamba-ssm's kernel, minus the reference
     (same weights, seed and autocast)."""
-    other = use_torch_ssd(copy.deepcopy(reference))
-    return _reference_against_itself(reference, other, tokens, seed, bf16, bf16)
+    return _difference(_copy_pass(reference, tokens, seed, bf16, use_torch_ssd),
+                       _copy_pass(reference, tokens, seed, bf16))
 
 
 def bf16_effect(reference: NemotronH, tokens: torch.Tensor, seed: int) -> dict:
     """The reference under BF16 autocast minus the reference in FP32 (same weights and seed, so the
     same SR bits): what BF16 rounding alone does to the loss and to each gradient."""
-    return _reference_against_itself(reference, copy.deepcopy(reference), tokens, seed, False, True)
-
-
-def megatron_bf16_effect(config: ModelConfig, recipe: Recipe | None, tokens: torch.Tensor, seed_model: int,
-                         seed: int, after: int = 0) -> dict:
-    """The megatron model under BF16 autocast minus the reference in FP32, per parameter
-    (reference names), on a fresh pair (``pair``) that has first taken ``after`` FP32 first steps
-    together: the state (SR draws counted, amaxes held) the compared row starts from."""
-    reference, megatron = pair(config, recipe, seed_model)
-    for _ in range(after):
-        first_step(reference, megatron, tokens, seed, bf16=False)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    loss_r, grads_r, _ = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, False)
-    loss_m, grads_m, _ = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, True)
-    return {"loss_difference": loss_m - loss_r,
-            "gradient_difference": _relative(from_megatron(grads_m, config), grads_r)}
+    return _difference(_copy_pass(reference, tokens, seed, True), _copy_pass(reference, tokens, seed, False))
 
 
 QUANTIZED_BOUND = 2.0 ** 0.5     # in units of the reference's BF16 effect on the same linear
@@ -166,8 +157,8 @@ def verdict(quantized: bool, megatron: dict, effect: dict, bounds: dict, megatro
     loss bound of ``bf16_bounds``. The BF16 recipe: every linear's weight gradient within the
     gradient bound. A quantized recipe: every linear's gradient difference at most sqrt(2) times
     the reference's BF16 effect on that linear (``worst_ratio`` = max over linears of difference /
-    effect <= ``QUANTIZED_BOUND``). ``megatron_effect`` (``megatron_bf16_effect``) gives the
-    premise's check, ``megatron_effect_ratio`` = max over linears of its effect / the reference's."""
+    effect <= ``QUANTIZED_BOUND``). ``megatron_effect`` (the megatron model under BF16 autocast
+    minus the reference in FP32, from the same state) gives the premise's check, ``megatron_effect_ratio`` = max over linears of its effect / the reference's."""
     lin_m, lin_e = linear_gradients(megatron["gradient_difference"]), linear_gradients(effect["gradient_difference"])
     ratios = {n: lin_m[n] / lin_e[n] if lin_e[n] > 0 else float("inf") for n in lin_m}
     # a NaN is worse than any number (max() would pass over one that is not first)
@@ -195,11 +186,13 @@ def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, 
     for name, recipe in recipes.items():
         reference, megatron = pair(config, recipe, seed)
         quantized = recipe is not None and len(recipe.bf16_layers(config.n_layers, config.layer_linears)) < config.n_layers
-        for row, bf16 in enumerate((False, True)):
+        for bf16 in (False, True):
             if bf16:   # the BF16 effects from the state the BF16 row starts in (after the FP32 row)
-                effect = bf16_effect(reference, tokens, seed + 1)
-                megatron_effect = megatron_bf16_effect(config, recipe, tokens, seed, seed + 1, after=row)
+                fp32 = _copy_pass(reference, tokens, seed + 1, False)
+                effect = _difference(_copy_pass(reference, tokens, seed + 1, True), fp32)
             m = first_step(reference, megatron, tokens, seed + 1, bf16)
+            if bf16:   # megatron's own BF16 pass of this row against the same FP32 reference pass
+                megatron_effect = _difference(m["megatron_pass"], fp32)
             y = yardstick(reference, tokens, seed + 1, bf16)
             lin_m, lin_y = linear_gradients(m["gradient_difference"]), linear_gradients(y["gradient_difference"])
             bounds = bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None
