@@ -43,3 +43,12 @@ def test_kernel_cases_are_named_as_the_kernel_benchmark_names_them():
     assert kernel_case(QuantSpec(rht=True, rounding="sr"), True) == "1x16 RHT+SR, column-wise"
     assert kernel_case(QuantSpec(rht=True), False) == "1x16 RHT"
     assert kernel_case(QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"), False) == "1x32 RNE UE8M0"
+
+
+def test_a_weight_quantized_again_for_dgrad_is_read_column_wise():
+    # mxfp4's 1x32 weights are not transposable (not square): dgrad quantizes Wᵀ, a transposed view
+    _, quants = body_work(load_model_config("tiny"), load_recipe("mxfp4"), tokens=T)
+    dgrad_w = [q for q in quants if q.operand == "dgrad.w"]
+    assert len(dgrad_w) == 10 and {q.case for q in dgrad_w} == {"1x32 RNE UE8M0, column-wise"}
+    assert sum(q.elements for q in dgrad_w) == PARAMS
+    assert {q.case for q in quants if q.operand == "fprop.w"} == {"1x32 RNE UE8M0"}

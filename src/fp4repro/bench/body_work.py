@@ -5,15 +5,17 @@ For every internal linear y = x·Wᵀ (x: tokens × K, W: N × K) a training ste
 fprop (M=tokens, N, K), dgrad (M=tokens, N=K, K=N) and wgrad (M=N, N=K, K=tokens), each of
 2·M·N·K FLOPs, in FP4 natively when the linear is quantized and in BF16 when the recipe leaves it
 in BF16 (``GemmWork``). Each quantized operand costs one pass of a quantization kernel over its
-elements (``QuantWork``): its kernel case (block, rounding, RHT, row- or column-wise: the wgrad
-operands dYᵀ and Xᵀ are read transposed), and, with a current amax, one more read of the tensor
-for its amax. dgrad's Q(Wᵀ) is fprop's Q(W) transposed where that is exact
-(``fp4repro.quant.linear.transposable_weight_spec``), costing no pass. The attention core, the
-Mamba scan, norms and elementwise work are not counted here: the projection measures them.
+elements (``QuantWork``): its kernel case (block, rounding, RHT; column-wise when the operand is the
+transpose of its tensor, Wᵀ, dYᵀ or Xᵀ: ``fp4repro.config.spec.transposed_operand``), and, with a
+current amax, one more read of the tensor for its amax. dgrad's Q(Wᵀ) is fprop's Q(W) transposed
+where that is exact (``fp4repro.quant.linear.transposable_weight_spec``), costing no pass. The
+attention core, the Mamba scan, norms and elementwise work are not counted here: the projection
+measures them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -21,15 +23,8 @@ import torch
 
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.recipe import Recipe
-from fp4repro.config.spec import QuantSpec
+from fp4repro.config.spec import OPERAND_MATRIX, QuantSpec, transposed_operand
 from fp4repro.quant.linear import transposable_weight_spec
-
-# operand -> (its tensor's rows, columns) as factors of (tokens, K = in, N = out), and whether the
-# kernel reads it transposed (the wgrad operands)
-OPERAND_SHAPES = {"fprop.x": ("tokens", "in", False), "fprop.w": ("out", "in", False),
-                  "dgrad.dy": ("tokens", "out", False), "dgrad.w": ("in", "out", False),
-                  "wgrad.dy": ("out", "tokens", True), "wgrad.x": ("in", "tokens", True)}
-
 
 @dataclass(frozen=True)
 class GemmWork:
@@ -65,6 +60,7 @@ def kernel_case(spec: QuantSpec, columnwise: bool) -> str:
     return name + (", column-wise" if columnwise else "")
 
 
+@functools.lru_cache(maxsize=8)
 def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     """Reference name -> (in, out) of every internal linear (from the model built on the meta device)."""
     from fp4repro.model import NemotronH
@@ -86,12 +82,12 @@ def body_work(config: ModelConfig, recipe: Recipe, tokens: int) -> tuple[list[Ge
                   GemmWork(name, "wgrad", n, k, tokens, precision)]
         if not quantized:
             continue
-        size = {"tokens": tokens, "in": k, "out": n}
+        size = {"tokens": tokens, "K": k, "N": n}
         for operand, spec in specs.items():
             if spec is None or (operand == "dgrad.w" and transposable_weight_spec(specs)):
                 continue
-            rows, cols, columnwise = OPERAND_SHAPES[operand]
-            quants.append(QuantWork(name, operand, size[rows] * size[cols], kernel_case(spec, columnwise),
+            rows, cols = OPERAND_MATRIX[operand]
+            quants.append(QuantWork(name, operand, size[rows] * size[cols], kernel_case(spec, transposed_operand(operand)),
                                     spec.target is not None and spec.tensor_scaling.kind == "current"))
     return gemms, quants
 

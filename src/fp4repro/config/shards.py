@@ -2,7 +2,8 @@
 the unsplit tensor has.
 
 For a linear Y = X Wᵀ (X: tokens × K, W: N × K) the six operands are blocked as the numerics contract
-says, block columns along the GEMM's reduction dimension and block rows across it:
+says, block columns along the GEMM's reduction dimension and block rows across it
+(``fp4repro.config.spec.OPERAND_MATRIX``):
 
     fprop.x  X   (tokens × K)     fprop.w  W  (N × K)
     dgrad.dy dY  (tokens × N)     dgrad.w  Wᵀ (K × N)
@@ -21,10 +22,11 @@ from __future__ import annotations
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.parallel import ParallelConfig, ParallelError
 from fp4repro.config.recipe import Recipe
+from fp4repro.config.spec import OPERAND_MATRIX
 
 # the operands' block extent along N and K: (operand, which block axis: 0 rows, 1 columns)
-ALONG = {"N": (("fprop.w", 0), ("dgrad.dy", 1), ("dgrad.w", 1), ("wgrad.dy", 0)),
-         "K": (("fprop.x", 1), ("fprop.w", 1), ("dgrad.w", 0), ("wgrad.x", 0))}
+ALONG = {dim: tuple((op, matrix.index(dim)) for op, matrix in OPERAND_MATRIX.items() if dim in matrix)
+         for dim in ("N", "K")}
 
 
 def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int, str]]]:

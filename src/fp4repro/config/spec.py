@@ -10,6 +10,18 @@ from fp4repro.formats import get_format
 #: fprop reduces over in_features, dgrad over out_features, wgrad over tokens.
 OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
 GEMMS = {"fprop": ("fprop.x", "fprop.w"), "dgrad": ("dgrad.dy", "dgrad.w"), "wgrad": ("wgrad.dy", "wgrad.x")}
+#: The matrix each operand is, (rows, columns) in the linear's dimensions (X: tokens × K, W: N × K,
+#: dY: tokens × N), its columns along its GEMM's reduction dimension. Where the rows and columns are
+#: the transpose of the tensor the operand comes from (Wᵀ, dYᵀ, Xᵀ), the operand is a transposed view
+#: of it (``transposed_operand``).
+OPERAND_MATRIX = {"fprop.x": ("tokens", "K"), "fprop.w": ("N", "K"), "dgrad.dy": ("tokens", "N"),
+                  "dgrad.w": ("K", "N"), "wgrad.dy": ("N", "tokens"), "wgrad.x": ("K", "tokens")}
+TENSOR_MATRIX = {"x": ("tokens", "K"), "w": ("N", "K"), "dy": ("tokens", "N")}
+
+
+def transposed_operand(operand: str) -> bool:
+    """Whether an operand is the transpose of the tensor it comes from (dgrad.w, wgrad.dy, wgrad.x)."""
+    return OPERAND_MATRIX[operand] != TENSOR_MATRIX[operand.split(".")[1]]
 BLOCKS = ((1, 16), (16, 16), (1, 32))
 ROUNDINGS = ("rne", "sr")
 SCALE_ROUNDINGS = ("rne", "up")
