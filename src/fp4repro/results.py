@@ -144,6 +144,8 @@ def read_json(path: Path, keys, what: str, error: type[Exception] = ValueError) 
 
 
 THROUGHPUT_WHAT = "a body-throughput results file (fp4repro bench throughput)"
+# the paper's throughput ablation, in the order a throughput file's recipes are shown; always timed
+THROUGHPUT_ABLATION = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
 
 
 def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:

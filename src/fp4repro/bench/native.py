@@ -123,7 +123,7 @@ def nvfp4_recipe(arguments: dict):
     return NVFP4BlockScaling(**arguments, **{k: v for k, v in PINNED.items() if k in have})
 
 
-def te_body(model, config: ModelConfig):
+def te_body(model):
     """``model``'s internal linears replaced by Transformer Engine's ``Linear`` with the same
     weights (BF16, on the GPU); the model is changed in place and returned."""
     import transformer_engine.pytorch as te

@@ -54,10 +54,10 @@ from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
 from fp4repro.quant.linear import gemm_instrument
 from fp4repro.quant.state import QuantState
-from fp4repro.results import read_throughput, write_json
+from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, write_json
 
 # the paper's ablation, always timed; an experiment's own recipes join them
-ABLATION = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
+ABLATION = THROUGHPUT_ABLATION
 # effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
 COLUMNS = ("emulated", "fp8_analogue")
@@ -238,7 +238,7 @@ def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: in
             mappings[name] = native.te_mapping(recipe, model.config)
         except native.NoTEEquivalent as err:
             without[name] = str(err)
-    body = native.te_body(model, model.config)
+    body = native.te_body(model)
     # Transformer Engine rebuilds a module's quantizers whenever the autocast recipe changes: each
     # recipe's steps in one block, after its own warm-up
     timed = time_column(lambda name: native.native_step(body, mappings[name], x, dy), list(mappings), x, steps,

@@ -15,14 +15,13 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
-from fp4repro.plots.common import recipe_colors, save, theme
-from fp4repro.results import read_throughput, void_column
+from fp4repro.plots.common import ordered, recipe_colors, save, theme
+from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, void_column
 
 COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
            "projection": "Blackwell projection",
            "native": "native FP4 (Transformer Engine)"}
-ABLATION_ORDER = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
 
 
 def throughput_files(inputs: list[Path]) -> list[Path]:
@@ -50,11 +49,6 @@ def read_entries(inputs: list[Path], model: str | None) -> tuple[str | None, lis
     return model, [entries[model] for entries in shapes.values() if model in entries], everything
 
 
-def _order(recipes) -> list[str]:
-    known = [r for r in ABLATION_ORDER if r in recipes]
-    return known + [r for r in recipes if r not in known]
-
-
 def _panel(ax, entry: dict, column: str) -> None:
     measured = entry["columns"].get(column)
     ax.set_label(f"throughput:{column}")
@@ -66,7 +60,7 @@ def _panel(ax, entry: dict, column: str) -> None:
         ax.set_title(textwrap.fill(COLUMNS.get(column, column), 24), fontsize=10)
         return
     rows = measured["recipes"]
-    names = _order(rows)
+    names = ordered(rows, THROUGHPUT_ABLATION)
     tokens = entry["batch"] * entry["seq_len"]
     values = [rows[n]["tokens_per_s"] for n in names]
     low = [v - tokens / (rows[n]["q3_ms"] / 1e3) for v, n in zip(values, names)]
