@@ -74,12 +74,13 @@ def emax_target(emax: float, target: float | None) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _launcher(kernel: str):
-    """The ``Launcher`` of a kernel of ``fp4repro.kernels.quantize`` (one per kernel)."""
-    from fp4repro.kernels import quantize
+def _launcher(kernel: str, module: str = "quantize"):
+    """The ``Launcher`` of a kernel of ``fp4repro.kernels.<module>`` (one per kernel)."""
+    import importlib
+
     from fp4repro.kernels.launch import Launcher
 
-    return Launcher(getattr(quantize, kernel))
+    return Launcher(getattr(importlib.import_module(f"fp4repro.kernels.{module}"), kernel))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -294,12 +295,11 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
 def saturating_e4m3(x: torch.Tensor) -> torch.Tensor:
     """x (2-D, any strides) clamped to ±448 and cast to ``float8_e4m3fn``, row-major, in one pass
     (``fp4repro.kernels.fp8_cast``)."""
-    from fp4repro.kernels.fp8_cast import _saturating_e4m3_kernel
-
     rows, cols = x.shape
     out = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    _saturating_e4m3_kernel[(_cdiv(rows, 64), _cdiv(cols, 64))](x, out, rows, cols, x.stride(0), x.stride(1),
-                                                                 BR=64, BC=64)
+    _launcher("_saturating_e4m3_kernel", "fp8_cast")((_cdiv(rows, 64), _cdiv(cols, 64)),
+                                                     (x, out, rows, cols, x.stride(0), x.stride(1)),
+                                                     (("BR", 64), ("BC", 64)), 4)
     return out
 
 
