@@ -36,7 +36,7 @@ from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
                               eval_dir, event_rates, last_checkpoint, read_json, read_table, read_throughput,
-                              run_dir, table_provenance, void_column, with_operand_class)
+                              run_dir, table_provenance, throughput_files, void_column, with_operand_class)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -345,7 +345,7 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     beyond 1 in the claim's direction, opposite when one lies beyond it the other way, else not
     resolved); without one the row says "not measured natively" and what the other columns show.
     Without ``model``'s shapes the row is "not measured" and gives the shapes that were."""
-    entries = [(m, e) for path in sorted(bench.glob("throughput_*.json"))
+    entries = [(m, e) for path in throughput_files(bench)
                for m, e in read_throughput(path, ReportError).items()]
     ours = [e for m, e in entries if m == model]
     if not ours:

@@ -148,6 +148,12 @@ THROUGHPUT_WHAT = "a body-throughput results file (fp4repro bench throughput)"
 THROUGHPUT_ABLATION = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
 
 
+def throughput_files(folder: Path) -> list[Path]:
+    """The body-throughput files in ``folder`` (``throughput_<device>.json``; none where the folder
+    does not exist: nothing was measured), in name order."""
+    return sorted(Path(folder).glob("throughput_*.json"))
+
+
 def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:
     """model -> its entry of a body-throughput results file (``{"shapes": {model: entry}}``), each
     entry checked to hold columns of timed recipes and effects."""

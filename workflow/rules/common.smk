@@ -3,7 +3,6 @@ import os
 import re
 import shlex
 import sys
-from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
@@ -13,6 +12,7 @@ from fp4repro.config.recipe import recipe_chain
 from fp4repro.config.study import load_study
 from fp4repro.errors import ConfigError
 from fp4repro.plots.catalog import CATALOG
+from fp4repro.results import throughput_files
 
 FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry, target: one rule each
 
@@ -35,7 +35,7 @@ FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 # the body-throughput measurements committed under results/bench (`fp4repro bench throughput` on a
 # GPU): the throughput figure and the report's throughput row read them; no job here measures
 THROUGHPUT_FOLDER = "results/bench"
-THROUGHPUT_FILES = sorted(str(p) for p in Path(THROUGHPUT_FOLDER).glob("throughput_*.json"))
+THROUGHPUT_FILES = [str(p) for p in throughput_files(THROUGHPUT_FOLDER)]
 REPORT = f"paper/{EXP.name}/report.md"
 LOGS = f"logs/{EXP.name}"
 # The experiment as given (it resolves in each job's working directory as it did here). A job of

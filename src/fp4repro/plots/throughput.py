@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
 from fp4repro.plots.common import ordered, recipe_colors, save, theme
-from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, void_column
+from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, throughput_files, void_column
 
 COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
@@ -24,13 +24,13 @@ COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "native": "native FP4 (Transformer Engine)"}
 
 
-def throughput_files(inputs: list[Path]) -> list[Path]:
+def _input_files(inputs: list[Path]) -> list[Path]:
     """The files of the inputs: a file is itself, a folder its ``throughput_*.json`` (a folder
     that does not exist holds none: nothing was measured)."""
     files = []
     for path in inputs:
         if path.is_dir() or (not path.exists() and not path.suffix):
-            files += sorted(path.glob("throughput_*.json"))
+            files += throughput_files(path)
         else:
             files.append(path)
     return files
@@ -39,7 +39,7 @@ def throughput_files(inputs: list[Path]) -> list[Path]:
 def read_entries(inputs: list[Path], model: str | None) -> tuple[str | None, list[dict], list[dict]]:
     """(model, its entries: one per input file that measured it, every entry of the inputs).
     Without ``model`` the inputs must hold exactly one."""
-    shapes = {path: read_throughput(path, PlotError) for path in throughput_files(inputs)}
+    shapes = {path: read_throughput(path, PlotError) for path in _input_files(inputs)}
     models = sorted({m for entries in shapes.values() for m in entries})
     if model is None:
         if len(models) > 1:
