@@ -96,8 +96,9 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     (``fp4repro.config.shards`` checks that they tile). A held amax is already the group's (it was
     reduced when sampled). With a ``place``, stochastic rounding draws the random bits of the
     shard's elements' places in the whole tensor (on the kernels; the CPU reference draws from a
-    generator of its own). A periodic refresh's sample is also MAX-reduced by ``state.reduce_max``
-    (across the ranks that hold the same tensors) when the state has one.
+    generator of its own). A periodic refresh's sample is MAX-reduced by ``state.reduce_max``
+    instead, when the state has one: across the ranks that hold the same tensors, which with a
+    ``group`` must include that group (one collective, not two).
 
     d is a Python float where it is known on the host (a held amax, or no tensor scale) and
     the tensor is on CUDA, else a float32 tensor. Periodic scaling asks ``state`` for the held
@@ -120,10 +121,10 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     group, place = shard or (None, None)
     if spec.target is not None and held is None and (group is not None or refresh):
         amax = operand_amax(t, spec)
-        if group is not None:
-            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
-        if refresh:           # every data-parallel rank holds the same amax until the next refresh
+        if refresh:           # every rank holding this tensor (the tensor group too) holds one amax
             amax = state.reduce_max(amax)
+        elif group is not None:
+            torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
     qs, d, amax, stats, _ = scaled_operand(t, spec, amax=amax, stats=telemetry, live=live, seed=seed, place=place)
     if state is not None:
         if held is None:
