@@ -36,7 +36,7 @@ def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int
     rows are grouped by KV group, whole groups per rank)."""
     d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
     heads, d, width = model.attn_heads, model.attn_head_dim, model.mlp_hidden_size
-    qkv = (heads + 2 * model.attn_kv_heads) * d
+    qkv = model.attn_qkv_size
     return {"in_proj": ("N", [("z", d_inner, str(d_inner)), ("x", d_inner, str(d_inner)), ("B", bc, str(bc)),
                               ("C", bc, str(bc)), ("dt", model.mamba_heads, str(model.mamba_heads))]),
             "qkv_proj": ("N", [("query, key and value rows", qkv, str(qkv))]),

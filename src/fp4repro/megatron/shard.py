@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.shards import segment_index, split_segments
-from fp4repro.megatron.names import LINEAR_NAMES
+from fp4repro.megatron.names import LAYER_MIXERS, LINEAR_NAMES
 
 
 def split_of(key: str, config: ModelConfig) -> tuple[int, list[int]] | None:
@@ -32,8 +32,7 @@ def split_of(key: str, config: ModelConfig) -> tuple[int, list[int]] | None:
     segments along it), or None for a tensor every rank holds whole."""
     if key in ("embedding.word_embeddings.weight", "output_layer.weight"):
         return 0, [config.vocab_size]
-    if not key.startswith("decoder.layers.") or ".mixer." not in key and ".self_attention." not in key \
-            and ".mlp." not in key:
+    if not key.startswith("decoder.layers.") or not any(f".{m}." in key for m in LAYER_MIXERS.values()):
         return None
     module, param = key.rsplit(".", 2)[-2:]
     if module in LINEAR_NAMES and param == "weight":        # a weight is (N, K): rows N, columns K
