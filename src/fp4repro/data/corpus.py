@@ -169,11 +169,12 @@ def read_file_source(source: Source, max_files: int | None = None, progress: boo
 
 # ---- all sources ------------------------------------------------------------------------------
 
-def read_corpora(data: DataConfig, max_files: int | None = None, progress: bool = False) -> dict[str, SplitCorpus]:
+def read_corpora(data: DataConfig, progress: bool = False) -> dict[str, SplitCorpus]:
     """Every text source of the data config, deduplicated and split (``indexed`` sources are
     used as they are and do not appear here). The standard library, and the installed packages,
-    are each read once for both of their sources. ``max_files`` reads an evenly spread subset of
-    each source's files (quick looks, tests)."""
+    are each read once for both of their sources. ``data.max_files`` reads an evenly spread subset
+    of each source's files (quick looks, tests)."""
+    max_files = data.max_files
     python: dict[str, PythonCorpus] = {}          # "stdlib" | "packages" -> read once
     corpora = {}
     for source in data.sources:

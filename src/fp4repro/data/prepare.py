@@ -183,7 +183,7 @@ def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True) ->
     # From here on the folder is incomplete until the new manifest is written.
     manifest_path(out_dir).unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpora = read_corpora(data, data.max_files, progress)
+    corpora = read_corpora(data, progress)
     tokenizer_file = _write_tokenizer(data, corpora, out_dir, progress)
     tokenizer = load_tokenizer(tokenizer_file)
     eod = eod_id(tokenizer, tokenizer_file)
