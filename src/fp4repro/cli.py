@@ -389,6 +389,10 @@ def _cmd_bench(args) -> int:
         print(f"wrote {out}")
     if args.what == "throughput":
         return _bench_throughput(args)
+    if args.what == "components":
+        return _bench_components(args)
+    if args.what == "project":
+        return _bench_project(args)
     if args.what == "sass":
         from fp4repro.bench.sass import print_table, run
 
@@ -407,25 +411,92 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _ablation_study(args):
+    """(the experiment's study with the paper's throughput ablation added, the recipes to time:
+    the ablation's, then the experiment's own)."""
+    from fp4repro.results import THROUGHPUT_ABLATION
+
+    args.add_recipe = [*THROUGHPUT_ABLATION, *(args.add_recipe or ())]
+    study = _study(args)
+    return study, list(dict.fromkeys([*THROUGHPUT_ABLATION, *study.recipes]))
+
+
 def _bench_throughput(args) -> int:
     import torch
 
     from fp4repro.bench import throughput
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.results import read_throughput
 
-    args.add_recipe = [*throughput.ABLATION, *(args.add_recipe or ())]
-    study = _study(args)
-    names = list(dict.fromkeys([*throughput.ABLATION, *study.recipes]))
+    study, names = _ablation_study(args)
     cuda = torch.cuda.is_available()
     columns = args.columns or (list(throughput.COLUMNS) if cuda else ["emulated"])
     out = Path(args.out or "results/bench/throughput_"
                f"{throughput.device_tag(torch.cuda.get_device_name() if cuda else None)}.json")
+    # a measurement replacing one of the same shapes says how far it agrees with it
+    previous = read_throughput(out, FP4ReproError).get(study.model.name) if out.is_file() else None
+
+    def record(result):
+        if previous is not None:
+            result["repeat"] = throughput.agreement(previous, result)
+        throughput.record(out, result, "cuda" if cuda else "cpu")
+
     result = throughput.run(study.model, {n: study.recipe(n) for n in names},
                             seq_len=args.seq_len or study.experiment.train.seq_len, batch=args.batch,
                             steps=args.steps, warmup=args.warmup, columns=columns,
                             progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
-                            on_column=lambda r: throughput.record(out, r, "cuda" if cuda else "cpu"))
+                            on_column=record)
     print(throughput.table(result))
+    if previous is not None:
+        print(f"agreement with the measurement it replaced: worst |difference| of a median step "
+              f"{result['repeat']['worst']:.1%}")
     print(f"wrote {out} (shapes: {result['model']})")
+    return 0
+
+
+def _bench_components(args) -> int:
+    import torch
+
+    from fp4repro.bench import components, throughput
+
+    if not torch.cuda.is_available():
+        print("fp4repro bench components: needs a CUDA device (it times kernels and GEMMs on a GPU)", file=sys.stderr)
+        return 2
+    study, names = _ablation_study(args)
+    tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
+    out = Path(args.out or f"results/bench/components_{throughput.device_tag(torch.cuda.get_device_name())}.json")
+    result = components.run(study.model, {n: study.recipe(n) for n in names}, tokens,
+                            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)))
+    components.record(out, result)
+    print(components.table(result))
+    print(f"wrote {out} (shapes: {result['model']})")
+    return 0
+
+
+def _bench_project(args) -> int:
+    import json
+
+    from fp4repro.bench import projection
+    from fp4repro.config.devices import load_devices
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.results import read_components, read_throughput, write_json
+
+    out = Path(args.out or "results/bench/throughput_h200.json")
+    parts = Path(args.components)
+    measured, timed = read_throughput(out, FP4ReproError), read_components(parts, FP4ReproError)
+    models = [m for m in measured if m in timed]
+    if not models:
+        print(f"fp4repro bench project: no model is in both {out} ({', '.join(measured) or 'none'}) and {parts} "
+              f"({', '.join(timed) or 'none'})", file=sys.stderr)
+        return 2
+    devices = load_devices(args.devices)
+    content = json.loads(out.read_text())
+    for model in models:
+        entry = projection.attach(measured[model], timed[model], devices)
+        content["shapes"][model] = entry
+        print(projection.table(entry))
+    write_json(out, {"shapes": content["shapes"]}, content.get("provenance", {}))
+    print(f"wrote {out} (projected: {', '.join(models)})")
     return 0
 
 
@@ -664,10 +735,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
                                    "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
                                    "both (fp4repro.bench.throughput); filed per model in "
-                                   "results/bench/throughput_<device>.json.")
-    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput"])
+                                   "results/bench/throughput_<device>.json. components (CUDA): the parts of "
+                                   "those body steps timed alone on the GPU, the projection's calibration: each "
+                                   "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
+                                   "kernel and current-amax pass, a copy's bandwidth (fp4repro.bench.components; "
+                                   "results/bench/components_<device>.json). project (no GPU needed): the "
+                                   "Blackwell projection of a throughput file from its components: first the "
+                                   "H200 check (the measured parts must predict every measured step within 10%), "
+                                   "then, only if it holds, a column per Blackwell GPU with its band over the "
+                                   "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
+                                   "written into the throughput file given by --out).")
+    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project"])
     b.add_argument("--experiment", default="tiny",
-                   help="throughput: the experiment whose model shapes and recipes are timed, with the paper's "
+                   help="throughput, components: the experiment whose model shapes and recipes are timed, with the paper's "
                         "ablation recipes (default tiny)")
     b.add_argument("--add-recipe", action="append", metavar="RECIPE",
                    help="throughput: another recipe (name or YAML path) to time; repeatable")
@@ -678,14 +758,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--columns", nargs="+", choices=["emulated", "fp8_analogue"],
                    help="throughput: what to measure (default both on a GPU, emulated on CPU)")
     b.add_argument("--quiet", action="store_true", help="throughput: no progress lines")
+    b.add_argument("--components", default="results/bench/components_h200.json",
+                   help="project: the components file the projection is calibrated on (default "
+                        "results/bench/components_h200.json)")
+    b.add_argument("--devices", default="devices",
+                   help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)")
     b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
     b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
     b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")
     b.add_argument("--arch", type=int, default=90, help="sass: the CUDA compute capability to compile for "
                                                          "(90: H100/H200; 100: B200)")
     b.add_argument("--out", default=None,
-                   help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json "
-                        "or live_amax.json)")
+                   help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json, "
+                        "live_amax.json, throughput_<device>.json or components_<device>.json); project: the "
+                        "throughput file to project and write back (default results/bench/throughput_h200.json)")
     b.set_defaults(func=_cmd_bench)
 
     rp = sub.add_parser("report", help="set each paper claim beside what an experiment measured (Markdown)",

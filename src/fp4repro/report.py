@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -319,10 +320,19 @@ def _throughput_effect(claim: Claim, measured: dict) -> dict | None:
     return next((e for e in measured["effects"].values() if e["versus"] == claim.recipe), None)
 
 
+def _magnitude(claim: Claim) -> float | None:
+    """The paper's relative number of a claim (``magnitude: +21.2% tokens/s`` -> 0.212), if any."""
+    found = re.search(r"([+-]?\d+(?:\.\d+)?)\s*%", claim.magnitude or "")
+    return float(found.group(1)) / 100 if found else None
+
+
 def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
-    """Per measured column of one body-throughput entry: the speed-up time(baseline) / time(recipe)
-    with its 95% interval, and what it says of tokens/s."""
+    """Per column of one body-throughput entry: the speed-up time(baseline) / time(recipe) with its
+    95% interval and what it says of tokens/s (the FP8 analogue as a direction check); for a
+    projection, its band, whether the paper's number lies inside it ("consistent") and the most
+    faster GEMMs and quantizers could give with no non-GEMM time."""
     shows = []
+    paper = _magnitude(claim)
     for column, measured in entry["columns"].items():
         effect = _throughput_effect(claim, measured)
         if effect is None:
@@ -331,9 +341,21 @@ def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
         if void:
             shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {void}")
             continue
+        span = f"{effect['speedup'] - 1:+.1%} [{effect['ci_low'] - 1:+.1%}, {effect['ci_high'] - 1:+.1%}]"
+        if measured.get("kind") == "projection":
+            verdict = "" if paper is None else (
+                f"; the paper's {paper:+.1%} is " + ("consistent (inside the band)" if effect["ci_low"] - 1 <= paper
+                                                    <= effect["ci_high"] - 1 else "not consistent (outside the band)"))
+            shows.append(f"{measured['target']} projected from {entry.get('device', 'cpu')}: {span} (band over the "
+                         f"projection's parameters; with no non-GEMM time at most "
+                         f"{effect['speedup_without_other'] - 1:+.1%}){verdict}")
+            continue
         direction = "raises" if effect["ci_low"] > 1 else "lowers" if effect["ci_high"] < 1 else "does not resolve"
-        shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {effect['speedup'] - 1:+.1%} "
-                     f"[{effect['ci_low'] - 1:+.1%}, {effect['ci_high'] - 1:+.1%}] ({direction} tokens/s)")
+        check = ""
+        if column == "fp8_analogue":
+            agrees = (direction == "raises") == (claim.expect == "higher") and direction != "does not resolve"
+            check = f"; direction check at FP8's smaller GEMM ratio: {'as the paper' if agrees else 'not as the paper'}"
+        shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {span} ({direction} tokens/s{check})")
     return shows
 
 

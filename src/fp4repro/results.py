@@ -168,6 +168,30 @@ def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:
     return shapes
 
 
+COMPONENTS_WHAT = "a body-components file (fp4repro bench components)"
+
+
+def read_components(path: Path, error: type[Exception] = ValueError) -> dict:
+    """model -> its entry of a body-components file (``{"shapes": {model: entry}}``), each entry
+    checked to hold its timed GEMMs and quantizations."""
+    shapes = read_json(path, ("shapes",), COMPONENTS_WHAT, error)["shapes"]
+    if not isinstance(shapes, dict) or not all(isinstance(e, dict) and {"gemms", "quantizations", "tokens", "device"}
+                                               <= set(e) for e in shapes.values()):
+        raise error(f"{path}: shapes: expected one entry per model with gemms, quantizations, tokens and device "
+                    f"({COMPONENTS_WHAT})")
+    return shapes
+
+
+def record_shapes(out: Path, entry: dict, reader, provenance: dict, error: type[Exception]) -> dict:
+    """File ``entry`` under its model in the per-model JSON at ``out`` (``{"shapes": {model:
+    entry}}``, read by ``reader``), keeping the other models' entries; written atomically.
+    Returns the whole file's content."""
+    shapes = reader(out, error) if Path(out).is_file() else {}
+    content = {"shapes": {**shapes, entry["model"]: entry}}
+    write_json(out, content, provenance)
+    return content
+
+
 def void_column(column: str, measured: dict) -> str | None:
     """Why a measured column of a body-throughput entry cannot be used, or None: an FP8-analogue
     column without its ``cast`` record was made before the cast clamped, when torch's cast (before

@@ -60,6 +60,18 @@ def test_results_are_filed_per_model_in_one_file(tmp_path):
     assert out.read_text() == "[1, 2]"
 
 
+def test_a_new_measurement_says_how_far_each_median_step_moved_from_the_one_it_replaces():
+    first = _recorded()
+    second = _recorded()
+    second["columns"]["emulated"]["recipes"]["nvfp4"]["median_ms"] = 20.6      # 3% slower
+    del second["columns"]["emulated"]["recipes"]["nvfp4_no_rht"]               # not timed again
+    second["columns"]["fp8_analogue"] = second["columns"]["emulated"]          # not in the first run
+    agree = throughput.agreement(first, second)
+    assert set(agree["columns"]) == {"emulated"} and set(agree["columns"]["emulated"]) == {"bf16", "nvfp4"}
+    assert agree["columns"]["emulated"]["nvfp4"] == {"previous_ms": 20.0, "ms": 20.6, "difference": pytest.approx(0.03)}
+    assert agree["worst"] == pytest.approx(0.03) and agree["columns"]["emulated"]["bf16"]["difference"] == 0
+
+
 def test_device_names_become_file_tags():
     assert throughput.device_tag("NVIDIA H200") == "h200"
     assert throughput.device_tag("NVIDIA GeForce RTX 4090") == "geforce_rtx_4090"

@@ -23,6 +23,11 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
         assert census["nvfp4"]["quantize_launches"] > 0
         # the tail's layer quantizes too when it is not exempt
         assert census["nvfp4_no_bf16_tail"]["quantize_launches"] > census["nvfp4"]["quantize_launches"]
+        # the split of each step's GPU time: nvfp4's current amaxes take their own pass, casts only in the analogue
+        for c in census.values():
+            assert c["other_ms"] > 0 and c["kernel_ms"] >= c["gemm_ms"] + c["quantize_ms"] + c["amax_ms"] + c["cast_ms"]
+        assert census["bf16"]["amax_ms"] == 0 and census["nvfp4"]["amax_ms"] > 0
+        assert (census["nvfp4"]["cast_ms"] > 0) == (column == "fp8_analogue") and census["bf16"]["cast_ms"] == 0
     assert "cast" in result["columns"]["fp8_analogue"]        # its record that the operands were clamped
     fp8 = {n: r["kernels"]["fp8_gemm_calls"] for n, r in result["columns"]["fp8_analogue"]["recipes"].items()}
     emulated = {n: r["kernels"]["fp8_gemm_calls"] for n, r in result["columns"]["emulated"]["recipes"].items()}
@@ -37,6 +42,25 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
     x = torch.randn(1, 256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     with gemm_instrument(fp8_timing_gemm):
         throughput.body_step(body, x, torch.randn_like(x))
-    assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in body.parameters())
+    # the body is the decoder layers (the final norm outside it gets no gradient)
+    assert torch.isfinite(x.grad).all() and all(torch.isfinite(p.grad).all() for p in body.layers.parameters())
     # tiny: 5 layers, 10 internal linears, 3 GEMMs each; nvfp4 keeps layer 4 (2 linears) in BF16
     assert fp8 == {"bf16": 0, "nvfp4": 24, "nvfp4_no_bf16_tail": 30} and set(emulated.values()) == {0}
+
+
+def test_components_time_every_gemm_and_quantization_of_the_body_steps():
+    from fp4repro.bench import components
+    from fp4repro.bench.body_work import body_work
+
+    recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "ue5m3")}
+    config = load_model_config("tiny")
+    result = components.run(config, recipes, tokens=256, progress=lambda m: None)
+    for recipe in recipes.values():
+        gemms, quants = body_work(config, recipe, 256)
+        for g in gemms:
+            timed = result["gemms"][components.gemm_key(g.m, g.n, g.k)]
+            assert timed["bf16_ms"] > 0 and timed["fp8_ms"] > 0 and timed["cast_a_ms"] > 0 and timed["cast_b_ms"] > 0
+        for q in quants:
+            timed = result["quantizations"][components.quant_key(q.rows, q.cols, q.case)]
+            assert timed["quantize_ms"] > 0 and ("amax_ms" in timed) >= q.amax_pass
+    assert result["copy"]["gb_per_s"] > 100 and result["device"].startswith("NVIDIA")

@@ -556,7 +556,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert "x1.010 [1.010, 1.010]" in emulated.get_title()
     assert "8,192  (1.111x BF16 time)" in [t.get_text() for t in emulated.texts]
     assert "compute capability >= 10.0" in " ".join(native.texts[0].get_text().split())
-    assert "not built" in projection.texts[0].get_text()
+    assert "not made yet" in projection.texts[0].get_text()
     fig = plot_figure("throughput", inputs, tmp_path / "tiny.png", model="tiny")     # the measured ones, said
     assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
     assert len(fig.axes) == 8
@@ -568,6 +568,24 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     fig = plot_figure("throughput", [tmp_path / "void"], tmp_path / "void.png", model="nemotron_h_8b")
     assert "void: made before the FP8 cast clamped" in " ".join(axis(fig, "throughput:fp8_analogue").texts[0].get_text().split())
     assert not axis(fig, "throughput:fp8_analogue").patches
+    # a projected GPU is a panel of its own: bars at the central time, whiskers over the band
+    projected = json.loads(inputs[0].read_text())
+    entry = projected["shapes"]["nemotron_h_8b"]
+    entry["columns"]["projection_b200"] = {
+        "kind": "projection", "target": "NVIDIA B200",
+        "recipes": {n: {"median_ms": ms, "low_ms": ms * 0.8, "high_ms": ms * 1.25, "tokens_per_s": 8192 / ms * 1e3}
+                    for n, ms in {"bf16": 500.0, "nvfp4": 400.0, "nvfp4_no_rht_no_bf16_tail": 390.0}.items()},
+        "effects": {"both": {"versus": "nvfp4_no_rht_no_bf16_tail", "speedup": 400 / 390, "ci_low": 1.01, "ci_high": 1.04}}}
+    entry["projection_check"] = {"bound": 0.1, "worst_error": 0.05, "within": True}
+    (tmp_path / "projected").mkdir()
+    (tmp_path / "projected" / "throughput_h200.json").write_text(json.dumps(projected))
+    fig = plot_figure("throughput", [tmp_path / "projected"], tmp_path / "projected.png", model="nemotron_h_8b")
+    b200 = axis(fig, "throughput:projection_b200")
+    assert [p.get_width() for p in b200.patches] == pytest.approx([8192 / 0.5, 8192 / 0.4, 8192 / 0.39])
+    whiskers = b200.containers[0][2][0].get_segments()     # the error bars: the band's ends in tokens/s
+    assert [tuple(seg[:, 0]) for seg in whiskers][0] == pytest.approx((8192 / 0.625, 8192 / 0.4))
+    title = " ".join(b200.get_title().split())
+    assert "NVIDIA B200 projection" in title and "H200 check 5.0% <= 10%" in title and "[1.010, 1.040]" in title
     # the folder of the files: its files; a folder that does not exist holds none
     fig = plot_figure("throughput", [tmp_path], tmp_path / "folder.png", model="small")
     assert len(fig.axes) == 4

@@ -44,9 +44,20 @@ class GemmWork:
 class QuantWork:
     linear: str
     operand: str
-    elements: int
-    case: str                  # kernel case, e.g. "1x16 RHT+SR, column-wise"
+    rows: int                  # the matrix the kernel quantizes along its rows (OPERAND_MATRIX)
+    cols: int
+    spec: QuantSpec
+    columnwise: bool           # a transposed view of its tensor (Wᵀ, dYᵀ, Xᵀ)
     amax_pass: bool            # current amax: one more read of the tensor
+
+    @property
+    def elements(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def case(self) -> str:
+        """The kernel case, e.g. "1x16 RHT+SR, column-wise" (``kernel_case``)."""
+        return kernel_case(self.spec, self.columnwise)
 
 
 def kernel_case(spec: QuantSpec, columnwise: bool) -> str:
@@ -87,7 +98,7 @@ def body_work(config: ModelConfig, recipe: Recipe, tokens: int) -> tuple[list[Ge
             if spec is None or (operand == "dgrad.w" and transposable_weight_spec(specs)):
                 continue
             rows, cols = OPERAND_MATRIX[operand]
-            quants.append(QuantWork(name, operand, size[rows] * size[cols], kernel_case(spec, transposed_operand(operand)),
+            quants.append(QuantWork(name, operand, size[rows], size[cols], spec, transposed_operand(operand),
                                     spec.target is not None and spec.tensor_scaling.kind == "current"))
     return gemms, quants
 

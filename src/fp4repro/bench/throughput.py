@@ -28,9 +28,12 @@ Columns (``COLUMNS``):
   ``fp4repro.bench.native``): Transformer Engine's ``NVFP4BlockScaling`` for the recipes it can
   compute (the NVFP4 family), the exempt layers outside FP4 autocast; elsewhere the result says
   why it did not run.
-The Blackwell projection is not built yet (``NOT_MEASURED``); its first input, each recipe's GEMM
-FLOPs by precision and quantized elements by kernel case (``fp4repro.bench.body_work``), is
-recorded with the measurements (``work``).
+The Blackwell projection is made afterwards from these measurements and the parts of the step timed
+alone (``fp4repro bench components``, then ``fp4repro bench project``: ``fp4repro.bench.projection``);
+until then ``not_measured`` says so. Each recipe's GEMM FLOPs by precision and quantized elements
+by kernel case (``fp4repro.bench.body_work``) are recorded with the measurements (``work``), and the
+census of each recipe's step splits its GPU time into GEMMs, quantization, amax passes, FP8 casts
+and the rest (``other_ms``, the projection's measured non-GEMM time).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
 from fp4repro.quant.linear import gemm_instrument
 from fp4repro.quant.state import QuantState
-from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, write_json
+from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, record_shapes
 
 # the paper's ablation, always timed; an experiment's own recipes join them
 ABLATION = THROUGHPUT_ABLATION
@@ -62,7 +65,7 @@ ABLATION = THROUGHPUT_ABLATION
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
 COLUMNS = ("emulated", "fp8_analogue")
 NOT_MEASURED = {
-    "projection": "not built yet: the per-component Blackwell model and its H200 check",
+    "projection": "not made yet: fp4repro bench components on this GPU, then fp4repro bench project",
     "native": "not run: needs FP4 tensor cores (compute capability >= 10.0) and Transformer Engine",
 }   # the native column replaces its entry by what ``native.native_available`` says here, or runs
 
@@ -125,7 +128,8 @@ def _inside_gemm(event) -> bool:
 
 def kernel_census(step, device: torch.device) -> dict:
     """Run ``step`` once under the profiler (on CPU, only the CPU's operators): launches and GPU
-    milliseconds of the quantization kernel, calls of the FP8 GEMM (``aten::_scaled_mm``: cuBLAS's
+    milliseconds of the quantization kernel, GPU milliseconds of the current-amax pass and of the
+    saturating FP8 cast, GPU milliseconds of all kernels and of the rest (``other_ms``), calls of the FP8 GEMM (``aten::_scaled_mm``: cuBLAS's
     Hopper GEMM kernels are named for their tiling, not their types), calls and GPU milliseconds of
     every GEMM operator (``GEMM_OPERATORS``; SDPA's and the Mamba scan's own matrix products are
     not among them), and all kernel launches."""
@@ -138,8 +142,8 @@ def kernel_census(step, device: torch.device) -> dict:
         step()
         if cuda:
             torch.cuda.synchronize()
-    census = {"quantize_launches": 0, "quantize_ms": 0.0, "fp8_gemm_calls": 0, "gemm_calls": 0, "gemm_ms": 0.0,
-              "kernel_launches": 0}
+    census = {"quantize_launches": 0, "quantize_ms": 0.0, "amax_ms": 0.0, "cast_ms": 0.0, "fp8_gemm_calls": 0,
+              "gemm_calls": 0, "gemm_ms": 0.0, "kernel_launches": 0, "kernel_ms": 0.0}
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             census["fp8_gemm_calls"] += event.name == "aten::_scaled_mm"
@@ -147,10 +151,18 @@ def kernel_census(step, device: torch.device) -> dict:
                 census["gemm_calls"] += 1
                 census["gemm_ms"] += event.device_time_total / 1e3
             continue
+        ms = event.device_time_total / 1e3
         census["kernel_launches"] += 1
+        census["kernel_ms"] += ms
         if "_quantize_kernel" in event.name:
             census["quantize_launches"] += 1
-            census["quantize_ms"] += event.device_time_total / 1e3
+            census["quantize_ms"] += ms
+        census["amax_ms"] += ms if "_amax_kernel" in event.name else 0.0
+        census["cast_ms"] += ms if "_saturating_e4m3_kernel" in event.name else 0.0
+    # what is neither a GEMM nor a quantization, amax pass or FP8 cast: the scan, the attention
+    # core, norms, elementwise work (the projection's measured non-GEMM time)
+    census["other_ms"] = census["kernel_ms"] - census["gemm_ms"] - census["quantize_ms"] - census["amax_ms"] \
+        - census["cast_ms"]
     return census
 
 
@@ -291,6 +303,23 @@ def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: in
     return result
 
 
+def agreement(previous: dict, current: dict) -> dict:
+    """How a new measurement of a model's body agrees with the one it replaces: per measured
+    column both recipes' median steps and their relative difference, and the worst |difference|
+    (two runs in separate processes should agree within 3%)."""
+    columns = {}
+    for column in COLUMNS:
+        before, now = previous.get("columns", {}).get(column), current["columns"].get(column)
+        if before is None or now is None:
+            continue
+        columns[column] = {name: {"previous_ms": before["recipes"][name]["median_ms"], "ms": row["median_ms"],
+                                  "difference": row["median_ms"] / before["recipes"][name]["median_ms"] - 1}
+                           for name, row in now["recipes"].items() if name in before["recipes"]}
+    differences = [abs(r["difference"]) for rows in columns.values() for r in rows.values()]
+    return {"columns": columns, "worst": max(differences) if differences else None,
+            "previous_device": previous.get("device"), "previous_steps": previous.get("steps")}
+
+
 def device_tag(name: str | None) -> str:
     """The file tag of a device name: "NVIDIA H200" -> "h200"; no device -> "cpu"."""
     if not name:
@@ -301,10 +330,7 @@ def device_tag(name: str | None) -> str:
 def record(out: Path, result: dict, device: str) -> dict:
     """File ``result`` under its model in the JSON at ``out`` (``{"shapes": {model: result}}``),
     keeping the other models' entries; written atomically. Returns the whole file's content."""
-    shapes = read_throughput(out, FP4ReproError) if out.is_file() else {}
-    content = {"shapes": {**shapes, result["model"]: result}}
-    write_json(out, content, provenance(device))
-    return content
+    return record_shapes(out, result, read_throughput, provenance(device), FP4ReproError)
 
 
 def table(result: dict) -> str:

@@ -1,9 +1,10 @@
 """Figure ``throughput``: model-body tokens/s per recipe, one panel per column (emulated, FP8
-timing analogue, Blackwell projection, native), one row per measured device, for one model's
-shapes; each bar's interquartile range over the timed steps as its error bar, its time relative
-to BF16 above it, and in each panel's title the speed-up of removing RHT and the BF16 tail
-together (nvfp4's time over nvfp4_no_rht_no_bf16_tail's, 95% interval), the paper's +21.2%. A
-column not measured is a panel that says why. A model no file has: the shapes that were measured,
+timing analogue, one Blackwell projection per GPU projected, native), one row per measured device,
+for one model's shapes; each measured bar's interquartile range over the timed steps as its error
+bar (a projected bar's band over the uncertain parameters), its time relative to BF16 beside it,
+and in each panel's title the speed-up of removing RHT and the BF16 tail together (nvfp4's time
+over nvfp4_no_rht_no_bf16_tail's: 95% interval, or the projection's band), the paper's +21.2%. A
+column not measured (a projection withheld by its H200 check) is a panel that says why. A model no file has: the shapes that were measured,
 the title saying so (so that a CPU study shows the committed measurements), or, with none, a
 figure that says nothing was measured."""
 
@@ -49,12 +50,28 @@ def read_entries(inputs: list[Path], model: str | None) -> tuple[str | None, lis
     return model, [entries[model] for entries in shapes.values() if model in entries], everything
 
 
+def columns_of(entries: list[dict]) -> list[str]:
+    """The panels: emulated, FP8 analogue, each projected GPU (or one panel saying why there is
+    none), native."""
+    projected = sorted({c for e in entries for c in e["columns"] if c.startswith("projection_")})
+    return ["emulated", "fp8_analogue", *(projected or ["projection"]), "native"]
+
+
+def _title(entry: dict, column: str, measured: dict | None) -> str:
+    if column.startswith("projection_") and measured is not None:
+        check = entry.get("projection_check", {})
+        return (f"{measured['target']} projection (band over its parameters; H200 check "
+                f"{check.get('worst_error', float('nan')):.1%} <= {check.get('bound', float('nan')):.0%})")
+    return COLUMNS.get(column, column)
+
+
 def _panel(ax, entry: dict, column: str) -> None:
     measured = entry["columns"].get(column)
     ax.set_label(f"throughput:{column}")
     void = void_column(column, measured) if measured is not None else None
     if measured is None or void:
-        reason = void or entry.get("not_measured", {}).get(column, "not measured")
+        reason = void or entry.get("not_measured", {}).get(column.split("_")[0] if column.startswith("projection")
+                                                           else column, "not measured")
         ax.text(0.5, 0.5, textwrap.fill(reason, 28), ha="center", va="center", fontsize=9, transform=ax.transAxes)
         ax.set_xticks([]), ax.set_yticks([])
         ax.set_title(textwrap.fill(COLUMNS.get(column, column), 24), fontsize=10)
@@ -63,16 +80,22 @@ def _panel(ax, entry: dict, column: str) -> None:
     names = ordered(rows, THROUGHPUT_ABLATION)
     tokens = entry["batch"] * entry["seq_len"]
     values = [rows[n]["tokens_per_s"] for n in names]
-    low = [v - tokens / (rows[n]["q3_ms"] / 1e3) for v, n in zip(values, names)]
-    high = [tokens / (rows[n]["q1_ms"] / 1e3) - v for v, n in zip(values, names)]
+    slow, fast = ("high_ms", "low_ms") if column.startswith("projection") else ("q3_ms", "q1_ms")
+    low = [v - tokens / (rows[n][slow] / 1e3) for v, n in zip(values, names)]
+    high = [tokens / (rows[n][fast] / 1e3) - v for v, n in zip(values, names)]
     colors = recipe_colors(names)
     y = list(range(len(names)))[::-1]                     # the first recipe on top
     ax.barh(y, values, xerr=[low, high], color=[colors[n] for n in names], capsize=3)
     ax.set_yticks(y, names, fontsize=9)
     # the differences are percents of the whole: the axis starts near the slowest recipe of the
-    # device's measured columns (said below), the same for each so that they compare
-    everything = [r["tokens_per_s"] for name, c in entry["columns"].items() if not void_column(name, c)
-                  for r in c["recipes"].values()]
+    # device's measured columns (said below), the same for each so that they compare; a
+    # projection, at another speed, has its own
+    if column.startswith("projection"):
+        everything = [tokens / (r["high_ms"] / 1e3) for r in rows.values()] + \
+            [tokens / (r["low_ms"] / 1e3) for r in rows.values()]
+    else:
+        everything = [r["tokens_per_s"] for name, c in entry["columns"].items()
+                      if not name.startswith("projection") and not void_column(name, c) for r in c["recipes"].values()]
     ax.set_xlim(0.9 * min(everything), 1.06 * max(everything))
     ax.set_xlabel("body tokens/s (axis does not start at 0)")
     if "bf16" in rows:
@@ -80,7 +103,8 @@ def _panel(ax, entry: dict, column: str) -> None:
             ax.annotate(f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)", (v, yi),
                         xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     both = measured["effects"].get("both")
-    title = COLUMNS.get(column, column)
+    title = _title(entry, column, measured)
+    title = textwrap.fill(title, 48) if column.startswith("projection") else title
     if both is not None:
         title += f"\nremoving RHT + BF16 tail: x{both['speedup']:.3f} [{both['ci_low']:.3f}, {both['ci_high']:.3f}]"
     ax.set_title(title, fontsize=10)
@@ -103,7 +127,7 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
                 ha="center", va="center", wrap=True, transform=ax.transAxes)
         save(fig, out_png)
         return fig
-    columns = list(COLUMNS)
+    columns = columns_of(entries)
     widths = [3 if any(c in e["columns"] for e in entries) else 1.2 for c in columns]
     fig, axes = plt.subplots(len(entries), len(columns), figsize=(2.6 * sum(widths), 3.8 * len(entries)),
                              squeeze=False, gridspec_kw={"width_ratios": widths})
@@ -113,7 +137,7 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
         row[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}")
     first = entries[0]
     fig.suptitle(f"{shown}, forward + backward, {first['batch']} x {first['seq_len']} tokens "
-                 f"(median of {first['steps']} steps; whiskers: interquartile range)", fontsize=11)
+                 f"(median of {first['steps']} steps; whiskers: interquartile range, or a projection's band)", fontsize=11)
     fig.tight_layout()
     save(fig, out_png)
     return fig

@@ -1,0 +1,181 @@
+"""The throughput projection on hand-made components of tiny's body (64 tokens): the sums below are
+worked out by hand from tiny's work under nvfp4 (tests/bench/test_body_work.py: 10 linears, 3 GEMMs
+each, the last layer's 2 linears in BF16; 8 quantized linears with 5 quantizations each, all with a
+current amax: fprop.x 1x16, fprop.w 16x16, dgrad.dy 1x16 SR, wgrad.dy 1x16 RHT+SR and wgrad.x
+1x16 RHT column-wise)."""
+
+import json
+
+import pytest
+
+from fp4repro.bench import components, projection
+from fp4repro.bench.body_work import body_work
+from fp4repro.cli import main
+from fp4repro.config.devices import Value, load_devices
+from fp4repro.config.model import load_model_config
+from fp4repro.config.recipe import load_recipe
+from fp4repro.errors import ConfigError
+
+T = 64
+RECIPES = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
+
+
+def fake_components(rht_ms=0.3) -> dict:
+    """Every GEMM: BF16 1 ms, FP8 0.5 ms, casts 0.1 ms each; every quantization 0.2 ms (``rht_ms``
+    with the RHT), every amax pass 0.05 ms."""
+    config = load_model_config("tiny")
+    gemms, quants = components.work_items(config, {n: load_recipe(n) for n in RECIPES}, T)
+    return {"model": "tiny", "tokens": T, "device": "NVIDIA H200", "copy": {"gb_per_s": 4000.0},
+            "gemms": {k: {"m": m, "n": n, "k": kk, "bf16_ms": 1.0, "fp8_ms": 0.5, "cast_a_ms": 0.1, "cast_b_ms": 0.1}
+                      for k, (m, n, kk) in gemms.items()},
+            "quantizations": {k: {"quantize_ms": rht_ms if w.spec.rht else 0.2, **({"amax_ms": 0.05} if w.amax_pass else {})}
+                              for k, w in quants.items()}}
+
+
+def nvfp4_work():
+    return body_work(load_model_config("tiny"), load_recipe("nvfp4"), T)
+
+
+def test_the_h200_step_sums_the_parts_timed_alone():
+    comp = fake_components(rht_ms=0.2)
+    emulated = projection.h200_step(nvfp4_work(), comp, other_ms=7.0, column="emulated")
+    # 30 BF16 GEMMs + 40 quantizations + 40 amax passes + other
+    assert emulated["ms"] == pytest.approx(30 * 1.0 + 40 * 0.2 + 40 * 0.05 + 7.0)
+    analogue = projection.h200_step(nvfp4_work(), comp, other_ms=7.0, column="fp8_analogue")
+    # 24 FP4 GEMMs on E4M3 with two casts each, the tail's 6 in BF16
+    assert analogue["gemm_ms"] == pytest.approx(24 * 0.5 + 6 * 1.0) and analogue["cast_ms"] == pytest.approx(24 * 0.2)
+    assert analogue["ms"] == pytest.approx(18.0 + 4.8 + 8.0 + 2.0 + 7.0)
+
+
+def test_the_native_step_follows_the_formulas():
+    h200 = {"bf16": 1000.0, "fp8": 2000.0, "hbm": 5.0}
+    target = {"bf16": 2000.0, "fp4": 8000.0, "hbm": 10.0}
+    p = {"efficiency_transfer": 1.0, "fp4_efficiency_vs_fp8": 0.5, "other_bandwidth_bound": 1.0, "rht_hidden": 0.0}
+    step = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3), 10.0, h200, target, p)
+    # FP4: 0.5 ms · 2000 / (8000 · 0.5) = 0.25 ms; BF16: 1 ms · 1000 / 2000 = 0.5 ms
+    assert step["gemm_ms"] == pytest.approx(24 * 0.25 + 6 * 0.5)
+    # bytes: 1x16 blocks (2 + 1/2 + 1/16) / 4, 16x16 blocks (2 + 1/2 + 1/256) / 4; bandwidth halves the time
+    one, square = 2.5625 / 4 * 0.5, (2.5 + 1 / 256) / 4 * 0.5
+    plain, rht = 0.2, 0.3          # per linear: fprop.x, dgrad.dy plain; fprop.w 16x16; wgrad.dy, wgrad.x with the RHT
+    assert step["quantize_ms"] == pytest.approx(8 * ((2 * plain + 2 * rht) * one + plain * square))
+    assert step["amax_ms"] == pytest.approx(40 * 0.05 * 0.5) and step["other_ms"] == pytest.approx(5.0)
+    # the RHT fully hidden: its cases cost what they cost without it
+    hidden = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3), 10.0, h200, target,
+                                    {**p, "rht_hidden": 1.0, "other_bandwidth_bound": 0.0})
+    assert hidden["quantize_ms"] == pytest.approx(8 * (4 * plain * one + plain * square))
+    assert hidden["other_ms"] == pytest.approx(10.0)
+
+
+def fake_entry(comp: dict, scale: dict[str, float], other_ms: float = 5.0) -> dict:
+    """A measured entry whose median steps are ``scale[column]`` times the parts' sum."""
+    config = load_model_config("tiny")
+    columns = {}
+    for column, factor in scale.items():
+        recipes = {}
+        for name in RECIPES:
+            parts = projection.h200_step(body_work(config, load_recipe(name), T), comp, other_ms, column)
+            recipes[name] = {"median_ms": parts["ms"] * factor, "tokens_per_s": T / parts["ms"] * 1e3 / factor,
+                             "q1_ms": parts["ms"], "q3_ms": parts["ms"], "kernels": {"other_ms": other_ms}}
+        columns[column] = {"recipes": recipes, "effects": {}, "cast": "saturating"}
+    return {"model": "tiny", "batch": 1, "seq_len": T, "steps": 5, "device": "NVIDIA H200", "columns": columns,
+            "not_measured": {"projection": "not made yet", "native": "not run"}}
+
+
+def test_the_projection_is_made_only_when_the_h200_check_holds():
+    comp, devices = fake_components(), load_devices()
+    entry = projection.attach(fake_entry(comp, {"emulated": 1.05, "fp8_analogue": 0.95}), comp, devices)
+    chk = entry["projection_check"]
+    assert chk["within"] and chk["worst_error"] == pytest.approx(0.05 / 0.95)
+    assert chk["columns"]["emulated"]["nvfp4"]["error"] == pytest.approx(1 / 1.05 - 1)
+    assert {"projection_b200", "projection_b300"} <= set(entry["columns"])
+    assert entry["projection_parameters"]["devices_file"] == "fp4repro/configs/devices.yaml (packaged)"
+    assert "projection" not in entry["not_measured"] and entry["not_measured"]["native"] == "not run"
+    missed = projection.attach(fake_entry(comp, {"emulated": 1.0, "fp8_analogue": 1.2}), comp, devices)
+    assert not missed["projection_check"]["within"]
+    assert not any(c.startswith("projection") for c in missed["columns"])
+    assert missed["not_measured"]["projection"].startswith("withheld")
+    # projecting again replaces the old projection columns
+    again = projection.attach(missed | {"columns": {**missed["columns"], **{
+        k: v for k, v in entry["columns"].items() if k.startswith("projection")}}}, comp, devices)
+    assert not any(c.startswith("projection") for c in again["columns"])
+
+
+def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
+    comp, devices = fake_components(), load_devices()
+    entry = fake_entry(comp, {"emulated": 1.0})
+    column = projection.project(entry, comp, devices, "b200")
+    uncertain = [v for v in [*devices.devices["b200"].peak_tflops.values(), devices.devices["b200"].hbm_tb_per_s,
+                             *devices.parameters.values()] if v.uncertain]
+    assert column["corners"] == 2 ** len(uncertain)
+    for name, r in column["recipes"].items():
+        assert r["low_ms"] < r["median_ms"] < r["high_ms"]
+    for e in column["effects"].values():
+        assert e["ci_low"] <= e["speedup"] <= e["ci_high"]
+        # non-GEMM time, the same in both recipes, dilutes an effect: without it the effect is larger
+        assert e["speedup_without_other"] > e["speedup"] > 1
+    assert "hypothetical" in column["recipes"]["ue5m3"]["note"] and "note" not in column["recipes"]["nvfp4"]
+    # the fastest corner: every range at its favourable end, worked out by hand for bf16 (no quantization)
+    b200, h200 = devices.devices["b200"], devices.devices["h200"]
+    gemm = 30 * 1.0 * h200.peak_tflops["bf16"].low / (b200.peak_tflops["bf16"].low * devices.parameters["efficiency_transfer"].high)
+    f = devices.parameters["other_bandwidth_bound"].high
+    other = 5.0 * (f * h200.hbm_tb_per_s.low / b200.hbm_tb_per_s.high + 1 - f)
+    assert column["recipes"]["bf16"]["low_ms"] == pytest.approx(gemm + other)
+
+
+def test_corners_fix_known_values_and_take_both_ends_of_ranges():
+    got = list(projection.corners({"a": Value(1, 1), "b": Value(2, 3), "c": Value(0, 1)}))
+    assert sorted((c["a"], c["b"], c["c"]) for c in got) == [(1, 2, 0), (1, 2, 1), (1, 3, 0), (1, 3, 1)]
+
+
+def test_a_components_file_without_a_shape_names_what_to_time():
+    comp = fake_components()
+    comp["gemms"].pop(next(iter(comp["gemms"])))
+    with pytest.raises(projection.ProjectionError, match="bench components"):
+        projection.check(fake_entry(fake_components(), {"emulated": 1.0}), comp)
+
+
+def test_a_census_without_its_split_asks_for_a_new_measurement():
+    comp = fake_components()
+    entry = fake_entry(comp, {"emulated": 1.0})
+    del entry["columns"]["emulated"]["recipes"]["nvfp4"]["kernels"]["other_ms"]
+    with pytest.raises(projection.ProjectionError, match="measure again"):
+        projection.check(entry, comp)
+
+
+def test_components_keep_an_amax_pass_where_any_recipe_takes_one():
+    # ue5m3 (held amax) and nvfp4 (current) both quantize in_proj's input 1x16 RNE: one kernel
+    # time, and the amax pass nvfp4 needs, whichever recipe comes first
+    config = load_model_config("tiny")
+    for order in (("ue5m3", "nvfp4"), ("nvfp4", "ue5m3")):
+        _, quants = components.work_items(config, {n: load_recipe(n) for n in order}, T)
+        assert quants[components.quant_key(T, 128, "1x16 RNE")].amax_pass
+    _, held = components.work_items(config, {"ue5m3": load_recipe("ue5m3")}, T)
+    assert not held[components.quant_key(T, 128, "1x16 RNE")].amax_pass
+
+
+def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(tmp_path, capsys):
+    comp = fake_components()
+    (tmp_path / "components_h200.json").write_text(json.dumps({"shapes": {"tiny": comp}, "provenance": {}}))
+    (tmp_path / "throughput_h200.json").write_text(json.dumps(
+        {"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02})}, "provenance": {"device": "NVIDIA H200"}}))
+    assert main(["bench", "project", "--out", str(tmp_path / "throughput_h200.json"),
+                 "--components", str(tmp_path / "components_h200.json")]) == 0
+    written = json.loads((tmp_path / "throughput_h200.json").read_text())
+    assert written["provenance"] == {"device": "NVIDIA H200"}
+    assert written["shapes"]["tiny"]["projection_check"]["within"] and "projection_b300" in written["shapes"]["tiny"]["columns"]
+    assert "H200 check" in capsys.readouterr().out
+    (tmp_path / "other.json").write_text(json.dumps({"shapes": {"small": comp | {"model": "small"}}}))
+    assert main(["bench", "project", "--out", str(tmp_path / "throughput_h200.json"),
+                 "--components", str(tmp_path / "other.json")]) == 2
+    assert "no model is in both" in capsys.readouterr().err
+
+
+def test_a_devices_file_with_a_reversed_range_or_no_sources_is_refused_naming_the_field(tmp_path):
+    raw = open(load_devices().path).read()
+    bad = tmp_path / "devices.yaml"
+    bad.write_text(raw.replace("fp4: 9000}", "fp4: [9000, 8000]}"))
+    with pytest.raises(ConfigError, match=r"devices.yaml: field 'b200.fp4'"):
+        load_devices(bad)
+    bad.write_text(raw.replace("hbm_tb_per_s: 4.8\n    sources:", "hbm_tb_per_s: 4.8\n    sources: []\n    old:"))
+    with pytest.raises(ConfigError, match=r"field 'devices.h200"):
+        load_devices(bad)
