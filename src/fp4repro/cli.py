@@ -425,6 +425,7 @@ def _bench_throughput(args) -> int:
     import torch
 
     from fp4repro.bench import throughput
+    from fp4repro.bench.device import device_tag
     from fp4repro.errors import FP4ReproError
     from fp4repro.results import read_throughput
 
@@ -432,7 +433,7 @@ def _bench_throughput(args) -> int:
     cuda = torch.cuda.is_available()
     columns = args.columns or (list(throughput.COLUMNS) if cuda else ["emulated"])
     out = Path(args.out or "results/bench/throughput_"
-               f"{throughput.device_tag(torch.cuda.get_device_name() if cuda else None)}.json")
+               f"{device_tag(torch.cuda.get_device_name() if cuda else None)}.json")
     # a measurement replacing one of the same shapes says how far it agrees with it
     previous = read_throughput(out, FP4ReproError).get(study.model.name) if out.is_file() else None
 
@@ -457,14 +458,15 @@ def _bench_throughput(args) -> int:
 def _bench_components(args) -> int:
     import torch
 
-    from fp4repro.bench import components, throughput
+    from fp4repro.bench import components
+    from fp4repro.bench.device import device_tag
 
     if not torch.cuda.is_available():
         print("fp4repro bench components: needs a CUDA device (it times kernels and GEMMs on a GPU)", file=sys.stderr)
         return 2
     study, names = _ablation_study(args)
     tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
-    out = Path(args.out or f"results/bench/components_{throughput.device_tag(torch.cuda.get_device_name())}.json")
+    out = Path(args.out or f"results/bench/components_{device_tag(torch.cuda.get_device_name())}.json")
     result = components.run(study.model, {n: study.recipe(n) for n in names}, tokens,
                             progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)))
     components.record(out, result)

@@ -72,12 +72,6 @@ def test_a_new_measurement_says_how_far_each_median_step_moved_from_the_one_it_r
     assert agree["worst"] == pytest.approx(0.03) and agree["columns"]["emulated"]["bf16"]["difference"] == 0
 
 
-def test_device_names_become_file_tags():
-    assert throughput.device_tag("NVIDIA H200") == "h200"
-    assert throughput.device_tag("NVIDIA GeForce RTX 4090") == "geforce_rtx_4090"
-    assert throughput.device_tag(None) == "cpu"
-
-
 def test_the_loop_times_every_recipe_in_every_round_on_cpu():
     recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "nvfp4_no_rht")}
     seen = []

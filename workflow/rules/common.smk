@@ -12,6 +12,7 @@ from fp4repro.config.recipe import recipe_chain
 from fp4repro.config.study import load_study
 from fp4repro.errors import ConfigError
 from fp4repro.plots.catalog import CATALOG
+from fp4repro.bench.device import throughput_here
 from fp4repro.results import throughput_files
 
 FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry, target: one rule each
@@ -32,10 +33,13 @@ RECIPES = list(STUDY.recipes)  # recipe names: they name the result folders
 SEEDS = list(EXP.train.seeds)  # one run per recipe and seed; the same seed gives every recipe the same batches
 RESULTS = f"results/{EXP.name}"
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
-# the body-throughput measurements committed under results/bench (`fp4repro bench throughput` on a
-# GPU): the throughput figure and the report's throughput row read them; no job here measures
+# the body-throughput measurements under results/bench (`fp4repro bench throughput`): the throughput
+# figure and the report's throughput row read them. Where a GPU is visible, this device's file is
+# one of them, and a job measures it when it is missing (rules/throughput.smk); elsewhere only the
+# committed files are drawn.
 THROUGHPUT_FOLDER = "results/bench"
-THROUGHPUT_FILES = [str(p) for p in throughput_files(THROUGHPUT_FOLDER)]
+THROUGHPUT_HERE = throughput_here(THROUGHPUT_FOLDER)
+THROUGHPUT_FILES = sorted({str(p) for p in throughput_files(THROUGHPUT_FOLDER)} | ({THROUGHPUT_HERE} - {None}))
 REPORT = f"paper/{EXP.name}/report.md"
 LOGS = f"logs/{EXP.name}"
 # The experiment as given (it resolves in each job's working directory as it did here). A job of

@@ -320,13 +320,6 @@ def agreement(previous: dict, current: dict) -> dict:
             "previous_device": previous.get("device"), "previous_steps": previous.get("steps")}
 
 
-def device_tag(name: str | None) -> str:
-    """The file tag of a device name: "NVIDIA H200" -> "h200"; no device -> "cpu"."""
-    if not name:
-        return "cpu"
-    return "_".join(name.lower().replace("nvidia", "").split())
-
-
 def record(out: Path, result: dict, device: str) -> dict:
     """File ``result`` under its model in the JSON at ``out`` (``{"shapes": {model: result}}``),
     keeping the other models' entries; written atomically. Returns the whole file's content."""
