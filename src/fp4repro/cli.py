@@ -740,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "results/bench/throughput_<device>.json. components (CUDA): the parts of "
                                    "those body steps timed alone on the GPU, the projection's calibration: each "
                                    "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
-                                   "kernel and current-amax pass, a copy's bandwidth (fp4repro.bench.components; "
+                                   "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
                                    "results/bench/components_<device>.json). project (no GPU needed): the "
                                    "Blackwell projection of a throughput file from its components: first the "
                                    "H200 check (the measured parts must predict every measured step within 10%), "

@@ -8,9 +8,9 @@ from fp4repro.bench.device import device_tag, throughput_here
 def test_the_visible_gpu_names_the_file_the_workflow_measures(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA B200")
-    assert throughput_here("results/bench") == "results/bench/throughput_b200.json"
+    assert throughput_here("results/bench", "small") == "results/bench/throughput_b200_small.json"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert throughput_here("results/bench") is None
+    assert throughput_here("results/bench", "small") is None
 
 
 def test_device_names_become_file_tags():

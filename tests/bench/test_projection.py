@@ -20,15 +20,16 @@ T = 64
 RECIPES = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail", "ue5m3")
 
 
-def fake_components(rht_ms=0.3) -> dict:
+def fake_components(rht_ms=0.3, rht_amax_ms=0.05) -> dict:
     """Every GEMM: BF16 1 ms, FP8 0.5 ms, casts 0.1 ms each; every quantization 0.2 ms (``rht_ms``
-    with the RHT), every amax pass 0.05 ms."""
+    with the RHT), every amax pass 0.05 ms (``rht_amax_ms`` with the RHT)."""
     config = load_model_config("tiny")
     gemms, quants = components.work_items(config, {n: load_recipe(n) for n in RECIPES}, T)
     return {"model": "tiny", "tokens": T, "device": "NVIDIA H200", "copy": {"gb_per_s": 4000.0},
             "gemms": {k: {"m": m, "n": n, "k": kk, "bf16_ms": 1.0, "fp8_ms": 0.5, "cast_a_ms": 0.1, "cast_b_ms": 0.1}
                       for k, (m, n, kk) in gemms.items()},
-            "quantizations": {k: {"quantize_ms": rht_ms if w.spec.rht else 0.2, **({"amax_ms": 0.05} if w.amax_pass else {})}
+            "quantizations": {k: {"quantize_ms": rht_ms if w.spec.rht else 0.2,
+                                  **({"amax_ms": rht_amax_ms if w.spec.rht else 0.05} if w.amax_pass else {})}
                               for k, w in quants.items()}}
 
 
@@ -59,11 +60,14 @@ def test_the_native_step_follows_the_formulas():
     plain, rht = 0.2, 0.3          # per linear: fprop.x, dgrad.dy plain; fprop.w 16x16; wgrad.dy, wgrad.x with the RHT
     assert step["quantize_ms"] == pytest.approx(8 * ((2 * plain + 2 * rht) * one + plain * square))
     assert step["amax_ms"] == pytest.approx(40 * 0.05 * 0.5) and step["other_ms"] == pytest.approx(5.0)
-    # the RHT fully hidden: its cases cost what they cost without it
-    hidden = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3), 10.0, h200, target,
-                                    {**p, "rht_hidden": 1.0, "other_bandwidth_bound": 0.0})
+    # the RHT fully hidden: its cases cost what they cost without it, the amax pass after it too
+    hidden = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3, rht_amax_ms=0.08), 10.0, h200,
+                                    target, {**p, "rht_hidden": 1.0, "other_bandwidth_bound": 0.0})
     assert hidden["quantize_ms"] == pytest.approx(8 * (4 * plain * one + plain * square))
-    assert hidden["other_ms"] == pytest.approx(10.0)
+    assert hidden["amax_ms"] == pytest.approx(40 * 0.05 * 0.5) and hidden["other_ms"] == pytest.approx(10.0)
+    charged = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3, rht_amax_ms=0.08), 10.0, h200,
+                                     target, p)
+    assert charged["amax_ms"] == pytest.approx((24 * 0.05 + 16 * 0.08) * 0.5)   # 2 of 5 operands per linear RHT'd
 
 
 def fake_entry(comp: dict, scale: dict[str, float], other_ms: float = 5.0) -> dict:
@@ -74,8 +78,10 @@ def fake_entry(comp: dict, scale: dict[str, float], other_ms: float = 5.0) -> di
         recipes = {}
         for name in RECIPES:
             parts = projection.h200_step(body_work(config, load_recipe(name), T), comp, other_ms, column)
+            census = {"other_ms": other_ms, "kernel_ms": parts["ms"], **{f"{k}_ms": parts[f"{k}_ms"]
+                                                                           for k in ("gemm", "quantize", "amax", "cast")}}
             recipes[name] = {"median_ms": parts["ms"] * factor, "tokens_per_s": T / parts["ms"] * 1e3 / factor,
-                             "q1_ms": parts["ms"], "q3_ms": parts["ms"], "kernels": {"other_ms": other_ms}}
+                             "q1_ms": parts["ms"], "q3_ms": parts["ms"], "kernels": census}
         columns[column] = {"recipes": recipes, "effects": {}, "cast": "saturating"}
     return {"model": "tiny", "batch": 1, "seq_len": T, "steps": 5, "device": "NVIDIA H200", "columns": columns,
             "not_measured": {"projection": "not made yet", "native": "not run"}}
@@ -87,6 +93,8 @@ def test_the_projection_is_made_only_when_the_h200_check_holds():
     chk = entry["projection_check"]
     assert chk["within"] and chk["worst_error"] == pytest.approx(0.05 / 0.95)
     assert chk["columns"]["emulated"]["nvfp4"]["error"] == pytest.approx(1 / 1.05 - 1)
+    assert chk["columns"]["emulated"]["nvfp4"]["parts_vs_step"] == {"gemm": 0, "quantize": 0, "amax": 0}
+    assert chk["columns"]["fp8_analogue"]["bf16"]["gpu_idle"] == pytest.approx(1 - 1 / 0.95)
     assert {"projection_b200", "projection_b300"} <= set(entry["columns"])
     assert entry["projection_parameters"]["devices_file"] == "fp4repro/configs/devices.yaml (packaged)"
     assert "projection" not in entry["not_measured"] and entry["not_measured"]["native"] == "not run"
@@ -94,6 +102,15 @@ def test_the_projection_is_made_only_when_the_h200_check_holds():
     assert not missed["projection_check"]["within"]
     assert not any(c.startswith("projection") for c in missed["columns"])
     assert missed["not_measured"]["projection"].startswith("withheld")
+    # what a failed check withholds, it does not keep from an earlier projection either
+    stale = projection.attach({**entry, "columns": {**entry["columns"], **{
+        c: {**m, "recipes": {n: {**r, "median_ms": r["median_ms"] * 2} for n, r in m["recipes"].items()}}
+        for c, m in entry["columns"].items() if not c.startswith("projection")}}}, comp, devices)
+    assert not stale["projection_check"]["within"] and "projection_parameters" not in stale
+    # a GEMM that takes longer alone than in the step is recorded, part by part
+    slow = fake_entry(comp, {"emulated": 1.0})
+    slow["columns"]["emulated"]["recipes"]["bf16"]["kernels"]["gemm_ms"] /= 1.25
+    assert projection.check(slow, comp)["columns"]["emulated"]["bf16"]["parts_vs_step"]["gemm"] == pytest.approx(0.25)
     # projecting again replaces the old projection columns
     again = projection.attach(missed | {"columns": {**missed["columns"], **{
         k: v for k, v in entry["columns"].items() if k.startswith("projection")}}}, comp, devices)
@@ -113,6 +130,7 @@ def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
         assert e["ci_low"] <= e["speedup"] <= e["ci_high"]
         # non-GEMM time, the same in both recipes, dilutes an effect: without it the effect is larger
         assert e["speedup_without_other"] > e["speedup"] > 1
+        assert e["without_other_low"] < e["speedup_without_other"] < e["without_other_high"]   # over the band too
     assert "hypothetical" in column["recipes"]["ue5m3"]["note"] and "note" not in column["recipes"]["nvfp4"]
     # the fastest corner: every range at its favourable end, worked out by hand for bf16 (no quantization)
     b200, h200 = devices.devices["b200"], devices.devices["h200"]
@@ -120,6 +138,14 @@ def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
     f = devices.parameters["other_bandwidth_bound"].high
     other = 5.0 * (f * h200.hbm_tb_per_s.low / b200.hbm_tb_per_s.high + 1 - f)
     assert column["recipes"]["bf16"]["low_ms"] == pytest.approx(gemm + other)
+
+
+def test_components_or_steps_of_another_gpu_are_refused():
+    comp = fake_components()
+    with pytest.raises(projection.ProjectionError, match="calibrated on the h200"):
+        projection.attach({**fake_entry(comp, {"emulated": 1.0}), "device": "NVIDIA B200"}, comp, load_devices())
+    with pytest.raises(projection.ProjectionError, match="components timed on NVIDIA A100"):
+        projection.attach(fake_entry(comp, {"emulated": 1.0}), {**comp, "device": "NVIDIA A100"}, load_devices())
 
 
 def test_corners_fix_known_values_and_take_both_ends_of_ranges():

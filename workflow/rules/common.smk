@@ -34,11 +34,11 @@ SEEDS = list(EXP.train.seeds)  # one run per recipe and seed; the same seed give
 RESULTS = f"results/{EXP.name}"
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 # the body-throughput measurements under results/bench (`fp4repro bench throughput`): the throughput
-# figure and the report's throughput row read them. Where a GPU is visible, this device's file is
-# one of them, and a job measures it when it is missing (rules/throughput.smk); elsewhere only the
-# committed files are drawn.
+# figure and the report's throughput row read them. Where a GPU is visible to Snakemake, this
+# device's file of the experiment's model is one of them, and a job measures it when it is missing
+# (rules/throughput.smk); elsewhere only the committed files are drawn.
 THROUGHPUT_FOLDER = "results/bench"
-THROUGHPUT_HERE = throughput_here(THROUGHPUT_FOLDER)
+THROUGHPUT_HERE = throughput_here(THROUGHPUT_FOLDER, STUDY.model.name)
 THROUGHPUT_FILES = sorted({str(p) for p in throughput_files(THROUGHPUT_FOLDER)} | ({THROUGHPUT_HERE} - {None}))
 REPORT = f"paper/{EXP.name}/report.md"
 LOGS = f"logs/{EXP.name}"

@@ -1,7 +1,7 @@
-# Body throughput of the experiment's model on the GPU visible here, when this device has no file
-# yet (a committed file is not measured again; `--forcerun bench_throughput` replaces it, and the
-# new file records how far it moved). Without a GPU this rule is not defined: the figure and the
-# report draw from the committed files.
+# Body throughput of the experiment's model on the GPU visible to Snakemake, when this device has no
+# file of that model yet (results/bench/throughput_<device>_<model>.json; `--forcerun
+# bench_throughput` measures again, and the file records how far the medians moved). Without a GPU
+# this rule is not defined: the figure and the report draw from the committed files.
 if THROUGHPUT_HERE:
 
     rule bench_throughput:

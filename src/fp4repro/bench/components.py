@@ -10,7 +10,8 @@ recipe of the ablation, at ``tokens`` tokens):
 - every distinct quantization (matrix, spec, row- or column-wise): the quantization kernel alone,
   with its amax given (what ``_quantize_kernel`` costs in the model), and, for a current amax, the
   amax pass alone (``_amax_kernel``);
-- a BF16 device-to-device copy, the bandwidth ceiling the projection scales memory-bound work by.
+- a BF16 device-to-device copy, the bandwidth the memory-bound parts are read against (recorded;
+  the projection scales them by the nominal bandwidths of ``configs/devices.yaml``).
 
 Each is the device time of CUDA-graph replays (``triton.testing.do_bench_cudagraph``): no Python
 launch overhead, which the projection's check against whole steps then tests for (a step whose

@@ -1,5 +1,5 @@
 """Which GPU this process sees, as the throughput files name it: the workflow measures this
-device's body throughput (``results/bench/throughput_<device>.json``) where one is visible."""
+device's body throughput (``results/bench/throughput_<device>_<model>.json``) where one is visible."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ def device_tag(name: str | None) -> str:
     return "_".join(name.lower().replace("nvidia", "").split())
 
 
-def throughput_here(folder: str | Path) -> str | None:
-    """The throughput file of the GPU visible here (``folder/throughput_<device>.json``), or None
-    without one (no CUDA, or torch built without it)."""
+def throughput_here(folder: str | Path, model: str) -> str | None:
+    """The file the workflow measures ``model``'s body into on the GPU visible here
+    (``folder/throughput_<device>_<model>.json``: one per model, so that each experiment's shapes
+    are measured whatever another experiment measured first), or None without a GPU (no CUDA, or
+    torch built without it)."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    return str(Path(folder) / f"throughput_{device_tag(torch.cuda.get_device_name())}.json")
+    return str(Path(folder) / f"throughput_{device_tag(torch.cuda.get_device_name())}_{model}.json")

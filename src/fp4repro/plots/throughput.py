@@ -134,10 +134,9 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
     for row, entry in zip(axes, entries):
         for ax, column in zip(row, columns):
             _panel(ax, entry, column)
-        row[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}")
-    first = entries[0]
-    fig.suptitle(f"{shown}, forward + backward, {first['batch']} x {first['seq_len']} tokens "
-                 f"(median of {first['steps']} steps; whiskers: interquartile range, or a projection's band)", fontsize=11)
+        row[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
+                          f"tokens, median of {entry['steps']} steps")
+    fig.suptitle(f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)", fontsize=11)
     fig.tight_layout()
     save(fig, out_png)
     return fig
