@@ -353,8 +353,9 @@ def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
         direction = "raises" if effect["ci_low"] > 1 else "lowers" if effect["ci_high"] < 1 else "does not resolve"
         check = ""
         if column == "fp8_analogue":
-            agrees = (direction == "raises") == (claim.expect == "higher") and direction != "does not resolve"
-            check = f"; direction check at FP8's smaller GEMM ratio: {'as the paper' if agrees else 'not as the paper'}"
+            verdict = "not resolved" if direction == "does not resolve" else \
+                "as the paper" if (direction == "raises") == (claim.expect == "higher") else "against the paper"
+            check = f"; direction check at FP8's smaller GEMM ratio: {verdict}"
         shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {span} ({direction} tokens/s{check})")
     return shows
 
