@@ -364,12 +364,19 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cuda_present(command: str, why: str | None = None) -> bool:
+    """Whether a CUDA device is visible; if not, says that ``fp4repro <command>`` needs one (and why)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    print(f"fp4repro {command}: needs a CUDA device" + (f" ({why})" if why else ""), file=sys.stderr)
+    return False
+
+
 def _cmd_bench(args) -> int:
     if args.what == "kernels":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("fp4repro bench kernels: needs a CUDA device", file=sys.stderr)
+        if not _cuda_present("bench kernels"):
             return 2
         from fp4repro.bench.kernels import print_table, run
 
@@ -377,10 +384,7 @@ def _cmd_bench(args) -> int:
         print_table(run(out=out))
         print(f"wrote {out}")
     if args.what == "live":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("fp4repro bench live: needs a CUDA device (it times the Triton kernel on a GPU)", file=sys.stderr)
+        if not _cuda_present("bench live", "it times the Triton kernel on a GPU"):
             return 2
         from fp4repro.bench.live import print_table, run
 
@@ -461,8 +465,7 @@ def _bench_components(args) -> int:
     from fp4repro.bench import components
     from fp4repro.bench.device import device_tag
 
-    if not torch.cuda.is_available():
-        print("fp4repro bench components: needs a CUDA device (it times kernels and GEMMs on a GPU)", file=sys.stderr)
+    if not _cuda_present("bench components", "it times kernels and GEMMs on a GPU"):
         return 2
     study, names = _ablation_study(args)
     tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
@@ -503,10 +506,7 @@ def _bench_project(args) -> int:
 
 
 def _cmd_parity(args) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        print("fp4repro parity: needs a CUDA device (megatron-core's model runs on a GPU)", file=sys.stderr)
+    if not _cuda_present("parity", "megatron-core's model runs on a GPU"):
         return 2
     from fp4repro.config.model import load_model_config
     from fp4repro.config.parallel import ParallelConfig
@@ -539,10 +539,7 @@ def _cmd_parity(args) -> int:
 
 
 def _cmd_parity_curves(args) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        print("fp4repro parity-curves: needs a CUDA device (megatron-core's model runs on a GPU)", file=sys.stderr)
+    if not _cuda_present("parity-curves", "megatron-core's model runs on a GPU"):
         return 2
     from fp4repro.provenance import provenance
     from fp4repro.results import write_json

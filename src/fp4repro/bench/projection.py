@@ -49,6 +49,7 @@ import itertools
 from fp4repro.bench.body_work import body_work, kernel_case
 from fp4repro.bench.components import gemm_key, quant_key
 from fp4repro.bench.device import device_tag
+from fp4repro.bench.throughput import EFFECTS
 from fp4repro.config.devices import Device, Devices, Value
 from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import load_recipe
@@ -60,8 +61,6 @@ CHECK_BOUND = 0.10
 CALIBRATION_DEVICE = "h200"
 TARGETS = ("b200", "b300")
 BYTES_EMULATED = 4.0
-# the speed-ups the paper's +21.2% mixes: effect -> the recipe whose time divides nvfp4's
-EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
 # block-scale formats Blackwell's FP4 tensor cores take (NVFP4: E4M3, MXFP4: UE8M0)
 NATIVE_SCALES = ("e4m3", "ue8m0")
 
@@ -196,10 +195,12 @@ def corners(values: dict[str, Value]):
 
 
 def _split(choice: dict) -> tuple[dict, dict, dict]:
-    h200 = {k.split(".", 1)[1]: v for k, v in choice.items() if k.startswith("h200.")}
-    target = {k.split(".", 1)[1]: v for k, v in choice.items() if k.startswith("target.")}
-    p = {k.split(".", 1)[1]: v for k, v in choice.items() if k.startswith("p.")}
-    return h200, target, p
+    """A corner's values by group: (h200, target, p), each name -> value."""
+    groups = {"h200": {}, "target": {}, "p": {}}
+    for key, value in choice.items():
+        group, name = key.split(".", 1)
+        groups[group][name] = value
+    return groups["h200"], groups["target"], groups["p"]
 
 
 def project(entry: dict, components: dict, devices: Devices, target_key: str) -> dict:

@@ -57,10 +57,8 @@ from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
 from fp4repro.quant.linear import gemm_instrument
 from fp4repro.quant.state import QuantState
-from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, record_shapes
+from fp4repro.results import read_throughput, record_shapes
 
-# the paper's ablation, always timed; an experiment's own recipes join them
-ABLATION = THROUGHPUT_ABLATION
 # effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
 COLUMNS = ("emulated", "fp8_analogue")
