@@ -121,3 +121,13 @@ def test_every_recipe_warms_up_first_then_rounds_rotate_the_order():
     blocks = throughput.time_column(lambda name: lambda: calls.append(name), ["a", "b"], x, steps=5, warmup=1,
                                     column="native", progress=lambda m: None, interleave=False)
     assert "".join(calls) == "ab" + "a" * 6 + "b" * 6 + "ab" and not blocks["interleaved"]
+    assert result["timing"] == blocks["timing"] == "eager"           # graphs only on a CUDA device
+
+
+def test_graphs_are_timed_only_where_every_recipe_s_graph_fits_in_80_percent_of_free_memory():
+    # small at 1 x 2048 tokens: ~1.5 GiB a step, 7 recipes; 8B at 8192 tokens: ~100 GiB a step
+    fits, why = throughput.graph_timing(7, 1500.0, 130_000.0)
+    assert fits and "CUDA-graph" in why
+    fits, why = throughput.graph_timing(8, 100_000.0, 130_000.0)
+    assert not fits and "800,000 MiB" in why and "eager" in why
+    assert throughput.graph_timing(4, 200.0, 1000.0)[0] and not throughput.graph_timing(4, 201.0, 1000.0)[0]

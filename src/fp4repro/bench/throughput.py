@@ -12,7 +12,12 @@ recipe's specs and a QuantState of its own into the same layers. Per column, eve
 ``warmup`` steps first (Triton compiles, cuBLAS picks its kernels, periodic scaling holds its
 first amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks
 or temperature reaches every recipe alike; the order rotates each round); each step is timed with
-CUDA events and synchronized (on CPU, the wall clock: for tests). Per recipe: the median step,
+CUDA events and synchronized (on CPU, the wall clock: for tests). What is timed is the replay of
+the step captured in a CUDA graph where every recipe's graph fits in memory (``graph_timing``):
+the device's time without the host's launch cost, which at ``small`` shapes is most of an eager
+step (the GPU idled 85-92% of it and two processes disagreed by up to 82%); at 8B shapes one
+step's activations fill the GPU, so the step runs eagerly, which is device-bound there (the GPU
+idles 1-3%). The result says which (``timing``) and why. Per recipe: the median step,
 its quartiles, body tokens/s = batch·seq_len / median; per column the peak memory. Per column, the effects the paper's +21.2% mixes
 (``EFFECTS``): the speed-up time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and
 both, as the geometric mean of the per-round ratios with a 95% Student-t interval
@@ -78,11 +83,13 @@ def build_body(config: ModelConfig, recipe: Recipe, device: str) -> NemotronH:
 
 
 def body_step(model: NemotronH, x: torch.Tensor, dy: torch.Tensor) -> None:
-    """One forward and backward of the decoder layers (the parameters' gradients set anew)."""
+    """One forward and backward of the decoder layers (the parameters' gradients set anew).
+    Autocast's cast cache is off: the parameters are BF16 already (nothing to cache), and a CUDA
+    graph may not capture a cache."""
     for p in model.parameters():
         p.grad = None
     x.grad = None
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
         h = x
         for layer in model.layers:
             h = layer(h)
@@ -108,6 +115,33 @@ class _Clock:
         self.end.record()
         self.end.synchronize()
         return self.start.elapsed_time(self.end)
+
+
+def graph_timing(recipes: int, step_mib: float, free_mib: float) -> tuple[bool, str]:
+    """Whether every recipe's step can be captured in a CUDA graph of its own (each graph keeps
+    its step's activations and gradients, ``step_mib`` = one eager step's peak over the memory
+    at rest) within 80% of the free memory, and why."""
+    need = recipes * step_mib
+    if need <= 0.8 * free_mib:
+        return True, (f"CUDA-graph replays: {recipes} graphs of {step_mib:,.0f} MiB fit in "
+                      f"{free_mib:,.0f} MiB free")
+    return False, (f"eager steps: {recipes} graphs of {step_mib:,.0f} MiB would need {need:,.0f} MiB, "
+                   f"{free_mib:,.0f} MiB free")
+
+
+def captured(step, device: torch.device):
+    """``step`` captured in a CUDA graph, returned as its replay. It runs once on a side stream
+    first, as ``torch.cuda.graph`` asks (lazy state is made outside the capture); every value it
+    reads from the host (held amaxes, seeds) is fixed at capture, which changes no kernel's work."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 GEMM_OPERATORS = ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm", "aten::baddbmm")
@@ -189,22 +223,32 @@ def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: 
     """Every recipe's step times in one column; ``step_of(name)`` readies the model for recipe
     ``name`` and returns its step. Every recipe's warm-up first; then, interleaved, ``steps``
     rounds of one step of each recipe, the order rotated by one each round (no recipe always
-    follows the same one); or, with ``interleave`` off, each recipe's steps in one block (for
-    modules that rebuild state whenever the recipe changes)."""
+    follows the same one), each a replay of the recipe's step captured in a CUDA graph where
+    ``graph_timing`` says they fit; or, with ``interleave`` off, each recipe's eager steps in one
+    block (for modules that rebuild state whenever the recipe changes)."""
     clock = _Clock(x.device)
     tokens = x.shape[0] * x.shape[1]
     times = {name: [] for name in names}
+    if x.is_cuda:
+        rest = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
     for name in names:
         step = step_of(name)
         for _ in range(warmup):
             step()
         progress(f"{column}: {name} warmed up")
+    graphs, timing = False, "eager steps: " + ("one block per recipe" if not interleave else "no CUDA device")
+    if x.is_cuda and interleave:
+        graphs, timing = graph_timing(len(names), (torch.cuda.max_memory_allocated() - rest) / 2 ** 20,
+                                      torch.cuda.mem_get_info()[0] / 2 ** 20)
+        progress(f"{column}: {timing}")
     if x.is_cuda:
         torch.cuda.reset_peak_memory_stats()
     if interleave:
+        replay = {name: captured(step_of(name), x.device) for name in names} if graphs else None
         for r in range(steps):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                times[name].append(clock.time(step_of(name)))
+                times[name].append(clock.time(replay[name] if graphs else step_of(name)))
             progress(f"{column}: round {r + 1}/{steps}")
     else:
         for name in names:
@@ -216,7 +260,8 @@ def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: 
     peak = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
     census = {name: kernel_census(step_of(name), x.device) for name in names}
     rows = {name: {**summarize(times[name], tokens), "kernels": census[name]} for name in names}
-    return {"recipes": rows, "effects": effects(times), "peak_mib": peak, "interleaved": interleave}
+    return {"recipes": rows, "effects": effects(times), "peak_mib": peak, "interleaved": interleave,
+            "timing": "cuda_graph" if graphs else "eager", "timing_reason": timing}
 
 
 def suite_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int, column: str,
@@ -314,8 +359,11 @@ def agreement(previous: dict, current: dict) -> dict:
                                   "difference": row["median_ms"] / before["recipes"][name]["median_ms"] - 1}
                            for name, row in now["recipes"].items() if name in before["recipes"]}
     differences = [abs(r["difference"]) for rows in columns.values() for r in rows.values()]
+    timings = {c: [previous["columns"][c].get("timing", "eager"), current["columns"][c].get("timing", "eager")]
+               for c in columns}
     return {"columns": columns, "worst": max(differences) if differences else None,
-            "previous_device": previous.get("device"), "previous_steps": previous.get("steps")}
+            "previous_device": previous.get("device"), "previous_steps": previous.get("steps"),
+            "timings": timings}   # [previous, now] per column: eager steps and graph replays differ by the host
 
 
 def record(out: Path, result: dict, device: str) -> dict:
@@ -328,7 +376,8 @@ def table(result: dict) -> str:
     """Body tokens/s per recipe and column, then the effects."""
     columns = list(result["columns"])
     lines = [f"{result['model']}: body of {result['batch']} x {result['seq_len']} tokens, "
-             f"median of {result['steps']} steps" + (f" on {result['device']}" if "device" in result else ""),
+             f"median of {result['steps']} steps" + (f" on {result['device']}" if "device" in result else "")
+             + "; " + ", ".join(f"{c}: {result['columns'][c].get('timing', 'eager')}" for c in columns),
              f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns)]
     recipes = list(result["columns"][columns[0]]["recipes"])
     for name in recipes:
