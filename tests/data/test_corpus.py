@@ -126,6 +126,19 @@ def test_read_packages_splits_docstrings_from_code_in_a_given_tree(tmp_path):
     assert read_packages(max_files=1, roots=[tmp_path]).files == 1
 
 
+def test_reading_in_processes_gives_the_serial_corpus_in_the_same_order(tmp_path, monkeypatch):
+    from fp4repro.data import stdlib
+
+    for i in range(300):   # sizes vary, so that workers finish their chunks out of order
+        body = "".join(f"def f{j}():\n    \"\"\"Doc {i}.{j}.\"\"\"\n    return {j}\n" for j in range(1 + (i * 7919) % 40))
+        (tmp_path / f"m{i:03d}.py").write_text(body if i % 97 else "def (:\n")
+    serial = read_packages(roots=[tmp_path], workers=1)
+    monkeypatch.setattr(stdlib, "PARALLEL_FROM", 1)
+    parallel = read_packages(roots=[tmp_path], workers=2)
+    assert parallel == serial and serial.files == 300 and len(serial.unreadable) == 4
+    assert serial.prose[:2] == ["Doc 1.0.", "Doc 1.1."]
+
+
 def test_spread_sample_is_even_and_deterministic():
     items = list(range(100))
     assert spread_sample(items, 4) == [0, 25, 50, 75]
