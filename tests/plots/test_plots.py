@@ -557,6 +557,13 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert "8,192  (1.111x BF16 time)" in [t.get_text() for t in emulated.texts]
     assert "compute capability >= 10.0" in " ".join(native.texts[0].get_text().split())
     assert "not made yet" in projection.texts[0].get_text()
+    assert emulated.get_ylabel().endswith("median of 5 steps")               # recorded without a timing: eager
+    data = json.loads(inputs[0].read_text())
+    for column in data["shapes"]["small"]["columns"].values():
+        column["timing"] = "cuda_graph"
+    inputs[0].write_text(json.dumps(data))
+    fig = plot_figure("throughput", inputs, tmp_path / "small.png", model="small")
+    assert axis(fig, "throughput:emulated").get_ylabel().endswith("median of 5 graph replays")
     fig = plot_figure("throughput", inputs, tmp_path / "tiny.png", model="tiny")     # the measured ones, said
     assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
     assert len(fig.axes) == 8

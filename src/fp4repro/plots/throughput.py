@@ -25,6 +25,12 @@ COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "native": "native FP4 (Transformer Engine)"}
 
 
+
+def _timed_as(entry: dict) -> str:
+    """What a measured step was: CUDA-graph replays (the device's time alone) or eager steps."""
+    timings = {col.get("timing", "eager") for col in entry["columns"].values() if "recipes" in col and "kind" not in col}
+    return "graph replays" if timings == {"cuda_graph"} else "steps" if timings <= {"eager"} else "steps or replays"
+
 def _input_files(inputs: list[Path]) -> list[Path]:
     """The files of the inputs: a file is itself, a folder its ``throughput_*.json`` (a folder
     that does not exist holds none: nothing was measured)."""
@@ -135,7 +141,7 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
         for ax, column in zip(row, columns):
             _panel(ax, entry, column)
         row[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
-                          f"tokens, median of {entry['steps']} steps")
+                          f"tokens, median of {entry['steps']} {_timed_as(entry)}")
     fig.suptitle(f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)", fontsize=11)
     fig.tight_layout()
     save(fig, out_png)
