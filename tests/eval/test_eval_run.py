@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -100,13 +101,18 @@ def test_rerun_skips_what_is_there(prepared, evaluated, monkeypatch):
     assert {name: (evaluated / name).read_bytes() for name in before} == before
 
 
-def test_only_missing_rows_are_computed(prepared, runs, tmp_path):
+def test_only_missing_rows_are_computed(prepared, runs, tmp_path, capsys):
     exp, path, results = prepared
     out = results / exp.name / "eval" / "bf16" / "seed0"
     evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
     full = pd.read_parquet(out / "nll.parquet")
     full[full["step"] != STEPS[0]].to_parquet(out / "nll.parquet", index=False)    # as if interrupted
-    evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
+    capsys.readouterr()
+    evaluate_main(str(path), "bf16", results=results, downstream=False, progress=True)
+    # the log says where the time of each checkpoint x policy computed went, and only of those
+    timed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [t.split(":")[0] for t in timed] == [f"step {STEPS[0]} bf16", f"step {STEPS[0]} quantized"]
+    assert all(re.search(r": load \d+\.\d s, nll \d+\.\d s$", t) for t in timed)
     again = pd.read_parquet(out / "nll.parquet")
     pd.testing.assert_frame_equal(again, full)
     by_policy = again.set_index(["step", "source", "policy"])["nll"].unstack("policy")

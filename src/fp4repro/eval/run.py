@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +184,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
     first) under each policy of the experiment's eval config: held-out NLL, lm-eval downstream
     tasks, final-window loss. Returns the output folder; raises EvalError with a clear message
     when something cannot run."""
+    started = time.perf_counter()
     exp = study.experiment
     study.recipe(recipe)
     seed = exp.train.seeds[0] if seed is None else int(seed)
@@ -221,14 +223,19 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
     bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy",
                desc=f"evaluate {exp.name}/{recipe}/seed{seed}",
                dynamic_ncols=True, file=sys.stderr)
+    if progress:
+        bar.write(f"inputs checked, tasks and held-out streams ready in {time.perf_counter() - started:.1f} s",
+                  file=sys.stderr)
     ckpt_path = ckpt = None
     computed: dict[tuple, dict] = {}   # (step, measure, what the model computes) -> table -> rows
     try:
         for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once
             bar.set_postfix(step=info.step, policy=policy)
+            began = time.perf_counter()
             if info.path != ckpt_path:
                 ckpt_path, ckpt = info.path, checked_checkpoint(info.path, exp.model)
             model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model, ckpt=ckpt)
+            seconds = {"load": time.perf_counter() - began}
             meta = {"recipe": recipe, "seed": seed, "step": info.step, "tokens": info.tokens, "policy": policy}
             # a policy that quantizes nothing (any policy of the bf16 recipe) computes what bf16
             # does: its rows are the bf16 policy's, not computed twice
@@ -241,9 +248,14 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
                 measures.append(("downstream", lambda: downstream_rows(model, tokenizer, manifest.eod_id, cfg,
                                                                        manager, seq_len, meta)))
             for measure, compute in measures:
+                began = time.perf_counter()
                 for table, rows in _rows(computed, (info.step, measure, computes), meta, compute).items():
                     tables[table] = _append(tables[table], rows, TABLES[table])
                     write_table(paths.out / f"{table}.parquet", tables[table], origin)
+                seconds[measure] = time.perf_counter() - began
+            if progress:   # where the time of a long evaluation goes, in its log
+                bar.write(f"step {info.step} {policy}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()),
+                          file=sys.stderr)
             bar.update(1)
     finally:
         bar.close()
