@@ -1,8 +1,13 @@
+import contextlib
+import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -53,11 +58,14 @@ SNAKEFILE = Path(__file__).resolve().parents[1] / "workflow" / "Snakefile"
 
 
 class Snakemake:
-    """`snakemake -s workflow/Snakefile -d WORKDIR ARGS` in a subprocess (tests/workflow, tests/slurm)."""
+    """`snakemake -s workflow/Snakefile -d WORKDIR ARGS` in a subprocess (tests/workflow, tests/slurm);
+    `main` is what Python is given to start it: `-m snakemake`, or `-c CODE` that ends in its main()."""
 
-    @staticmethod
-    def command(workdir: Path, *args: str) -> list[str]:
-        return [sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "-d", str(workdir), *args]
+    def __init__(self, *main: str):
+        self.main = main or ("-m", "snakemake")
+
+    def command(self, workdir: Path, *args: str) -> list[str]:
+        return [sys.executable, *self.main, "-s", str(SNAKEFILE), "-d", str(workdir), *args]
 
     def __call__(self, workdir: Path, *args: str, check: bool = True, env: dict | None = None,
                  timeout: float = 900) -> subprocess.CompletedProcess:
@@ -68,6 +76,19 @@ class Snakemake:
             raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
                                  f"{proc.stderr[-4000:]}")
         return proc
+
+    def start(self, workdir: Path, *args: str) -> "Background":
+        """The same command started in the background at the lowest CPU priority, in a process
+        group of its own (its jobs with it), its output kept in a temporary file."""
+        cmd = ["nice", "-n", "19", *self.command(workdir, *args)]
+        output = tempfile.TemporaryFile("w+")
+        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        # Where the kernel shares the CPU out between sessions first (autogroup), a nice value counts
+        # only within its session: the run's session is made as nice as the run.
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{proc.pid}/autogroup").write_text("19")
+        return Background(cmd, proc, output)
 
     @staticmethod
     def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
@@ -84,10 +105,60 @@ def snakemake() -> Snakemake:
     return Snakemake()
 
 
+@dataclasses.dataclass
+class Background:
+    """A Snakemake run started by Snakemake.start."""
+
+    cmd: list[str]
+    proc: subprocess.Popen
+    output: IO[str]
+
+    def wait(self, timeout: float = 900) -> None:
+        """Waits for the run to end; fails with the end of its output where it did not succeed."""
+        try:
+            returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            returncode = f"still running after {timeout:.0f} s"
+        if returncode != 0:
+            self.output.seek(0)
+            raise AssertionError(f"{' '.join(self.cmd)} failed ({returncode}):\n{self.output.read()[-8000:]}")
+
+    def stop(self) -> None:
+        """Ends the run and its jobs where it still runs."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
 @pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory, snakemake) -> Path:
+def smoke_run_started(tmp_path_factory, snakemake):
+    """The run of `smoke_run`, started (its working directory, its Background)."""
+    workdir = tmp_path_factory.mktemp("smoke-local")
+    run = snakemake.start(workdir, "--cores", "2", "--config", "experiment=smoke")
+    yield workdir, run
+    run.stop()
+    run.output.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _smoke_run_ahead(request):
+    """Where a selected test needs `smoke_run`, its run starts with the session, at the lowest CPU
+    priority: most tests before the first that needs it keep one core of two busy, and the run
+    (about three minutes of CPU time) takes what they leave instead of adding a minute or more to
+    the session's wall time."""
+    if any("smoke_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("smoke_run_started")
+
+
+@pytest.fixture(scope="session")
+def smoke_run(smoke_run_started) -> Path:
     """The reduced study (the packaged configs/experiment/smoke.yaml) run locally through Snakemake,
     once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/)."""
-    workdir = tmp_path_factory.mktemp("smoke-local")
-    snakemake(workdir, "--cores", "2", "--config", "experiment=smoke")
+    workdir, run = smoke_run_started
+    run.wait()
     return workdir

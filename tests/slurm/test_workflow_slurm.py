@@ -4,7 +4,8 @@
 The repository's cluster profile is installed with `make slurm-profile` into a temporary config
 home, as a user would install it; the test cluster has no accounting, so the run adds the two
 options the profile documents for such clusters (`--slurm-no-account`, `--slurm-status-command
-squeue`). Each test checks Slurm's own records (`scontrol show job`) of the jobs it submitted.
+squeue`), and polls every 2 s (see STEADY_POLLING). Each test checks Slurm's own records
+(`scontrol show job`) of the jobs it submitted.
 """
 
 import json
@@ -25,6 +26,28 @@ REPO = Path(__file__).resolve().parents[2]
 # real cluster wants (the defaults wait 40 s before the first status check and 10 s between)
 NO_ACCOUNTING = ("--slurm-no-account", "--slurm-status-command", "squeue",
                  "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2")
+# The plugin waits 10 s longer after each status check that finds no job ended (up to 3 minutes,
+# with no option to change it): on this cluster that left every job's end unnoticed for up to 20 s,
+# a third of the tests' time. Snakemake starts here with the plugin's wait between checks held at
+# --seconds-between-status-checks; submission, status queries and everything else are the plugin's.
+STEADY_POLLING = """
+import asyncio
+import snakemake_executor_plugin_slurm as plugin
+
+async def sleep(self):
+    await asyncio.sleep(self.workflow.remote_execution_settings.seconds_between_status_checks)
+
+assert "sleep" not in vars(plugin.Executor)    # what is replaced is the remote executors' common wait
+plugin.Executor.sleep = sleep
+from snakemake.cli import main
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_snakemake(snakemake):
+    """The `snakemake` fixture's runner, starting Snakemake with STEADY_POLLING."""
+    return type(snakemake)("-c", STEADY_POLLING)
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +82,12 @@ RECIPES = ("bf16", "ue5m3")
 
 
 @pytest.fixture(scope="module")
-def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, snakemake):
+def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, slurm_snakemake):
     workdir = tmp_path_factory.mktemp("smoke-slurm")
     first = next_job_id(slurm_cluster)
     targets = [f"results/smoke/eval/{recipe}/seed0/final_loss.json" for recipe in RECIPES]
-    proc = snakemake(workdir, *targets, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke",
-                     env=slurm_profile_env)
+    proc = slurm_snakemake(workdir, *targets, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke",
+                           env=slurm_profile_env)
     return workdir, rule_jobs(slurm_cluster, first), proc
 
 
@@ -99,7 +122,7 @@ def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
 
 
 def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster, slurm_profile_env, tmp_path,
-                                                       snakemake):
+                                                       slurm_snakemake):
     """scancel a training job mid-run: Snakemake reports it failed; the rerun continues from the
     newest resume checkpoint (not from step 0) and finishes every step."""
     workdir, _, _ = slurm_run
@@ -115,7 +138,7 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
 
     first = next_job_id(slurm_cluster)
     proc = subprocess.Popen(
-        snakemake.command(run_dir, *args), env={**slurm_profile_env, "OMP_NUM_THREADS": "1"},
+        slurm_snakemake.command(run_dir, *args), env={**slurm_profile_env, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_folder = run_dir / "results/smoke/train/bf16/seed0"
     try:
@@ -132,7 +155,7 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
     assert slurm_cluster.show_job(int(train_job["JobId"]))["JobState"] == "CANCELLED"
     assert not (run_dir / target).exists()
 
-    snakemake(run_dir, *args, env=slurm_profile_env)
+    slurm_snakemake(run_dir, *args, env=slurm_profile_env)
     log = (run_dir / "logs/smoke/train/bf16/seed0.log").read_text()
     resumed = int(re.search(r"resuming from step (\d+) of 88", log).group(1))
     assert resumed >= 5 and resumed % 5 == 0
