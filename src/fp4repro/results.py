@@ -192,6 +192,12 @@ def record_shapes(out: Path, entry: dict, reader, provenance: dict, error: type[
     return content
 
 
+def column_timing(measured: dict) -> str:
+    """How a measured column of a body-throughput entry timed its steps: ``cuda_graph`` (replays
+    of each recipe's captured step) or ``eager`` (also every record made before replays existed)."""
+    return measured.get("timing", "eager")
+
+
 def void_column(column: str, measured: dict) -> str | None:
     """Why a measured column of a body-throughput entry cannot be used, or None: an FP8-analogue
     column without its ``cast`` record was made before the cast clamped, when torch's cast (before

@@ -62,7 +62,7 @@ from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
 from fp4repro.quant.linear import gemm_instrument
 from fp4repro.quant.state import QuantState
-from fp4repro.results import read_throughput, record_shapes
+from fp4repro.results import column_timing, read_throughput, record_shapes
 
 # effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
@@ -237,7 +237,7 @@ def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: 
         for _ in range(warmup):
             step()
         progress(f"{column}: {name} warmed up")
-    graphs, timing = False, "eager steps: " + ("one block per recipe" if not interleave else "no CUDA device")
+    graphs, timing = False, "eager steps: no CUDA device" if not x.is_cuda else "eager steps: one block per recipe"
     if x.is_cuda and interleave:
         graphs, timing = graph_timing(len(names), (torch.cuda.max_memory_allocated() - rest) / 2 ** 20,
                                       torch.cuda.mem_get_info()[0] / 2 ** 20)
@@ -359,8 +359,7 @@ def agreement(previous: dict, current: dict) -> dict:
                                   "difference": row["median_ms"] / before["recipes"][name]["median_ms"] - 1}
                            for name, row in now["recipes"].items() if name in before["recipes"]}
     differences = [abs(r["difference"]) for rows in columns.values() for r in rows.values()]
-    timings = {c: [previous["columns"][c].get("timing", "eager"), current["columns"][c].get("timing", "eager")]
-               for c in columns}
+    timings = {c: [column_timing(previous["columns"][c]), column_timing(current["columns"][c])] for c in columns}
     return {"columns": columns, "worst": max(differences) if differences else None,
             "previous_device": previous.get("device"), "previous_steps": previous.get("steps"),
             "timings": timings}   # [previous, now] per column: eager steps and graph replays differ by the host
@@ -377,7 +376,7 @@ def table(result: dict) -> str:
     columns = list(result["columns"])
     lines = [f"{result['model']}: body of {result['batch']} x {result['seq_len']} tokens, "
              f"median of {result['steps']} steps" + (f" on {result['device']}" if "device" in result else "")
-             + "; " + ", ".join(f"{c}: {result['columns'][c].get('timing', 'eager')}" for c in columns),
+             + "; " + ", ".join(f"{c}: {column_timing(result['columns'][c])}" for c in columns),
              f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns)]
     recipes = list(result["columns"][columns[0]]["recipes"])
     for name in recipes:

@@ -201,15 +201,11 @@ class PythonCorpus:
         if unreadable is not None:
             self.unreadable.append(unreadable)
 
-    def read(self, path: Path, name: str) -> None:
-        """Add one file's docstrings to the prose and its docstring-free source to the code; a
-        file this interpreter cannot decode or parse is listed in ``unreadable`` instead."""
-        self.add(*read_python_file(path, name))
-
     def read_all(self, items: list[tuple[Path, str]], desc: str, progress: bool, workers: int | None = None) -> None:
-        """``read`` every (path, name) of ``items``, in their order, parsed in ``workers``
-        processes (default: the CPUs this process may use): the corpus is the same for any
-        number of workers, and ``ast`` parsing is the slow part of reading 20,000 files."""
+        """Add every (path, name) of ``items`` as ``read_python_file`` reads it, in their order,
+        parsed in ``workers`` processes (default: the CPUs this process may use): the corpus is
+        the same for any number of workers, and ``ast`` parsing is the slow part of reading
+        20,000 files."""
         workers = workers or len(os.sched_getaffinity(0))
         bar = tqdm(total=len(items), desc=desc, unit="file", disable=not progress, dynamic_ncols=True)
         with bar:

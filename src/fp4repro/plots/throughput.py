@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
 from fp4repro.plots.common import ordered, recipe_colors, save, theme
-from fp4repro.results import THROUGHPUT_ABLATION, read_throughput, throughput_files, void_column
+from fp4repro.results import THROUGHPUT_ABLATION, column_timing, read_throughput, throughput_files, void_column
 
 COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
@@ -25,11 +25,12 @@ COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
            "native": "native FP4 (Transformer Engine)"}
 
 
-
 def _timed_as(entry: dict) -> str:
-    """What a measured step was: CUDA-graph replays (the device's time alone) or eager steps."""
-    timings = {col.get("timing", "eager") for col in entry["columns"].values() if "recipes" in col and "kind" not in col}
+    """What a measured step was: CUDA-graph replays (the device's time alone) or eager steps
+    (projected columns, ``kind: projection``, time nothing)."""
+    timings = {column_timing(col) for col in entry["columns"].values() if col.get("kind") != "projection"}
     return "graph replays" if timings == {"cuda_graph"} else "steps" if timings <= {"eager"} else "steps or replays"
+
 
 def _input_files(inputs: list[Path]) -> list[Path]:
     """The files of the inputs: a file is itself, a folder its ``throughput_*.json`` (a folder
