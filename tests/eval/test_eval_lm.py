@@ -48,6 +48,29 @@ def test_loglikelihood_equals_a_direct_computation(lm):
     assert lm.encode_pair("a:\n    ", "b")[1] == lm.tok_encode("a:\n    b")[len(lm.tok_encode("a:")):]
 
 
+def test_batches_hold_as_many_sequences_as_fit_in_batch_size_times_max_length_tokens(lm):
+    assert lm.batch_size * lm.max_length == 192
+    # longest first; each batch padded to its first sequence: 3 x 64 fit, a 4th does not
+    assert lm.batches([64, 10, 64, 9, 40, 10]) == [[0, 2, 4], [1, 5, 3]]
+    assert lm.batches([5] * 40) == [list(range(38)), [38, 39]]             # 38 x 5 <= 192 < 39 x 5
+    assert lm.batches([0, 0]) == [[0, 1]]
+
+
+def test_short_items_are_scored_in_one_forward_pass(lm, monkeypatch):
+    import fp4repro.eval.lm as module
+
+    widths = []
+
+    def counted(model, inputs, lengths=None):
+        widths.append(tuple(inputs.shape))
+        return logits_of(model, inputs, lengths)
+
+    logits_of = module.logits_of
+    monkeypatch.setattr(module, "logits_of", counted)
+    lm.loglikelihood(_requests("loglikelihood", PAIRS))
+    assert len(widths) == 1 and widths[0][0] == len(PAIRS)
+
+
 def test_long_contexts_keep_their_last_max_length_tokens(lm):
     context = "word " * 200
     (logprob, _), = lm.loglikelihood(_requests("loglikelihood", [(context, "end")]))

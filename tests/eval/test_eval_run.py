@@ -11,7 +11,8 @@ import yaml
 from fp4repro.config.eval import EvalConfigError
 from fp4repro.config.model import load_model_config
 from fp4repro.config.study import load_study
-from fp4repro.eval import EvalError, evaluate
+from fp4repro.data import load_manifest, validation_tokens
+from fp4repro.eval import EvalError, evaluate, load_eval_model, stream_nll
 from fp4repro.eval import run as run_module
 from fp4repro.results import table_provenance
 
@@ -49,6 +50,22 @@ def test_nll_table(evaluated):
             assert row[step, policy, "blend"] == pytest.approx(
                 0.4 * row[step, policy, "prose"] + 0.6 * row[step, policy, "code"])
     assert (row.xs("bf16", level="policy") != row.xs("quantized", level="policy")).all()
+
+
+def test_each_checkpoint_is_scored_with_its_own_weights(prepared, runs, evaluated):
+    """The NLL rows of every checkpoint and policy equal those of a model loaded afresh from that
+    checkpoint (the evaluation builds one model per policy and swaps the weights in)."""
+    exp, path, results = prepared
+    study = load_study(str(path))
+    manifest = load_manifest(results / exp.name / "data")
+    nll = pd.read_parquet(evaluated / "nll.parquet").set_index(["step", "policy", "source"])["nll"]
+    train = study.experiment.train
+    for rel in json.loads((runs["nvfp4"] / "done.json").read_text())["checkpoints"]:
+        for policy in ("bf16", "quantized"):
+            model, meta = load_eval_model(runs["nvfp4"] / rel, policy)
+            fresh = stream_nll(model, validation_tokens(manifest, "code"), train.seq_len,
+                               study.experiment.eval.batch_size, study.experiment.eval.nll_max_tokens)
+            assert nll[meta["step"], policy, "code"] == pytest.approx(fresh.nll, rel=1e-12)
 
 
 def test_document_rows_add_up_to_each_sources_nll(evaluated):

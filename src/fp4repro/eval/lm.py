@@ -10,8 +10,10 @@ Registered with lm-eval as ``fp4repro`` when this module is imported, so both of
 Scoring follows lm-eval's Hugging Face adapter: a context's trailing whitespace moves to the
 continuation, the continuation's tokens are those of (context + continuation) after the
 context's tokens, an empty context is replaced by the EOD token, and inputs longer than
-``max_length`` keep their last ``max_length`` tokens. Requests are scored in batches of up to
-``batch_size`` sequences, longest first, right-padded with EOD (causal: padding never changes
+``max_length`` keep their last ``max_length`` tokens. Requests are scored longest first, in
+batches of as many sequences as fit in ``batch_size`` × ``max_length`` tokens, padding included
+(the tokens of a batch of full windows; a short multiple-choice item is ~100 tokens, so ~100 go
+to a forward pass, not ``batch_size``), right-padded with EOD (causal: padding never changes
 the scored positions). Under the quantized policy each sequence's activations are quantized as
 their own tensor, over its real tokens (the scorer passes the lengths: ``logits_of``), so an
 item's score does not depend on the items it is batched with nor on its padding.
@@ -44,7 +46,8 @@ class FP4ReproLM(LM):
     eod_id:       the end-of-document token: prefix of empty contexts, padding, generation stop
     policy:       'bf16' or 'quantized' (recorded; the model must already be built for it)
     max_length:   context window in tokens (the training sequence length)
-    batch_size:   sequences per forward pass
+    batch_size:   full-length sequences per forward pass: a pass holds at most
+                  batch_size × max_length tokens (padding included), shorter sequences more of them
     max_gen_toks: default generation budget of generate_until
     """
 
@@ -137,14 +140,27 @@ class FP4ReproLM(LM):
             if not 0 < len(continuation) <= self.max_length:
                 raise EvalError(f"request {i}: continuation of {len(continuation)} tokens; "
                                 f"must be 1..{self.max_length} (max_length)")
-        order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
         results: list[tuple[float, bool] | None] = [None] * len(pairs)
-        starts = range(0, len(order), self.batch_size)
-        for start in tqdm(starts, disable=not self.progress, desc=f"fp4repro {self.policy}", leave=False):
-            batch = [order[j] for j in range(start, min(start + self.batch_size, len(order)))]
+        batches = self.batches([self._input_length(p) for p in pairs])
+        for batch in tqdm(batches, disable=not self.progress, desc=f"fp4repro {self.policy}", leave=False):
             for i, result in zip(batch, self._score_batch([pairs[i] for i in batch])):
                 results[i] = result
         return results
+
+    def _input_length(self, pair: tuple[list[int], list[int]]) -> int:
+        """Positions the model reads for a (context, continuation) pair (its last token is only predicted)."""
+        return min(len(pair[0]) + len(pair[1]), self.max_length + 1) - 1
+
+    def batches(self, lengths: list[int]) -> list[list[int]]:
+        """Indices of ``lengths`` grouped into forward passes, longest first: each batch is padded
+        to its first (longest) sequence and holds at most batch_size × max_length tokens."""
+        budget = self.batch_size * self.max_length
+        batches: list[list[int]] = []
+        for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+            if not batches or (len(batches[-1]) + 1) * max(lengths[batches[-1][0]], 1) > budget:
+                batches.append([])
+            batches[-1].append(i)
+        return batches
 
     def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for context, continuation in pairs]

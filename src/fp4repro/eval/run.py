@@ -154,6 +154,18 @@ def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq
     return {"downstream": result_rows(results, meta), "downstream_items": item_rows(results, meta)}
 
 
+def _model_with(models: dict, policy: str, path: Path, ckpt: dict, device: str, model_config: str):
+    """The policy's model with the weights of checkpoint ``ckpt``: built at the policy's first
+    checkpoint, then given each later checkpoint's weights (building a model took ~2 s, longer
+    than scoring one on a GPU). A run's checkpoints share model config and recipe
+    (``finished_checkpoints`` checked), and the evaluation state holds no amax between forwards."""
+    if policy not in models:
+        models[policy], _ = load_eval_model(path, policy, device=device, model_config=model_config, ckpt=ckpt)
+    else:
+        models[policy].load_state_dict(ckpt["model"])
+    return models[policy]
+
+
 # ------------------------------------------------------------------------------------ entry
 
 def prepare_tasks(cfg: EvalConfig, manifest, paths: EvalPaths):
@@ -227,6 +239,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
         bar.write(f"inputs checked, tasks and held-out streams ready in {time.perf_counter() - started:.1f} s",
                   file=sys.stderr)
     ckpt_path = ckpt = None
+    models: dict[str, torch.nn.Module] = {}   # policy -> its model, built once (see _model_with)
     computed: dict[tuple, dict] = {}   # (step, measure, what the model computes) -> table -> rows
     try:
         for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once
@@ -234,7 +247,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
             began = time.perf_counter()
             if info.path != ckpt_path:
                 ckpt_path, ckpt = info.path, checked_checkpoint(info.path, exp.model)
-            model, _ = load_eval_model(info.path, policy, device=device, model_config=exp.model, ckpt=ckpt)
+            model = _model_with(models, policy, info.path, ckpt, device, exp.model)
             seconds = {"load": time.perf_counter() - began}
             meta = {"recipe": recipe, "seed": seed, "step": info.step, "tokens": info.tokens, "policy": policy}
             # a policy that quantizes nothing (any policy of the bf16 recipe) computes what bf16
