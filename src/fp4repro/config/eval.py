@@ -4,7 +4,8 @@ Every field is optional::
 
     eval:
       policies: [bf16, quantized]   # inference policies, each evaluated on every checkpoint
-      batch_size: 16                # sequences per forward pass (default: train.batch_size)
+      batch_size: 16                # full windows per forward pass (default: train.batch_size); lm-eval
+                                    # items go as many to a pass as fit in batch_size × seq_len tokens
       nll_max_tokens: null          # predicted tokens per source for held-out NLL (null: whole split)
       n_items: 200                  # items per offline task
       seed: 1234                    # offline task generation
