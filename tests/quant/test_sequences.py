@@ -62,30 +62,34 @@ def test_row_groups_need_the_current_amax_and_one_row_blocks():
         scaled_operand(x, FPROP_X["ue5m3"], amax=1.0, groups=groups)
 
 
-def _batch():
-    """(3 sequences of 24 positions, their lengths): the second 1000x larger than the others,
-    every padding row 1e6."""
+def _batch(count: int = 3):
+    """(``count`` sequences of 24 positions, their lengths 10, 24, 3, 10, ...): every third from
+    the second on 1000x larger than the others, every padding row 1e6."""
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 24, 64, generator=gen)
-    x[1] *= 1000
-    lengths = (10, 24, 3)
+    x = torch.randn(count, 24, 64, generator=gen)
+    x[1::3] *= 1000
+    lengths = tuple((10, 24, 3)[b % 3] for b in range(count))
     for b, n in enumerate(lengths):
         x[b, n:] = 1e6
     return x, lengths
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("name", ["ue5m3", "nvfp4", "nvfp4_tiles"])
-def test_sequence_operand_by_groups_equals_one_quantization_per_sequence(name, device):
-    """On CUDA the grouped operand is the reference's, each sequence alone the kernels'."""
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32),
+                                           pytest.param("cuda", torch.float32, marks=pytest.mark.gpu),
+                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("count", [3, linear.KERNEL_GROUPS_MAX + 1])   # on CUDA: kernel launches, grouped reference
+@pytest.mark.parametrize("name", ["ue5m3", "nvfp4", "nvfp4_rht", "nvfp4_tiles"])
+def test_sequence_operand_by_groups_equals_one_quantization_per_sequence(name, count, device, dtype):
+    """Each sequence's rows equal that sequence quantized alone (on CUDA: by the kernels, whether
+    the batch went through them sequence by sequence or through one grouped reference call)."""
     spec = FPROP_X.get(name) or replace(FPROP_X["nvfp4"], block=(16, 16))
-    x, lengths = _batch()
-    x = x.to(device)
+    x, lengths = _batch(count)
+    x = x.to(device, dtype)
     qs, d = sequence_operand(x, lengths, spec, None, "l")
-    qs, d = qs.view(3, 24, 64), d.view(3, 24, 1)
+    qs, d = qs.view(count, 24, 64), d.view(count, 24, 1)
     for b, n in enumerate(lengths):
         qs_b, d_b, _, _, _ = scaled_operand(x[b, :n], spec)
-        assert _same(qs[b, :n], qs_b) and _same(d[b, :n], d_b.expand(n, 1))
+        assert _same(qs[b, :n], qs_b) and _same(d[b, :n], d_b.expand(n, 1)), b
 
 
 class _Sequences(QuantState):

@@ -204,8 +204,8 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
     a single kernel launch. ``live`` (slots from ``live_slots`` on x's device): the current
     tensor amax (max |x| after the RHT when spec.rht, NaN counted as inf: the reference's
-    ``live_amax``) is max-folded into them from the block amaxes the kernel computes anyway, no extra
-    pass and no extra launch; ``live_slots_amax`` reads the running maximum (with a held amax, the
+    ``live_amax``) is max-folded into them from the |x| or block amaxes the kernel computes anyway, no
+    extra pass and no extra launch; ``live_slots_amax`` reads the running maximum (with a held amax, the
     largest growth since the slots were made is that over the held amax). The target T is a runtime
     argument of the kernel: a new T compiles nothing. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
     runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream; ``place``: x is

@@ -15,7 +15,7 @@ running along its columns (the GEMM's reduction dimension):
                        that changes at every amax refresh reuses the compiled kernel), and d is
                        written out too (program (0, 0)): a quantization with a held amax is one
                        launch and nothing else. With LIVE (constexpr) it also max-folds the tile's
-                       block amaxes into running live-amax slots (integer atomic maxima, as
+                       max |x| (from the |x| or the block amaxes it has anyway) into running live-amax slots (integer atomic maxima, as
                        ``_amax_kernel``, spread over LIVE_SLOTS addresses), so the growth of a held
                        amax is seen without a pass, and across calls without a launch.
 

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
-from fp4repro.quant.ops import operand_amax, scaled_operand
+from fp4repro.quant.ops import operand_amax, scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
 from fp4repro.reference.block import global_encode_scale
 
@@ -140,6 +140,11 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     return qs, d
 
 
+#: Sequences of a batch above which 1-row-block activations are quantized by one grouped
+#: reference call instead of one kernel launch per sequence (``sequence_operand``).
+KERNEL_GROUPS_MAX = 16
+
+
 def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec, state: QuantState | None,
                      layer: str, operand: str = "fprop.x") -> tuple[torch.Tensor, torch.Tensor]:
     """(operand for the GEMM as (batch·width, K), decode scales as float32 (batch·width, 1)) for
@@ -148,11 +153,13 @@ def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec,
     Sequence b's rows [0, lengths[b]) are quantized as one tensor, with their own current amax
     and d, the padding rows of all sequences together as one more tensor; each row carries the d
     of its group. A sequence's operand rows and d are therefore those it gets alone, whatever
-    else is in the batch. With 1-row blocks this is one reference call with row groups
-    (``scaled_operand(..., groups=)``), on every device: the kernels take one amax per call, and
-    one call per sequence and linear (a downstream batch holds ~100 short items) made evaluation
-    on a GPU launch-bound; the reference equals the kernels bit for bit. With 16-row blocks (a
-    tile must not mix sequences), one quantization per group.
+    else is in the batch. The kernels take one amax per call: there, one quantization per group.
+    With 1-row blocks and more than ``KERNEL_GROUPS_MAX`` sequences (a downstream batch holds ~100
+    short items, and a launch per sequence and linear made evaluation on a GPU launch-bound), or
+    off the kernels, it is one reference call with row groups (``scaled_operand(..., groups=)``;
+    the reference equals the kernels bit for bit). A few long sequences (held-out NLL windows)
+    stay on the kernels: the reference's float32 temporaries of a whole batch are GBs at 8B.
+    With 16-row blocks (a tile must not mix sequences), always one quantization per group.
     Telemetry (``state.telemetry``) is recorded per call.
     """
     batch, width, cols = x.shape
@@ -170,7 +177,7 @@ def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec,
         return qs, d
 
     padding = torch.arange(width, device=x.device) >= torch.tensor(lengths, device=x.device)[:, None]
-    if spec.block[0] == 1:
+    if spec.block[0] == 1 and (batch > KERNEL_GROUPS_MAX or not uses_kernel(x)):
         # group of each row: its sequence's index for real tokens, ``batch`` for padding
         groups = torch.arange(batch, device=x.device)[:, None].expand(batch, width).masked_fill(padding, batch)
         qs, d = quantized(x.reshape(-1, cols), groups.reshape(-1))
