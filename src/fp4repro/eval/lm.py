@@ -12,9 +12,9 @@ continuation, the continuation's tokens are those of (context + continuation) af
 context's tokens, an empty context is replaced by the EOD token, and inputs longer than
 ``max_length`` keep their last ``max_length`` tokens. Requests are scored longest first, in
 batches of as many sequences as fit in ``batch_size`` × ``max_length`` tokens, padding included
-(the tokens of a batch of full windows: about batch_size × max_length / item length items go to a
-forward pass, ~160 of `small`'s ~100-token multiple-choice items, not ``batch_size``), right-padded with EOD (causal: padding never changes
-the scored positions). Under the quantized policy each sequence's activations are quantized as
+(the tokens of a batch of full windows: ~160 of `small`'s ~100-token multiple-choice items go to
+a forward pass, not ``batch_size``), right-padded with EOD (causal: padding never changes the
+scored positions). Under the quantized policy each sequence's activations are quantized as
 their own tensor, over its real tokens (the scorer passes the lengths: ``logits_of``), so an
 item's score does not depend on the items it is batched with nor on its padding.
 """
@@ -140,16 +140,15 @@ class FP4ReproLM(LM):
             if not 0 < len(continuation) <= self.max_length:
                 raise EvalError(f"request {i}: continuation of {len(continuation)} tokens; "
                                 f"must be 1..{self.max_length} (max_length)")
+        # what the model reads: the last max_length + 1 tokens, the last of them only predicted
+        inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for context, continuation in pairs]
         results: list[tuple[float, bool] | None] = [None] * len(pairs)
-        batches = self.batches([self._input_length(p) for p in pairs])
+        batches = self.batches([len(x) for x in inputs])
         for batch in tqdm(batches, disable=not self.progress, desc=f"fp4repro {self.policy}", leave=False):
-            for i, result in zip(batch, self._score_batch([pairs[i] for i in batch])):
+            scored = self._score_batch([inputs[i] for i in batch], [pairs[i][1] for i in batch])
+            for i, result in zip(batch, scored):
                 results[i] = result
         return results
-
-    def _input_length(self, pair: tuple[list[int], list[int]]) -> int:
-        """Positions the model reads for a (context, continuation) pair (its last token is only predicted)."""
-        return min(len(pair[0]) + len(pair[1]), self.max_length + 1) - 1
 
     def batches(self, lengths: list[int]) -> list[list[int]]:
         """Indices of ``lengths`` grouped into forward passes, longest first: each batch is padded
@@ -157,20 +156,19 @@ class FP4ReproLM(LM):
         budget = self.batch_size * self.max_length
         batches: list[list[int]] = []
         for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-            if not batches or (len(batches[-1]) + 1) * max(lengths[batches[-1][0]], 1) > budget:
+            if not batches or (len(batches[-1]) + 1) * lengths[batches[-1][0]] > budget:
                 batches.append([])
             batches[-1].append(i)
         return batches
 
-    def _score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for context, continuation in pairs]
+    def _score_batch(self, inputs: list[list[int]], continuations: list[list[int]]) -> list[tuple[float, bool]]:
         width = max(len(x) for x in inputs)
         padded = torch.full((len(inputs), width), self.eod_id, dtype=torch.long)
         for row, x in enumerate(inputs):
             padded[row, :len(x)] = torch.tensor(x, dtype=torch.long)
         logits = logits_of(self.model, padded, lengths=[len(x) for x in inputs])
         totals, greedy = [], []
-        for row, (x, (_, continuation)) in enumerate(zip(inputs, pairs)):
+        for row, (x, continuation) in enumerate(zip(inputs, continuations)):
             # only the continuation's positions, on the model's device: a (batch, time, vocab)
             # log-softmax copied to the host would be tens of GB for a long-context 8B eval
             lp = F.log_softmax(logits[row, len(x) - len(continuation):len(x)], dim=-1)

@@ -157,20 +157,20 @@ def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq
 def _model_with(models: dict, policy: str, path: Path, ckpt: dict, device: str, model_config: str):
     """The policy's model with the weights of checkpoint ``ckpt``, the only model on ``device``.
 
-    Built once per policy and recipe config (building took ~2 s, longer than scoring a `small`
-    checkpoint on a GPU), then given each later checkpoint's weights; the evaluation state holds
-    no amax between forwards. The other policies' models wait on the CPU (moving one is a copy of
+    Built once per policy (building took ~2 s, longer than scoring a `small` checkpoint on a
+    GPU), then given each later checkpoint's weights: a run's checkpoints share their recipe (the
+    run's folder is its fingerprint, recipe numerics included), and the evaluation state holds no
+    amax between forwards. The other policies' models wait on the CPU (moving one is a copy of
     its weights), so the device holds one model, as when each was built afresh.
     """
-    key = (policy, json.dumps(ckpt.get("recipe_config"), sort_keys=True, default=str))
     for other, model in models.items():
-        if other != key:
+        if other != policy:
             model.to("cpu")
-    if key not in models:
-        models[key], _ = load_eval_model(path, policy, device=device, model_config=model_config, ckpt=ckpt)
+    if policy not in models:
+        models[policy], _ = load_eval_model(path, policy, device=device, model_config=model_config, ckpt=ckpt)
     else:
-        models[key].load_state_dict(ckpt["model"])
-    return models[key].to(device)
+        models[policy].load_state_dict(ckpt["model"])
+    return models[policy].to(device)
 
 
 # ------------------------------------------------------------------------------------ entry
@@ -246,7 +246,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
         bar.write(f"inputs checked, tasks and held-out streams ready in {time.perf_counter() - started:.1f} s",
                   file=sys.stderr)
     ckpt_path = ckpt = None
-    models: dict[tuple, torch.nn.Module] = {}   # (policy, recipe config) -> its model (see _model_with)
+    models: dict[str, torch.nn.Module] = {}   # policy -> its model (see _model_with)
     computed: dict[tuple, dict] = {}   # (step, measure, what the model computes) -> table -> rows
     try:
         for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once

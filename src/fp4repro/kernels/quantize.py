@@ -15,9 +15,10 @@ running along its columns (the GEMM's reduction dimension):
                        that changes at every amax refresh reuses the compiled kernel), and d is
                        written out too (program (0, 0)): a quantization with a held amax is one
                        launch and nothing else. With LIVE (constexpr) it also max-folds the tile's
-                       max |x| (from the |x| or the block amaxes it has anyway) into running live-amax slots (integer atomic maxima, as
-                       ``_amax_kernel``, spread over LIVE_SLOTS addresses), so the growth of a held
-                       amax is seen without a pass, and across calls without a launch.
+                       max |x| (from the |x| or block amaxes it has anyway) into running live-amax
+                       slots (integer atomic maxima, as ``_amax_kernel``, spread over LIVE_SLOTS
+                       addresses), so the growth of a held amax is seen without a pass, and
+                       across calls without a launch.
 
 Because M is addressed through strides, the column-wise variant that wgrad needs (Xᵀ blocked
 along tokens) is the same kernel on X's transposed view: nothing is materialized.
