@@ -23,3 +23,18 @@ def test_without_mamba_ssm_there_are_no_kernels_and_no_stub(monkeypatch):
     _mamba_ssm.load_mamba_ssm_kernels.cache_clear()
     assert _mamba_ssm.load_mamba_ssm_kernels() is None
     assert "selective_scan_cuda" not in sys.modules
+
+
+@pytest.mark.gpu
+def test_the_scan_kernels_keep_their_autotuning_on_disk(monkeypatch):
+    """Each new process would otherwise autotune the scan again (about 2 minutes per job)."""
+    if importlib.util.find_spec("mamba_ssm") is None:
+        pytest.skip("mamba-ssm is not installed")
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    for name in [m for m in sys.modules if m.startswith("mamba_ssm")]:
+        monkeypatch.delitem(sys.modules, name)
+    _mamba_ssm.load_mamba_ssm_kernels.cache_clear()
+    assert _mamba_ssm.load_mamba_ssm_kernels() is not None
+    from mamba_ssm.ops.triton.ssd_chunk_state import _chunk_cumsum_fwd_kernel
+    assert _chunk_cumsum_fwd_kernel.cache_results
+    _mamba_ssm.load_mamba_ssm_kernels.cache_clear()

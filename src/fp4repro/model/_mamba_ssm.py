@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import types
 import warnings
@@ -44,6 +45,11 @@ def load_mamba_ssm_kernels() -> MambaSSMKernels | None:
     if importlib.util.find_spec("mamba_ssm") is None:
         return None
     stubbed = register_selective_scan_stub()
+    # The scan kernels autotune over many configs at each new shape: about 2 minutes in every new
+    # process on an H200 (each training and evaluation job). Triton keeps the winners on disk beside
+    # the compiled kernels when asked, and reads that at decoration, i.e. at this import; a
+    # TRITON_CACHE_AUTOTUNING the user set still decides.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
