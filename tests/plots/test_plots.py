@@ -302,7 +302,7 @@ def test_nll_interval_from_one_seed_is_the_document_bootstrap(results, tmp_path)
         nll.query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"].iloc[0]
         - pd.read_parquet(results / "eval/nvfp4/seed0/nll.parquet")
         .query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"].iloc[0])
-    assert "paired bootstrap over documents (2000 resamples at the last checkpoint, 500 before)" in ax.get_title()
+    assert "paired bootstrap over documents\n(2000 resamples at the last checkpoint, 500 before)" in ax.get_title()
 
 
 def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds, tmp_path):

@@ -219,7 +219,7 @@ def _draw_differences(fig, ax, diffs: dict[str, pd.DataFrame], base: str, policy
         bars.set_gid(f"interval:{r}:{policy}")
         line, = ax.plot(x, y, color=colors[r], marker="o", ms=4, lw=1.0, transform=shift)
         line.set_gid(f"difference:{r}:{policy}")
-        tests |= {"paired t over seeds" if n > 1 else f"paired bootstrap over documents ({resamples} resamples at "
+        tests |= {"paired t over seeds" if n > 1 else f"paired bootstrap over documents\n({resamples} resamples at "
                   f"the last checkpoint, {earlier_resamples(resamples)} before)" for n in d["seeds"]}
     ax.autoscale_view()
     if not drawn:
