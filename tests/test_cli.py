@@ -82,6 +82,9 @@ def test_experiment_command(capsys):
     assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in out
     assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
+    assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t2048 0; mxfp4 0\n" in out
+    assert main(["experiment", "small"]) == 0
+    assert "runs: 8, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0 (imported" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("experiment, expected", [

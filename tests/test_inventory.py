@@ -36,3 +36,18 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
     assert found["corpora"] == ["d1", "d2"]
     out = capsys.readouterr().out
     assert "nvfp4" in out and "missing" in out and "corpora: d1, d2" in out
+
+
+def test_an_imported_study_reads_the_runs_that_are_there_and_a_run_study_plans_them_all(tmp_path):
+    from dataclasses import replace
+
+    from fp4repro.config.study import load_study
+    from fp4repro.results import study_runs
+
+    results = tmp_path / "results"
+    study = load_study("tiny")
+    _metrics(results, "ue5m3", 0, 10)
+    _metrics(results, "bf16", 0, 10)
+    assert study_runs(study, results) == dict.fromkeys(study.recipes, (0,))
+    imported = replace(study, experiment=replace(study.experiment, imported=True))
+    assert study_runs(imported, results) == {"bf16": (0,), "ue5m3": (0,)}

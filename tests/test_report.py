@@ -18,7 +18,7 @@ import pytest
 
 from fp4repro.config.files import PACKAGED, claims_path
 from fp4repro.config.study import load_study
-from fp4repro.report import ReportError, load_claims, measure, write_report
+from fp4repro.report import ReportError, load_claims, measure, runs_text, write_report
 from fp4repro.results import eval_dir, run_dir
 from fp4repro.statistics import OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
@@ -95,7 +95,7 @@ def claims_by_id() -> dict:
 
 
 def rows_of(claim_id: str, results: Path, seeds=(0,), recipes=("nvfp4", "ue5m3", "ue5m3_t2048")):
-    return measure(claims_by_id()[claim_id], results / "tiny", recipes, seeds, BLEND)
+    return measure(claims_by_id()[claim_id], results / "tiny", {r: tuple(seeds) for r in recipes}, BLEND)
 
 
 def one_seed(tmp_path: Path, claim_id: str, **ue5m3) -> object:
@@ -140,6 +140,20 @@ def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
     assert k.test.startswith("batch means: 10 steps") and k.units == 10
     assert k.high - k.low < 0.02
     assert row.verdict == SUGGESTIVE                      # one seed: an outcome of training is capped
+
+
+def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
+    results = tmp_path / "results"
+    for seed in (0, 1, 2):
+        write_run(results, "nvfp4", seed)
+    write_run(results, "ue5m3", 2, loss=-0.1)
+    claim = claims_by_id()["final_loss"]
+    (row,) = measure(claim, results / "tiny", {"nvfp4": (0, 1, 2), "ue5m3": (2,)}, BLEND)
+    assert row.comparison.difference == pytest.approx(-0.1, abs=0.005) and "1 seed(s)" in row.note
+    (apart,) = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (2,)}, BLEND)
+    assert apart.comparison is None and apart.note == "not measured: ue5m3 (seeds [2]) and nvfp4 (seeds [0, 1]) share no seed"
+    assert runs_text({"nvfp4": (0, 1, 2), "ue5m3": (2,)}, {"nvfp4": (0, 1, 2), "ue5m3": (0, 1, 2)}) == (
+        "seeds nvfp4 0, 1, 2; ue5m3 2 (4 of 6 planned runs; not there yet: ue5m3 seed 0, ue5m3 seed 1)")
 
 
 def test_one_seed_loss_in_the_other_direction(tmp_path):
@@ -276,7 +290,7 @@ def test_unmeasured_claims_say_why(tmp_path):
     write_run(results, "nvfp4", 0)
     write_run(results, "ue5m3", 0)
     (absent,) = rows_of("t2048_underflow", results, recipes=("nvfp4", "ue5m3"))
-    assert absent.note == "not measured: recipe(s) ue5m3_t2048 not in this experiment"
+    assert absent.note == "not measured: no run of ue5m3_t2048 in this experiment"
     (missing,) = rows_of("final_loss", results, seeds=(0, 1))
     assert missing.note.startswith("not measured") and "seed1" in missing.note
     (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results,
@@ -296,7 +310,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
                          "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower), "cast": "clamped"}}}
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
-    (row,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    (row,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert row.verdict == "not measured natively" and row.comparison is None
     ratio = math.exp(sum(math.log(a / b) for a, b in zip(rows["nvfp4"], rows["nvfp4_no_rht_no_bf16_tail"])) / 5)
     assert f"NVIDIA H200 emulated: {ratio - 1:+.1%}" in row.note and "(raises tokens/s)" in row.note
@@ -306,7 +320,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     unresolved = {**entry, "columns": {**entry["columns"], "fp8_analogue": {
         "recipes": {}, "effects": throughput.effects(noisy), "cast": "clamped"}}}
     throughput.record(results / "bench" / "throughput_h200.json", unresolved, "cpu")
-    (open_row,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    (open_row,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert "(does not resolve tokens/s; direction check at FP8's smaller GEMM ratio: not resolved)" in open_row.note
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     assert "compute capability >= 10.0" in row.note
@@ -318,7 +332,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
         for k, (low, mid, high) in
         {"b200": (1.018, 1.029, 1.044), "b300": (1.15, 1.2, 1.25)}.items()}}}
     throughput.record(results / "bench" / "throughput_h200.json", projected, "cpu")
-    (band,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    (band,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert ("NVIDIA B200 projected from NVIDIA H200: +2.9% [+1.8%, +4.4%] (band over the projection's parameters; "
             "with no non-GEMM time +10.5% [+5.0%, +14.6%]); the paper's +21.2% is not consistent (outside the band)") in band.note
     assert "NVIDIA B300 projected from NVIDIA H200: +20.0% [+15.0%, +25.0%]" in band.note
@@ -329,21 +343,21 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     native = {**entry, "device": "NVIDIA B200", "not_measured": {"projection": "not built"},
               "columns": {**entry["columns"], "native": {"recipes": {}, "effects": throughput.effects(rows)}}}
     throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
-    (decided,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    (decided,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert decided.verdict == "reproduced" and "native FP4 on 1 device(s)" in decided.note
     assert "NVIDIA B200 native: " in decided.note and "NVIDIA H200 fp8 analogue" in decided.note
     native["columns"]["native"]["effects"] = throughput.effects(slower)
     throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
-    (against,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    (against,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert against.verdict == "opposite direction"
     (results / "bench" / "throughput_b200.json").unlink()
     # an analogue measured before its cast clamped is void, and said so
     del entry["columns"]["fp8_analogue"]["cast"]
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
-    (void,) = measure(claim, results / "paper8b", ("nvfp4",), (0,), BLEND, model="nemotron_h_8b")
+    (void,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert "NVIDIA H200 fp8 analogue: void: made before the FP8 cast clamped" in void.note
     assert void.verdict == "not measured natively"
-    (other,) = measure(claim, results / "small", ("nvfp4",), (0,), BLEND, model="small")
+    (other,) = measure(claim, results / "small", {"nvfp4": (0,)}, BLEND, model="small")
     assert other.note.startswith("not measured: no body-throughput file") and "small's shapes" in other.note
     assert "measured for other shapes, nemotron_h_8b: NVIDIA H200 emulated" in other.note
 
@@ -355,7 +369,7 @@ def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, m
     monkeypatch.chdir(tmp_path)
     write_report(load_study("tiny"), "claims", "paper/tiny/report.md", figures=["figures/tiny/loss.png"])
     text = (tmp_path / "paper/tiny/report.md").read_text()
-    assert "from experiment `tiny`" in text and "1,078,464 parameters" in text and "1 seed(s) per recipe" in text
+    assert "from experiment `tiny`" in text and "1,078,464 parameters" in text and "seeds bf16 0; " in text
     assert "![loss](../../figures/tiny/loss.png)" in text
     assert "| throughput_no_rht_no_bf16_tail | more model-body tokens/s (+21.2% tokens/s) |" in text
     loss_line = next(line for line in text.splitlines() if line.startswith("| final_loss |"))
@@ -383,7 +397,7 @@ def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
 
 def measure_all(results: Path) -> list:
     return [row for c in load_claims(CLAIMS)[1]
-            for row in measure(c, results / "tiny", ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,), BLEND)]
+            for row in measure(c, results / "tiny", dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,)), BLEND)]
 
 
 # ------------------------------------------------------------- beyond the paper: automatic target T
@@ -441,7 +455,7 @@ def test_target_section_rates_losses_and_T_ranges_are_those_of_the_runs(tmp_path
             written[recipe, seed] = write_target_run(results, recipe, seed, loss=0.01 * len(recipe),
                                                      target=recipe != "ue5m3")
     (eval_dir(results, "tiny", "ue5m3_t8192", 1) / "final_loss.json").unlink()
-    lines = target_section(results / "tiny", ["nvfp4", "ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"], (0, 1))
+    lines = target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"], (0, 1)))
     assert lines[1] == "## Beyond the paper: an automatic target T" and "Not a claim of the paper" in lines[3]
     table = section_table(lines)
     assert list(table) == ["ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"]
@@ -476,7 +490,7 @@ def test_target_comparison_follows_the_numbers(tmp_path):
     write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
     # automatic: fewer events than both in activations and gradients, more in weights; no saturation
     write_target_run(results, "ue5m3_auto", 0, scale={"activations": 0.2, "weights": 3.0, "gradients": 0.1})
-    lines = comparison_lines(target_section(results / "tiny", recipes, (0,)))
+    lines = comparison_lines(target_section(results / "tiny", dict.fromkeys(recipes, (0,))))
     assert all("ue5m3_auto has no block-saturation event (0 of 40,000 blocks)" in line for line in lines.values())
     assert "is no higher than the better of T = 448 and T = 2048 (ue5m3_t2048: " in lines["gradients"]
     assert "is no higher than" in lines["activations"]
@@ -491,7 +505,7 @@ def test_target_comparison_follows_the_numbers(tmp_path):
     write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
     write_target_run(results, "ue5m3_auto", 0, scale={"activations": 3.0, "weights": 0.2, "gradients": 2.0},
                      saturated=3)
-    lines = comparison_lines(target_section(results / "tiny", recipes, (0,)))
+    lines = comparison_lines(target_section(results / "tiny", dict.fromkeys(recipes, (0,))))
     assert "has block-saturation events (120 of 40,000 blocks)" in lines["gradients"]
     assert "has no block-saturation event" in lines["weights"]
     assert "is higher than the better" in lines["gradients"] and "is higher than the better" in lines["activations"]
@@ -502,9 +516,9 @@ def test_target_section_needs_two_of_its_recipes(tmp_path):
     results = tmp_path / "results"
     for recipe in ("nvfp4", "ue5m3", "ue5m3_auto"):
         write_target_run(results, recipe, 0)
-    assert target_section(results / "tiny", ["nvfp4", "ue5m3"], (0,)) == []
-    assert target_section(results / "tiny", ["nvfp4", "ue5m3_auto", "mxfp4"], (0,)) == []
-    lines = target_section(results / "tiny", ["nvfp4", "ue5m3", "ue5m3_auto"], (0,))
+    assert target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3"], (0,))) == []
+    assert target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3_auto", "mxfp4"], (0,))) == []
+    lines = target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3", "ue5m3_auto"], (0,)))
     assert list(section_table(lines)) == ["ue5m3", "ue5m3_auto"]
 
 

@@ -127,6 +127,10 @@ def _cmd_experiment(args) -> int:
     for stage, steps in zip(t.stages, t.stage_steps()):
         blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)
         print(f"  {stage.name}: {stage.tokens:,} tokens ({steps} steps), blend {blend}")
+    runs = study.runs
+    print(f"runs: {sum(map(len, runs.values()))}, seeds " + "; ".join(f"{r} {', '.join(map(str, s))}" for r, s in runs.items())
+          + (" (imported: made elsewhere, tables under results/; the workflow draws figures and the report)"
+             if exp.imported else ""))
     p = exp.parallel
     if exp.backend != "reference":
         print(f"parallel: tensor {p.tensor}{' with sequence parallelism' if p.sequence_parallel else ''}, pipeline "
@@ -198,7 +202,7 @@ def _cmd_inventory(args) -> int:
 
     study = _study(args)
     t = study.experiment.train
-    found = inventory(Path(args.results), study.name, study.recipes, t.seeds, t.total_steps, t.tokens_per_step)
+    found = inventory(Path(args.results), study.name, study.runs, t.total_steps, t.tokens_per_step)
     out = Path(args.out or Path(args.results) / study.name / "runs.json")
     write_json(out, found, provenance())
     print(f"{'recipe':16} {'seed':>4} {'steps':>7} {'tokens':>13} {'done':>5} {'train s':>8} {'evaluated':>9} "
@@ -234,7 +238,7 @@ def _cmd_runs(args) -> int:
     for recipe in recipes:
         on_disk = {int(m.group(1)) for p in (Path(args.results) / study.name / "train" / recipe).glob("seed*")
                    if (m := SEED_FOLDER.match(p.name))}
-        for seed in sorted(set(study.experiment.train.seeds) | on_disk):
+        for seed in sorted(set(study.seeds_of(recipe)) | on_disk):
             out = run_dir(args.results, study.name, recipe, seed)
             done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
             current = None if data_hash is None else run_fingerprint(study, recipe, seed, data_hash)[1]

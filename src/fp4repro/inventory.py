@@ -35,10 +35,11 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
             "final_loss": json.loads(final.read_text())["loss"] if final.is_file() else None}
 
 
-def inventory(results: Path, experiment: str, recipes, seeds, total_steps: int, tokens_per_step: int) -> dict:
-    """Every run of ``recipes`` × ``seeds`` whose metrics table exists, and the runs missing."""
+def inventory(results: Path, experiment: str, planned: dict[str, tuple[int, ...]], total_steps: int,
+              tokens_per_step: int) -> dict:
+    """Every run of ``planned`` (recipe -> seeds) whose metrics table exists, and the runs missing."""
     runs, missing = [], []
-    for recipe in recipes:
+    for recipe, seeds in planned.items():
         for seed in seeds:
             if (run_dir(results, experiment, recipe, seed) / "metrics.parquet").is_file():
                 runs.append(run_entry(results, experiment, recipe, seed, total_steps, tokens_per_step))
@@ -46,3 +47,4 @@ def inventory(results: Path, experiment: str, recipes, seeds, total_steps: int, 
                 missing.append({"recipe": recipe, "seed": seed})
     corpora = sorted({r["corpus"] for r in runs if r["corpus"]})
     return {"experiment": experiment, "runs": runs, "missing": missing, "corpora": corpora}
+

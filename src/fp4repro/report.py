@@ -34,6 +34,7 @@ import pandas as pd
 
 from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_field
 from fp4repro.errors import FP4ReproError
+from fp4repro.results import study_runs
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
                               eval_dir, event_rates, last_checkpoint, read_json, read_table, read_throughput,
@@ -117,7 +118,7 @@ def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str
     if missing:
         return Row(claim, claim.id, note=f"not measured: {', '.join(missing[:2])}{' …' if len(missing) > 2 else ''} "
                                          "missing")
-    diverged = _divergences(root, (claim.recipe, claim.baseline), seeds)
+    diverged = _divergences(root, {r: seeds for r in (claim.recipe, claim.baseline)})
     if diverged:
         return Row(claim, claim.id, note="not paired: " + "; ".join(diverged))
     corpora = _corpora(root, (claim.recipe, claim.baseline), seeds)
@@ -127,13 +128,13 @@ def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str
     return files
 
 
-def _divergences(root: Path, recipes, seeds) -> list[str]:
-    """The runs among ``recipes`` × ``seeds`` that diverged (their training's done.json or their
+def _divergences(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
+    """The runs among ``runs`` (recipe -> seeds) that diverged (their training's done.json or their
     evaluation's final_loss.json says so: imported results carry the latter), each as "<recipe>
     seed <s> diverged at step <n>": a result of its own, which has no partner to be compared with
     step by step."""
     found = []
-    for recipe in recipes:
+    for recipe, seeds in runs.items():
         for seed in seeds:
             records = (run_dir(root.parent, root.name, recipe, seed) / "done.json",
                        eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json")
@@ -394,16 +395,20 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     return [Row(claim, claim.id, note=f"{verdict}: native FP4 on {len(native)} device(s); {detail}")]
 
 
-def measure(claim: Claim, root: Path, recipes, seeds=(0,), blend: dict[str, float] | None = None,
+def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: dict[str, float] | None = None,
             model: str | None = None) -> list[Row]:
-    """The report lines of one claim against the results under ``root`` (results/<exp>); a
-    throughput claim reads the benchmark files beside it (results/bench) for ``model``."""
+    """The report lines of one claim against the results under ``root`` (results/<exp>) of
+    ``runs`` (recipe -> seeds), paired on the seeds that recipe and baseline share; a throughput
+    claim reads the benchmark files beside it (results/bench) for ``model``."""
     if claim.measure == "throughput":
         return throughput(claim, root.parent / "bench", model)
-    absent = [r for r in (claim.recipe, claim.baseline) if r not in recipes]
+    absent = [r for r in (claim.recipe, claim.baseline) if not runs.get(r)]
     if absent:
-        return [Row(claim, claim.id, note=f"not measured: recipe(s) {', '.join(absent)} not in this experiment")]
-    seeds = list(seeds)
+        return [Row(claim, claim.id, note=f"not measured: no run of {', '.join(absent)} in this experiment")]
+    seeds = sorted(set(runs[claim.recipe]) & set(runs[claim.baseline]))
+    if not seeds:
+        return [Row(claim, claim.id, note=f"not measured: {claim.recipe} (seeds {list(runs[claim.recipe])}) and "
+                                          f"{claim.baseline} (seeds {list(runs[claim.baseline])}) share no seed")]
     if claim.measure == "final_loss":
         return final_loss(claim, root, seeds)
     if claim.measure == "heldout_nll":
@@ -447,11 +452,12 @@ class TargetRow:
         return None if not self.losses or any(v is None for v in self.losses) else float(np.mean(self.losses))
 
 
-def target_rows(root: Path, recipes, seeds) -> list[TargetRow]:
-    """The rows of the automatic-T section: each of ``TARGET_RECIPES`` in ``recipes``, from its
-    runs' telemetry and final-window losses under ``root`` (results/<exp>)."""
+def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]:
+    """The rows of the automatic-T section: each of ``TARGET_RECIPES`` in ``runs`` (recipe ->
+    seeds), from its runs' telemetry and final-window losses under ``root`` (results/<exp>)."""
     rows = []
-    for recipe in (r for r in TARGET_RECIPES if r in recipes):
+    for recipe in (r for r in TARGET_RECIPES if runs.get(r)):
+        seeds = runs[recipe]
         events: dict[str, dict[str, list[tuple[int, int]]]] = {c: {e: [] for e in EVENTS} for c in OPERAND_CLASSES}
         targets: dict[str, list[float] | None] = {c: [] for c in OPERAND_CLASSES}
         losses, missing = [], []
@@ -522,15 +528,15 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
     return lines
 
 
-def target_section(root: Path, recipes, seeds) -> list[str]:
+def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     """The report's section "Beyond the paper: an automatic target T" (Markdown lines), or none
-    when fewer than two of ``TARGET_RECIPES`` are in ``recipes``. Measurements, no verdicts: the
-    paper makes no claim about an automatic T."""
-    present = [r for r in TARGET_RECIPES if r in recipes]
+    when fewer than two of ``TARGET_RECIPES`` have runs in ``runs`` (recipe -> seeds).
+    Measurements, no verdicts: the paper makes no claim about an automatic T."""
+    present = [r for r in TARGET_RECIPES if runs.get(r)]
     if len(present) < 2:
         return []
-    seeds = list(seeds)
-    rows = target_rows(Path(root), recipes, seeds)
+    seeds = sorted({len(runs[r]) for r in present})
+    rows = target_rows(Path(root), runs)
     classes = list(OPERAND_CLASSES)
     short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
     head = (["recipe"] + [f"{e} {short[c]}" for e in EVENTS for c in classes] + ["final-window loss"]
@@ -543,7 +549,7 @@ def target_section(root: Path, recipes, seeds) -> list[str]:
              "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
              "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
              "gradients: dgrad.dy, wgrad.dy"
-             + (f"; the mean over {len(seeds)} seeds" if len(seeds) > 1 else "; one seed")
+             + ("; one seed" if seeds == [1] else f"; the mean over each recipe's seeds ({'/'.join(map(str, seeds))})")
              + ". T: the range of the target T recorded in the run's telemetry per class. No verdicts: "
                "measurements only.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -569,16 +575,28 @@ def _signed(row: Row, value: float) -> str:
     return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
 
 
+def runs_text(runs: dict[str, tuple[int, ...]], planned: dict[str, tuple[int, ...]]) -> str:
+    """The seeds of each recipe's runs, and the planned runs that are not there (an imported
+    experiment's runs arrive a few at a time)."""
+    text = "seeds " + "; ".join(f"{recipe} {', '.join(map(str, seeds))}" for recipe, seeds in runs.items())
+    missing = [f"{recipe} seed {seed}" for recipe, seeds in planned.items() for seed in seeds
+               if seed not in runs.get(recipe, ())]
+    if missing:
+        total = sum(map(len, planned.values()))
+        text += f" ({total - len(missing)} of {total} planned runs; not there yet: {', '.join(missing)})"
+    return text
+
+
 def render(paper: dict, rows: list[Row], exp, scale: str, figures: list[Path], out: Path,
-           beyond: list[str] = (), diverged: list[str] = ()) -> str:
+           beyond: list[str] = (), diverged: list[str] = (), runs: str = "") -> str:
     """The report as Markdown (figure links relative to the report's folder); ``beyond``: the lines
     of sections beyond the paper's claims (``target_section``), after the claims; ``diverged``: the
-    runs whose loss became non-finite (``_divergences``), results in their own right."""
-    seeds = len(exp.train.seeds)
+    runs whose loss became non-finite (``_divergences``), results in their own right; ``runs``:
+    which runs it reads (``runs_text``)."""
     lines = [f"# Reproduction report: {paper['title']}", "",
              f"Generated by `fp4repro report` from experiment `{exp.name}`; rerun the workflow to refresh it.", "",
              f"- **Paper's scale:** {paper['scale']}.",
-             f"- **This run's scale:** {scale}; {seeds} seed(s) per recipe.",
+             f"- **This run's scale:** {scale}; {runs}.",
              "- **Reading it:** *difference* is recipe − baseline on paired units (the same seeds, batches, "
              "documents, items) with its 95% interval; *MDE* is the smallest true difference the test would "
              "detect (80% power, 5% level). *reproduced*: the interval lies wholly on the paper's side of 0; "
@@ -636,11 +654,12 @@ def write_report(study, claims: str | Path, out: str | Path, results: str | Path
     root = Path(results) / study.name
     exp = study.experiment
     blend = dict(exp.train.stages[-1].blend)
-    rows = [row for claim in claim_list
-            for row in measure(claim, root, list(study.recipes), exp.train.seeds, blend, study.model.name)]
+    runs = study_runs(study, results)
+    rows = [row for claim in claim_list for row in measure(claim, root, runs, blend, study.model.name)]
     out = Path(out)
-    beyond = target_section(root, list(study.recipes), exp.train.seeds)
-    diverged = _divergences(root, list(study.recipes), exp.train.seeds)
-    text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out, beyond, diverged)
+    beyond = target_section(root, runs)
+    diverged = _divergences(root, runs)
+    text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out, beyond, diverged,
+                  runs_text(runs, study.runs))
     atomic_write_text(out, text)
     return rows

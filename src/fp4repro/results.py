@@ -36,6 +36,19 @@ def eval_dir(results: Path, experiment: str, recipe: str, seed: int) -> Path:
     return Path(results) / experiment / "eval" / recipe / f"seed{seed}"
 
 
+def study_runs(study, results: str | Path = "results") -> dict[str, tuple[int, ...]]:
+    """The runs (recipe -> seeds) that the workflow plans and the report reads: every recipe of
+    ``study`` with its seeds, or, for an imported experiment (runs made elsewhere, committed a few
+    at a time), those whose training table is under ``results``; a recipe with none is left out.
+    ``fp4repro inventory`` lists the rest as missing, and so does the report."""
+    planned = study.runs
+    if not study.experiment.imported:
+        return planned
+    present = {recipe: tuple(s for s in seeds if (run_dir(results, study.name, recipe, s) / "metrics.parquet").is_file())
+               for recipe, seeds in planned.items()}
+    return {recipe: seeds for recipe, seeds in present.items() if seeds}
+
+
 def run_of(path: Path) -> tuple[str, int] | None:
     """(recipe, seed) of a file in a run's or an evaluation's folder (``.../<recipe>/seed<seed>/file``),
     or None when the path does not follow the layout."""

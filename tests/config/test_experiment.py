@@ -68,6 +68,11 @@ BAD = {
     "unknown tp_amax": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tp_amax: rank}"),
                         "parallel.tp_amax", "'rank' is not one of"),
     "unknown parallel field": (("model: tiny", "model: tiny\nparallel: {global_batch: 8}"), "parallel", "global_batch"),
+    "fewer seeds for a recipe not studied": (("  batch_size: 4", "  batch_size: 4\n  recipe_seeds: {nvfp4: [0]}"),
+                                             "train.recipe_seeds.nvfp4", "not one of the experiment's recipes"),
+    "fewer seeds that are not the study's": (
+        ("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [3]}"),
+        "train.recipe_seeds.bf16", "a subset of train.seeds [0, 1, 2]"),
 }
 
 
@@ -114,3 +119,11 @@ def test_recipe_names_must_differ(tmp_path):
         load_study(_write(tmp_path, BASE), add_recipes=[str(twin)])
     assert list(load_study(_write(tmp_path, BASE), add_recipes=["ue5m3_t2048"]).recipes) == \
         ["bf16", "ue5m3", "ue5m3_t2048"]
+
+
+
+def test_recipe_seeds_give_named_recipes_fewer_runs(tmp_path):
+    p = _write(tmp_path, BASE.replace("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [2]}"))
+    study = load_study(p)
+    assert study.seeds_of("bf16") == (2,) and study.seeds_of("ue5m3") == (0, 1, 2)
+    assert study.runs == {"bf16": (2,), "ue5m3": (0, 1, 2)}

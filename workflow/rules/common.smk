@@ -11,6 +11,7 @@ from fp4repro.config.model import model_config_path
 from fp4repro.config.recipe import recipe_chain
 from fp4repro.config.study import load_study
 from fp4repro.errors import ConfigError
+from fp4repro.results import study_runs
 from fp4repro.plots.catalog import CATALOG
 from fp4repro.bench.device import throughput_here
 from fp4repro.results import throughput_files
@@ -30,8 +31,10 @@ except ConfigError as err:  # file, field, value, what is allowed
 
 EXP = STUDY.experiment
 RECIPES = list(STUDY.recipes)  # recipe names: they name the result folders
-SEEDS = list(EXP.train.seeds)  # one run per recipe and seed; the same seed gives every recipe the same batches
 RESULTS = f"results/{EXP.name}"
+# recipe -> seeds: one run each; the same seed gives every recipe the same batches. Fewer seeds
+# where train.recipe_seeds says; for an imported experiment, the runs whose tables are committed.
+RUNS = study_runs(STUDY, "results")
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 # the body-throughput measurements under results/bench (`fp4repro bench throughput`): the throughput
 # figure and the report's throughput row read them. Where a GPU is visible to Snakemake, this
@@ -68,8 +71,8 @@ def recipe_files(wildcards):
 
 
 def per_run(pattern):
-    """``pattern`` for every run: each recipe with each seed."""
-    return expand(pattern, recipe=RECIPES, seed=SEEDS)
+    """``pattern`` for every run: each recipe with each of its seeds."""
+    return [pattern.format(recipe=recipe, seed=seed) for recipe, seeds in RUNS.items() for seed in seeds]
 
 
 def threads_of(rule_name):

@@ -98,6 +98,7 @@ class TrainConfig:
     batch_size: int
     stages: tuple[Stage, ...]
     seeds: tuple[int, ...] = (0,)               # one run per seed; a run's seed sets init and data order
+    recipe_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()   # (recipe as listed, its fewer seeds)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.02
@@ -216,8 +217,17 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         if abs(total - 1.0) > 1e-6:
             _fail(path, f"train.stages.{i}.blend", st["blend"], f"weights must sum to 1 (they sum to {total:g})")
         stages.append(Stage(name=st["name"], tokens=int(st["tokens"]), blend=tuple(sorted(st["blend"].items()))))
-    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in t.items() if k != "stages"}
-    train = TrainConfig(stages=tuple(stages), **kwargs)
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in t.items() if k not in ("stages", "recipe_seeds")}
+    recipe_seeds = t.get("recipe_seeds", {})
+    for recipe, seeds in recipe_seeds.items():
+        if recipe not in raw["recipes"]:
+            _fail(path, f"train.recipe_seeds.{recipe}", seeds, f"not one of the experiment's recipes {raw['recipes']}")
+        if not set(seeds) <= set(kwargs.get("seeds", TrainConfig.seeds)):
+            _fail(path, f"train.recipe_seeds.{recipe}", seeds,
+                  f"a subset of train.seeds {list(kwargs.get('seeds', TrainConfig.seeds))}, so that every run "
+                  "has partners on the same seed")
+    train = TrainConfig(stages=tuple(stages), recipe_seeds=tuple((r, tuple(s)) for r, s in recipe_seeds.items()),
+                        **kwargs)
     if train.warmup_fraction + train.decay_fraction > 1:
         _fail(path, "train.warmup_fraction", train.warmup_fraction,
               f"warmup_fraction + decay_fraction must be <= 1 (decay_fraction is {train.decay_fraction})")

@@ -38,6 +38,17 @@ class Study:
         the embedding and LM head, never quantized, aside)."""
         return self.recipe(name).bf16_layers(self.model.n_layers, self.model.layer_linears)
 
+    def seeds_of(self, name: str) -> tuple[int, ...]:
+        """The seeds recipe ``name`` runs with: ``train.seeds``, or the fewer that
+        ``train.recipe_seeds`` gives it (keyed by the recipe as the experiment lists it)."""
+        fewer = dict(self.experiment.train.recipe_seeds)
+        return fewer.get(self.references.get(name, name), self.experiment.train.seeds)
+
+    @property
+    def runs(self) -> dict[str, tuple[int, ...]]:
+        """Every run of the study: recipe name -> its seeds."""
+        return {name: self.seeds_of(name) for name in self.recipes}
+
     def recipe(self, name: str) -> Recipe:
         """One of the study's recipes by name."""
         if name not in self.recipes:
