@@ -237,3 +237,23 @@ def test_imported_results_rebuild_figures_and_report_without_data_training_or_ev
     (work / "paper/smoke/report.md").unlink()
     proc = snakemake(work, "-n", "--config", "experiment=smoke", check=False)
     assert proc.returncode != 0 and "results/smoke/eval/ue5m3/seed0/nll.parquet" in proc.stdout + proc.stderr
+
+
+def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, tmp_path):
+    """results/small/ holds runs made on H200s: on a CPU the DAG draws from them and trains nothing,
+    and the committed manifest lists exactly the runs whose tables are there."""
+    from fp4repro.cli import main
+
+    work = tmp_path / "small"
+    shutil.copytree(REPO / "results/small", work / "results/small")
+    shutil.copytree(REPO / "results/bench", work / "results/bench")
+    plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=small"))
+    assert plan == {"figure_loss": 1, "figure_nll": 1, "figure_downstream": 1, "figure_telemetry": 1,
+                    "figure_target": 1, "figure_throughput": 1, "report": 1, "all": 1}
+    assert main(["inventory", "--experiment", "small", "--results", str(work / "results"),
+                 "--out", str(tmp_path / "runs.json")]) == 0
+    listed = json.loads((REPO / "results/small/runs.json").read_text())
+    found = json.loads((tmp_path / "runs.json").read_text())
+    assert [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in found["runs"]] == \
+           [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in listed["runs"]]
+    assert len(found["corpora"]) == 1 and found["runs"]
