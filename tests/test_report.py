@@ -550,3 +550,30 @@ def test_a_diverged_run_is_named_and_not_paired(tmp_path, monkeypatch):
         (row,) = rows_of(claim, results)
         assert row.comparison is None
         assert row.note == "not paired: ue5m3 seed 0 diverged at step 37 (its telemetry holds the failing step)"
+
+
+def _phase_telemetry(results: Path, recipe: str, seed: int, fresh: int, held: int | None) -> None:
+    """dgrad.dy of one layer over 6 steps: ``fresh`` underflowed blocks of 1000 at refresh steps
+    (0 and 3), ``held`` at the steps between (current scaling, ``held`` None: every step fresh)."""
+    rows = [{"step": s, "layer": "layers.0.mixer.in_proj", "operand": "dgrad.dy",
+             "steps_since_refresh": 0 if held is None else s % 3, "blocks": 1000, "saturated_blocks": 0,
+             "underflow_blocks": fresh if held is None or s % 3 == 0 else held, "nonzero_elements": 100,
+             "clipped_elements": 0} for s in range(6)]
+    folder = run_dir(results, "tiny", recipe, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(folder / "telemetry.parquet")
+
+
+def test_event_rates_by_operand_and_refresh_phase(tmp_path):
+    from fp4repro.report import phase_section
+
+    results = tmp_path / "results"
+    _phase_telemetry(results, "nvfp4", 0, fresh=2, held=None)
+    _phase_telemetry(results, "ue5m3", 0, fresh=1, held=4)
+    _phase_telemetry(results, "ue5m3", 1, fresh=1, held=6)
+    lines = phase_section(results / "tiny", {"bf16": (0,), "nvfp4": (0,), "ue5m3": (0, 1)})
+    underflow = lines[lines.index("**underflow**") + 2:]
+    assert underflow[0] == "| operand | nvfp4 (current amax) | ue5m3 fresh | ue5m3 held |"
+    assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 5.000e-03 |" in underflow[:8]   # held: (4 + 6) / 2 per 1000
+    assert "| fprop.x | – | – | – |" in underflow[:8]
+    assert phase_section(results / "tiny", {"bf16": (0,)}) == []

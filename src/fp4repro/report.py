@@ -34,11 +34,11 @@ import pandas as pd
 
 from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_field
 from fp4repro.errors import FP4ReproError
-from fp4repro.results import study_runs
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
                               eval_dir, event_rates, last_checkpoint, read_json, read_table, read_throughput,
-                              run_dir, table_provenance, throughput_files, void_column, with_operand_class)
+                              run_dir, study_runs, table_provenance, throughput_files, void_column,
+                              with_operand_class)
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison, seed_level
 from fp4repro.util import atomic_write_text
@@ -418,6 +418,61 @@ def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: d
     return telemetry(claim, root, seeds)      # the claims schema allows no other measure
 
 
+# ------------------------------------------------------------ events by operand and refresh phase
+
+OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
+
+
+def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, pd.DataFrame]:
+    """recipe -> event rates (``EVENTS``) per operand and phase, the mean over the recipe's seeds
+    of each run's count / units over every layer and recorded step. Phase "fresh": a step whose
+    held amax was sampled at that step (and every step of current scaling); "held": the steps
+    between refreshes, quantized with an amax from before. Recipes without telemetry rows (BF16)
+    or files are left out."""
+    found = {}
+    for recipe, seeds in runs.items():
+        per_seed = []
+        for seed in seeds:
+            path = run_dir(root.parent, root.name, recipe, seed) / "telemetry.parquet"
+            if not path.is_file():
+                continue
+            table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+            if len(table):
+                table = table.assign(phase=np.where(table["steps_since_refresh"] > 0, "held", "fresh"))
+                per_seed.append(event_rates(table, ["operand", "phase"]).set_index(["operand", "phase"])[list(EVENTS)])
+        if per_seed:
+            found[recipe] = pd.concat(per_seed).groupby(level=[0, 1]).mean()
+    return found
+
+
+def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
+    """The report's section "Quantization events by operand and refresh phase" (Markdown lines):
+    one table per event, a row per GEMM operand, a column per recipe and phase (``phase_rates``);
+    none without telemetry. The T = 2048 claims above compare dY's rates summed over phases; this
+    is where they come from, and where the other operands and the held amax's share show."""
+    rates = phase_rates(Path(root), runs)
+    if not rates:
+        return []
+    columns = [(recipe, phase) for recipe, table in rates.items()
+               for phase in ("fresh", "held") if phase in table.index.get_level_values("phase")]
+    held = {recipe for recipe, phase in columns if phase == "held"}
+    head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
+    seeds = sorted({len(runs[r]) for r in rates})
+    lines = ["", "## Quantization events by operand and refresh phase", "",
+             "Rates over every layer and recorded step of each run ("
+             + ("one seed" if seeds == [1] else f"the mean over each recipe's seeds, {'/'.join(map(str, seeds))}")
+             + "): underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
+             "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
+             "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
+             "the table above."]
+    for event in EVENTS:
+        lines += ["", f"**{event}**", "", "| operand | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        for operand in OPERANDS:
+            cells = [_rate_text(float(rates[r][event].get((operand, p), math.nan))) for r, p in columns]
+            lines.append(f"| {operand} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # ------------------------------------------------------------------- beyond the paper: automatic T
 
 # the recipes the section compares: T = 448, T = 2048 on dY, T = 8192, automatic T
@@ -657,7 +712,7 @@ def write_report(study, claims: str | Path, out: str | Path, results: str | Path
     runs = study_runs(study, results)
     rows = [row for claim in claim_list for row in measure(claim, root, runs, blend, study.model.name)]
     out = Path(out)
-    beyond = target_section(root, runs)
+    beyond = phase_section(root, runs) + target_section(root, runs)
     diverged = _divergences(root, runs)
     text = render(paper, rows, study.experiment, run_scale(study), [Path(f) for f in figures], out, beyond, diverged,
                   runs_text(runs, study.runs))
