@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One run of an experiment on one offline GPU machine, without Snakemake: data preparation (once
+# per DATA folder), training, evaluation of its checkpoints, then an archive of the run's tables
+# (metrics, telemetry, evaluation; no checkpoints) to commit under results/<experiment>/ and read
+# in imported mode (`imported: true`; then `fp4repro inventory --experiment NAME`).
+#
+# Usage: scripts/gpu_run.sh EXPERIMENT RECIPE SEED [OUT_DIR]
+#   WHEELS=DIR   install DIR/*.whl first (scripts/prepare_gpu_wheels.sh) into SITE (default
+#                /tmp/fp4repro-site), put first on PYTHONPATH; skipped when SITE was installed already
+#   DATA=DIR     prepared data (default /tmp/fp4repro-data/EXPERIMENT): reused when its manifest is there
+# OUT_DIR (default /tmp/fp4repro-runs/EXPERIMENT) gets run_RECIPE_SEED.tgz, phases.txt (seconds per phase)
+# and the logs. Progress bars are off: each phase's log ends with its summary.
+set -uo pipefail
+
+if [ $# -lt 3 ]; then
+    sed -n '2,12p' "$0" >&2
+    exit 2
+fi
+experiment=$1 recipe=$2 seed=$3
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+out="${4:-/tmp/fp4repro-runs/$experiment}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
+data="${DATA:-/tmp/fp4repro-data/$experiment}"
+site="${SITE:-/tmp/fp4repro-site}"
+start=$(date +%s)
+phase() { echo "$(( $(date +%s) - start )) s  $*" | tee -a "$out/phases.txt"; }
+
+if [ -n "${WHEELS:-}" ] && [ ! -f "$site/.installed" ]; then
+    python -m pip install --quiet --no-deps --target "$site" "$WHEELS"/*.whl > "$out/pip.log" 2>&1 \
+        || { echo "installing $WHEELS/*.whl failed: see $out/pip.log" >&2; exit 1; }
+    touch "$site/.installed"
+fi
+export PYTHONPATH="${WHEELS:+$site:}$repo/src${PYTHONPATH:+:$PYTHONPATH}"
+fp4repro() { python -c 'import sys; from fp4repro.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+cd "$repo"
+phase "start: $experiment $recipe seed $seed, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+
+if [ ! -f "$data/manifest.json" ]; then
+    fp4repro prepare-data --experiment "$experiment" --out "$data" > "$out/prepare_$experiment.log" 2>&1 \
+        || { phase "data preparation failed: $out/prepare_$experiment.log"; exit 1; }
+    phase "data prepared in $data"
+fi
+fp4repro train --experiment "$experiment" --recipe "$recipe" --seed "$seed" --data "$data" --quiet \
+    > "$out/train_${recipe}_$seed.log" 2>&1
+trained=$?
+phase "training ended (exit $trained)"
+fp4repro evaluate --experiment "$experiment" --recipe "$recipe" --seed "$seed" --data "$data" --quiet \
+    > "$out/eval_${recipe}_$seed.log" 2>&1
+phase "evaluation ended (exit $?)"
+# the run's tables only: its checkpoints and resume states stay (runs/ holds them)
+tables=$(cd "$repo" && find "results/$experiment/train/$recipe/seed$seed" "results/$experiment/eval/$recipe/seed$seed" \
+         -path '*/runs' -prune -o -type f -print 2>/dev/null)
+tar czf "$out/run_${recipe}_$seed.tgz" -C "$repo" $tables
+phase "packed $(echo "$tables" | wc -w) files into $out/run_${recipe}_$seed.tgz"
