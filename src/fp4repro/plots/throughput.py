@@ -79,9 +79,9 @@ def _panel(ax, entry: dict, column: str) -> None:
     if measured is None or void:
         reason = void or entry.get("not_measured", {}).get(column.split("_")[0] if column.startswith("projection")
                                                            else column, "not measured")
-        ax.text(0.5, 0.5, textwrap.fill(reason, 28), ha="center", va="center", fontsize=9, transform=ax.transAxes)
+        ax.text(0.5, 0.5, textwrap.fill(reason, 90), ha="center", va="center", fontsize=9, transform=ax.transAxes)
         ax.set_xticks([]), ax.set_yticks([])
-        ax.set_title(textwrap.fill(COLUMNS.get(column, column), 24), fontsize=10)
+        ax.set_title(COLUMNS.get(column, column), fontsize=10)
         return
     rows = measured["recipes"]
     names = ordered(rows, THROUGHPUT_ABLATION)
@@ -103,15 +103,16 @@ def _panel(ax, entry: dict, column: str) -> None:
     else:
         everything = [r["tokens_per_s"] for name, c in entry["columns"].items()
                       if not name.startswith("projection") and not void_column(name, c) for r in c["recipes"].values()]
-    ax.set_xlim(0.9 * min(everything), 1.06 * max(everything))
+    # room on the right for the labels, which a projection's whiskers push further out
+    ax.set_xlim(0.9 * min(everything), (1.2 if column.startswith("projection") else 1.06) * max(everything))
     ax.set_xlabel("body tokens/s (axis does not start at 0)")
     if "bf16" in rows:
-        for yi, n, v in zip(y, names, values):
-            ax.annotate(f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)", (v, yi),
+        for yi, n, v, whisker in zip(y, names, values, high):   # beside the whisker, not over it
+            ax.annotate(f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)", (v + whisker, yi),
                         xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     both = measured["effects"].get("both")
     title = _title(entry, column, measured)
-    title = textwrap.fill(title, 48) if column.startswith("projection") else title
+    title = textwrap.fill(title, 100) if column.startswith("projection") else title
     if both is not None:
         title += f"\nremoving RHT + BF16 tail: x{both['speedup']:.3f} [{both['ci_low']:.3f}, {both['ci_high']:.3f}]"
     ax.set_title(title, fontsize=10)
@@ -135,14 +136,15 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
         save(fig, out_png)
         return fig
     columns = columns_of(entries)
-    widths = [3 if any(c in e["columns"] for e in entries) else 1.2 for c in columns]
-    fig, axes = plt.subplots(len(entries), len(columns), figsize=(2.6 * sum(widths), 3.8 * len(entries)),
-                             squeeze=False, gridspec_kw={"width_ratios": widths})
-    for row, entry in zip(axes, entries):
-        for ax, column in zip(row, columns):
+    # one panel per row and kind of measurement, one column per shape: wide bars, readable labels
+    heights = [3.2 if any(c in e["columns"] for e in entries) else 1.1 for c in columns]
+    fig, axes = plt.subplots(len(columns), len(entries), figsize=(9.5 * len(entries), sum(heights) + 0.8),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    for panels, entry in zip(axes.T, entries):
+        for ax, column in zip(panels, columns):
             _panel(ax, entry, column)
-        row[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
-                          f"tokens, median of {entry['steps']} {_timed_as(entry)}")
+        panels[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
+                             f"tokens, median of {entry['steps']} {_timed_as(entry)}")
     fig.suptitle(f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)", fontsize=11)
     fig.tight_layout()
     save(fig, out_png)
