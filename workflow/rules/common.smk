@@ -11,10 +11,9 @@ from fp4repro.config.model import model_config_path
 from fp4repro.config.recipe import recipe_chain
 from fp4repro.config.study import load_study
 from fp4repro.errors import ConfigError
-from fp4repro.results import study_runs
 from fp4repro.plots.catalog import CATALOG
 from fp4repro.bench.device import throughput_here
-from fp4repro.results import throughput_files
+from fp4repro.results import study_runs, throughput_files
 
 FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry, target: one rule each
 
