@@ -4,7 +4,7 @@
 # (metrics, telemetry, evaluation; no checkpoints) to commit under results/<experiment>/ and read
 # in imported mode (`imported: true`; then `fp4repro inventory --experiment NAME`).
 #
-# Usage: scripts/gpu_run.sh EXPERIMENT RECIPE SEED [OUT_DIR]
+# Usage: scripts/gpu_run.sh EXPERIMENT RECIPE SEED [OUT_DIR]     (EXPERIMENT and RECIPE by name)
 #   WHEELS=DIR   install DIR/*.whl first (scripts/prepare_gpu_wheels.sh) into SITE (default
 #                /tmp/fp4repro-site), put first on PYTHONPATH; skipped when SITE was installed already
 #   DATA=DIR     prepared data (default /tmp/fp4repro-data/EXPERIMENT): reused when its manifest is there
@@ -44,11 +44,19 @@ fp4repro train --experiment "$experiment" --recipe "$recipe" --seed "$seed" --da
     > "$out/train_${recipe}_$seed.log" 2>&1
 trained=$?
 phase "training ended (exit $trained)"
+# a diverged run (training exits non-zero) is still evaluated: its tables are a result
 fp4repro evaluate --experiment "$experiment" --recipe "$recipe" --seed "$seed" --data "$data" --quiet \
     > "$out/eval_${recipe}_$seed.log" 2>&1
-phase "evaluation ended (exit $?)"
+evaluated=$?
+phase "evaluation ended (exit $evaluated)"
 # the run's tables only: its checkpoints and resume states stay (runs/ holds them)
-tables=$(cd "$repo" && find "results/$experiment/train/$recipe/seed$seed" "results/$experiment/eval/$recipe/seed$seed" \
-         -path '*/runs' -prune -o -type f -print 2>/dev/null)
-tar czf "$out/run_${recipe}_$seed.tgz" -C "$repo" $tables
-phase "packed $(echo "$tables" | wc -w) files into $out/run_${recipe}_$seed.tgz"
+list="$out/run_${recipe}_$seed.files"
+find "results/$experiment/train/$recipe/seed$seed" "results/$experiment/eval/$recipe/seed$seed" \
+    -path '*/runs' -prune -o -type f -print > "$list" 2>/dev/null
+if [ -s "$list" ] && tar czf "$out/run_${recipe}_$seed.tgz" -T "$list"; then
+    phase "packed $(wc -l < "$list") files into $out/run_${recipe}_$seed.tgz"
+else
+    phase "nothing packed: no tables under results/$experiment for $recipe seed $seed"
+    exit 1
+fi
+exit $(( trained != 0 || evaluated != 0 ))

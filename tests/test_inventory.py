@@ -46,8 +46,11 @@ def test_an_imported_study_reads_the_runs_that_are_there_and_a_run_study_plans_t
 
     results = tmp_path / "results"
     study = load_study("tiny")
-    _metrics(results, "ue5m3", 0, 10)
-    _metrics(results, "bf16", 0, 10)
+    for recipe in ("ue5m3", "bf16", "nvfp4"):
+        _metrics(results, recipe, 0, 10)
+    for recipe in ("ue5m3", "bf16"):                      # nvfp4: trained, not evaluated yet
+        eval_dir(results, "tiny", recipe, 0).mkdir(parents=True)
+        (eval_dir(results, "tiny", recipe, 0) / "final_loss.json").write_text("{}")
     assert study_runs(study, results) == dict.fromkeys(study.recipes, (0,))
     imported = replace(study, experiment=replace(study.experiment, imported=True))
     assert study_runs(imported, results) == {"bf16": (0,), "ue5m3": (0,)}

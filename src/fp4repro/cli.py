@@ -178,7 +178,7 @@ def _cmd_train(args) -> int:
     recipe = _recipe_name(study, args.recipe)
     from fp4repro.results import run_dir
 
-    seed = exp.train.seeds[0] if args.seed is None else args.seed
+    seed = study.seeds_of(recipe)[0] if args.seed is None else args.seed
     data = Path(args.data or f"results/{exp.name}/data")
     out = Path(args.out or run_dir("results", exp.name, recipe, seed))
     train(study, recipe, data, out, seed=seed, device=args.device, progress=not args.quiet,

@@ -633,7 +633,8 @@ def _signed(row: Row, value: float) -> str:
 def runs_text(runs: dict[str, tuple[int, ...]], planned: dict[str, tuple[int, ...]]) -> str:
     """The seeds of each recipe's runs, and the planned runs that are not there (an imported
     experiment's runs arrive a few at a time)."""
-    text = "seeds " + "; ".join(f"{recipe} {', '.join(map(str, seeds))}" for recipe, seeds in runs.items())
+    text = ("seeds " + "; ".join(f"{recipe} {', '.join(map(str, seeds))}" for recipe, seeds in runs.items())
+            if runs else "no runs yet")
     missing = [f"{recipe} seed {seed}" for recipe, seeds in planned.items() for seed in seeds
                if seed not in runs.get(recipe, ())]
     if missing:

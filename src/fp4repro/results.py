@@ -39,13 +39,17 @@ def eval_dir(results: Path, experiment: str, recipe: str, seed: int) -> Path:
 def study_runs(study, results: str | Path = "results") -> dict[str, tuple[int, ...]]:
     """The runs (recipe -> seeds) that the workflow plans and the report reads: every recipe of
     ``study`` with its seeds, or, for an imported experiment (runs made elsewhere, committed a few
-    at a time), those whose training table is under ``results``; a recipe with none is left out.
+    at a time), those whose training and evaluation tables are under ``results``; a recipe with none
+    is left out.
     ``fp4repro inventory`` lists the rest as missing, and so does the report."""
     planned = study.runs
     if not study.experiment.imported:
         return planned
-    present = {recipe: tuple(s for s in seeds if (run_dir(results, study.name, recipe, s) / "metrics.parquet").is_file())
-               for recipe, seeds in planned.items()}
+    def there(recipe, seed):   # trained and evaluated (a missing table beyond these is named by the DAG)
+        return ((run_dir(results, study.name, recipe, seed) / "metrics.parquet").is_file()
+                and (eval_dir(results, study.name, recipe, seed) / "final_loss.json").is_file())
+
+    present = {recipe: tuple(s for s in seeds if there(recipe, s)) for recipe, seeds in planned.items()}
     return {recipe: seeds for recipe, seeds in present.items() if seeds}
 
 

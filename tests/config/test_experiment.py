@@ -123,7 +123,7 @@ def test_recipe_names_must_differ(tmp_path):
 
 
 def test_recipe_seeds_give_named_recipes_fewer_runs(tmp_path):
-    p = _write(tmp_path, BASE.replace("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [2]}"))
+    p = _write(tmp_path, BASE.replace("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [2, 0]}"))
     study = load_study(p)
-    assert study.seeds_of("bf16") == (2,) and study.seeds_of("ue5m3") == (0, 1, 2)
-    assert study.runs == {"bf16": (2,), "ue5m3": (0, 1, 2)}
+    assert study.seeds_of("bf16") == (0, 2) and study.seeds_of("ue5m3") == (0, 1, 2)
+    assert study.runs == {"bf16": (0, 2), "ue5m3": (0, 1, 2)}

@@ -34,6 +34,10 @@ RESULTS = f"results/{EXP.name}"
 # recipe -> seeds: one run each; the same seed gives every recipe the same batches. Fewer seeds
 # where train.recipe_seeds says; for an imported experiment, the runs whose tables are committed.
 RUNS = study_runs(STUDY, "results")
+if EXP.imported and not RUNS:
+    raise WorkflowError(f"experiment {EXP.name} is imported (runs made elsewhere) but {RESULTS}/ holds no run's "
+                        "training and evaluation tables yet (train/<recipe>/seed<s>/metrics.parquet, "
+                        "eval/<recipe>/seed<s>/final_loss.json)")
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 # the body-throughput measurements under results/bench (`fp4repro bench throughput`): the throughput
 # figure and the report's throughput row read them. Where a GPU is visible to Snakemake, this

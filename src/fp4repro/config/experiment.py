@@ -226,7 +226,7 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
             _fail(path, f"train.recipe_seeds.{recipe}", seeds,
                   f"a subset of train.seeds {list(kwargs.get('seeds', TrainConfig.seeds))}, so that every run "
                   "has partners on the same seed")
-    train = TrainConfig(stages=tuple(stages), recipe_seeds=tuple((r, tuple(s)) for r, s in recipe_seeds.items()),
+    train = TrainConfig(stages=tuple(stages), recipe_seeds=tuple((r, tuple(sorted(s))) for r, s in recipe_seeds.items()),
                         **kwargs)
     if train.warmup_fraction + train.decay_fraction > 1:
         _fail(path, "train.warmup_fraction", train.warmup_fraction,

@@ -206,7 +206,7 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
     started = time.perf_counter()
     exp = study.experiment
     study.recipe(recipe)
-    seed = exp.train.seeds[0] if seed is None else int(seed)
+    seed = study.seeds_of(recipe)[0] if seed is None else int(seed)
     cfg = exp.eval
     paths = EvalPaths.of(Path(results), exp.name, recipe, seed, Path(data) if data else None)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

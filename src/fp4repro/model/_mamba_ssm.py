@@ -27,8 +27,13 @@ def register_selective_scan_stub() -> bool:
     """Put an empty ``selective_scan_cuda`` module in sys.modules if the real one cannot be imported.
 
     Returns True if the stub was registered. The real extension, when importable, is always left
-    in charge.
+    in charge. Called before every import of mamba-ssm (ours and megatron-core's), it also asks
+    Triton to keep autotuning results on disk: the scan kernels autotune over many configs at each
+    new shape, about 2 minutes in every new process on an H200 (each training and evaluation job),
+    and Triton reads the setting at decoration, i.e. at mamba-ssm's import. A
+    TRITON_CACHE_AUTOTUNING the user set still decides.
     """
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         importlib.import_module("selective_scan_cuda")
         return False
@@ -45,11 +50,6 @@ def load_mamba_ssm_kernels() -> MambaSSMKernels | None:
     if importlib.util.find_spec("mamba_ssm") is None:
         return None
     stubbed = register_selective_scan_stub()
-    # The scan kernels autotune over many configs at each new shape: about 2 minutes in every new
-    # process on an H200 (each training and evaluation job). Triton keeps the winners on disk beside
-    # the compiled kernels when asked, and reads that at decoration, i.e. at this import; a
-    # TRITON_CACHE_AUTOTUNING the user set still decides.
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined

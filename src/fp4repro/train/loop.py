@@ -170,7 +170,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     exp, t = study.experiment, study.experiment.train
-    seed = t.seeds[0] if seed is None else int(seed)
+    seed = study.seeds_of(recipe_name)[0] if seed is None else int(seed)
     out_dir = Path(out_dir)
 
     # ---- model, optimizer, schedule, data: all a function of the config and the seed
