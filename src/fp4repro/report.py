@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from fp4repro.config.files import claims_path, read_yaml, schema_error, schema_field
+from fp4repro.config.spec import OPERANDS
 from fp4repro.errors import FP4ReproError
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS,
                               NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS,
@@ -420,7 +421,10 @@ def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: d
 
 # ------------------------------------------------------------ events by operand and refresh phase
 
-OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
+def _seeds_text(runs: dict[str, tuple[int, ...]], recipes) -> str:
+    """How many seeds the means of ``recipes`` are over (a section's sentence)."""
+    counts = sorted({len(runs[r]) for r in recipes})
+    return "one seed" if counts == [1] else f"the mean over each recipe's seeds ({'/'.join(map(str, counts))})"
 
 
 def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, pd.DataFrame]:
@@ -457,17 +461,14 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
                for phase in ("fresh", "held") if phase in table.index.get_level_values("phase")]
     held = {recipe for recipe, phase in columns if phase == "held"}
     head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
-    seeds = sorted({len(runs[r]) for r in rates})
     lines = ["", "## Quantization events by operand and refresh phase", "",
-             "Rates over every layer and recorded step of each run ("
-             + ("one seed" if seeds == [1] else f"the mean over each recipe's seeds, {'/'.join(map(str, seeds))}")
-             + "): underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
+             f"Rates over every layer and recorded step of each run ({_seeds_text(runs, rates)}): underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
              "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
              "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
              "the table above."]
     for event in EVENTS:
         lines += ["", f"**{event}**", "", "| operand | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-        for operand in OPERANDS:
+        for operand in OPERANDS:   # fp4repro.config.spec's GEMM order
             cells = [_rate_text(float(rates[r][event].get((operand, p), math.nan))) for r, p in columns]
             lines.append(f"| {operand} | " + " | ".join(cells) + " |")
     return lines
@@ -590,7 +591,6 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     present = [r for r in TARGET_RECIPES if runs.get(r)]
     if len(present) < 2:
         return []
-    seeds = sorted({len(runs[r]) for r in present})
     rows = target_rows(Path(root), runs)
     classes = list(OPERAND_CLASSES)
     short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
@@ -604,7 +604,7 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
              "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
              "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
              "gradients: dgrad.dy, wgrad.dy"
-             + ("; one seed" if seeds == [1] else f"; the mean over each recipe's seeds ({'/'.join(map(str, seeds))})")
+             + f"; {_seeds_text(runs, present)}"
              + ". T: the range of the target T recorded in the run's telemetry per class. No verdicts: "
                "measurements only.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
