@@ -128,6 +128,8 @@ def test_outputs_of_a_finished_run(prepared):
     ckpts = sorted(run.ckpt.glob("step_*.pt"))
     assert len(ckpts) == 12 and done["checkpoints"] == [f"runs/{run.fingerprint}/ckpt/{p.name}" for p in ckpts]
     assert done["fingerprint"] == run.fingerprint and done["provenance"]["device"].startswith("cpu")
+    [recipe_file] = done["recipe_files"]                   # committed tables name no machine's path
+    assert recipe_file == "fp4repro/configs/recipes/nvfp4.yaml"
     assert table_provenance(out / "metrics.parquet")["packages"]["torch"] == torch.__version__
     m = pd.read_parquet(out / "metrics.parquet")
     assert list(m.columns) == ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
