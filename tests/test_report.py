@@ -577,3 +577,19 @@ def test_event_rates_by_operand_and_refresh_phase(tmp_path):
     assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 5.000e-03 |" in underflow[:8]   # held: (4 + 6) / 2 per 1000
     assert "| fprop.x | – | – | – |" in underflow[:8]
     assert phase_section(results / "tiny", {"bf16": (0,)}) == []
+
+
+def test_target_section_reads_every_recipe_on_the_seeds_they_all_have(tmp_path):
+    results = tmp_path / "results"
+    write_target_run(results, "ue5m3", 0, loss=0.25)
+    write_target_run(results, "ue5m3", 1, loss=0.75, scale={"gradients": 5.0})
+    write_target_run(results, "ue5m3_t2048", 0, loss=0.5)
+    lines = target_section(results / "tiny", {"ue5m3": (0, 1), "ue5m3_t2048": (0,)})
+    assert "seed 0, those every compared recipe has" in lines[3]
+    cells = section_table(lines)["ue5m3"]
+    seed0 = json.loads((eval_dir(results, "tiny", "ue5m3", 0) / "final_loss.json").read_text())["loss"]
+    assert cells["final-window loss"] == f"{seed0:.4f}"               # seed 1 (0.5 higher) left out
+    only_seed0 = target_section(results / "tiny", {"ue5m3": (0,), "ue5m3_t2048": (0,)})
+    assert section_table(only_seed0)["ue5m3"] == cells
+    apart = target_section(results / "tiny", {"ue5m3": (1,), "ue5m3_t2048": (0,)})
+    assert apart[-1] == "Not compared: these recipes share no seed (seeds: ue5m3 1; ue5m3_t2048 0)."
