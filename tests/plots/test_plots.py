@@ -266,8 +266,24 @@ def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path
         expected = seed_level([d.loc[step] for d in per_seed])
         ys = vertices[np.isclose(vertices[:, 0], step * TOKENS_PER_STEP), 1]
         assert ys.min() == pytest.approx(expected.low) and ys.max() == pytest.approx(expected.high)
-    assert "t-interval over 3 seeds" in axis(fig, "difference").get_title()
+    assert "t-interval of the smoothed differences over 3 seeds" in axis(fig, "difference").get_title()
 
+
+
+
+def test_final_window_panel_marks_each_seed(results_seeds, tmp_path):
+    fig = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
+    for recipe in ("nvfp4", "ue5m3"):
+        losses = [json.loads((results_seeds / f"eval/{recipe}/seed{s}/final_loss.json").read_text())["loss"]
+                  for s in (0, 1, 2)]
+        assert sorted(artist(axis(fig, "final"), f"seeds:{recipe}").get_xdata()) == pytest.approx(sorted(losses))
+
+def test_titles_say_whose_mean_is_over_how_many_seeds():
+    from fp4repro.plots.common import seed_counts
+
+    assert seed_counts({"ue5m3": 3, "nvfp4": 3}) == "3 seeds" and seed_counts({"ue5m3": 1}) == "1 seed"
+    assert seed_counts({"ue5m3_t2048": 1, "ue5m3": 2, "nvfp4": 1, "bf16": 1}) == \
+        "seeds (ue5m3: 2; bf16, nvfp4, ue5m3_t2048: 1)"
 
 def test_baseline_option(results, tmp_path):
     fig = plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png", baseline="ue5m3")

@@ -119,6 +119,20 @@ def t_band(per_seed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return mean, mean - half, mean + half
 
 
+def seed_counts(counts: dict[str, int]) -> str:
+    """How many seeds a figure's statistic is over, for its title (``counts``: name -> seeds):
+    "3 seeds" when every name has the same number, else the names grouped by their number,
+    "seeds (ue5m3: 2; bf16, nvfp4: 1)": a bare "1/2 seeds" would not say whose mean is whose."""
+    by_count: dict[int, list[str]] = {}
+    for name in ordered(counts):
+        by_count.setdefault(int(counts[name]), []).append(name)
+    if len(by_count) == 1:
+        (n,) = by_count
+        return f"{n} seed" + ("s" if n != 1 else "")
+    groups = sorted(by_count.items(), reverse=True)
+    return "seeds (" + "; ".join(f"{', '.join(names)}: {n}" for n, names in groups) + ")"
+
+
 def ordered(names, order: tuple[str, ...] = RECIPE_ORDER) -> list[str]:
     """``names`` in the study's order, unknown names after, alphabetically."""
     names = list(dict.fromkeys(names))

@@ -13,7 +13,8 @@ from matplotlib.ticker import FuncFormatter
 
 from fp4repro.paired import item_difference
 from fp4repro.plots.common import (POLICY_ORDER, PlotError, Run, by_run, choose_baseline, combine, ordered,
-                                   read_runs, read_table, recipe_colors, save, split_inputs, theme, tokens_formatter)
+                                   read_runs, read_table, recipe_colors, save, seed_counts, split_inputs, theme,
+                                   tokens_formatter)
 from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS
 from fp4repro.statistics import seed_level
 
@@ -158,7 +159,7 @@ def plot_downstream(inputs: list[Path], out_png: Path, baseline: str | None = No
     note = "" if behind.empty else ("\nlast checkpoint evaluated: " + ", ".join(
         f"{r}/{p} at {tokens_formatter(t)} tokens" for (r, p), t in behind.items()))
     seeds_note = "" if set(n_seeds) == {1} else \
-        f", mean over {'/'.join(map(str, sorted(set(n_seeds))))} seeds (dots: each seed)"
+        f", mean over {seed_counts(n_seeds.to_dict())} (dots: each seed)"
     top.suptitle(f"Downstream aggregates at the final checkpoint ({tokens_formatter(df['tokens'].max())} tokens)"
                  + seeds_note + note, fontsize=11)
     handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=r) for r in recipes]

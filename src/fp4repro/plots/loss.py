@@ -15,7 +15,7 @@ from matplotlib.ticker import FuncFormatter
 from fp4repro.paired import step_difference
 from fp4repro.plots.catalog import FIGURE_INPUTS
 from fp4repro.plots.common import (PlotError, Run, by_run, choose_baseline, ordered, read_json, read_table,
-                                   recipe_colors, save, split_inputs, t_band, theme, tokens_formatter)
+                                   recipe_colors, save, seed_counts, split_inputs, t_band, theme, tokens_formatter)
 from fp4repro.results import FINAL_LOSS_KEYS, METRICS_COLUMNS, experiment_of
 from fp4repro.statistics import Comparison, seed_level
 
@@ -156,6 +156,7 @@ def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = No
     dside = fig.add_subplot(grid[1, 1])
     ax.set_label("loss")
     dax.set_label("difference")
+    side.set_label("final")
     dside.set_label("final difference")
 
     for r in recipes:
@@ -199,8 +200,8 @@ def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = No
     ax.tick_params(labelbottom=True)
     ax.set_ylabel("training loss (nats/token)")
     n_seeds = sorted({len(v) for v in seeds.values()})
-    faint = "per step" if n_seeds == [1] else "per seed"
-    mean = "" if n_seeds == [1] else f", mean over {'/'.join(map(str, n_seeds))} seeds"
+    faint = "per step" if n_seeds == [1] else "per seed" + ("; per step with one seed" if 1 in n_seeds else "")
+    mean = "" if n_seeds == [1] else f", mean over {seed_counts({r: len(v) for r, v in seeds.items()})}"
     ax.set_title(f"Training loss: rolling mean over {n_smooth} steps{mean} (faint: {faint}); "
                  f"bars: mean over the final {window:.0%} of tokens", fontsize=10)
     ax.legend(loc="upper right", bbox_to_anchor=(1.0, 0.9), fontsize=9, title="recipe", title_fontsize=9)
@@ -212,6 +213,8 @@ def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = No
         err = (v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else finals[(r, seeds[r][0])].get("loss_stderr")
         err = err if err is not None and math.isfinite(err) else None
         side.errorbar(v.mean(), y, xerr=err, fmt="o", color=colors[r], capsize=4, ms=6)
+        if len(v) > 1:   # each seed: the seed-to-seed spread, which a recipe's difference must beat
+            side.plot(v, np.full(len(v), y), "|", color=colors[r], alpha=0.55, ms=11, gid=f"seeds:{r}")
         side.annotate(f"{v.mean():.3f}", (v.mean(), y), xytext=(0, 7), textcoords="offset points",
                       ha="center", va="bottom", fontsize=8.5)
     side.set_yticks(ys, recipes)
@@ -223,7 +226,8 @@ def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = No
         side.set_xlabel(f"final-window loss\n(mean ± stderr over {steps.pop()} steps)" if len(steps) == 1
                         else "final-window loss (mean ± stderr over steps)")
     else:
-        side.set_xlabel("final-window loss\n(mean ± stderr over seeds)")
+        one = " (over steps with one seed)" if 1 in n_seeds else ""
+        side.set_xlabel(f"final-window loss: mean ± stderr\nover seeds{one}; ticks: each seed")
     side.margins(x=0.25)
     side.grid(axis="y", visible=False)
 
@@ -274,7 +278,8 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
         band = "one seed: no interval per step"
         box = "box: final-window 95% interval, " + "; ".join(tests)
     else:
-        band = f"band: 95% t-interval over {'/'.join(map(str, n_seeds))} seeds of the smoothed differences"
+        band = (f"band: 95% t-interval of the smoothed differences over "
+                f"{seed_counts({f'{r} − {base}': len(d['seeds']) for r, d in diffs.items()})}")
         box = "box: final-window 95% interval, " + "; ".join(tests)
     ax.set_title(f"Paired difference recipe − {base} per step (same seed, same step = same batch), rolling mean "
                  f"over {n_smooth} steps\n{band}; {box}", fontsize=9.5)

@@ -16,7 +16,8 @@ from matplotlib.transforms import offset_copy
 
 from fp4repro.paired import document_difference
 from fp4repro.plots.common import (POLICY_ORDER, PlotError, Run, by_run, choose_baseline, combine, ordered,
-                                   read_runs, read_table, recipe_colors, save, split_inputs, theme, tokens_formatter)
+                                   read_runs, read_table, recipe_colors, save, seed_counts, split_inputs, theme,
+                                   tokens_formatter)
 from fp4repro.results import NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, experiment_of, last_checkpoint
 from fp4repro.statistics import Comparison, seed_level
 
@@ -188,11 +189,10 @@ def plot_nll(inputs: list[Path], out_png: Path, baseline: str | None = None, ble
             _draw_differences(fig, axes[-1][j], {r: diffs[(r, policy)] for r in others}, base, policy, colors,
                               resamples, j == 0)
     handles = [Line2D([], [], color=colors[r], marker="o", lw=1.5, label=r) for r in recipes]
-    seeds = "/".join(map(str, sorted(set(n_seeds))))
     fig.legend(handles=handles, loc="lower center", ncol=len(recipes), title="recipe (text: NLL at the last "
                "checkpoint evaluated)", bbox_to_anchor=(0.5, -0.01), fontsize=9, title_fontsize=9)
-    fig.suptitle("Held-out NLL per checkpoint" + ("" if seeds == "1" else f": mean over {seeds} seeds (faint: each)"),
-                 y=1.0)
+    mean = "" if set(n_seeds) == {1} else f": mean over {seed_counts(n_seeds.to_dict())} (faint: each)"
+    fig.suptitle("Held-out NLL per checkpoint" + mean, y=1.0)
     fig.tight_layout(rect=(0, 0.06 + 0.02 / n_rows, 1, 1))
     save(fig, out_png)
     return fig

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from fp4repro.errors import FP4ReproError
-from fp4repro.plots.common import combine, ordered, read_runs, recipe_colors, save, split_inputs, theme
+from fp4repro.plots.common import combine, ordered, read_runs, recipe_colors, save, seed_counts, split_inputs, theme
 from fp4repro.results import OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS, with_operand_class
 
 CLASS_TEXT = {cls: f"{cls} ({', '.join(ops)})" for cls, ops in OPERAND_CLASSES.items()}
@@ -162,8 +162,8 @@ def plot_target(inputs: list[Path], out_png: Path):
                              if any("*" in u for ts in references.values() for us in ts.values() for u in us) else "")))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=8.5)
     missing = f"; T not recorded for {', '.join(auto_unrecorded)}" if auto_unrecorded else ""
-    seeds = sorted(set(df[df["recipe"].isin(auto)].groupby("recipe")["seed"].nunique()))
-    over = "" if seeds == [1] else f" (pooled over {'/'.join(map(str, seeds))} seeds)"
+    seeds = df[df["recipe"].isin(auto)].groupby("recipe")["seed"].nunique()
+    over = "" if set(seeds) == {1} else f" (pooled over {seed_counts(seeds.to_dict())})"
     fig.suptitle("Automatic target T per operand class, chosen at each amax refresh" + over + missing, fontsize=11)
     save(fig, out_png)
     return fig

@@ -13,7 +13,8 @@ from matplotlib.lines import Line2D
 from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.transforms import offset_copy
 
-from fp4repro.plots.common import PlotError, combine, ordered, read_runs, recipe_colors, save, split_inputs, theme
+from fp4repro.plots.common import (PlotError, combine, ordered, read_runs, recipe_colors, save, seed_counts,
+                                   split_inputs, theme)
 from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, event_rates
 
 
@@ -93,7 +94,7 @@ def plot_telemetry(inputs: list[Path], out_png: Path):
     labels = {r: _label(r, int(n_linears[r])) for r in recipes}
     per_operand = mean_over_seeds(df, ["recipe", "operand"])
     by_step, by_phase = phase_rates(df)
-    n_seeds = sorted(set(df.groupby("recipe")["seed"].nunique()))
+    n_seeds = df.groupby("recipe")["seed"].nunique()
 
     theme()
     fig, axes = plt.subplots(2, len(EVENTS), figsize=(6.0 * len(EVENTS), 9.6), layout="constrained", squeeze=False)
@@ -106,7 +107,7 @@ def plot_telemetry(inputs: list[Path], out_png: Path):
     handles = [Line2D([], [], color=colors[r], marker="s", lw=0, ms=8, label=labels[r]) for r in recipes]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(recipes), 3), title="recipe",
                fontsize=9, title_fontsize=9)
-    seeds = "" if n_seeds == [1] else f"; mean over {'/'.join(map(str, n_seeds))} seeds"
+    seeds = "" if set(n_seeds) == {1} else f"; mean over {seed_counts(n_seeds.to_dict())}"
     fig.suptitle("Quantization telemetry: rate = events / units quantized (blocks; non-zero elements for clipping)"
                  + seeds, fontsize=11)
     save(fig, out_png)
@@ -145,7 +146,7 @@ def _operand_panel(ax, event: str, per_operand: pd.DataFrame, recipes, operands,
             else:
                 ax.text(x, limits[0] * 1.3, "0", ha="center", va="bottom", fontsize=8, color=colors[r],
                         fontweight="bold")
-    ax.set_xlabel("GEMM operand (numbers above bars: events)")
+    ax.set_xlabel("GEMM operand (numbers above bars: events, summed over the seeds)")
     ax.set_ylabel(EVENT_TEXT[event] + "\n(log scale; 0 written as '0')", fontsize=9)
 
 
