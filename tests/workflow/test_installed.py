@@ -86,4 +86,5 @@ def test_a_copied_workflow_runs_with_the_recipe_edited_in_its_folder(installed, 
     telemetry = pd.read_parquet(results / "train/ue5m3/seed0/telemetry.parquet")
     assert len(telemetry) and (telemetry["amax_ratio"] == 1.0).all()
     nvfp4 = json.loads((results / "train/nvfp4/seed0/done.json").read_text())      # a name not in ./configs:
-    assert nvfp4["recipe_files"] == ["fp4repro/configs/recipes/nvfp4.yaml"]           # the installed package's
+    assert nvfp4["recipe_files"] == ["fp4repro/configs/recipes/nvfp4.yaml"]           # the package's,
+    assert nvfp4["provenance"]["git_commit"] is None                                   # the installed one

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fp4repro.config.files import PACKAGED, find_config, read_yaml, schema_error, schema_field
+from fp4repro.config.files import PACKAGED, find_config, read_yaml, recorded_name, schema_error, schema_field
 from fp4repro.errors import ConfigError
 
 
@@ -52,12 +52,9 @@ class Devices:
 
     @property
     def shown_path(self) -> str:
-        """The file as a record names it: the packaged one by its place in the package, another
-        as it was given (no absolute path of this machine for the packaged defaults)."""
-        path = Path(self.path)
-        if path.resolve().is_relative_to(PACKAGED.resolve()):
-            return f"fp4repro/configs/{path.resolve().relative_to(PACKAGED.resolve())} (packaged)"
-        return str(path)
+        """The file as a record names it (``recorded_name``), "(packaged)" after a packaged one."""
+        name = recorded_name(self.path)
+        return f"{name} (packaged)" if Path(self.path).resolve().is_relative_to(PACKAGED) else name
 
 
 def load_devices(name_or_path: str | Path = "devices") -> Devices:

@@ -33,6 +33,20 @@ def search_roots() -> tuple[Path, ...]:
     return Path.cwd() / "configs", PACKAGED
 
 
+def recorded_name(path: str | Path) -> str:
+    """A config file as a record (done.json, a benchmark's JSON) names it, without this machine's
+    absolute paths where it can: a packaged file as ``fp4repro/configs/<kind>/<file>`` (its place
+    in any install), a file under the working directory relative to it (a study folder on any
+    machine), another by its resolved path."""
+    p = Path(path).resolve()
+    if p.is_relative_to(PACKAGED):
+        return f"fp4repro/configs/{p.relative_to(PACKAGED)}"
+    cwd = Path.cwd().resolve()
+    if p.is_relative_to(cwd) and cwd != Path(cwd.anchor):
+        return str(p.relative_to(cwd))
+    return str(p)
+
+
 def is_path(name_or_path: str | Path) -> bool:
     """Whether a config reference is a file path rather than a name."""
     text = str(name_or_path)

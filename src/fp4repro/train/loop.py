@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from fp4repro.config.files import PACKAGED
+from fp4repro.config.files import recorded_name
 from fp4repro.config.study import Study
 from fp4repro.data import RunSampler, load_manifest
 from fp4repro.errors import FP4ReproError
@@ -62,17 +62,6 @@ class NonFiniteLoss(FP4ReproError):
     def __init__(self, message: str, rows: list[dict] = ()):
         super().__init__(message)
         self.rows = list(rows)
-
-
-def _as_recorded(path: str | Path) -> str:
-    """A recipe file as done.json names it, without the machine's absolute path when it can: a
-    packaged recipe as ``fp4repro/configs/...`` (where it sits in any install), a user's file
-    relative to the working directory when it lies under it, any other file as given."""
-    p = Path(path).absolute()
-    for root in (PACKAGED.parent.parent, Path.cwd()):
-        if p.is_relative_to(root):
-            return str(p.relative_to(root))
-    return str(p)
 
 
 @dataclass(frozen=True)
@@ -237,7 +226,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
         if writer:
             write_json(out_dir / "done.json", {
                 "experiment": exp.name, "recipe": recipe.name, "seed": seed,
-                "recipe_files": [_as_recorded(f) for f in recipe.files],
+                "recipe_files": [recorded_name(f) for f in recipe.files],
                 "backend": exp.backend, "fingerprint": run.fingerprint, "steps": last_step,
                 "tokens": last_step * t.tokens_per_step, "diverged": diverged,
                 "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps
