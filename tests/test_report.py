@@ -571,11 +571,19 @@ def test_event_rates_by_operand_and_refresh_phase(tmp_path):
     _phase_telemetry(results, "nvfp4", 0, fresh=2, held=None)
     _phase_telemetry(results, "ue5m3", 0, fresh=1, held=4)
     _phase_telemetry(results, "ue5m3", 1, fresh=1, held=6)
+    # ue5m3's seed 1 has no nvfp4 run to stand beside: the recipes are read on seed 0
     lines = phase_section(results / "tiny", {"bf16": (0,), "nvfp4": (0,), "ue5m3": (0, 1)})
+    assert "(seed 0, the seeds every recipe here has; not read: ue5m3 seed 1)" in lines[3]
     underflow = lines[lines.index("**underflow**") + 2:]
     assert underflow[0] == "| operand | nvfp4 (current amax) | ue5m3 fresh | ue5m3 held |"
-    assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 5.000e-03 |" in underflow[:8]   # held: (4 + 6) / 2 per 1000
+    assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 4.000e-03 |" in underflow[:8]
     assert "| fprop.x | – | – | – |" in underflow[:8]
+    _phase_telemetry(results, "nvfp4", 1, fresh=2, held=None)
+    both = phase_section(results / "tiny", {"bf16": (0,), "nvfp4": (0, 1), "ue5m3": (0, 1)})
+    assert "(the mean over seeds 0, 1, the seeds every recipe here has)" in both[3]
+    assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 5.000e-03 |" in both       # held: (4 + 6) / 2 per 1000
+    apart = phase_section(results / "tiny", {"nvfp4": (1,), "ue5m3": (0,)})
+    assert apart[-1] == "Not compared: these recipes share no seed (seeds: nvfp4 1; ue5m3 0)."
     assert phase_section(results / "tiny", {"bf16": (0,)}) == []
 
 
@@ -585,7 +593,7 @@ def test_target_section_reads_every_recipe_on_the_seeds_they_all_have(tmp_path):
     write_target_run(results, "ue5m3", 1, loss=0.75, scale={"gradients": 5.0})
     write_target_run(results, "ue5m3_t2048", 0, loss=0.5)
     lines = target_section(results / "tiny", {"ue5m3": (0, 1), "ue5m3_t2048": (0,)})
-    assert "seed 0, those every compared recipe has" in lines[3]
+    assert "; seed 0, the seeds every recipe here has; not read: ue5m3 seed 1." in lines[3]
     cells = section_table(lines)["ue5m3"]
     seed0 = json.loads((eval_dir(results, "tiny", "ue5m3", 0) / "final_loss.json").read_text())["loss"]
     assert cells["final-window loss"] == f"{seed0:.4f}"               # seed 1 (0.5 higher) left out

@@ -421,25 +421,34 @@ def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: d
 
 # ------------------------------------------------------------ events by operand and refresh phase
 
-def _seeds_text(runs: dict[str, tuple[int, ...]], recipes) -> str:
-    """Which seeds the means of ``recipes`` are over (a section's sentence)."""
-    seeds = {tuple(runs[r]) for r in recipes}
-    if len(seeds) == 1:
-        (only,) = seeds
-        return f"seed {only[0]}" if len(only) == 1 else f"the mean over seeds {', '.join(map(str, only))}"
-    return "the mean over each recipe's seeds: " + "; ".join(
-        f"{r} {'seed' if len(runs[r]) == 1 else 'seeds'} {', '.join(map(str, runs[r]))}" for r in recipes)
+def shared_seeds(runs: dict[str, tuple[int, ...]], recipes) -> tuple[int, ...]:
+    """The seeds every one of ``recipes`` has, sorted. A section that sets recipes side by side
+    reads each on these: the event rates and the final-window loss move between seeds (the seed
+    picks the batches), so means over different seeds would put the seed into the comparison."""
+    return tuple(sorted(set.intersection(*(set(runs[r]) for r in recipes)))) if recipes else ()
 
 
-def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, pd.DataFrame]:
-    """recipe -> event rates (``EVENTS``) per operand and phase, the mean over the recipe's seeds
-    of each run's count / units over every layer and recorded step. Phase "fresh": a step whose
-    held amax was sampled at that step (and every step of current scaling); "held": the steps
-    between refreshes, quantized with an amax from before. Recipes without telemetry rows (BF16)
-    or files are left out."""
-    found = {}
+def _seeds_text(runs: dict[str, tuple[int, ...]], recipes, seeds: tuple[int, ...]) -> str:
+    """The sentence's part that says which seeds a section reads, and which runs it leaves out."""
+    listed = f"seed {seeds[0]}" if len(seeds) == 1 else f"the mean over seeds {', '.join(map(str, seeds))}"
+    left = [f"{r} seed {s}" for r in recipes for s in sorted(runs[r]) if s not in seeds]
+    return (f"{listed}, the seeds every recipe here has"
+            + (f"; not read: {', '.join(left)}" if left else ""))
+
+
+def _no_shared_seed(runs: dict[str, tuple[int, ...]], recipes) -> str:
+    listed = "; ".join(f"{r} {', '.join(map(str, sorted(runs[r])))}" for r in recipes)
+    return f"Not compared: these recipes share no seed (seeds: {listed})."
+
+
+def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, dict[int, pd.DataFrame]]:
+    """recipe -> seed -> event rates (``EVENTS``) per operand and phase: the run's count / units
+    over every layer and recorded step. Phase "fresh": a step whose held amax was sampled at that
+    step (and every step of current scaling); "held": the steps between refreshes, quantized with
+    an amax from before. Runs without a telemetry file or rows (BF16) are left out, and recipes
+    with none."""
+    found: dict[str, dict[int, pd.DataFrame]] = {}
     for recipe, seeds in runs.items():
-        per_seed = []
         for seed in seeds:
             path = run_dir(root.parent, root.name, recipe, seed) / "telemetry.parquet"
             if not path.is_file():
@@ -447,26 +456,34 @@ def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, pd.Da
             table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
             if len(table):
                 table = table.assign(phase=np.where(table["steps_since_refresh"] > 0, "held", "fresh"))
-                per_seed.append(event_rates(table, ["operand", "phase"]).set_index(["operand", "phase"])[list(EVENTS)])
-        if per_seed:
-            found[recipe] = pd.concat(per_seed).groupby(level=[0, 1]).mean()
+                found.setdefault(recipe, {})[seed] = \
+                    event_rates(table, ["operand", "phase"]).set_index(["operand", "phase"])[list(EVENTS)]
     return found
 
 
 def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     """The report's section "Quantization events by operand and refresh phase" (Markdown lines):
-    one table per event, a row per GEMM operand, a column per recipe and phase (``phase_rates``);
-    none without telemetry. The T = 2048 claims above compare dY's rates summed over phases; this
-    is where they come from, and where the other operands and the held amax's share show."""
-    rates = phase_rates(Path(root), runs)
-    if not rates:
+    one table per event, a row per GEMM operand, a column per recipe and phase (``phase_rates``,
+    the mean over the seeds every recipe with telemetry has); none without telemetry. The T = 2048
+    claims above compare dY's rates summed over phases on their shared seeds; this is where the
+    other operands and the held amax's share show."""
+    per_seed = phase_rates(Path(root), runs)
+    if not per_seed:
         return []
+    heading = ["", "## Quantization events by operand and refresh phase", ""]
+    found = {recipe: tuple(tables) for recipe, tables in per_seed.items()}
+    seeds = shared_seeds(found, list(found))
+    if not seeds:
+        return heading + [_no_shared_seed(found, list(found))]
+    rates = {recipe: pd.concat([tables[s] for s in seeds]).groupby(level=[0, 1]).mean()
+             for recipe, tables in per_seed.items()}
     columns = [(recipe, phase) for recipe, table in rates.items()
                for phase in ("fresh", "held") if phase in table.index.get_level_values("phase")]
     held = {recipe for recipe, phase in columns if phase == "held"}
     head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
-    lines = ["", "## Quantization events by operand and refresh phase", "",
-             f"Rates over every layer and recorded step of each run ({_seeds_text(runs, rates)}): underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
+    lines = [*heading,
+             f"Rates over every layer and recorded step of each run ({_seeds_text(found, list(found), seeds)}): "
+             "underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
              "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
              "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
              "the table above."]
@@ -596,14 +613,10 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     if len(present) < 2:
         return []
     heading = ["", "## Beyond the paper: an automatic target T", ""]
-    # a mean over different seeds would put the seed's effect (on the loss, larger than the
-    # recipes' here) into the comparison: every recipe is read on the seeds they all have
-    shared = tuple(sorted(set.intersection(*(set(runs[r]) for r in present))))
-    if not shared:
-        listed = "; ".join(f"{r} {', '.join(map(str, runs[r]))}" for r in present)
-        return heading + [f"Not compared: these recipes share no seed (seeds: {listed})."]
-    runs = dict.fromkeys(present, shared)
-    rows = target_rows(Path(root), runs)
+    seeds = shared_seeds(runs, present)
+    if not seeds:
+        return heading + [_no_shared_seed(runs, present)]
+    rows = target_rows(Path(root), dict.fromkeys(present, seeds))
     classes = list(OPERAND_CLASSES)
     short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
     head = (["recipe"] + [f"{e} {short[c]}" for e in EVENTS for c in classes] + ["final-window loss"]
@@ -616,7 +629,7 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
              "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
              "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
              "gradients: dgrad.dy, wgrad.dy"
-             + f"; {_seeds_text(runs, present)}, those every compared recipe has"
+             + f"; {_seeds_text(runs, present, seeds)}"
              + ". T: the range of the target T recorded in the run's telemetry per class. No verdicts: "
                "measurements only.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
