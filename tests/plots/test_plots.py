@@ -269,8 +269,6 @@ def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path
     assert "t-interval of the smoothed differences over 3 seeds" in axis(fig, "difference").get_title()
 
 
-
-
 def test_final_window_panel_marks_each_seed(results_seeds, tmp_path):
     fig = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
     for recipe in ("nvfp4", "ue5m3"):
@@ -278,12 +276,29 @@ def test_final_window_panel_marks_each_seed(results_seeds, tmp_path):
                   for s in (0, 1, 2)]
         assert sorted(artist(axis(fig, "final"), f"seeds:{recipe}").get_xdata()) == pytest.approx(sorted(losses))
 
+
+
+def test_recipes_read_on_different_seeds_say_so(results_seeds, tmp_path):
+    def mixed(figure):    # ue5m3 with seeds 0-2, every other recipe with seed 0
+        return [p for p in inputs_of(results_seeds, figure) if "/ue5m3/" in str(p) or "/seed0/" in str(p)]
+
+    fig = plot_figure("loss", mixed("loss"), tmp_path / "l.png")
+    assert "mean over seeds (ue5m3: 3; bf16, nvfp4, ue5m3_t2048: 1)" in axis(fig, "loss").get_title()
+    labels = [t.get_text() for t in axis(fig, "final").get_yticklabels()]
+    assert "ue5m3\n(seeds 0, 1, 2)" in labels and "nvfp4\n(seed 0)" in labels
+    assert "one seed: no interval per step" in axis(fig, "difference").get_title()   # the pairs share seed 0
+    fig = plot_figure("telemetry", mixed("telemetry"), tmp_path / "t.png")
+    assert "mean over seeds (ue5m3: 3; nvfp4, ue5m3_t2048: 1)" in fig._suptitle.get_text()
+    same = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
+    assert [t.get_text() for t in axis(same, "final").get_yticklabels()] == list(RECIPES)
+
 def test_titles_say_whose_mean_is_over_how_many_seeds():
     from fp4repro.plots.common import seed_counts
 
     assert seed_counts({"ue5m3": 3, "nvfp4": 3}) == "3 seeds" and seed_counts({"ue5m3": 1}) == "1 seed"
     assert seed_counts({"ue5m3_t2048": 1, "ue5m3": 2, "nvfp4": 1, "bf16": 1}) == \
         "seeds (ue5m3: 2; bf16, nvfp4, ue5m3_t2048: 1)"
+
 
 def test_baseline_option(results, tmp_path):
     fig = plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png", baseline="ue5m3")

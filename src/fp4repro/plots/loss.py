@@ -217,7 +217,11 @@ def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = No
             side.plot(v, np.full(len(v), y), "|", color=colors[r], alpha=0.55, ms=11, gid=f"seeds:{r}")
         side.annotate(f"{v.mean():.3f}", (v.mean(), y), xytext=(0, 7), textcoords="offset points",
                       ha="center", va="bottom", fontsize=8.5)
-    side.set_yticks(ys, recipes)
+    # recipes read on different seeds: the seeds beside each name, since the seed picks the final
+    # window's batches and moves its loss more than the recipes do (the panel below pairs seeds)
+    mixed = len({tuple(seeds[r]) for r in recipes}) > 1
+    side.set_yticks(ys, [f"{r}\n(seed{'s' if len(seeds[r]) > 1 else ''} {', '.join(map(str, seeds[r]))})"
+                         if mixed else r for r in recipes])
     side.set_ylim(len(recipes) - 0.4, -0.6)
     side.yaxis.tick_right()
     side.tick_params(axis="x", labelsize=8.5)
@@ -276,11 +280,11 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
     tests = sorted({d["final"].test for d in diffs.values()})
     if n_seeds == [1]:
         band = "one seed: no interval per step"
-        box = "box: final-window 95% interval, " + "; ".join(tests)
     else:
-        band = (f"band: 95% t-interval of the smoothed differences over "
-                f"{seed_counts({f'{r} − {base}': len(d['seeds']) for r, d in diffs.items()})}")
-        box = "box: final-window 95% interval, " + "; ".join(tests)
+        banded = {f"{r} − {base}": len(d["seeds"]) for r, d in diffs.items() if len(d["seeds"]) > 1}
+        band = (f"band: 95% t-interval of the smoothed differences over {seed_counts(banded)}"
+                + ("; none with one seed" if len(banded) < len(diffs) else ""))
+    box = "box: final-window 95% interval, " + "; ".join(tests)
     ax.set_title(f"Paired difference recipe − {base} per step (same seed, same step = same batch), rolling mean "
                  f"over {n_smooth} steps\n{band}; {box}", fontsize=9.5)
 
