@@ -265,7 +265,7 @@ def test_downstream_with_seeds_uses_the_aggregate_per_seed(tmp_path):
 
 # ---------------------------------------------------------------------------------------- telemetry
 
-def test_telemetry_rates_are_paired_per_step_and_not_capped(tmp_path):
+def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
     results = tmp_path / "results"
     write_run(results, "ue5m3", 0, underflow=0.004, clipped=0.001)
     write_run(results, "ue5m3_t2048", 0, underflow=0.001, clipped=0.002)
@@ -278,7 +278,8 @@ def test_telemetry_rates_are_paired_per_step_and_not_capped(tmp_path):
     assert under.comparison.test.startswith("batch means: 40 steps")
     per_step = {r: t.groupby("step")["underflow_blocks"].sum() / 20_000 for r, t in dy.items()}
     assert under.comparison.difference == pytest.approx((per_step["ue5m3_t2048"] - per_step["ue5m3"]).mean())
-    assert under.verdict == REPRODUCED                    # a mechanism, not an outcome: no seed cap
+    # beyond the per-step noise, but the rates are outcomes of training too: one seed is capped
+    assert under.comparison.verdict(under.claim.expect) == REPRODUCED and under.verdict == SUGGESTIVE
     clip = rows["t2048_clipping"]
     assert clip.recipe_value == pytest.approx(dy["ue5m3_t2048"]["clipped_elements"].sum() / (80 * 100_000))
     assert clip.verdict == OPPOSITE
