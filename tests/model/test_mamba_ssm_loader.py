@@ -9,10 +9,10 @@ from fp4repro.model import _mamba_ssm
 def test_stub_is_registered_only_where_the_extension_is_missing(monkeypatch):
     monkeypatch.delitem(sys.modules, "selective_scan_cuda", raising=False)
     if importlib.util.find_spec("selective_scan_cuda") is not None:
-        assert _mamba_ssm.register_selective_scan_stub() is False
+        assert _mamba_ssm.prepare_mamba_ssm_import() is False
         assert getattr(sys.modules["selective_scan_cuda"], "__file__", None)
     else:
-        assert _mamba_ssm.register_selective_scan_stub() is True
+        assert _mamba_ssm.prepare_mamba_ssm_import() is True
         stub = sys.modules["selective_scan_cuda"]
         assert not hasattr(stub, "fwd") and getattr(stub, "__file__", None) is None
 
@@ -27,7 +27,7 @@ def test_without_mamba_ssm_there_are_no_kernels_and_no_stub(monkeypatch):
 
 @pytest.mark.gpu
 def test_the_scan_kernels_keep_their_autotuning_on_disk(monkeypatch):
-    """Each new process would otherwise autotune the scan again (about 2 minutes per job)."""
+    """Each new process would otherwise autotune the scan again at every new shape."""
     if importlib.util.find_spec("mamba_ssm") is None:
         pytest.skip("mamba-ssm is not installed")
     monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)

@@ -26,13 +26,13 @@ from fp4repro.config.recipe import Recipe
 from fp4repro.config.shards import ALONG, split_index
 from fp4repro.kernels import shard_place
 from fp4repro.megatron.names import LINEAR_NAMES, layer_index, quant_key
-from fp4repro.model._mamba_ssm import register_selective_scan_stub
+from fp4repro.model._mamba_ssm import prepare_mamba_ssm_import
 from fp4repro.quant.linear import Shard
 from fp4repro.quant.state import QuantState
 
 # mamba-ssm built without its CUDA extensions imports only with this stand-in registered, and
 # megatron-core decides at import whether mamba-ssm is there
-register_selective_scan_stub()
+prepare_mamba_ssm_import()
 
 from megatron.core.activations import squared_relu  # noqa: E402
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add  # noqa: E402

@@ -23,15 +23,15 @@ class MambaSSMKernels(NamedTuple):
     gated_rmsnorm: Callable          # mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn
 
 
-def register_selective_scan_stub() -> bool:
-    """Put an empty ``selective_scan_cuda`` module in sys.modules if the real one cannot be imported.
+def prepare_mamba_ssm_import() -> bool:
+    """What must hold before anything imports mamba-ssm (ours and megatron-core's import alike).
 
-    Returns True if the stub was registered. The real extension, when importable, is always left
-    in charge. Called before every import of mamba-ssm (ours and megatron-core's), it also asks
-    Triton to keep autotuning results on disk: the scan kernels autotune over many configs at each
-    new shape, about 2 minutes in every new process on an H200 (each training and evaluation job),
-    and Triton reads the setting at decoration, i.e. at mamba-ssm's import. A
-    TRITON_CACHE_AUTOTUNING the user set still decides.
+    An empty ``selective_scan_cuda`` module in sys.modules if the real one cannot be imported;
+    returns True if that stand-in was registered (the real extension, when importable, is always
+    left in charge). And Triton asked to keep autotuning results on disk: the scan kernels
+    autotune over many configs at each new shape in every new process, and Triton reads the
+    setting at decoration, i.e. at mamba-ssm's import. A TRITON_CACHE_AUTOTUNING the user set
+    still decides.
     """
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
@@ -49,7 +49,7 @@ def load_mamba_ssm_kernels() -> MambaSSMKernels | None:
     or does not import (a warning says why in the latter case)."""
     if importlib.util.find_spec("mamba_ssm") is None:
         return None
-    stubbed = register_selective_scan_stub()
+    stubbed = prepare_mamba_ssm_import()
     try:
         from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
