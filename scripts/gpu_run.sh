@@ -8,12 +8,14 @@
 #   WHEELS=DIR   install DIR/*.whl first (scripts/prepare_gpu_wheels.sh) into SITE (default
 #                /tmp/fp4repro-site), put first on PYTHONPATH; skipped when SITE was installed already
 #   DATA=DIR     prepared data (default /tmp/fp4repro-data/EXPERIMENT): reused when its manifest is there
+#   TRITON_CACHE_DIR  Triton's compiled kernels: on a machine rebuilt for every command, keep it on
+#                storage that outlives the machine (an empty cache adds ~105 s to an FP4 run's first step)
 # OUT_DIR (default /tmp/fp4repro-runs/EXPERIMENT) gets run_RECIPE_SEED.tgz, phases.txt (seconds per phase)
 # and the logs. Progress bars are off: each phase's log ends with its summary.
 set -uo pipefail
 
 if [ $# -lt 3 ]; then
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
 fi
 experiment=$1 recipe=$2 seed=$3
