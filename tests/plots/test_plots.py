@@ -15,7 +15,7 @@ from fp4repro.cli import main
 from fp4repro.eval.downstream import group_name, item_rows, result_rows
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.paired import document_difference, item_difference, step_difference
-from fp4repro.plots import FIGURE_INPUTS, FIGURES, OPTIONS, PlotError, plot_figure
+from fp4repro.plots import FIGURE_INPUTS, FIGURES, OPTIONS, PlotError, draw_figure, plot_figure
 from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS,
                               event_rates)
 from fp4repro.statistics import seed_level
@@ -203,10 +203,8 @@ def test_figure_writes_png_and_pdf(results, tmp_path, figure):
 
 
 @pytest.mark.parametrize("figure", RUN_FIGURES)
-def test_figure_from_several_seeds_draws_the_mean(results_seeds, tmp_path, figure):
-    out = tmp_path / f"{figure}.png"
-    fig = plot_figure(figure, inputs_of(results_seeds, figure), out)   # several seeds: no blend needed
-    assert_figure(out)
+def test_figure_from_several_seeds_draws_the_mean(results_seeds, figure):
+    fig = draw_figure(figure, inputs_of(results_seeds, figure))   # several seeds: no blend needed
     if figure == "loss":      # the bold line is the mean over seeds of the smoothed per-seed curves
         from fp4repro.plots.loss import smooth, smoothing_window
 
@@ -237,7 +235,7 @@ def test_two_files_of_one_run_are_an_error(results, tmp_path):
 def test_loss_difference_is_the_paired_per_step_difference(results, tmp_path):
     """ue5m3's loss is nvfp4's − 0.1 at every step: its difference line is −0.1 throughout; the
     final-window box of a noisy recipe is the batch-means interval of its final-window steps."""
-    fig = plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png")
+    fig = draw_figure("loss", inputs_of(results, "loss"))
     ax = axis(fig, "difference")
     line = artist(ax, "difference:ue5m3")
     np.testing.assert_allclose(line.get_ydata(), -0.1, atol=1e-9)
@@ -256,7 +254,7 @@ def test_loss_difference_is_the_paired_per_step_difference(results, tmp_path):
 def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path):
     from fp4repro.plots.loss import smooth, smoothing_window
 
-    fig = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
+    fig = draw_figure("loss", inputs_of(results_seeds, "loss"))
     band = artist(axis(fig, "difference"), "band:ue5m3_t2048")
     per_seed = [smooth(pd.DataFrame(_metrics("ue5m3_t2048", s)).set_index("step")["loss"]
                        - pd.DataFrame(_metrics("nvfp4", s)).set_index("step")["loss"], smoothing_window(STEPS))
@@ -270,7 +268,7 @@ def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path
 
 
 def test_final_window_panel_marks_each_seed(results_seeds, tmp_path):
-    fig = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
+    fig = draw_figure("loss", inputs_of(results_seeds, "loss"))
     for recipe in ("nvfp4", "ue5m3"):
         losses = [json.loads((results_seeds / f"eval/{recipe}/seed{s}/final_loss.json").read_text())["loss"]
                   for s in (0, 1, 2)]
@@ -282,14 +280,14 @@ def test_recipes_read_on_different_seeds_say_so(results_seeds, tmp_path):
     def mixed(figure):    # ue5m3 with seeds 0-2, every other recipe with seed 0
         return [p for p in inputs_of(results_seeds, figure) if "/ue5m3/" in str(p) or "/seed0/" in str(p)]
 
-    fig = plot_figure("loss", mixed("loss"), tmp_path / "l.png")
+    fig = draw_figure("loss", mixed("loss"))
     assert "mean over seeds (ue5m3: 3; bf16, nvfp4, ue5m3_t2048: 1)" in axis(fig, "loss").get_title()
     labels = [t.get_text() for t in axis(fig, "final").get_yticklabels()]
     assert "ue5m3\n(seeds 0, 1, 2)" in labels and "nvfp4\n(seed 0)" in labels
     assert "one seed: no interval per step" in axis(fig, "difference").get_title()   # the pairs share seed 0
-    fig = plot_figure("telemetry", mixed("telemetry"), tmp_path / "t.png")
+    fig = draw_figure("telemetry", mixed("telemetry"))
     assert "mean over seeds (ue5m3: 3; nvfp4, ue5m3_t2048: 1)" in fig._suptitle.get_text()
-    same = plot_figure("loss", inputs_of(results_seeds, "loss"), tmp_path / "l.png")
+    same = draw_figure("loss", inputs_of(results_seeds, "loss"))
     assert [t.get_text() for t in axis(same, "final").get_yticklabels()] == list(RECIPES)
 
 def test_titles_say_whose_mean_is_over_how_many_seeds():
@@ -301,19 +299,19 @@ def test_titles_say_whose_mean_is_over_how_many_seeds():
 
 
 def test_baseline_option(results, tmp_path):
-    fig = plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png", baseline="ue5m3")
+    fig = draw_figure("loss", inputs_of(results, "loss"), baseline="ue5m3")
     np.testing.assert_allclose(artist(axis(fig, "difference"), "difference:nvfp4").get_ydata(), 0.1, atol=1e-9)
     with pytest.raises(PlotError, match="baseline 'mxfp4' is not among the recipes"):
         plot_figure("loss", inputs_of(results, "loss"), tmp_path / "l.png", baseline="mxfp4")
     # without nvfp4 the baseline is the first recipe of the study's order present
-    fig = plot_figure("loss", inputs_of(results, "loss", ("ue5m3", "bf16")), tmp_path / "l.png")
+    fig = draw_figure("loss", inputs_of(results, "loss", ("ue5m3", "bf16")))
     assert "recipe − bf16" in axis(fig, "difference").get_title()
     with pytest.raises(PlotError, match="takes no option baseline"):
         plot_figure("telemetry", inputs_of(results, "telemetry"), tmp_path / "t.png", baseline="nvfp4")
 
 
 def test_nll_interval_from_one_seed_is_the_document_bootstrap(results, tmp_path):
-    fig = plot_figure("nll", inputs_of(results, "nll"), tmp_path / "n.png", blend=BLEND)
+    fig = draw_figure("nll", inputs_of(results, "nll"), blend=BLEND)
     docs = {r: pd.read_parquet(results / f"eval/{r}/seed0/nll_documents.parquet") for r in ("ue5m3", "nvfp4")}
     ax = axis(fig, "difference:quantized")
     segments = artist(ax, "interval:ue5m3:quantized").get_segments()
@@ -337,7 +335,7 @@ def test_nll_interval_from_one_seed_is_the_document_bootstrap(results, tmp_path)
 
 
 def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds, tmp_path):
-    fig = plot_figure("nll", inputs_of(results_seeds, "nll"), tmp_path / "n.png")
+    fig = draw_figure("nll", inputs_of(results_seeds, "nll"))
     blend = {r: [pd.read_parquet(results_seeds / f"eval/{r}/seed{s}/nll.parquet")
                  .query("step == 20 and policy == 'bf16' and source == 'blend'")["nll"].iloc[0] for s in (0, 1, 2)]
              for r in ("bf16", "nvfp4")}
@@ -358,7 +356,7 @@ def test_one_seed_differences_need_the_unit_tables(results, tmp_path):
 
 
 def test_downstream_interval_from_one_seed_is_the_item_test(results, tmp_path):
-    fig = plot_figure("downstream", inputs_of(results, "downstream"), tmp_path / "d.png")
+    fig = draw_figure("downstream", inputs_of(results, "downstream"))
     ax = axis(fig, "difference:quantized")
     items = {r: pd.read_parquet(results / f"eval/{r}/seed0/downstream_items.parquet") for r in ("ue5m3", "nvfp4")}
     points = artist(ax, "difference:ue5m3:quantized").get_ydata()
@@ -372,7 +370,7 @@ def test_downstream_interval_from_one_seed_is_the_item_test(results, tmp_path):
 
 
 def test_telemetry_has_every_event_by_operand_and_phase(results, tmp_path):
-    fig = plot_figure("telemetry", inputs_of(results, "telemetry"), tmp_path / "t.png")
+    fig = draw_figure("telemetry", inputs_of(results, "telemetry"))
     table = pd.read_parquet(results / "train/ue5m3/seed0/telemetry.parquet")
     held = table[table["operand"].isin(HELD)]
     for event in ("underflow", "saturation", "clipping"):
@@ -535,13 +533,13 @@ def test_target_draws_the_automatic_T_per_class_with_the_fixed_T_as_references(t
 
 
 def test_target_without_an_automatic_recipe_says_so(results, tmp_path):
-    fig = plot_figure("target", inputs_of(results, "target"), tmp_path / "t.png")
+    fig = draw_figure("target", inputs_of(results, "target"))
     text = " ".join(t.get_text() for t in axis(fig, "none").texts)
     assert "No recipe with an automatic target T" in text and "nvfp4, ue5m3, ue5m3_t2048" in text
     assert not [ax for ax in fig.axes if ax.get_label().startswith("target:")]
     # a table written before T was recorded: its recipe's fixed T comes from the recipe file, marked *
     inputs = write_target_runs(tmp_path, {"ue5m3": True, "ue5m3_t2048": False})
-    fig = plot_figure("target", inputs, tmp_path / "old.png")
+    fig = draw_figure("target", inputs)
     text = " ".join(t.get_text() for t in axis(fig, "none").texts)
     assert "gradients: 448 (ue5m3); 2048 (ue5m3_t2048*)" in text
     assert "activations: 448 (ue5m3, ue5m3_t2048*)" in text
@@ -593,9 +591,9 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     for column in data["shapes"]["small"]["columns"].values():
         column["timing"] = "cuda_graph"
     inputs[0].write_text(json.dumps(data))
-    fig = plot_figure("throughput", inputs, tmp_path / "small.png", model="small")
+    fig = draw_figure("throughput", inputs, model="small")
     assert axis(fig, "throughput:emulated").get_ylabel().endswith("median of 5 graph replays")
-    fig = plot_figure("throughput", inputs, tmp_path / "tiny.png", model="tiny")     # the measured ones, said
+    fig = draw_figure("throughput", inputs, model="tiny")     # the measured ones, said
     assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
     assert len(fig.axes) == 8
     # an analogue measured before its cast clamped (no cast record) is void, said in its panel
@@ -603,7 +601,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     del void["shapes"]["nemotron_h_8b"]["columns"]["fp8_analogue"]["cast"]
     (tmp_path / "void").mkdir()
     (tmp_path / "void" / "throughput_h200.json").write_text(json.dumps(void))
-    fig = plot_figure("throughput", [tmp_path / "void"], tmp_path / "void.png", model="nemotron_h_8b")
+    fig = draw_figure("throughput", [tmp_path / "void"], model="nemotron_h_8b")
     assert "void: made before the FP8 cast clamped" in " ".join(axis(fig, "throughput:fp8_analogue").texts[0].get_text().split())
     assert not axis(fig, "throughput:fp8_analogue").patches
     # a projected GPU is a panel of its own: bars at the central time, whiskers over the band
@@ -617,7 +615,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     entry["projection_check"] = {"bound": 0.1, "worst_error": 0.05, "within": True}
     (tmp_path / "projected").mkdir()
     (tmp_path / "projected" / "throughput_h200.json").write_text(json.dumps(projected))
-    fig = plot_figure("throughput", [tmp_path / "projected"], tmp_path / "projected.png", model="nemotron_h_8b")
+    fig = draw_figure("throughput", [tmp_path / "projected"], model="nemotron_h_8b")
     b200 = axis(fig, "throughput:projection_b200")
     assert [p.get_width() for p in b200.patches] == pytest.approx([8192 / 0.5, 8192 / 0.4, 8192 / 0.39])
     whiskers = b200.containers[0][2][0].get_segments()     # the error bars: the band's ends in tokens/s
@@ -625,7 +623,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     title = " ".join(b200.get_title().split())
     assert "NVIDIA B200 projection" in title and "H200 check 5.0% <= 10%" in title and "[1.010, 1.040]" in title
     # the folder of the files: its files; a folder that does not exist holds none
-    fig = plot_figure("throughput", [tmp_path], tmp_path / "folder.png", model="small")
+    fig = draw_figure("throughput", [tmp_path], model="small")
     assert len(fig.axes) == 4
-    fig = plot_figure("throughput", [tmp_path / "results" / "bench"], tmp_path / "none.png")
+    fig = draw_figure("throughput", [tmp_path / "results" / "bench"])
     assert "not measured for this model's shapes (looked in" in fig.axes[0].texts[0].get_text()

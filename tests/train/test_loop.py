@@ -70,7 +70,12 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
     """Kill a run right after its step-10 resume checkpoint: the second process resumes from the
     newest checkpoint on disk, runs only the steps after it, and ends bit for bit like an
     uninterrupted run. Without resume/ the same command starts over (and says so)."""
-    study, path, root = prepared
+    _, path, root = prepared
+    # half the steps of the module's experiment (the same data): a kill after step 10 of 30
+    path = root / "sigkill.yaml"
+    path.write_text(EXPERIMENT.replace("name: smalltest", "name: sigkill")
+                    .replace("tokens: 5120,", "tokens: 2560,").replace("tokens: 10240,", "tokens: 5120,"))
+    study = load_study(path)
     # The uninterrupted run goes on beside the killed run and its resumption, so that the test takes
     # the time of one run, not of two: one thread each, two processes on two cores (every process
     # computes with the same number of threads, as their losses are compared bit for bit).
@@ -95,12 +100,12 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
         assert uninterrupted.wait(timeout=300) == 0
     finally:
         uninterrupted.kill()
-    newest = int(re.search(r"resuming from step (\d+) of 60", second.stderr).group(1))
+    newest = int(re.search(r"resuming from step (\d+) of 30", second.stderr).group(1))
     assert newest == max(complete) and newest >= 10              # the newest checkpoint that was complete
     a = pd.read_parquet(full / "metrics.parquet")
     b = pd.read_parquet(killed / "metrics.parquet")
-    assert len(a) == study.experiment.train.total_steps == 60
-    assert b["step"].tolist() == list(range(1, 61))
+    assert len(a) == study.experiment.train.total_steps == 30
+    assert b["step"].tolist() == list(range(1, 31))
     # steps 1..newest come from the killed process, only the later ones were computed again
     assert (b["attempt"] == (b["step"] > newest).astype(int)).all()
     assert np.array_equal(a["loss"].to_numpy(), b["loss"].to_numpy())          # bit for bit
@@ -113,7 +118,7 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
     (killed / "done.json").unlink()
     third = subprocess.run(_cli(path, "ue5m3", root, killed, "--stop-after", "5"), check=True, env=env,
                            capture_output=True, text=True)
-    assert "starting at step 0 of 60" in third.stderr and "resuming" not in third.stderr
+    assert "starting at step 0 of 30" in third.stderr and "resuming" not in third.stderr
     c = run.assemble("metrics", ["step", "loss", "attempt"])
     assert c["step"].tolist() == [1, 2, 3, 4, 5] and (c["attempt"] == 2).all()
     assert np.array_equal(a["loss"].to_numpy()[:5], c["loss"].to_numpy())

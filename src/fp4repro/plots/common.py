@@ -168,12 +168,19 @@ def tokens_formatter(x, _pos=None) -> str:
     return f"{x:.3g}"
 
 
-def save(fig, out_png: Path) -> None:
-    """Write ``out_png`` and the PDF beside it, each atomically (temp file + fsync + rename); the
-    PDF first, so that a PNG (what the workflow tracks) always has its PDF."""
+def check_output(out_png: Path) -> Path:
+    """``out_png`` as a Path, if it names a .png file (the PDF goes beside it): checked before
+    any figure is drawn."""
     out_png = Path(out_png)
     if out_png.suffix.lower() != ".png":
         raise PlotError(f"{out_png}: the output must be a .png file (the PDF is written beside it)")
+    return out_png
+
+
+def save(fig, out_png: Path) -> None:
+    """Write ``out_png`` and the PDF beside it, each atomically (temp file + fsync + rename); the
+    PDF first, so that a PNG (what the workflow tracks) always has its PDF. Closes the figure."""
+    out_png = check_output(out_png)
     try:
         for path, fmt in ((out_png.with_suffix(".pdf"), "pdf"), (out_png, "png")):
             with atomic_path(path) as tmp:

@@ -13,7 +13,7 @@ from matplotlib.ticker import FuncFormatter
 
 from fp4repro.paired import item_difference
 from fp4repro.plots.common import (POLICY_ORDER, PlotError, Run, by_run, choose_baseline, combine, ordered,
-                                   read_runs, read_table, recipe_colors, save, seed_counts, split_inputs, theme,
+                                   read_runs, read_table, recipe_colors, seed_counts, split_inputs, theme,
                                    tokens_formatter)
 from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS
 from fp4repro.statistics import seed_level
@@ -93,12 +93,12 @@ def _items(items: dict[Run, Path], cache: dict, run: Run, step: int, policy: str
     return t[(t["step"] == step) & (t["policy"] == policy) & (t["aggregate"] == aggregate) & (t["metric"] == metric)]
 
 
-def plot_downstream(inputs: list[Path], out_png: Path, baseline: str | None = None):
+def plot_downstream(inputs: list[Path], baseline: str | None = None):
     """Top: each aggregate at every recipe's last evaluated checkpoint (mean over seeds; dots: each
     seed), one panel per policy, error bars ±1 stderr. Middle: each recipe − baseline in each
     aggregate at the final checkpoint, error bars the 95% interval the report states. Bottom (when
     some recipe has more than one checkpoint): each aggregate vs checkpoint tokens, a line per recipe
-    and policy. Returns the (closed) figure."""
+    and policy. Returns the figure (drawn, not saved)."""
     df, items = read_downstream(inputs)
     recipes = ordered(df["recipe"].unique())
     policies = ordered(df["policy"].unique(), POLICY_ORDER)
@@ -192,7 +192,6 @@ def plot_downstream(inputs: list[Path], out_png: Path, baseline: str | None = No
         bottom.legend(handles=handles, loc="outside right center", fontsize=9)
         bottom.suptitle("Downstream aggregates vs checkpoint" + ("" if set(n_seeds) == {1} else " (mean over seeds)"),
                         fontsize=11)
-    save(fig, out_png)
     return fig
 
 

@@ -15,7 +15,7 @@ from matplotlib.ticker import FuncFormatter
 from fp4repro.paired import step_difference
 from fp4repro.plots.catalog import FIGURE_INPUTS
 from fp4repro.plots.common import (PlotError, Run, by_run, choose_baseline, ordered, read_json, read_table,
-                                   recipe_colors, save, seed_counts, split_inputs, t_band, theme, tokens_formatter)
+                                   recipe_colors, seed_counts, split_inputs, t_band, theme, tokens_formatter)
 from fp4repro.results import FINAL_LOSS_KEYS, METRICS_COLUMNS, experiment_of
 from fp4repro.statistics import Comparison, seed_level
 
@@ -130,13 +130,13 @@ def _signed(x: float) -> str:
     return f"{x:+.3f}"
 
 
-def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = None, baseline: str | None = None):
+def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: str | None = None):
     """Top: training loss vs tokens per recipe (the mean over seeds of the smoothed curves; faint:
     per step with one seed, per seed with several), the final-window mean as a segment over the
     window and, in the side panel, as mean ± stderr. Bottom: the paired difference recipe −
     baseline per step (same seed, same step = same batch), smoothed with the same window, its
     95% band over seeds, and the final-window difference with the report's interval. Stage
-    boundaries dashed. Returns the (closed) figure."""
+    boundaries dashed. Returns the figure (drawn, not saved)."""
     metrics, finals, window = read_loss_inputs(inputs, final_window)
     recipes = ordered({r for r, _ in metrics})
     seeds = {r: sorted(s for q, s in metrics if q == r) for r in recipes}
@@ -236,7 +236,6 @@ def plot_loss(inputs: list[Path], out_png: Path, final_window: float | None = No
     side.grid(axis="y", visible=False)
 
     _draw_differences(dax, dside, diffs, base, colors, n_smooth, metrics)
-    save(fig, out_png)
     return fig
 
 

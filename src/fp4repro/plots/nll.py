@@ -16,7 +16,7 @@ from matplotlib.transforms import offset_copy
 
 from fp4repro.paired import document_difference
 from fp4repro.plots.common import (POLICY_ORDER, PlotError, Run, by_run, choose_baseline, combine, ordered,
-                                   read_runs, read_table, recipe_colors, save, seed_counts, split_inputs, theme,
+                                   read_runs, read_table, recipe_colors, seed_counts, split_inputs, theme,
                                    tokens_formatter)
 from fp4repro.results import NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, experiment_of, last_checkpoint
 from fp4repro.statistics import Comparison, seed_level
@@ -114,13 +114,13 @@ def nll_differences(df: pd.DataFrame, documents: dict[Run, Path], recipe: str, b
     return pd.DataFrame(out, columns=["step", "tokens", "seeds", "comparison"])
 
 
-def plot_nll(inputs: list[Path], out_png: Path, baseline: str | None = None, blend: dict[str, float] | None = None,
+def plot_nll(inputs: list[Path], baseline: str | None = None, blend: dict[str, float] | None = None,
              resamples: int = RESAMPLES):
     """Rows: the final blend's NLL, then each source's (mean over seeds; faint: per seed), then the
     paired blend-NLL difference recipe − baseline with its 95% interval at every checkpoint;
     columns: policies. Each NLL panel lists every recipe's NLL at its last evaluated checkpoint.
-    ``blend``: the final stage's weights (default: the experiment config's). Returns the (closed)
-    figure."""
+    ``blend``: the final stage's weights (default: the experiment config's). Returns the
+    figure (drawn, not saved)."""
     df, documents = read_nll(inputs)
     recipes = ordered(df["recipe"].unique())
     policies = ordered(df["policy"].unique(), POLICY_ORDER)
@@ -194,7 +194,6 @@ def plot_nll(inputs: list[Path], out_png: Path, baseline: str | None = None, ble
     mean = "" if set(n_seeds) == {1} else f": mean over {seed_counts(n_seeds.to_dict())} (faint: each)"
     fig.suptitle("Held-out NLL per checkpoint" + mean, y=1.0)
     fig.tight_layout(rect=(0, 0.06 + 0.02 / n_rows, 1, 1))
-    save(fig, out_png)
     return fig
 
 

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from fp4repro.errors import FP4ReproError
-from fp4repro.plots.common import combine, ordered, read_runs, recipe_colors, save, seed_counts, split_inputs, theme
+from fp4repro.plots.common import combine, ordered, read_runs, recipe_colors, seed_counts, split_inputs, theme
 from fp4repro.results import OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS, with_operand_class
 
 CLASS_TEXT = {cls: f"{cls} ({', '.join(ops)})" for cls, ops in OPERAND_CLASSES.items()}
@@ -100,12 +100,12 @@ def fixed_targets(df: pd.DataFrame, fixed: list[str], unrecorded: list[str]) -> 
     return {cls: {t: ordered(rs) for t, rs in sorted(ts.items())} for cls, ts in out.items()}
 
 
-def plot_target(inputs: list[Path], out_png: Path):
+def plot_target(inputs: list[Path]):
     """One panel per operand class (activations, weights, gradients): each automatic recipe's T
     per telemetry step on a log axis, the median over the class's operands and layers as a line
     and their min–max as a band; the fixed T of the other recipes as labelled horizontal lines.
     Without an automatic recipe among the inputs, a figure that says so (and lists the fixed T).
-    Returns the (closed) figure."""
+    Returns the figure (drawn, not saved)."""
     df, unrecorded = read_targets(inputs)
     auto, auto_unrecorded = automatic_recipes(df, unrecorded)
     recipes = ordered([*df["recipe"].unique(), *unrecorded])
@@ -114,7 +114,7 @@ def plot_target(inputs: list[Path], out_png: Path):
     colors = recipe_colors(recipes)
     theme()
     if not auto:
-        return _no_automatic(recipes, references, auto_unrecorded, out_png)
+        return _no_automatic(recipes, references, auto_unrecorded)
     per_class = class_targets(df[df["recipe"].isin(auto)])
     values = [*per_class["min"], *per_class["max"], *(t for ts in references.values() for t in ts)]
     low, high = min(values) / 1.8, max(values) * 2.2
@@ -165,11 +165,10 @@ def plot_target(inputs: list[Path], out_png: Path):
     seeds = df[df["recipe"].isin(auto)].groupby("recipe")["seed"].nunique()
     over = "" if set(seeds) == {1} else f" (pooled over {seed_counts(seeds.to_dict())})"
     fig.suptitle("Automatic target T per operand class, chosen at each amax refresh" + over + missing, fontsize=11)
-    save(fig, out_png)
     return fig
 
 
-def _no_automatic(recipes, references, auto_unrecorded, out_png: Path):
+def _no_automatic(recipes, references, auto_unrecorded):
     fig, ax = plt.subplots(figsize=(8.0, 4.0), layout="constrained")
     ax.set_label("none")
     ax.set_axis_off()
@@ -183,5 +182,4 @@ def _no_automatic(recipes, references, auto_unrecorded, out_png: Path):
     ax.text(0.5, 0.5, "\n".join(lines), transform=ax.transAxes, ha="center", va="center", fontsize=10,
             multialignment="left", family="monospace")
     fig.suptitle("Target T per operand class", fontsize=11)
-    save(fig, out_png)
     return fig

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.transforms import offset_copy
 
-from fp4repro.plots.common import (PlotError, combine, ordered, read_runs, recipe_colors, save, seed_counts,
+from fp4repro.plots.common import (PlotError, combine, ordered, read_runs, recipe_colors, seed_counts,
                                    split_inputs, theme)
 from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, event_rates
 
@@ -80,12 +80,12 @@ def _label(recipe: str, n_linears: int) -> str:
     return f"{recipe} ({note}; {n_linears} linears)" if note else f"{recipe} ({n_linears} linears)"
 
 
-def plot_telemetry(inputs: list[Path], out_png: Path):
+def plot_telemetry(inputs: list[Path]):
     """Top: underflow, saturation and clipping rates per operand (summed over layers and telemetry
     steps, mean over seeds), bars per recipe on a log scale, zeros written as 0. Bottom: the same
     rates of the operands that hold an amax, by steps since the last amax refresh (0: fresh; >= 1:
     held, the regime of periodic scaling), with each recipe's fresh and held rate. Returns the
-    (closed) figure."""
+    figure (drawn, not saved)."""
     df = read_telemetry(inputs)
     recipes = ordered(df["recipe"].unique())
     operands = ordered(df["operand"].unique(), OPERAND_ORDER)
@@ -110,7 +110,6 @@ def plot_telemetry(inputs: list[Path], out_png: Path):
     seeds = "" if set(n_seeds) == {1} else f"; mean over {seed_counts(n_seeds.to_dict())}"
     fig.suptitle("Quantization telemetry: rate = events / units quantized (blocks; non-zero elements for clipping)"
                  + seeds, fontsize=11)
-    save(fig, out_png)
     return fig
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
-from fp4repro.plots.common import ordered, recipe_colors, save, theme
+from fp4repro.plots.common import ordered, recipe_colors, theme
 from fp4repro.results import THROUGHPUT_ABLATION, column_timing, read_throughput, throughput_files, void_column
 
 COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
@@ -118,7 +118,7 @@ def _panel(ax, entry: dict, column: str) -> None:
     ax.set_title(title, fontsize=10)
 
 
-def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None):
+def plot_throughput(inputs: list[Path], model: str | None = None):
     theme()
     model, entries, everything = read_entries(inputs, model)
     shown = f"{model}: model-body tokens/s"
@@ -133,7 +133,6 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
         ax.text(0.5, 0.5, f"body throughput not measured for {model or 'this model'}'s shapes (looked in "
                           f"{looked}): fp4repro bench throughput --experiment <experiment> on a GPU",
                 ha="center", va="center", wrap=True, transform=ax.transAxes)
-        save(fig, out_png)
         return fig
     columns = columns_of(entries)
     # one panel per row and kind of measurement, one column per shape: wide bars, readable labels
@@ -147,5 +146,4 @@ def plot_throughput(inputs: list[Path], out_png: Path, model: str | None = None)
                              f"tokens, median of {entry['steps']} {_timed_as(entry)}")
     fig.suptitle(f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)", fontsize=11)
     fig.tight_layout()
-    save(fig, out_png)
     return fig
