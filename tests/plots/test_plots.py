@@ -178,6 +178,13 @@ def assert_figure(png: Path) -> None:
     assert not [p for p in png.parent.iterdir() if p.name.endswith(".tmp")]   # atomic: no temp files left
 
 
+def rendered(fig):
+    """``fig`` drawn on its Agg canvas, as saving would draw it (text, layout): a figure that
+    draw_figure builds but that could not be drawn fails here, without writing files."""
+    fig.canvas.draw()
+    return fig
+
+
 def axis(fig, label: str):
     found = [ax for ax in fig.axes if ax.get_label() == label]
     assert len(found) == 1, f"no single axes {label!r} among {[ax.get_label() for ax in fig.axes]}"
@@ -204,7 +211,7 @@ def test_figure_writes_png_and_pdf(results, tmp_path, figure):
 
 @pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_figure_from_several_seeds_draws_the_mean(results_seeds, figure):
-    fig = draw_figure(figure, inputs_of(results_seeds, figure))   # several seeds: no blend needed
+    fig = rendered(draw_figure(figure, inputs_of(results_seeds, figure)))   # several seeds: no blend needed
     if figure == "loss":      # the bold line is the mean over seeds of the smoothed per-seed curves
         from fp4repro.plots.loss import smooth, smoothing_window
 
@@ -232,7 +239,7 @@ def test_two_files_of_one_run_are_an_error(results, tmp_path):
     assert str(twin) in str(err.value)
 
 
-def test_loss_difference_is_the_paired_per_step_difference(results, tmp_path):
+def test_loss_difference_is_the_paired_per_step_difference(results):
     """ue5m3's loss is nvfp4's − 0.1 at every step: its difference line is −0.1 throughout; the
     final-window box of a noisy recipe is the batch-means interval of its final-window steps."""
     fig = draw_figure("loss", inputs_of(results, "loss"))
@@ -251,7 +258,7 @@ def test_loss_difference_is_the_paired_per_step_difference(results, tmp_path):
     assert expected.high - expected.low > 0.01      # a real interval, not a degenerate one
 
 
-def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path):
+def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds):
     from fp4repro.plots.loss import smooth, smoothing_window
 
     fig = draw_figure("loss", inputs_of(results_seeds, "loss"))
@@ -267,7 +274,7 @@ def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds, tmp_path
     assert "t-interval of the smoothed differences over 3 seeds" in axis(fig, "difference").get_title()
 
 
-def test_final_window_panel_marks_each_seed(results_seeds, tmp_path):
+def test_final_window_panel_marks_each_seed(results_seeds):
     fig = draw_figure("loss", inputs_of(results_seeds, "loss"))
     for recipe in ("nvfp4", "ue5m3"):
         losses = [json.loads((results_seeds / f"eval/{recipe}/seed{s}/final_loss.json").read_text())["loss"]
@@ -276,7 +283,7 @@ def test_final_window_panel_marks_each_seed(results_seeds, tmp_path):
 
 
 
-def test_recipes_read_on_different_seeds_say_so(results_seeds, tmp_path):
+def test_recipes_read_on_different_seeds_say_so(results_seeds):
     def mixed(figure):    # ue5m3 with seeds 0-2, every other recipe with seed 0
         return [p for p in inputs_of(results_seeds, figure) if "/ue5m3/" in str(p) or "/seed0/" in str(p)]
 
@@ -310,7 +317,7 @@ def test_baseline_option(results, tmp_path):
         plot_figure("telemetry", inputs_of(results, "telemetry"), tmp_path / "t.png", baseline="nvfp4")
 
 
-def test_nll_interval_from_one_seed_is_the_document_bootstrap(results, tmp_path):
+def test_nll_interval_from_one_seed_is_the_document_bootstrap(results):
     fig = draw_figure("nll", inputs_of(results, "nll"), blend=BLEND)
     docs = {r: pd.read_parquet(results / f"eval/{r}/seed0/nll_documents.parquet") for r in ("ue5m3", "nvfp4")}
     ax = axis(fig, "difference:quantized")
@@ -334,7 +341,7 @@ def test_nll_interval_from_one_seed_is_the_document_bootstrap(results, tmp_path)
     assert "paired bootstrap over documents\n(2000 resamples at the last checkpoint, 500 before)" in ax.get_title()
 
 
-def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds, tmp_path):
+def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds):
     fig = draw_figure("nll", inputs_of(results_seeds, "nll"))
     blend = {r: [pd.read_parquet(results_seeds / f"eval/{r}/seed{s}/nll.parquet")
                  .query("step == 20 and policy == 'bf16' and source == 'blend'")["nll"].iloc[0] for s in (0, 1, 2)]
@@ -355,7 +362,7 @@ def test_one_seed_differences_need_the_unit_tables(results, tmp_path):
         plot_figure("downstream", down_only, tmp_path / "d.png")
 
 
-def test_downstream_interval_from_one_seed_is_the_item_test(results, tmp_path):
+def test_downstream_interval_from_one_seed_is_the_item_test(results):
     fig = draw_figure("downstream", inputs_of(results, "downstream"))
     ax = axis(fig, "difference:quantized")
     items = {r: pd.read_parquet(results / f"eval/{r}/seed0/downstream_items.parquet") for r in ("ue5m3", "nvfp4")}
@@ -369,7 +376,7 @@ def test_downstream_interval_from_one_seed_is_the_item_test(results, tmp_path):
         assert (segments[k][0][1], segments[k][1][1]) == pytest.approx((expected.low, expected.high))
 
 
-def test_telemetry_has_every_event_by_operand_and_phase(results, tmp_path):
+def test_telemetry_has_every_event_by_operand_and_phase(results):
     fig = draw_figure("telemetry", inputs_of(results, "telemetry"))
     table = pd.read_parquet(results / "train/ue5m3/seed0/telemetry.parquet")
     held = table[table["operand"].isin(HELD)]
@@ -591,7 +598,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     for column in data["shapes"]["small"]["columns"].values():
         column["timing"] = "cuda_graph"
     inputs[0].write_text(json.dumps(data))
-    fig = draw_figure("throughput", inputs, model="small")
+    fig = rendered(draw_figure("throughput", inputs, model="small"))
     assert axis(fig, "throughput:emulated").get_ylabel().endswith("median of 5 graph replays")
     fig = draw_figure("throughput", inputs, model="tiny")     # the measured ones, said
     assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
@@ -601,7 +608,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     del void["shapes"]["nemotron_h_8b"]["columns"]["fp8_analogue"]["cast"]
     (tmp_path / "void").mkdir()
     (tmp_path / "void" / "throughput_h200.json").write_text(json.dumps(void))
-    fig = draw_figure("throughput", [tmp_path / "void"], model="nemotron_h_8b")
+    fig = rendered(draw_figure("throughput", [tmp_path / "void"], model="nemotron_h_8b"))
     assert "void: made before the FP8 cast clamped" in " ".join(axis(fig, "throughput:fp8_analogue").texts[0].get_text().split())
     assert not axis(fig, "throughput:fp8_analogue").patches
     # a projected GPU is a panel of its own: bars at the central time, whiskers over the band
@@ -615,7 +622,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     entry["projection_check"] = {"bound": 0.1, "worst_error": 0.05, "within": True}
     (tmp_path / "projected").mkdir()
     (tmp_path / "projected" / "throughput_h200.json").write_text(json.dumps(projected))
-    fig = draw_figure("throughput", [tmp_path / "projected"], model="nemotron_h_8b")
+    fig = rendered(draw_figure("throughput", [tmp_path / "projected"], model="nemotron_h_8b"))
     b200 = axis(fig, "throughput:projection_b200")
     assert [p.get_width() for p in b200.patches] == pytest.approx([8192 / 0.5, 8192 / 0.4, 8192 / 0.39])
     whiskers = b200.containers[0][2][0].get_segments()     # the error bars: the band's ends in tokens/s
@@ -625,5 +632,5 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     # the folder of the files: its files; a folder that does not exist holds none
     fig = draw_figure("throughput", [tmp_path], model="small")
     assert len(fig.axes) == 4
-    fig = draw_figure("throughput", [tmp_path / "results" / "bench"])
+    fig = rendered(draw_figure("throughput", [tmp_path / "results" / "bench"]))
     assert "not measured for this model's shapes (looked in" in fig.axes[0].texts[0].get_text()
