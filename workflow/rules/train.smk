@@ -20,6 +20,9 @@ rule train:
     log:
         f"{LOGS}/train/{{recipe}}/seed{{seed}}.log",
     threads: threads_of("train")
+    # trainings before evaluations when both are ready: the DAG ends one evaluation after its last
+    # training, so on few cores a training started last (the longest jobs) decides the wall time
+    priority: 1
     resources:
         **resources_of("train"),
         **launcher_resources(),
