@@ -20,7 +20,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # non-interactive: figures are files, never windows
 
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -178,12 +177,9 @@ def check_output(out_png: Path) -> Path:
 
 
 def save(fig, out_png: Path) -> None:
-    """Write ``out_png`` and the PDF beside it, each atomically (temp file + fsync + rename); the
-    PDF first, so that a PNG (what the workflow tracks) always has its PDF. Closes the figure."""
-    out_png = check_output(out_png)
-    try:
-        for path, fmt in ((out_png.with_suffix(".pdf"), "pdf"), (out_png, "png")):
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, format=fmt, bbox_inches="tight", dpi=PNG_DPI)
-    finally:
-        plt.close(fig)
+    """Write ``out_png`` (a name ``check_output`` accepted) and the PDF beside it, each atomically
+    (temp file + fsync + rename); the PDF first, so that a PNG (what the workflow tracks) always
+    has its PDF."""
+    for path, fmt in ((out_png.with_suffix(".pdf"), "pdf"), (out_png, "png")):
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, bbox_inches="tight", dpi=PNG_DPI)
