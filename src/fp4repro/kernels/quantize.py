@@ -400,6 +400,31 @@ def _quantize_kernel(
         rand = 0
     qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
         xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
+    if LIVE:
+        # the live tensor amax, max |x| after the RHT with NaN counted as inf (padding is zero), as
+        # a by-product, max-folded by an integer atomic max (as _amax_kernel) into one of
+        # LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of tiles on one
+        # address serialize in L2 (on an H200 that cost 19-51% of the kernel). Reduced here, right
+        # after the block math and before the stores, the values it reads die early: after the
+        # stores they were held across them (sm_90 registers per thread with the live amax there ->
+        # here: RHT 70 -> 55, RHT+SR 87 -> 72, column-wise 236 -> 168; H200 live/plain RHT+SR
+        # 1.29 -> 1.12, column-wise RNE 1.10 -> 1.01), for a few more instructions.
+        # Two formulations of the same value; which one compiles to fewer instructions depends on
+        # the tile (sm_90 SASS per thread, main path, plain -> with the live amax):
+        if COLUMNWISE or ((BLOCK_R > 1) and (BLOCK_C > 1)):
+            # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
+            # inf): 16x16 360 -> 386, column-wise 1x16 2214 -> 2244, with RHT+SR 2636 -> 3259
+            live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
+            live = tl.max(tl.max(live, axis=1), axis=0)
+        else:
+            # row-wise 1-row blocks: the max of |x|'s bits over the flat tile, NaN patterns
+            # (above inf's) then lowered to inf. Reducing the block amaxes here made Triton's
+            # layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738, RNE
+            # 374 -> 414, measured after the stores); this way RHT 508 -> 632, RNE 374 -> 414
+            flat = tl.reshape(a.to(tl.int32, bitcast=True), (TILE_R * TILE_C,))
+            live = tl.minimum(tl.max(flat, axis=0), 0x7F800000)
+        slot = (pid_r * tl.num_programs(1) + pid_c) % LIVE_SLOTS
+        tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
     if WRITE_CODES or STATS:
         q = tl.where(keep[:, None, :, None], qk, 0.0)
 
@@ -482,29 +507,6 @@ def _quantize_kernel(
         tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
         tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
         tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
-
-    if LIVE:
-        # the live tensor amax, max |x| after the RHT with NaN counted as inf (padding is zero), as
-        # a by-product, max-folded by an integer atomic max (as _amax_kernel) into one of
-        # LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of tiles on one
-        # address serialize in L2 (on an H200 that cost 19-51% of the kernel). After the stores,
-        # the reduction's barriers hold no tile values in registers.
-        # Two formulations of the same value; which one compiles to fewer instructions depends on
-        # the tile (sm_90 SASS per thread, main path, plain -> with the live amax):
-        if COLUMNWISE or ((BLOCK_R > 1) and (BLOCK_C > 1)):
-            # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
-            # inf): 16x16 360 -> 367, column-wise 1x16 2214 -> 2255, with RHT+SR 2636 -> 3251
-            live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
-            live = tl.max(tl.max(live, axis=1), axis=0)
-        else:
-            # row-wise 1-row blocks: the max of |x|'s bits over the flat tile, NaN patterns
-            # (above inf's) then lowered to inf. Reducing the block amaxes here made Triton's
-            # layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738, RNE
-            # 374 -> 414); this way RHT 508 -> 610, RNE 374 -> 400
-            flat = tl.reshape(a.to(tl.int32, bitcast=True), (TILE_R * TILE_C,))
-            live = tl.minimum(tl.max(flat, axis=0), 0x7F800000)
-        slot = (pid_r * tl.num_programs(1) + pid_c) % LIVE_SLOTS
-        tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
 
 
 @triton.jit
