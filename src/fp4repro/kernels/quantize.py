@@ -405,10 +405,11 @@ def _quantize_kernel(
         # a by-product, max-folded by an integer atomic max (as _amax_kernel) into one of
         # LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of tiles on one
         # address serialize in L2 (on an H200 that cost 19-51% of the kernel). Reduced here, right
-        # after the block math and before the stores, the values it reads die early: after the
-        # stores they were held across them (sm_90 registers per thread with the live amax there ->
-        # here: RHT 70 -> 55, RHT+SR 87 -> 72, column-wise 236 -> 168; H200 live/plain RHT+SR
-        # 1.29 -> 1.12, column-wise RNE 1.10 -> 1.01), for a few more instructions.
+        # after the block math and before the stores, the values it reads need not be kept across
+        # the stores (without telemetry, which reads them later anyway) (sm_90 registers per
+        # thread with the live amax after the stores -> here: RHT 70 -> 55, RHT+SR 87 -> 72,
+        # column-wise 236 -> 168; H200 live/plain RHT+SR 1.29 -> 1.12, column-wise RNE 1.10 ->
+        # 1.01, column-wise RHT+SR 1.13 -> 1.16), for a few more instructions.
         # Two formulations of the same value; which one compiles to fewer instructions depends on
         # the tile (sm_90 SASS per thread, main path, plain -> with the live amax):
         if COLUMNWISE or ((BLOCK_R > 1) and (BLOCK_C > 1)):
@@ -418,9 +419,10 @@ def _quantize_kernel(
             live = tl.max(tl.max(live, axis=1), axis=0)
         else:
             # row-wise 1-row blocks: the max of |x|'s bits over the flat tile, NaN patterns
-            # (above inf's) then lowered to inf. Reducing the block amaxes here made Triton's
-            # layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738, RNE
-            # 374 -> 414, measured after the stores); this way RHT 508 -> 632, RNE 374 -> 414
+            # (above inf's) then lowered to inf. Reducing the block amaxes (after the stores) made
+            # Triton's layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738);
+            # this way RHT 508 -> 632 here, and on an H200 reducing the block amaxes here too was
+            # slower (RHT live/plain 1.34 against 1.20)
             flat = tl.reshape(a.to(tl.int32, bitcast=True), (TILE_R * TILE_C,))
             live = tl.minimum(tl.max(flat, axis=0), 0x7F800000)
         slot = (pid_r * tl.num_programs(1) + pid_c) % LIVE_SLOTS
