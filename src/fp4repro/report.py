@@ -588,7 +588,7 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
     by = {r.recipe: r for r in rows}
     auto = by.get(AUTO_RECIPE)
     if auto is None:
-        return [f"- {AUTO_RECIPE} is not in this experiment: no comparison."]
+        return [f"- {AUTO_RECIPE} has no results here (not among the recipes, or not run yet): no comparison."]
     if auto.missing:
         return [f"- {AUTO_RECIPE}: telemetry missing ({', '.join(auto.missing)}): no comparison."]
     rivals = [by[r] for r in FIXED_RIVALS if r in by and not by[r].missing]
