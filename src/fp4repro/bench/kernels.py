@@ -40,6 +40,7 @@ CASES = {
     "16x16 RNE, held amax": (QuantSpec(block=(16, 16)), True, False),
     "1x32 MX (UE8M0)": (QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"), True, False),
     "1x16 RNE, column-wise (wgrad)": (QuantSpec(), True, True),
+    "1x16 SR, column-wise (wgrad)": (QuantSpec(rounding="sr"), True, True),   # ue5m3's wgrad dY
     "1x16 RHT+SR, column-wise (wgrad)": (QuantSpec(rht=True, rounding="sr"), True, True),
 }
 
