@@ -84,7 +84,8 @@ def test_experiment_command(capsys):
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
     assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t2048 0; mxfp4 0\n" in out
     assert main(["experiment", "small"]) == 0
-    assert "runs: 8, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0 (imported" in capsys.readouterr().out
+    assert ("runs: 10, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0; ue5m3_auto 0; ue5m3_t8192 0 "
+            "(imported") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("experiment, expected", [
