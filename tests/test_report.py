@@ -475,7 +475,7 @@ def test_target_section_rates_losses_and_T_ranges_are_those_of_the_runs(tmp_path
         losses = [json.loads((eval_dir(results, "tiny", recipe, s) / "final_loss.json").read_text())["loss"]
                   for s in (0, 1) if (eval_dir(results, "tiny", recipe, s) / "final_loss.json").is_file()]
         assert cells["final-window loss"] == ("–" if recipe == "ue5m3_t8192" else f"{np.mean(losses):.4f}")
-    assert [table["ue5m3_auto"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["448–1344", "448–1344", "448–2240"]
+    assert [table["ue5m3_auto"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["896 (448–1344)", "896 (448–1344)", "1344 (448–2240)"]
     assert [table["ue5m3_t2048"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["448", "448", "2048"]
     assert table["ue5m3_t8192"]["T grads"] == "8192" and table["ue5m3"]["T act."] == "not recorded"
 

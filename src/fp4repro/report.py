@@ -518,7 +518,7 @@ class TargetRow:
     recipe: str
     events: dict[str, dict[str, list[tuple[int, int]]]]     # class -> event -> per seed (count, units)
     losses: list[float | None]
-    targets: dict[str, tuple[float, float] | None]
+    targets: dict[str, tuple[float, float, float] | None]    # class -> (min, median, max) of T
     missing: tuple[str, ...] = ()                           # telemetry files that are not there
 
     def rate(self, cls: str, event: str) -> float:
@@ -564,7 +564,8 @@ def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]
                     t = table.loc[table["operand_class"] == cls, TARGET_COLUMN].astype(float)
                     targets[cls] += list(t[np.isfinite(t)])
         rows.append(TargetRow(recipe, events, losses,
-                              {c: (min(ts), max(ts)) if ts else (None if ts is None else (math.nan, math.nan))
+                              {c: (min(ts), float(np.median(ts)), max(ts)) if ts
+                               else (None if ts is None else (math.nan,) * 3)
                                for c, ts in targets.items()}, tuple(missing)))
     return rows
 
@@ -573,13 +574,14 @@ def _rate_text(value: float) -> str:
     return "–" if not math.isfinite(value) else "0" if value == 0 else f"{value:.3e}"
 
 
-def _target_text(span: tuple[float, float] | None) -> str:
-    if span is None:
+def _target_text(spread: tuple[float, float, float] | None) -> str:
+    """T as one value when it never changed, else as "median (min–max)" over the telemetry records."""
+    if spread is None:
         return "not recorded"
-    low, high = span
+    low, median, high = spread
     if not math.isfinite(low):
         return "none"
-    return f"{low:g}" if low == high else f"{low:g}–{high:g}"
+    return f"{low:g}" if low == high else f"{median:.0f} ({low:g}–{high:g})"
 
 
 def target_comparison(rows: list[TargetRow]) -> list[str]:
@@ -636,7 +638,7 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
              "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
              "gradients: dgrad.dy, wgrad.dy"
              + f"; {_seeds_text(runs, present, seeds)}"
-             + ". T: the range of the target T recorded in the run's telemetry per class. No verdicts: "
+             + ". T: the target T recorded in the run's telemetry per class, as median (min–max) over its records when it changed. No verdicts: "
                "measurements only.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
