@@ -9,7 +9,7 @@ from fp4repro.results import eval_dir, run_dir, write_table
 
 
 def _metrics(results, recipe, seed, steps, data="d1", device="NVIDIA H200"):
-    table = pd.DataFrame({"step": range(1, steps + 1), "tokens": [s * 2048 for s in range(1, steps + 1)],
+    table = pd.DataFrame({"step": range(1, steps + 1), "tokens": [s * 1536 for s in range(1, steps + 1)],
                           "stage": "stage1", "loss": 3.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1024.0,
                           "attempt": 0})
     write_table(run_dir(results, "tiny", recipe, seed) / "metrics.parquet", table,
@@ -18,7 +18,7 @@ def _metrics(results, recipe, seed, steps, data="d1", device="NVIDIA H200"):
 
 def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, capsys):
     results = tmp_path / "results"
-    total = 192                                           # tiny: 393,216 tokens of 16 x 128
+    total = 192                                           # tiny: 294,912 tokens of 12 x 128
     _metrics(results, "bf16", 0, total)
     _metrics(results, "ue5m3", 0, 40, data="d2")          # stopped early (a divergence keeps its steps)
     folder = eval_dir(results, "tiny", "bf16", 0)
@@ -27,11 +27,11 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
     assert main(["inventory", "--experiment", "tiny", "--results", str(results)]) == 0
     found = json.loads((results / "tiny/runs.json").read_text())
     runs = {r["recipe"]: r for r in found["runs"]}
-    assert runs["bf16"] == {"recipe": "bf16", "seed": 0, "steps": total, "tokens": total * 2048, "finished": True,
+    assert runs["bf16"] == {"recipe": "bf16", "seed": 0, "steps": total, "tokens": total * 1536, "finished": True,
                             "corpus": "d1", "device": "NVIDIA H200", "commit": "abc", "dirty": False,
                             "train_seconds": round(total * 2.0, 1), "evaluation": ["final_loss.json"],
                             "final_loss": 2.5}
-    assert runs["ue5m3"]["finished"] is False and runs["ue5m3"]["tokens"] == 40 * 2048
+    assert runs["ue5m3"]["finished"] is False and runs["ue5m3"]["tokens"] == 40 * 1536
     assert {(m["recipe"], m["seed"]) for m in found["missing"]} == {("nvfp4", 0), ("ue5m3_t2048", 0), ("mxfp4", 0)}
     assert found["corpora"] == ["d1", "d2"]
     out = capsys.readouterr().out
