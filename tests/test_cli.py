@@ -79,7 +79,7 @@ def test_experiment_command(capsys):
     assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"]
     assert main(["experiment", "tiny"]) == 0
     out = capsys.readouterr().out
-    assert "stage2: 131,072 tokens (64 steps), blend code 0.6, prose 0.4" in out
+    assert "stage2: 98,304 tokens (64 steps), blend code 0.6, prose 0.4" in out
     assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
     assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t2048 0; mxfp4 0\n" in out

@@ -29,7 +29,7 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
     runs = {r["recipe"]: r for r in found["runs"]}
     assert runs["bf16"] == {"recipe": "bf16", "seed": 0, "steps": total, "tokens": total * 1536, "finished": True,
                             "corpus": "d1", "device": "NVIDIA H200", "commit": "abc", "dirty": False,
-                            "train_seconds": round(total * 2.0, 1), "evaluation": ["final_loss.json"],
+                            "train_seconds": round(total * 1536 / 1024, 1), "evaluation": ["final_loss.json"],
                             "final_loss": 2.5}
     assert runs["ue5m3"]["finished"] is False and runs["ue5m3"]["tokens"] == 40 * 1536
     assert {(m["recipe"], m["seed"]) for m in found["missing"]} == {("nvfp4", 0), ("ue5m3_t2048", 0), ("mxfp4", 0)}
