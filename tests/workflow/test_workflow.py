@@ -60,7 +60,8 @@ def test_paper8b_training_stops_before_any_compute_without_gpus_or_with_pipeline
 
 
 def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
-    text = (PACKAGED / "experiment/tiny.yaml").read_text().replace("batch_size: 16", "batch_size: -3")
+    text, replaced = re.subn(r"batch_size: \d+", "batch_size: -3", (PACKAGED / "experiment/tiny.yaml").read_text())
+    assert replaced == 1                  # the file still has the field this test breaks
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     proc = snakemake(tmp_path, "-n", "--config", f"experiment={bad}", check=False)
