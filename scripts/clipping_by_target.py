@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Clipping of stochastically rounded operands as a function of the target T (CPU, ~10 s).
+"""Clipping of stochastically rounded operands as a function of the target T (CPU, under 30 s).
 
 Under SR an element counts as clipped when |x · e_b| > Emax: the block scale, rounded to
 nearest on UE5M3's 3-bit mantissa, came out below the block amax's exact scale T · amax_b / A,
