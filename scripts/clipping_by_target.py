@@ -21,7 +21,6 @@ Usage: python scripts/clipping_by_target.py [--out PATH]
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -42,11 +41,10 @@ def stand_in_dy(seed: int) -> torch.Tensor:
     return (z / (chi2 / 3).sqrt() * torch.exp(torch.randn(512, 1, generator=g))).bfloat16()
 
 
-def clipped_fraction(x: torch.Tensor, target: float, held: float) -> float:
-    """Clipped / non-zero elements of x quantized as ue5m3's dY at this T with amax = held · amax(x)."""
+def clipped_fraction(x: torch.Tensor, target: float, amax: torch.Tensor) -> float:
+    """Clipped / non-zero elements of x quantized as ue5m3's dY at this T with this (held) amax."""
     spec = QuantSpec(element="e2m1", scale="ue5m3", block=(1, 16), target=target, rounding="sr")
-    amax = x.float().abs().max() * held
-    stats = reference.quantize(x, spec, amax=amax, generator=torch.Generator().manual_seed(1), stats=True).stats
+    stats = reference.scaled_operand(x, spec, amax=amax, generator=torch.Generator().manual_seed(1), stats=True).stats
     return stats.clipped_elements / stats.nonzero_elements
 
 
@@ -57,11 +55,11 @@ def main() -> None:
     rows = []
     for seed in (0, 1):
         x = stand_in_dy(seed)
+        live = reference.tensor_amax(x)
         for name, held in HELD.items():
             for target in TARGETS:
                 rows.append({"seed": seed, "amax": name, "target": target,
-                             "power_of_two": target == 2.0 ** round(torch.log2(torch.tensor(target)).item()),
-                             "clipped_fraction": clipped_fraction(x, target, held)})
+                             "clipped_fraction": clipped_fraction(x, target, live * held)})
     print(f"{'seed':>4}  {'amax':<11}" + "".join(f"{t:>11g}" for t in TARGETS))
     for seed in (0, 1):
         for name in HELD:
