@@ -638,8 +638,8 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
              "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
              "gradients: dgrad.dy, wgrad.dy"
              + f"; {_seeds_text(runs, present, seeds)}"
-             + ". T: the target T recorded in the run's telemetry per class, as median (min–max) over its records when it changed. No verdicts: "
-               "measurements only.", "",
+             + ". T: the target T recorded in the run's telemetry per class, as median (min–max) over its "
+               "records when it changed. No verdicts: measurements only.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row.recipe] + [_rate_text(row.rate(c, e)) for e in EVENTS for c in classes]
