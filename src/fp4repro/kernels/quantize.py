@@ -361,154 +361,170 @@ def _quantize_kernel(
     S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
     WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
     LIVE: tl.constexpr = False, LIVE_SLOTS: tl.constexpr = 1, LIVE_SLOT_STRIDE: tl.constexpr = 1,
-    SR_MAP: tl.constexpr = 0,
+    SR_MAP: tl.constexpr = 0, LIVE_TILES: tl.constexpr = 1,
 ):
-    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
-                                   TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
-    g, d = _tensor_scale(amax_ptr, emax_t, HAS_TARGET)
-    if (pid_r == 0) & (pid_c == 0):
-        tl.store(d_ptr, d)
-
-    # Blocks as a 4-D view (P, B1, Q, B2) reduced over axes 1 and 3: row-major tiles are
-    # (block rows, BLOCK_R, block cols, BLOCK_C); column-wise tiles, in memory order, are
-    # (block cols, BLOCK_C, block rows, BLOCK_R). Everything up to the stores is the same math.
+    pid_c = tl.program_id(1)
     NB_R: tl.constexpr = TILE_R // BLOCK_R
     NB_C: tl.constexpr = TILE_C // BLOCK_C
-    if COLUMNWISE:
-        xb = tl.reshape(x, (NB_C, BLOCK_C, NB_R, BLOCK_R))
-    else:
-        xb = tl.reshape(x, (NB_R, BLOCK_R, NB_C, BLOCK_C))
-    if SR:
-        # the uniforms of M's 8-groups (one Philox call each), built directly in memory order;
-        # with SR_MAP a shard's rows (1) or 8-groups (2) at their places in the whole tensor
-        grp = (pid_c * (TILE_C // 8) + tl.arange(0, TILE_C // 8)).to(tl.int64)
-        at_r = offs_r.to(tl.int64)
-        if SR_MAP == 1:
-            at_r = tl.load(rand_map_ptr + offs_r, mask=offs_r < rows, other=0)
-        if SR_MAP == 2:
-            grp = tl.load(rand_map_ptr + grp, mask=grp < cols_padded // 8, other=0)
-        if COLUMNWISE:   # (TILE_C // 8, 8, TILE_R): group, byte, M row
-            counter = (rand_offset // 8 + at_r[None, None, :] * (rand_pitch // 8) + grp[:, None, None])
-            rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN)
-            rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
-        else:            # (TILE_R, TILE_C // 8, 8): M row, group, byte
-            counter = (rand_offset // 8 + at_r[:, None, None] * (rand_pitch // 8) + grp[None, :, None])
-            rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN)
-            rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
-    else:
-        rand = 0
-    qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
-        xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
-    if LIVE:
-        # the live tensor amax, max |x| after the RHT with NaN counted as inf (padding is zero), as
-        # a by-product, max-folded by an integer atomic max (as _amax_kernel) into one of
-        # LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of tiles on one
-        # address serialize in L2 (on an H200 that cost 19-51% of the kernel). Reduced here, right
-        # after the block math and before the stores, the values it reads need not be kept across
-        # the stores (without telemetry, which reads them later anyway) (sm_90 registers per
-        # thread with the live amax after the stores -> here: RHT 70 -> 55, RHT+SR 87 -> 72,
-        # column-wise 236 -> 168; H200 live/plain RHT+SR 1.29 -> 1.12, column-wise RNE 1.10 ->
-        # 1.01, column-wise RHT+SR 1.13 -> 1.16), for a few more instructions.
-        # Two formulations of the same value; which one compiles to fewer instructions depends on
-        # the tile (sm_90 SASS per thread, main path, plain -> with the live amax):
-        if COLUMNWISE or ((BLOCK_R > 1) and (BLOCK_C > 1)):
-            # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
-            # inf): 16x16 360 -> 386, column-wise 1x16 2214 -> 2244, with RHT+SR 2636 -> 3259
-            live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
-            live = tl.max(tl.max(live, axis=1), axis=0)
-        else:
-            # row-wise 1-row blocks: the max of |x|'s bits over the flat tile, NaN patterns
-            # (above inf's) then lowered to inf. Reducing the block amaxes (after the stores) made
-            # Triton's layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738);
-            # this way RHT 508 -> 632 here, and on an H200 reducing the block amaxes here too was
-            # slower (RHT live/plain 1.34 against 1.20)
-            flat = tl.reshape(a.to(tl.int32, bitcast=True), (TILE_R * TILE_C,))
-            live = tl.minimum(tl.max(flat, axis=0), 0x7F800000)
-        slot = (pid_r * tl.num_programs(1) + pid_c) % LIVE_SLOTS
-        tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
-    if WRITE_CODES or STATS:
-        q = tl.where(keep[:, None, :, None], qk, 0.0)
+    # The live amax (LIVE) a program finds is max-folded by an integer atomic max (as _amax_kernel)
+    # into one of LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of
+    # programs on one address serialize in L2 (on an H200 that cost 19-51% of the kernel). Its
+    # reduction across the program's warps (shared memory and two barriers) and the atomic cost
+    # the short row-wise 1x16 tiles 5-7% each; with LIVE_TILES > 1 (row-wise tiles without the
+    # RHT, see kernels._live_tiles) a program quantizes that many row tiles in a row and pays
+    # them once.
+    slot = (tl.program_id(0) * tl.num_programs(1) + pid_c) % LIVE_SLOTS
+    tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT), "LIVE_TILES > 1: row-wise tiles without the RHT")
+    live_acc = tl.zeros((NB_R, NB_C), tl.int32)
+    for t in range(LIVE_TILES):   # a loop only with LIVE_TILES > 1
+        pid_r = tl.program_id(0) * LIVE_TILES + t
+        x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
+                                       TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
+        g, d = _tensor_scale(amax_ptr, emax_t, HAS_TARGET)
+        if (pid_r == 0) & (pid_c == 0):
+            tl.store(d_ptr, d)
 
-    if WRITE_QS:
-        qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)
+        # Blocks as a 4-D view (P, B1, Q, B2) reduced over axes 1 and 3: row-major tiles are
+        # (block rows, BLOCK_R, block cols, BLOCK_C); column-wise tiles, in memory order, are
+        # (block cols, BLOCK_C, block rows, BLOCK_R). Everything up to the stores is the same math.
         if COLUMNWISE:
-            out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
-            qs = tl.reshape(qs, (TILE_C, TILE_R))
+            xb = tl.reshape(x, (NB_C, BLOCK_C, NB_R, BLOCK_R))
         else:
-            out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
-            qs = tl.reshape(qs, (TILE_R, TILE_C))
-        if EVEN:
-            tl.store(out, qs)
+            xb = tl.reshape(x, (NB_R, BLOCK_R, NB_C, BLOCK_C))
+        if SR:
+            # the uniforms of M's 8-groups (one Philox call each), built directly in memory order;
+            # with SR_MAP a shard's rows (1) or 8-groups (2) at their places in the whole tensor
+            grp = (pid_c * (TILE_C // 8) + tl.arange(0, TILE_C // 8)).to(tl.int64)
+            at_r = offs_r.to(tl.int64)
+            if SR_MAP == 1:
+                at_r = tl.load(rand_map_ptr + offs_r, mask=offs_r < rows, other=0)
+            if SR_MAP == 2:
+                grp = tl.load(rand_map_ptr + grp, mask=grp < cols_padded // 8, other=0)
+            if COLUMNWISE:   # (TILE_C // 8, 8, TILE_R): group, byte, M row
+                counter = (rand_offset // 8 + at_r[None, None, :] * (rand_pitch // 8) + grp[:, None, None])
+                rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN)
+                rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
+            else:            # (TILE_R, TILE_C // 8, 8): M row, group, byte
+                counter = (rand_offset // 8 + at_r[:, None, None] * (rand_pitch // 8) + grp[None, :, None])
+                rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN)
+                rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
         else:
-            tl.store(out, qs, mask=_tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE))
-
-    if WRITE_CODES:  # codes in M's row-major layout (transposed in registers for column-wise tiles)
-        if COLUMNWISE:
-            qt = tl.trans(tl.reshape(q, (TILE_C, TILE_R)))
-            s_m = tl.trans(s)
-            bad_m = tl.trans(block_bad)
-        else:
-            qt = tl.reshape(q, (TILE_R, TILE_C))
-            s_m = s
-            bad_m = block_bad
-        code = _encode_grid(tl.abs(qt), E_BIAS, E_MAN, True)
-        code = code | ((qt.to(tl.int32, bitcast=True) >> 28) & 8)
-        lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
-        byte = (lo | (hi << 4)).to(tl.uint8)
-        half_c = pid_c * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
-        rows_padded = tl.cdiv(rows, BLOCK_R) * BLOCK_R
-        cmask = (offs_r[:, None] < rows_padded) & (half_c[None, :] < cols_padded // 2)
-        tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte, mask=cmask)
-        s_code = _encode_grid(s_m, S_BIAS, S_MAN, S_HAS_ZERO)
-        s_code = tl.where(bad_m, S_NAN_CODE, s_code).to(tl.uint8)
-        br = pid_r * NB_R + tl.arange(0, NB_R)
-        bc = pid_c * NB_C + tl.arange(0, NB_C)
-        n_bc = cols_padded // BLOCK_C
-        smask = (br[:, None] < tl.cdiv(rows, BLOCK_R)) & (bc[None, :] < n_bc)
-        tl.store(scales_ptr + br[:, None].to(tl.int64) * n_bc + bc[None, :], s_code, mask=smask)
-
-    if STATS:
-        # counts: [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32);
-        # sums: [sq_error, sq_norm] (float64)
-        real_r = (pid_r * NB_R + tl.arange(0, NB_R)) * BLOCK_R < rows
-        real_c = (pid_c * NB_C + tl.arange(0, NB_C)) * BLOCK_C < cols_padded
-        if COLUMNWISE:
-            real = real_c[:, None] & real_r[None, :]
-        else:
-            real = real_r[:, None] & real_c[None, :]
-        finite_b = ~block_bad
-        saturated = real & finite_b & (unclamped > S_OVERFLOW)
-        underflow = real & finite_b & (block_amax > 0.0) & (s == 0.0)
-        finite_x = a <= FLT_MAX
-        nonzero = finite_x & (xb != 0.0)
-        zeroed = nonzero & (q == 0.0)
-        # clipped: |x| · e_b >= E_CLIP (the reference's clip_threshold) on the product the clamp
-        # took, in kept blocks, at real elements only (after the RHT the padded columns of a
-        # 16-group hold values, and tiles reach past the matrix)
-        clipped = keep[:, None, :, None] & (scaled >= E_CLIP)
-        if not EVEN:
-            inside = _tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE)
-            if COLUMNWISE:
-                inside = tl.reshape(inside, (NB_C, BLOCK_C, NB_R, BLOCK_R))
+            rand = 0
+        qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
+            xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
+        if LIVE and (LIVE_TILES > 1):
+            # several tiles a program: their block amaxes max-folded elementwise here, reduced across
+            # the program's warps once, after the loop
+            live_acc = tl.maximum(live_acc, tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True)))
+        if LIVE and (LIVE_TILES == 1):
+            # the tile's live amax, max |x| after the RHT with NaN counted as inf (padding is zero),
+            # as a by-product. Reduced here, right after the block math and before the stores, the
+            # values it reads need not be kept across the stores (without telemetry, which reads
+            # them later anyway) (sm_90 registers per thread with the live amax after the stores ->
+            # here: RHT 70 -> 55, RHT+SR 87 -> 72, column-wise 236 -> 168; H200 live/plain RHT+SR
+            # 1.29 -> 1.12, column-wise RNE 1.10 -> 1.01, column-wise RHT+SR 1.13 -> 1.16), for a
+            # few more instructions.
+            # Two formulations of the same value; which one compiles to fewer instructions depends on
+            # the tile (sm_90 SASS per thread, main path, plain -> with the live amax):
+            if COLUMNWISE or ((BLOCK_R > 1) and (BLOCK_C > 1)):
+                # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
+                # inf): 16x16 360 -> 386, column-wise 1x16 2214 -> 2244, with RHT+SR 2636 -> 3259
+                live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
+                live = tl.max(tl.max(live, axis=1), axis=0)
             else:
-                inside = tl.reshape(inside, (NB_R, BLOCK_R, NB_C, BLOCK_C))
-            clipped = clipped & inside
-        xhat = q * tl.where(keep, s, 0.0)[:, None, :, None] * d
-        in_sum = finite_b[:, None, :, None]                          # finite blocks only
-        # float64: exact differences (no FMA contraction can differ from the reference) and squares
-        # of 1e30 stay finite
-        err = tl.where(in_sum, xhat.to(tl.float64) - xb.to(tl.float64), 0.0)
-        ref = tl.where(in_sum, xb, 0.0).to(tl.float64)
-        n: tl.constexpr = TILE_R * TILE_C
-        tl.atomic_add(counts_ptr + 0, tl.sum(tl.sum(saturated.to(tl.int32), axis=1), axis=0))
-        tl.atomic_add(counts_ptr + 1, tl.sum(tl.sum(underflow.to(tl.int32), axis=1), axis=0))
-        tl.atomic_add(counts_ptr + 2, tl.sum(tl.reshape(nonzero.to(tl.int32), (n,)), axis=0))
-        tl.atomic_add(counts_ptr + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
-        tl.atomic_add(counts_ptr + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
-        tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
-        tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
-        tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
+                # row-wise 1-row blocks: the max of |x|'s bits over the flat tile, NaN patterns
+                # (above inf's) then lowered to inf. Reducing the block amaxes (after the stores) made
+                # Triton's layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738);
+                # this way RHT 508 -> 632 here, and on an H200 reducing the block amaxes here too was
+                # slower (RHT live/plain 1.34 against 1.20)
+                flat = tl.reshape(a.to(tl.int32, bitcast=True), (TILE_R * TILE_C,))
+                live = tl.minimum(tl.max(flat, axis=0), 0x7F800000)
+            tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
+        if WRITE_CODES or STATS:
+            q = tl.where(keep[:, None, :, None], qk, 0.0)
+
+        if WRITE_QS:
+            qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)
+            if COLUMNWISE:
+                out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
+                qs = tl.reshape(qs, (TILE_C, TILE_R))
+            else:
+                out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
+                qs = tl.reshape(qs, (TILE_R, TILE_C))
+            if EVEN:
+                tl.store(out, qs)
+            else:
+                tl.store(out, qs, mask=_tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE))
+
+        if WRITE_CODES:  # codes in M's row-major layout (transposed in registers for column-wise tiles)
+            if COLUMNWISE:
+                qt = tl.trans(tl.reshape(q, (TILE_C, TILE_R)))
+                s_m = tl.trans(s)
+                bad_m = tl.trans(block_bad)
+            else:
+                qt = tl.reshape(q, (TILE_R, TILE_C))
+                s_m = s
+                bad_m = block_bad
+            code = _encode_grid(tl.abs(qt), E_BIAS, E_MAN, True)
+            code = code | ((qt.to(tl.int32, bitcast=True) >> 28) & 8)
+            lo, hi = tl.split(tl.reshape(code, (TILE_R, TILE_C // 2, 2)))
+            byte = (lo | (hi << 4)).to(tl.uint8)
+            half_c = pid_c * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
+            rows_padded = tl.cdiv(rows, BLOCK_R) * BLOCK_R
+            cmask = (offs_r[:, None] < rows_padded) & (half_c[None, :] < cols_padded // 2)
+            tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte, mask=cmask)
+            s_code = _encode_grid(s_m, S_BIAS, S_MAN, S_HAS_ZERO)
+            s_code = tl.where(bad_m, S_NAN_CODE, s_code).to(tl.uint8)
+            br = pid_r * NB_R + tl.arange(0, NB_R)
+            bc = pid_c * NB_C + tl.arange(0, NB_C)
+            n_bc = cols_padded // BLOCK_C
+            smask = (br[:, None] < tl.cdiv(rows, BLOCK_R)) & (bc[None, :] < n_bc)
+            tl.store(scales_ptr + br[:, None].to(tl.int64) * n_bc + bc[None, :], s_code, mask=smask)
+
+        if STATS:
+            # counts: [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32);
+            # sums: [sq_error, sq_norm] (float64)
+            real_r = (pid_r * NB_R + tl.arange(0, NB_R)) * BLOCK_R < rows
+            real_c = (pid_c * NB_C + tl.arange(0, NB_C)) * BLOCK_C < cols_padded
+            if COLUMNWISE:
+                real = real_c[:, None] & real_r[None, :]
+            else:
+                real = real_r[:, None] & real_c[None, :]
+            finite_b = ~block_bad
+            saturated = real & finite_b & (unclamped > S_OVERFLOW)
+            underflow = real & finite_b & (block_amax > 0.0) & (s == 0.0)
+            finite_x = a <= FLT_MAX
+            nonzero = finite_x & (xb != 0.0)
+            zeroed = nonzero & (q == 0.0)
+            # clipped: |x| · e_b >= E_CLIP (the reference's clip_threshold) on the product the clamp
+            # took, in kept blocks, at real elements only (after the RHT the padded columns of a
+            # 16-group hold values, and tiles reach past the matrix)
+            clipped = keep[:, None, :, None] & (scaled >= E_CLIP)
+            if not EVEN:
+                inside = _tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE)
+                if COLUMNWISE:
+                    inside = tl.reshape(inside, (NB_C, BLOCK_C, NB_R, BLOCK_R))
+                else:
+                    inside = tl.reshape(inside, (NB_R, BLOCK_R, NB_C, BLOCK_C))
+                clipped = clipped & inside
+            xhat = q * tl.where(keep, s, 0.0)[:, None, :, None] * d
+            in_sum = finite_b[:, None, :, None]                          # finite blocks only
+            # float64: exact differences (no FMA contraction can differ from the reference) and squares
+            # of 1e30 stay finite
+            err = tl.where(in_sum, xhat.to(tl.float64) - xb.to(tl.float64), 0.0)
+            ref = tl.where(in_sum, xb, 0.0).to(tl.float64)
+            n: tl.constexpr = TILE_R * TILE_C
+            tl.atomic_add(counts_ptr + 0, tl.sum(tl.sum(saturated.to(tl.int32), axis=1), axis=0))
+            tl.atomic_add(counts_ptr + 1, tl.sum(tl.sum(underflow.to(tl.int32), axis=1), axis=0))
+            tl.atomic_add(counts_ptr + 2, tl.sum(tl.reshape(nonzero.to(tl.int32), (n,)), axis=0))
+            tl.atomic_add(counts_ptr + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
+            tl.atomic_add(counts_ptr + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
+            tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
+            tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
+            tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
+    if LIVE and (LIVE_TILES > 1):
+        live = tl.max(tl.max(live_acc, axis=1), axis=0)
+        tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
 
 
 @triton.jit
