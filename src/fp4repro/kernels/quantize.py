@@ -374,7 +374,8 @@ def _quantize_kernel(
     # RHT, see kernels._live_tiles) a program quantizes that many row tiles in a row and pays
     # them once.
     slot = (tl.program_id(0) * tl.num_programs(1) + pid_c) % LIVE_SLOTS
-    tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT), "LIVE_TILES > 1: row-wise tiles without the RHT")
+    tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT),
+                     "LIVE_TILES > 1: row-wise tiles without the RHT")
     live_acc = tl.zeros((NB_R, NB_C), tl.int32)
     for t in range(LIVE_TILES):   # a loop only with LIVE_TILES > 1
         pid_r = tl.program_id(0) * LIVE_TILES + t
@@ -415,7 +416,8 @@ def _quantize_kernel(
         if LIVE and (LIVE_TILES > 1):
             # several tiles a program: their block amaxes max-folded elementwise here, reduced across
             # the program's warps once, after the loop
-            live_acc = tl.maximum(live_acc, tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True)))
+            block_bits = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
+            live_acc = tl.maximum(live_acc, block_bits)
         if LIVE and (LIVE_TILES == 1):
             # the tile's live amax, max |x| after the RHT with NaN counted as inf (padding is zero),
             # as a by-product. Reduced here, right after the block math and before the stores, the
@@ -449,7 +451,8 @@ def _quantize_kernel(
                 out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
                 qs = tl.reshape(qs, (TILE_C, TILE_R))
             else:
-                out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
+                out = (qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r
+                       + offs_c[None, :].to(tl.int64) * out_stride_c)
                 qs = tl.reshape(qs, (TILE_R, TILE_C))
             if EVEN:
                 tl.store(out, qs)
@@ -472,7 +475,8 @@ def _quantize_kernel(
             half_c = pid_c * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
             rows_padded = tl.cdiv(rows, BLOCK_R) * BLOCK_R
             cmask = (offs_r[:, None] < rows_padded) & (half_c[None, :] < cols_padded // 2)
-            tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte, mask=cmask)
+            tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte,
+                     mask=cmask)
             s_code = _encode_grid(s_m, S_BIAS, S_MAN, S_HAS_ZERO)
             s_code = tl.where(bad_m, S_NAN_CODE, s_code).to(tl.uint8)
             br = pid_r * NB_R + tl.arange(0, NB_R)
