@@ -144,15 +144,16 @@ def test_without_live_no_live_constexprs():
     assert not any(name.startswith("LIVE") for name in plain)
     assert live.pop("LIVE") is True and live.pop("LIVE_SLOTS") > 1 and live.pop("LIVE_SLOT_STRIDE") >= 1
     live.pop("LIVE_TILES", None)           # row tiles a program folds (a 2x1 grid of 16x128 tiles here)
+    live.pop("LIVE_UNROLL", None)
     assert live == plain
 
 
 @pytest.mark.parametrize("name", ["ue5m3 held", "ue5m3 T2048 SR"])
 @pytest.mark.parametrize("rows", [64, 80])
 def test_every_row_tile_of_a_program_reaches_the_slots(name, rows):
-    # row-wise 1x16 tiles are folded LIVE_TILES to a program and reduced once after its loop: a
-    # single largest element in any one of the 16-row tiles (the last program of 80 rows has one
-    # real tile and three wholly masked ones) must be the live amax
+    # row-wise 1x16 tiles are folded LIVE_TILES to a program (RNE 2 unrolled, SR 4 in a loop) and
+    # reduced once after its loop: a single largest element in any one of the 16-row tiles (the
+    # last program of 80 rows has one real tile and the rest wholly masked) must be the live amax
     spec = SPECS[name]
     constexprs = dict(_quantize_plan(spec, (rows, 128), (128, 1), True, False, False, True)[3])
     assert constexprs["LIVE_TILES"] > 1 and constexprs["EVEN"] == (rows % (16 * constexprs["LIVE_TILES"]) == 0)

@@ -115,14 +115,19 @@ def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> t
     return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, RHT=rht, SIGN_BITS=SIGN_BITS, COLUMNWISE=columnwise).items())
 
 
-def _live_tiles(spec: QuantSpec, columnwise: bool) -> int:
-    """Row tiles one program quantizes when it also reduces the live amax (``LIVE_TILES``): 4 for
-    row-wise tiles of 1-row blocks without the RHT, 1 otherwise. A program pays the live amax's
-    reduction across its warps and its atomic once, however many tiles it folds in; on an H200
-    (8192x8192 BF16, live/plain, one process each) 1x16 RNE went 1.06 -> 1.01-1.02 and SR 1.06 ->
-    0.98 with 4, but 16x16 1.00 -> 1.04 and column-wise RNE 1.01-1.04 -> 1.09-1.10; with the RHT
-    the fold keeps the butterfly's output in a second layout (see _quantize_kernel)."""
-    return 4 if not columnwise and spec.block[0] == 1 and not spec.rht else 1
+def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
+    """(row tiles one program quantizes when it also reduces the live amax, how many of them are
+    unrolled): ``LIVE_TILES`` and ``LIVE_UNROLL``. A program pays the live amax's reduction across
+    its warps and its atomic once, however many tiles it folds in. Row-wise tiles of 1-row blocks
+    without the RHT: RNE 2 unrolled, SR 4 in a loop; everything else 1. On an H200 (8192x8192
+    BF16, live/plain, three alternating processes each) 1x16 RNE was 1.06 with one tile, 1.018-1.021
+    with 4 looped and 1.004-1.005 with 2 unrolled; SR 1.06, 0.97-0.98 looped and 1.03-1.04 unrolled
+    (its Philox draws take the registers unrolling needs). 16x16 and column-wise tiles got slower
+    with 4 (1.00 -> 1.04, 1.01-1.04 -> 1.09-1.10); with the RHT the fold keeps the butterfly's
+    output in a second layout (see _quantize_kernel)."""
+    if columnwise or spec.block[0] != 1 or spec.rht:
+        return 1, 1
+    return (4, 1) if spec.rounding == "sr" else (2, 2)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,14 +140,14 @@ def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, 
     rows_p, cols_p = padded_shape(rows, cols, spec)
     columnwise = _columnwise(shape, strides)
     tile_r, tile_c, warps = _tiles(spec, columnwise)
-    tiles = _live_tiles(spec, columnwise) if live else 1
+    tiles, unroll = _live_tiles(spec, columnwise) if live else (1, 1)
     constexprs = dict(TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0],
                       BLOCK_C=spec.block[1], WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats,
                       EVEN=rows % (tile_r * tiles) == 0 and cols % tile_c == 0, **_launch_args(spec))
     if live:   # absent otherwise: the kernel's defaults, the same compiled kernel as before
         constexprs.update(LIVE=True, LIVE_SLOTS=LIVE_SLOTS, LIVE_SLOT_STRIDE=LIVE_SLOT_STRIDE)
     if tiles > 1:
-        constexprs.update(LIVE_TILES=tiles)
+        constexprs.update(LIVE_TILES=tiles, LIVE_UNROLL=unroll)
     if sr_map:
         constexprs.update(SR_MAP=sr_map)
     grid = (_cdiv(rows_p, tile_r * tiles), _cdiv(cols_p, tile_c))

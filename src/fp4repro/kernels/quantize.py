@@ -361,7 +361,7 @@ def _quantize_kernel(
     S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
     WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
     LIVE: tl.constexpr = False, LIVE_SLOTS: tl.constexpr = 1, LIVE_SLOT_STRIDE: tl.constexpr = 1,
-    SR_MAP: tl.constexpr = 0, LIVE_TILES: tl.constexpr = 1,
+    SR_MAP: tl.constexpr = 0, LIVE_TILES: tl.constexpr = 1, LIVE_UNROLL: tl.constexpr = 1,
 ):
     pid_c = tl.program_id(1)
     NB_R: tl.constexpr = TILE_R // BLOCK_R
@@ -370,14 +370,14 @@ def _quantize_kernel(
     # into one of LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of
     # programs on one address serialize in L2 (on an H200 that cost 19-51% of the kernel). Its
     # reduction across the program's warps (shared memory and two barriers) and the atomic cost
-    # the short row-wise 1x16 tiles 5-7% each; with LIVE_TILES > 1 (row-wise tiles without the
-    # RHT, see kernels._live_tiles) a program quantizes that many row tiles in a row and pays
-    # them once.
+    # the short row-wise 1x16 tiles 4-7% each; with LIVE_TILES > 1 (row-wise tiles without the
+    # RHT, see kernels._live_tiles) a program quantizes that many row tiles in a row, LIVE_UNROLL
+    # of them unrolled, and pays them once.
     slot = (tl.program_id(0) * tl.num_programs(1) + pid_c) % LIVE_SLOTS
     tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT),
                      "LIVE_TILES > 1: row-wise tiles without the RHT")
     live_acc = tl.zeros((NB_R, NB_C), tl.int32)
-    for t in range(LIVE_TILES):   # a loop only with LIVE_TILES > 1
+    for t in tl.range(LIVE_TILES, loop_unroll_factor=LIVE_UNROLL):   # a loop only with LIVE_TILES > 1
         pid_r = tl.program_id(0) * LIVE_TILES + t
         x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
                                        TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
