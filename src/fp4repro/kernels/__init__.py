@@ -123,8 +123,8 @@ def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
     BF16, live/plain, three alternating processes each) 1x16 RNE was 1.06 with one tile,
     1.018-1.021 with 4 looped and 1.004-1.005 with 2 unrolled; SR 1.06, 0.97-0.98 looped and
     1.03-1.04 unrolled. 16x16 and column-wise tiles got slower with 4 (1.00 -> 1.04, 1.01-1.04 ->
-    1.09-1.10); with the RHT the fold keeps the butterfly's output in a second layout (see
-    _quantize_kernel)."""
+    1.09-1.10). With the RHT a tile's amax is reduced inside the butterfly (``_rht16``), so more
+    tiles a program would not save its reductions."""
     if columnwise or spec.block[0] != 1 or spec.rht:
         return 1, 1
     return (4, 1) if spec.rounding == "sr" else (2, 2)

@@ -15,10 +15,11 @@ running along its columns (the GEMM's reduction dimension):
                        that changes at every amax refresh reuses the compiled kernel), and d is
                        written out too (program (0, 0)): a quantization with a held amax is one
                        launch and nothing else. With LIVE (constexpr) it also max-folds the tile's
-                       max |x| (from the |x| or block amaxes it has anyway) into running live-amax
-                       slots (integer atomic maxima, as ``_amax_kernel``, spread over LIVE_SLOTS
-                       addresses), so the growth of a held amax is seen without a pass, and
-                       across calls without a launch.
+                       max |x| (from the block amaxes it has anyway, or with the RHT from the
+                       butterfly's last stage) into running live-amax slots (integer atomic
+                       maxima, as ``_amax_kernel``, spread over LIVE_SLOTS addresses), so the
+                       growth of a held amax is seen without a pass, and across calls without a
+                       launch.
 
 Because M is addressed through strides, the column-wise variant that wgrad needs (Xᵀ blocked
 along tokens) is the same kernel on X's transposed view: nothing is materialized.
@@ -168,8 +169,18 @@ def _encode_grid(q, BIAS: tl.constexpr, MAN: tl.constexpr, SUBNORMALS: tl.conste
 
 @triton.jit
 def _rht16(x, TILE_R: tl.constexpr, TILE_C: tl.constexpr, SIGN_BITS: tl.constexpr):
-    """x·diag(s)·H16/4 on every group of 16 columns of a (TILE_R, TILE_C) tile (butterfly);
-    bit i of SIGN_BITS is set where the sign vector s has -1."""
+    """(y, amax bits): y = x·diag(s)·H16/4 on every group of 16 columns of a (TILE_R, TILE_C)
+    tile (butterfly), bit i of SIGN_BITS set where the sign vector s has -1; and max |y| over the
+    tile as int32 float bits, NaN patterns (above inf's) where y holds a NaN.
+
+    The amax comes from the last stage's inputs a, b, before the outputs a ± b are joined:
+    max(|fl(a + b)|, |fl(a - b)|) = fl(|a| + |b|) (one of a ± b adds the magnitudes, rounding is
+    sign-symmetric, and the other is no larger), which is inf where a ± b holds an inf or the
+    NaN of inf - inf, and NaN where a or b is NaN; then · 1/4 after the max (a monotone rounding
+    commutes with it). Reduced there, in the butterfly's own layout, it costs the tile a
+    reduction and no second copy of y (reducing |y| after the reshape made Triton's layout pass
+    keep y in a second layout as well: sm_90 RHT, instructions per thread 508 -> 632, against
+    508 -> 562 this way). Unused, it compiles to nothing."""
     col = tl.arange(0, TILE_C) % 16
     sign = tl.where(((SIGN_BITS >> col) & 1) == 1, -1.0, 1.0)
     y = x * sign[None, :]
@@ -180,13 +191,16 @@ def _rht16(x, TILE_R: tl.constexpr, TILE_C: tl.constexpr, SIGN_BITS: tl.constexp
     y = tl.reshape(y, (TILE_R * TILE_C // 8, 2, 4))
     y = _butterfly(y)
     y = tl.reshape(y, (TILE_R * TILE_C // 16, 2, 8))
-    y = _butterfly(y)
-    return tl.reshape(y, (TILE_R, TILE_C)) * 0.25
+    a, b = tl.split(tl.permute(y, (0, 2, 1)))
+    amax = tl.max((tl.abs(a) + tl.abs(b)).to(tl.int32, bitcast=True))
+    y = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
+    amax = (amax.to(tl.float32, bitcast=True) * 0.25).to(tl.int32, bitcast=True)
+    return tl.reshape(y, (TILE_R, TILE_C)) * 0.25, amax
 
 
 @triton.jit
 def _butterfly(y):
-    """(n, 2, h) -> (n, 2, h) with [a, b] -> [a + b, a - b]."""
+    """(n, 2, h) -> (n, 2, h) with [a, b] -> [a + b, a - b] (the last stage is in ``_rht16``)."""
     a, b = tl.split(tl.permute(y, (0, 2, 1)))
     return tl.permute(tl.join(a + b, a - b), (0, 2, 1))
 
@@ -237,7 +251,8 @@ def _sr_addend(byte, MAN: tl.constexpr):
 def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
                TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
                COLUMNWISE: tl.constexpr, EVEN: tl.constexpr = False):
-    """One tile of M in memory order, float32, RHT applied along M's columns.
+    """One tile of M in memory order, float32, RHT applied along M's columns, with the offsets of
+    its rows and columns in M and, with the RHT, ``_rht16``'s amax bits of the tile (else 0).
 
     Row-major M: a (TILE_R, TILE_C) tile. COLUMNWISE (M a transposed view, stride_r == 1): the
     same elements as a (TILE_C, TILE_R) tile of the underlying memory, so that loads, stores and
@@ -245,6 +260,7 @@ def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
     """
     offs_r = pid_r * TILE_R + tl.arange(0, TILE_R)
     offs_c = pid_c * TILE_C + tl.arange(0, TILE_C)
+    rht_amax = 0
     if COLUMNWISE:
         ptrs = x_ptr + offs_c[:, None].to(tl.int64) * stride_c + offs_r[None, :]
         if EVEN:
@@ -252,7 +268,8 @@ def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
         else:
             x = tl.load(ptrs, mask=_tile_mask(offs_r, offs_c, rows, cols, True), other=0.0).to(tl.float32)
         if RHT:
-            x = tl.trans(_rht16(tl.trans(x), TILE_R, TILE_C, SIGN_BITS))
+            x, rht_amax = _rht16(tl.trans(x), TILE_R, TILE_C, SIGN_BITS)
+            x = tl.trans(x)
     else:
         ptrs = x_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_c[None, :].to(tl.int64) * stride_c
         if EVEN:
@@ -260,8 +277,8 @@ def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
         else:
             x = tl.load(ptrs, mask=_tile_mask(offs_r, offs_c, rows, cols, False), other=0.0).to(tl.float32)
         if RHT:
-            x = _rht16(x, TILE_R, TILE_C, SIGN_BITS)
-    return x, offs_r, offs_c
+            x, rht_amax = _rht16(x, TILE_R, TILE_C, SIGN_BITS)
+    return x, offs_r, offs_c, rht_amax
 
 
 @triton.jit
@@ -278,7 +295,7 @@ def _tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE: tl.constexpr):
 def _amax_kernel(x_ptr, amax_bits_ptr, rows, cols, stride_r, stride_c,
                  TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
                  COLUMNWISE: tl.constexpr):
-    x, _, _ = _load_tile(x_ptr, rows, cols, stride_r, stride_c, tl.program_id(0), tl.program_id(1),
+    x, _, _, _ = _load_tile(x_ptr, rows, cols, stride_r, stride_c, tl.program_id(0), tl.program_id(1),
                             TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE)
     a = tl.abs(x)
     a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
@@ -379,7 +396,7 @@ def _quantize_kernel(
     live_acc = tl.zeros((NB_R, NB_C), tl.int32)
     for t in tl.range(LIVE_TILES, loop_unroll_factor=LIVE_UNROLL):   # a loop only with LIVE_TILES > 1
         pid_r = tl.program_id(0) * LIVE_TILES + t
-        x, offs_r, offs_c = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
+        x, offs_r, offs_c, rht_amax = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
                                        TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
         g, d = _tensor_scale(amax_ptr, emax_t, HAS_TARGET)
         if (pid_r == 0) & (pid_c == 0):
@@ -420,27 +437,16 @@ def _quantize_kernel(
             live_acc = tl.maximum(live_acc, block_bits)
         if LIVE and (LIVE_TILES == 1):
             # the tile's live amax, max |x| after the RHT with NaN counted as inf (padding is zero),
-            # as a by-product. Reduced here, right after the block math and before the stores, the
-            # values it reads need not be kept across the stores (without telemetry, which reads
-            # them later anyway) (sm_90 registers per thread with the live amax after the stores ->
-            # here: RHT 70 -> 55, RHT+SR 87 -> 72, column-wise 236 -> 168; H200 live/plain RHT+SR
-            # 1.29 -> 1.12, column-wise RNE 1.10 -> 1.01, column-wise RHT+SR 1.13 -> 1.16), for a
-            # few more instructions.
-            # Two formulations of the same value; which one compiles to fewer instructions depends on
-            # the tile (sm_90 SASS per thread, main path, plain -> with the live amax):
-            if COLUMNWISE or ((BLOCK_R > 1) and (BLOCK_C > 1)):
-                # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
-                # inf): 16x16 360 -> 386, column-wise 1x16 2214 -> 2244, with RHT+SR 2636 -> 3259
+            # as a by-product: with the RHT, the one _rht16 reduced inside the butterfly; without,
+            # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
+            # inf). Reduced right after the block math, before the stores, the values it reads need
+            # not be kept across them (sm_90 registers per thread, after the stores -> here:
+            # column-wise 236 -> 168; H200 column-wise RNE live/plain 1.10 -> 1.01).
+            if RHT:
+                live = tl.minimum(rht_amax, 0x7F800000)
+            else:
                 live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
                 live = tl.max(tl.max(live, axis=1), axis=0)
-            else:
-                # row-wise 1-row blocks: the max of |x|'s bits over the flat tile, NaN patterns
-                # (above inf's) then lowered to inf. Reducing the block amaxes (after the stores) made
-                # Triton's layout pass recompute the RHT butterfly and the block maxima (RHT 508 -> 738);
-                # this way RHT 508 -> 632 here, and on an H200 reducing the block amaxes here too was
-                # slower (RHT live/plain 1.34 against 1.20)
-                flat = tl.reshape(a.to(tl.int32, bitcast=True), (TILE_R * TILE_C,))
-                live = tl.minimum(tl.max(flat, axis=0), 0x7F800000)
             tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
         if WRITE_CODES or STATS:
             q = tl.where(keep[:, None, :, None], qk, 0.0)
