@@ -1,7 +1,7 @@
 """`fp4repro bench live`: what the live tensor amax costs the quantization kernel, on one GPU.
 
 ``quantize_2d(..., live=slots)`` max-folds the block amaxes the kernel computes anyway into
-running live-amax slots (an int32 atomic max per program of one or four tiles, spread over 64
+running live-amax slots (an int32 atomic max per program of one, two or four tiles, spread over 64
 addresses), which an automatic target T reads at each amax refresh as the growth
 G = max live / held amax. The slots
 are made once per operand and interval, as ``QuantState`` makes them, so the timed call is one
