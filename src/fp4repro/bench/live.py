@@ -1,13 +1,13 @@
 """`fp4repro bench live`: what the live tensor amax costs the quantization kernel, on one GPU.
 
-``quantize_2d(..., live=slots)`` max-folds the block amaxes the kernel computes anyway into
-running live-amax slots (an int32 atomic max per program of one, two or four tiles, spread over 64
-addresses), which an automatic target T reads at each amax refresh as the growth
-G = max live / held amax. The slots
-are made once per operand and interval, as ``QuantState`` makes them, so the timed call is one
-launch like the plain one. This measures that against the same call without ``live``, for every case of ``fp4repro bench
-kernels`` that has a held amax and a tensor scale (the case list is that module's ``CASES``):
-8192x8192 BF16 input, BF16 q·s out.
+``quantize_2d(..., live=slots)`` max-folds the block amaxes the kernel computes anyway (with the
+RHT, the amax its butterfly's last stage reduces) into running live-amax slots (an int32 atomic max
+per program of one, two or four tiles, spread over 64 addresses), which an automatic target T reads
+at each amax refresh as the growth G = max live / held amax. The slots are made once per operand and
+interval, as ``QuantState`` makes them, so the timed call is one launch like the plain one. This
+measures that against the same call without ``live``, for every case of ``fp4repro bench kernels``
+that has a held amax and a tensor scale (the case list is that module's ``CASES``): 8192x8192 BF16
+input, BF16 q·s out.
 
 Method: per case, a warm-up of both variants, then ``pairs`` (default 50) interleaved repeats
 A, B, A, B, … (A = plain, B = live); each repeat is CUDA events around ``inner`` back-to-back

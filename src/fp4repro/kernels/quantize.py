@@ -434,24 +434,25 @@ def _quantize_kernel(
             rand = 0
         qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
             xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
-        if LIVE and (LIVE_TILES > 1):
-            # several tiles a program: their block amaxes max-folded elementwise here, reduced across
-            # the program's warps once, after the loop
-            block_bits = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
-            live_acc = tl.maximum(live_acc, block_bits)
-        if LIVE and (LIVE_TILES == 1):
+        if LIVE:
             # the tile's live amax, max |x| after the RHT with NaN counted as inf (padding is zero),
             # as a by-product: with the RHT, the one _rht16 reduced inside the butterfly; without,
             # the max of the tile's block amaxes (on their bits; inf where a block holds NaN or
-            # inf). Reduced right after the block math, before the stores, the values it reads need
-            # not be kept across them (sm_90 registers per thread, after the stores -> here:
-            # column-wise 236 -> 168; H200 column-wise RNE live/plain 1.10 -> 1.01).
+            # inf). Several tiles a program fold their block amaxes elementwise and reduce them
+            # across the program's warps once, after the loop; one tile reduces them right after
+            # the block math, before the stores, so that the values it reads need not be kept
+            # across them (sm_90 registers per thread, after the stores -> here: column-wise
+            # 236 -> 168; H200 column-wise RNE live/plain 1.10 -> 1.01).
             if RHT:
                 live = tl.minimum(rht_amax, 0x7F800000)
             else:
-                live = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
-                live = tl.max(tl.max(live, axis=1), axis=0)
-            tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
+                block_bits = tl.where(block_bad, 0x7F800000, block_amax.to(tl.int32, bitcast=True))
+                if LIVE_TILES > 1:
+                    live_acc = tl.maximum(live_acc, block_bits)
+                else:
+                    live = tl.max(tl.max(block_bits, axis=1), axis=0)
+            if LIVE_TILES == 1:
+                tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
         if WRITE_CODES or STATS:
             q = tl.where(keep[:, None, :, None], qk, 0.0)
 
