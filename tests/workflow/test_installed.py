@@ -63,6 +63,7 @@ def test_the_wheel_is_what_runs_and_ships_the_default_configs(installed):
 def test_a_copied_workflow_runs_with_the_recipe_edited_in_its_folder(installed, tmp_path):
     work = tmp_path / "mystudy"
     shutil.copytree(REPO / "workflow", work / "workflow")
+    shutil.copytree(REPO / "config", work / "config")
     recipe = work / "configs" / "recipes" / "ue5m3.yaml"
     recipe.parent.mkdir(parents=True)
     text = (PACKAGED / "recipes/ue5m3.yaml").read_text()

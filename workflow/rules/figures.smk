@@ -95,10 +95,11 @@ rule figure_throughput:
         pdf=f"figures/{EXP.name}/throughput.pdf",
     params:
         model=STUDY.model.name,
-        folder=THROUGHPUT_FOLDER,  # its files are the input; with none measured, the figure says so
+        # the measured files; with none, the folder, so that the figure says nothing was measured
+        sources=lambda wildcards, input: list(input) or [THROUGHPUT_FOLDER],
     log:
         f"{LOGS}/figures/throughput.log",
     resources:
         **LIGHT,
     shell:
-        "fp4repro plot throughput --model {params.model} --out {output.png} {params.folder} 2> {log}"
+        "fp4repro plot throughput --model {params.model} --out {output.png} {params.sources} 2> {log}"
