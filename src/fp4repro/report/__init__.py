@@ -1,0 +1,41 @@
+"""``fp4repro report``: each claim of the claims file (``configs/claims.yaml``) beside what one
+experiment measured, judged with paired statistics, written to ``paper/<experiment>/report.md``.
+
+Each line gives the paper's claim (and magnitude, where the paper states one), ours (recipe /
+baseline), the difference with its 95% interval, the test, its minimum detectable effect (MDE)
+and the verdict. A claim whose inputs the experiment lacks (a recipe it does not train, a measure
+no rule produces yet) says "not measured" and why, never silently dropped.
+
+Inputs, per recipe and seed in the results layout (``fp4repro.results``):
+    eval/<recipe>/seed<seed>/final_loss.json, nll.parquet, nll_documents.parquet, downstream.parquet,
+                             downstream_items.parquet
+    train/<recipe>/seed<seed>/metrics.parquet, telemetry.parquet
+
+The modules, by job:
+    claims              the claims file (``load_claims``), ``Claim``, the report's ``Row``, ``ReportError``
+    pairing             which runs a comparison reads and whether they pair (seeds, divergence, corpora)
+    measures            the measures of training and evaluation, and ``measure``, which picks one per claim
+    throughput_measure  throughput claims against the body-throughput benchmark files
+    sections            the sections beyond the claims: events by refresh phase, the automatic target T
+    rendering           the Markdown (``render``) and ``write_report``
+
+Every public name is importable from here, as it was from the single module this package replaced.
+"""
+
+from __future__ import annotations
+
+from fp4repro.report.claims import VERDICTS, Claim, ReportError, Row, load_claims
+from fp4repro.report.measures import downstream, final_loss, heldout_nll, measure, telemetry
+from fp4repro.report.pairing import shared_seeds
+from fp4repro.report.rendering import MECHANISMS, render, run_scale, runs_text, write_report
+from fp4repro.report.sections import (AUTO_RECIPE, FIXED_RIVALS, TARGET_RECIPES, TargetRow, phase_rates,
+                                      phase_section, target_comparison, target_rows, target_section)
+from fp4repro.report.throughput_measure import throughput
+
+__all__ = [
+    "AUTO_RECIPE", "FIXED_RIVALS", "MECHANISMS", "TARGET_RECIPES", "VERDICTS",
+    "Claim", "ReportError", "Row", "TargetRow",
+    "downstream", "final_loss", "heldout_nll", "load_claims", "measure", "phase_rates", "phase_section",
+    "render", "run_scale", "runs_text", "shared_seeds", "target_comparison", "target_rows", "target_section",
+    "telemetry", "throughput", "write_report",
+]

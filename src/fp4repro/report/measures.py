@@ -1,0 +1,202 @@
+"""The measures of training and evaluation: each claim's report lines from the runs' final-window
+loss, held-out NLL, downstream scores and quantization telemetry, and ``measure``, which sends a
+claim to its measure (a throughput claim to ``fp4repro.report.throughput_measure``).
+
+Every claim compares a recipe with a baseline. Runs of the same seed see the same batches, and
+evaluation scores the same documents and items, so every comparison is paired
+(``fp4repro.statistics``): with two seeds or more, the verdict uses the per-seed difference (paired
+t over seeds); with one seed, each measure uses the test that fits its units: the final-window loss
+the per-step difference with a batch-means standard error (steps are autocorrelated), held-out
+NLL a paired bootstrap over documents (stratified by source), downstream aggregates a paired
+item-level test, the telemetry events per-step rate differences with batch means. With one seed an
+outcome of training (loss, NLL, downstream, and the event rates, which the diverging weights and
+the seed's batches move too) cannot be told apart from the seed: its verdict is at most
+"suggestive".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
+from fp4repro.report.claims import Claim, ReportError, Row
+from fp4repro.report.pairing import _per_seed, shared_seeds
+from fp4repro.report.throughput_measure import throughput
+from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS, NLL_COLUMNS,
+                              NLL_DOCUMENT_COLUMNS, TELEMETRY_COLUMNS, last_checkpoint, read_json, read_table)
+from fp4repro.statistics import Comparison, seed_level
+
+
+def _final_window(metrics: Path, summary: Path) -> pd.DataFrame:
+    """The steps of a run's final window (as ``fp4repro evaluate`` chose them: final_loss.json)."""
+    window = read_json(summary, ("first_step", "last_step", "loss"), "a final-window loss summary", ReportError)
+    table = read_table(metrics, METRICS_COLUMNS, "a training metrics table (fp4repro train)", ReportError)
+    return table[table["step"].between(window["first_step"], window["last_step"])].set_index("step")["loss"]
+
+
+def final_loss(claim: Claim, root: Path, seeds) -> list[Row]:
+    """Final-window training loss: seed-level paired t, or one run's per-step differences (the
+    same batches at the same step) with batch means, then at most "suggestive"."""
+    files = _per_seed(root, claim, seeds, "eval", "final_loss.json")
+    metrics = _per_seed(root, claim, seeds, "train", "metrics.parquet")
+    for got in (files, metrics):
+        if isinstance(got, Row):
+            return [got]
+    windows = {r: {s: _final_window(metrics[r][s], files[r][s]) for s in seeds} for r in files}
+    means = {r: np.array([windows[r][s].mean() for s in seeds]) for r in files}
+    a, b = means[claim.recipe], means[claim.baseline]
+    if len(seeds) > 1:
+        comparison = seed_level(a - b)
+    else:
+        comparison = step_difference(windows[claim.recipe][seeds[0]], windows[claim.baseline][seeds[0]])
+    steps = len(windows[claim.recipe][seeds[0]])
+    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison,
+                note=f"mean loss over the final window ({steps} steps), {len(seeds)} seed(s)")]
+
+
+def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
+    table = read_table(path, columns, what, ReportError)
+    return last_checkpoint(table[table["policy"] == policy], [])
+
+
+def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> list[Row]:
+    """Blend NLL at the last checkpoint: seed-level paired t, or a paired bootstrap over the
+    held-out documents (stratified by source), then at most "suggestive"."""
+    files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
+    if isinstance(files, Row):
+        return [files]
+    last = {r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", claim.policy) for s in seeds}
+            for r in files}
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
+    if len(steps) != 1:
+        return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
+    step = steps.pop()
+    blend_of = {r: np.array([float(t.loc[t["source"] == "blend", "nll"].iloc[0]) for t in last[r].values()])
+                for r in last}
+    a, b = blend_of[claim.recipe], blend_of[claim.baseline]
+    if len(seeds) > 1:
+        comparison = seed_level(a - b)
+    else:
+        docs = _per_seed(root, claim, seeds, "eval", "nll_documents.parquet")
+        if isinstance(docs, Row):
+            return [docs]
+        comparison = _document_bootstrap(docs, seeds[0], claim.policy, step, blend)
+    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison,
+                note=f"blend NLL (nats/token) at step {step}, {claim.policy} policy, {len(seeds)} seed(s)")]
+
+
+def _document_bootstrap(docs: dict, seed: int, policy: str, step: int, blend: dict[str, float]) -> Comparison:
+    """Paired bootstrap of the blend-NLL difference over the documents both runs scored."""
+    tables = []
+    for runs in docs.values():
+        t = read_table(runs[seed], NLL_DOCUMENT_COLUMNS, "a per-document NLL table", ReportError)
+        tables.append(t[(t["policy"] == policy) & (t["step"] == step)])
+    return document_difference(*tables, blend)
+
+
+def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
+    """Each aggregate at the last checkpoint: seed-level paired t, or a paired item-level test over
+    the aggregate's items, then at most "suggestive"."""
+    files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
+    if isinstance(files, Row):
+        return [files]
+    last = {r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", claim.policy)
+                for s in seeds} for r in files}
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
+    if len(steps) != 1:
+        return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
+    step = steps.pop()
+    aggregates = {r: {s: t[t["level"] == "aggregate"].set_index("aggregate") for s, t in runs.items()}
+                  for r, runs in last.items()}
+    names = sorted(set.intersection(*(set(t.index) for runs in aggregates.values() for t in runs.values())))
+    if not names:
+        return [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
+    items = None if len(seeds) > 1 else _per_seed(root, claim, seeds, "eval", "downstream_items.parquet")
+    if isinstance(items, Row):
+        return [items]
+    rows = []
+    for name in names:
+        values = {r: np.array([float(aggregates[r][s].loc[name, "value"]) for s in seeds]) for r in aggregates}
+        a, b = values[claim.recipe], values[claim.baseline]
+        metric = str(aggregates[claim.recipe][seeds[0]].loc[name, "metric"])
+        if len(seeds) > 1:
+            comparison = seed_level(a - b)
+        else:
+            comparison = _item_test(items, seeds[0], claim, step, name, metric)
+        rows.append(Row(claim, f"{claim.id}: {name}", float(a.mean()), float(b.mean()), comparison,
+                        note=f"{metric} at step {step}, {claim.policy} policy, {len(seeds)} seed(s)"))
+    return rows
+
+
+def _item_test(items: dict, seed: int, claim: Claim, step: int, aggregate: str, metric: str) -> Comparison:
+    """The paired item-level test of one aggregate: each task's items under both recipes."""
+    per = []
+    for recipe in (claim.recipe, claim.baseline):
+        t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
+        per.append(t[(t["policy"] == claim.policy) & (t["step"] == step) & (t["aggregate"] == aggregate)
+                     & (t["metric"] == metric)])
+    return item_difference(*per)
+
+
+def _event_steps(path: Path, event: str, operands: tuple[str, ...]) -> pd.DataFrame:
+    table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+    return event_steps(table, event, operands)
+
+
+def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
+    """The share of units with an event over the whole run: seed-level paired t, or one run's
+    per-step rate differences (the same batches at the same steps) with batch means."""
+    files = _per_seed(root, claim, seeds, "train", "telemetry.parquet")
+    if isinstance(files, Row):
+        return [files]
+    count, units = EVENTS[claim.event]
+    steps = {r: {s: _event_steps(files[r][s], claim.event, claim.operands) for s in seeds} for r in files}
+    totals = {r: [(int(t[count].sum()), int(t[units].sum())) for t in runs.values()] for r, runs in steps.items()}
+    rates = {r: np.array([e / n if n else math.nan for e, n in totals[r]]) for r in totals}
+    detail = (f"{claim.event} ({count.replace('_', ' ')} / {units.replace('_', ' ')}) of "
+              f"{', '.join(claim.operands)}: {sum(e for e, _ in totals[claim.recipe]):,} of "
+              f"{sum(n for _, n in totals[claim.recipe]):,} vs {sum(e for e, _ in totals[claim.baseline]):,} of "
+              f"{sum(n for _, n in totals[claim.baseline]):,}")
+    if all(e == 0 for runs in totals.values() for e, _ in runs):
+        return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({detail})")]
+    a, b = rates[claim.recipe], rates[claim.baseline]
+    if len(seeds) > 1:
+        comparison = seed_level(a - b)
+    else:
+        comparison = step_difference(step_rate(steps[claim.recipe][seeds[0]], claim.event),
+                                     step_rate(steps[claim.baseline][seeds[0]], claim.event))
+    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
+
+
+def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: dict[str, float] | None = None,
+            model: str | None = None) -> list[Row]:
+    """The report lines of one claim against the results under ``root`` (results/<exp>) of
+    ``runs`` (recipe -> seeds), paired on the seeds that recipe and baseline share; a throughput
+    claim reads the benchmark files beside it (results/bench) for ``model``."""
+    if claim.measure == "throughput":
+        return throughput(claim, root.parent / "bench", model)
+    absent = [r for r in (claim.recipe, claim.baseline) if not runs.get(r)]
+    if absent:
+        return [Row(claim, claim.id, note=f"not measured: no run of {', '.join(absent)} in this experiment")]
+    seeds = shared_seeds(runs, (claim.recipe, claim.baseline))
+    if not seeds:
+        return [Row(claim, claim.id, note=f"not measured: {claim.recipe} (seeds {list(runs[claim.recipe])}) and "
+                                          f"{claim.baseline} (seeds {list(runs[claim.baseline])}) share no seed")]
+    if claim.measure == "final_loss":
+        rows = final_loss(claim, root, seeds)
+    elif claim.measure == "heldout_nll":
+        rows = heldout_nll(claim, root, seeds, blend or {})
+    elif claim.measure == "downstream":
+        rows = downstream(claim, root, seeds)
+    else:
+        rows = telemetry(claim, root, seeds)      # the claims schema allows no other measure
+    # Every one of these is an outcome of training, the event rates too: the runs' weights part from
+    # the first step, and at small scale a rate can move between seeds as much as T moves it. One
+    # run's interval does not contain the seed's share, so with one seed a verdict is at most
+    # "suggestive".
+    return [replace(row, capped=len(seeds) == 1) for row in rows]

@@ -1,0 +1,241 @@
+"""The report's sections beyond the claims' table, measurements without verdicts: quantization
+events by operand and refresh phase (``phase_section``), and the automatic target T beside the
+fixed ones (``target_section``, its rows ``target_rows`` and its comparison ``target_comparison``).
+Each reads its recipes on the seeds they all share (``fp4repro.report.pairing.shared_seeds``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fp4repro.config.spec import OPERANDS
+from fp4repro.report.claims import ReportError
+from fp4repro.report.pairing import shared_seeds
+from fp4repro.results import (EVENTS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS, eval_dir, event_rates,
+                              read_json, read_table, run_dir, with_operand_class)
+
+
+# ------------------------------------------------------------ events by operand and refresh phase
+
+def _seeds_text(runs: dict[str, tuple[int, ...]], recipes, seeds: tuple[int, ...]) -> str:
+    """The sentence's part that says which seeds a section reads, and which runs it leaves out."""
+    listed = f"seed {seeds[0]}" if len(seeds) == 1 else f"the mean over seeds {', '.join(map(str, seeds))}"
+    left = [f"{r} seed {s}" for r in recipes for s in sorted(runs[r]) if s not in seeds]
+    return (f"{listed}, the seeds every recipe here has"
+            + (f"; not read: {', '.join(left)}" if left else ""))
+
+
+def _no_shared_seed(runs: dict[str, tuple[int, ...]], recipes) -> str:
+    listed = "; ".join(f"{r} {', '.join(map(str, sorted(runs[r])))}" for r in recipes)
+    return f"Not compared: these recipes share no seed (seeds: {listed})."
+
+
+def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, dict[int, pd.DataFrame]]:
+    """recipe -> seed -> event rates (``EVENTS``) per operand and phase: the run's count / units
+    over every layer and recorded step. Phase "fresh": a step whose held amax was sampled at that
+    step (and every step of current scaling); "held": the steps between refreshes, quantized with
+    an amax from before. Runs without a telemetry file or rows (BF16) are left out, and recipes
+    with none."""
+    found: dict[str, dict[int, pd.DataFrame]] = {}
+    for recipe, seeds in runs.items():
+        for seed in seeds:
+            path = run_dir(root.parent, root.name, recipe, seed) / "telemetry.parquet"
+            if not path.is_file():
+                continue
+            table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+            if len(table):
+                table = table.assign(phase=np.where(table["steps_since_refresh"] > 0, "held", "fresh"))
+                found.setdefault(recipe, {})[seed] = \
+                    event_rates(table, ["operand", "phase"]).set_index(["operand", "phase"])[list(EVENTS)]
+    return found
+
+
+def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
+    """The report's section "Quantization events by operand and refresh phase" (Markdown lines):
+    one table per event, a row per GEMM operand, a column per recipe and phase (``phase_rates``,
+    the mean over the seeds every recipe with telemetry has); none without telemetry. The T = 2048
+    claims above compare dY's rates summed over phases on their shared seeds; this is where the
+    other operands and the held amax's share show."""
+    per_seed = phase_rates(Path(root), runs)
+    if not per_seed:
+        return []
+    heading = ["", "## Quantization events by operand and refresh phase", ""]
+    found = {recipe: tuple(tables) for recipe, tables in per_seed.items()}
+    seeds = shared_seeds(found, list(found))
+    if not seeds:
+        return heading + [_no_shared_seed(found, list(found))]
+    rates = {recipe: pd.concat([tables[s] for s in seeds]).groupby(level=[0, 1]).mean()
+             for recipe, tables in per_seed.items()}
+    columns = [(recipe, phase) for recipe, table in rates.items()
+               for phase in ("fresh", "held") if phase in table.index.get_level_values("phase")]
+    held = {recipe for recipe, phase in columns if phase == "held"}
+    head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
+    lines = [*heading,
+             f"Rates over every layer and recorded step of each run ({_seeds_text(found, list(found), seeds)}): "
+             "underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
+             "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
+             "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
+             "the table above."]
+    for event in EVENTS:
+        lines += ["", f"**{event}**", "", "| operand | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        for operand in OPERANDS:   # fp4repro.config.spec's GEMM order
+            cells = [_rate_text(float(rates[r][event].get((operand, p), math.nan))) for r, p in columns]
+            lines.append(f"| {operand} | " + " | ".join(cells) + " |")
+    return lines
+
+
+# ------------------------------------------------------------------- beyond the paper: automatic T
+
+# the recipes the section compares: T = 448, T = 2048 on dY, T = 8192, automatic T
+TARGET_RECIPES = ("ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto")
+AUTO_RECIPE = "ue5m3_auto"
+FIXED_RIVALS = ("ue5m3", "ue5m3_t2048")     # "the better of T = 448 and T = 2048"
+
+
+@dataclass(frozen=True)
+class TargetRow:
+    """One recipe of the automatic-T section: per operand class and event the (count, units)
+    summed over the run's layers, steps and the class's operands, per seed; the final-window loss
+    per seed (None where missing); the (min, max) T per class over the run (None: not recorded)."""
+
+    recipe: str
+    events: dict[str, dict[str, list[tuple[int, int]]]]     # class -> event -> per seed (count, units)
+    losses: list[float | None]
+    targets: dict[str, tuple[float, float, float] | None]    # class -> (min, median, max) of T
+    missing: tuple[str, ...] = ()                           # telemetry files that are not there
+
+    def rate(self, cls: str, event: str) -> float:
+        """The event's rate in the class, mean over seeds of count / units (NaN without data)."""
+        per_seed = [e / n if n else math.nan for e, n in self.events.get(cls, {}).get(event, [])]
+        return float(np.mean(per_seed)) if per_seed and not self.missing else math.nan
+
+    def count(self, cls: str, event: str) -> tuple[int, int]:
+        pairs = self.events.get(cls, {}).get(event, [])
+        return sum(e for e, _ in pairs), sum(n for _, n in pairs)
+
+    @property
+    def loss(self) -> float | None:
+        return None if not self.losses or any(v is None for v in self.losses) else float(np.mean(self.losses))
+
+
+def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]:
+    """The rows of the automatic-T section: each of ``TARGET_RECIPES`` in ``runs`` (recipe ->
+    seeds), from its runs' telemetry and final-window losses under ``root`` (results/<exp>)."""
+    rows = []
+    for recipe in (r for r in TARGET_RECIPES if runs.get(r)):
+        seeds = runs[recipe]
+        events: dict[str, dict[str, list[tuple[int, int]]]] = {c: {e: [] for e in EVENTS} for c in OPERAND_CLASSES}
+        targets: dict[str, list[float] | None] = {c: [] for c in OPERAND_CLASSES}
+        losses, missing = [], []
+        for seed in seeds:
+            path = run_dir(root.parent, root.name, recipe, seed) / "telemetry.parquet"
+            summary = eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json"
+            losses.append(float(read_json(summary, ("loss",), "a final-window loss summary", ReportError)["loss"])
+                          if summary.is_file() else None)
+            if not path.is_file():
+                missing.append(str(path))
+                continue
+            table = with_operand_class(read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table "
+                                                  "(fp4repro train)", ReportError))
+            sums = event_rates(table, ["operand_class"]).set_index("operand_class")
+            for cls in OPERAND_CLASSES:
+                for event, (count, units) in EVENTS.items():
+                    events[cls][event].append((int(sums[count].get(cls, 0)), int(sums[units].get(cls, 0))))
+                if TARGET_COLUMN not in table.columns or targets[cls] is None:
+                    targets[cls] = None
+                else:
+                    t = table.loc[table["operand_class"] == cls, TARGET_COLUMN].astype(float)
+                    targets[cls] += list(t[np.isfinite(t)])
+        rows.append(TargetRow(recipe, events, losses,
+                              {c: (min(ts), float(np.median(ts)), max(ts)) if ts
+                               else (None if ts is None else (math.nan,) * 3)
+                               for c, ts in targets.items()}, tuple(missing)))
+    return rows
+
+
+def _rate_text(value: float) -> str:
+    return "–" if not math.isfinite(value) else "0" if value == 0 else f"{value:.3e}"
+
+
+def _target_text(spread: tuple[float, float, float] | None) -> str:
+    """T as one value when it never changed, else as "median (min–max)" over the telemetry records."""
+    if spread is None:
+        return "not recorded"
+    low, median, high = spread
+    if not math.isfinite(low):
+        return "none"
+    return f"{low:g}" if low == high else f"{median:.0f} ({low:g}–{high:g})"
+
+
+def target_comparison(rows: list[TargetRow]) -> list[str]:
+    """Per operand class: whether ue5m3_auto had no block-saturation event, and whether its
+    underflow + clipping rate is no higher than the better (lower) of T = 448 and T = 2048."""
+    by = {r.recipe: r for r in rows}
+    auto = by.get(AUTO_RECIPE)
+    if auto is None:
+        return [f"- {AUTO_RECIPE} has no results here (not among the recipes, or not run yet): no comparison."]
+    if auto.missing:
+        return [f"- {AUTO_RECIPE}: telemetry missing ({', '.join(auto.missing)}): no comparison."]
+    rivals = [by[r] for r in FIXED_RIVALS if r in by and not by[r].missing]
+    lines = []
+    for cls in OPERAND_CLASSES:
+        saturated, blocks = auto.count(cls, "saturation")
+        sat = (f"has no block-saturation event (0 of {blocks:,} blocks)" if saturated == 0 else
+               f"has block-saturation events ({saturated:,} of {blocks:,} blocks)")
+        mine = auto.rate(cls, "underflow") + auto.rate(cls, "clipping")
+        scored = [(r.rate(cls, "underflow") + r.rate(cls, "clipping"), r.recipe) for r in rivals]
+        scored = [(v, r) for v, r in scored if math.isfinite(v)]
+        if not scored or not math.isfinite(mine):
+            cmp = "its underflow + clipping rate has nothing to be compared with (no T = 448 or T = 2048 run)"
+        else:
+            best, who = min(scored)
+            cmp = (f"its underflow + clipping rate {_rate_text(mine)} is "
+                   f"{'no higher than' if mine <= best else 'higher than'} the better of T = 448 and T = 2048 "
+                   f"({who}: {_rate_text(best)})")
+        lines.append(f"- **{cls}** ({', '.join(OPERAND_CLASSES[cls])}): {AUTO_RECIPE} {sat}; {cmp}.")
+    return lines
+
+
+def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
+    """The report's section "Beyond the paper: an automatic target T" (Markdown lines), or none
+    when fewer than two of ``TARGET_RECIPES`` have runs in ``runs`` (recipe -> seeds).
+    Measurements, no verdicts: the paper makes no claim about an automatic T."""
+    present = [r for r in TARGET_RECIPES if runs.get(r)]
+    if len(present) < 2:
+        return []
+    heading = ["", "## Beyond the paper: an automatic target T", ""]
+    seeds = shared_seeds(runs, present)
+    if not seeds:
+        return heading + [_no_shared_seed(runs, present)]
+    rows = target_rows(Path(root), dict.fromkeys(present, seeds))
+    classes = list(OPERAND_CLASSES)
+    short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
+    head = (["recipe"] + [f"{e} {short[c]}" for e in EVENTS for c in classes] + ["final-window loss"]
+            + [f"T {short[c]}" for c in classes])
+    lines = [*heading,
+             "Not a claim of the paper, which names the hand-tuned T as its limitation and gives no automatic "
+             f"rule: this suite's recipe {AUTO_RECIPE} chooses T per operand at each amax refresh, "
+             "T = clamp(scale max / (safety · max growth over the last intervals), min, max), compared here with "
+             "the fixed T = 448 (ue5m3), T = 2048 on dY (ue5m3_t2048) and T = 8192 (ue5m3_t8192). Rates are events "
+             "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
+             "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
+             "gradients: dgrad.dy, wgrad.dy"
+             + f"; {_seeds_text(runs, present, seeds)}"
+             + ". T: the target T recorded in the run's telemetry per class, as median (min–max) over its "
+               "records when it changed. No verdicts: measurements only.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row.recipe] + [_rate_text(row.rate(c, e)) for e in EVENTS for c in classes]
+        cells.append("–" if row.loss is None else f"{row.loss:.4f}")
+        cells += [_target_text(row.targets[c]) if not row.missing else "–" for c in classes]
+        lines.append("| " + " | ".join(cells) + " |")
+    missing = [m for row in rows for m in row.missing]
+    if missing:
+        lines += ["", f"Telemetry missing (its cells are –): {', '.join(missing)}."]
+    lines += ["", *target_comparison(rows)]
+    return lines

@@ -1,0 +1,95 @@
+"""The throughput measure: a throughput claim against the body-throughput files of
+``fp4repro bench throughput`` (results/bench/throughput_<device>.json), per device and measured
+column the speed-up time(baseline) / time(recipe) with its 95% interval. Only a native FP4 column
+decides a claim; the emulated column, the FP8 analogue and the projections are shown beside it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fp4repro.report.claims import Claim, ReportError, Row
+from fp4repro.results import read_throughput, throughput_files, void_column
+from fp4repro.statistics import OPPOSITE, REPRODUCED
+
+
+def _throughput_effect(claim: Claim, measured: dict) -> dict | None:
+    """The effect of one measured column that is this claim's: time(nvfp4) / time(recipe)."""
+    if claim.baseline != "nvfp4":
+        return None
+    return next((e for e in measured["effects"].values() if e["versus"] == claim.recipe), None)
+
+
+def _magnitude(claim: Claim) -> float | None:
+    """The paper's relative number of a claim (``magnitude: +21.2% tokens/s`` -> 0.212), if any."""
+    found = re.search(r"([+-]?\d+(?:\.\d+)?)\s*%", claim.magnitude or "")
+    return float(found.group(1)) / 100 if found else None
+
+
+def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
+    """Per column of one body-throughput entry: the speed-up time(baseline) / time(recipe) with its
+    95% interval and what it says of tokens/s (the FP8 analogue as a direction check); for a
+    projection, its band, whether the paper's number lies inside it ("consistent") and what faster
+    GEMMs and quantizers could give with no non-GEMM time (centrally and over the band)."""
+    shows = []
+    paper = _magnitude(claim)
+    for column, measured in entry["columns"].items():
+        effect = _throughput_effect(claim, measured)
+        if effect is None:
+            continue
+        void = void_column(column, measured)
+        if void:
+            shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {void}")
+            continue
+        span = f"{effect['speedup'] - 1:+.1%} [{effect['ci_low'] - 1:+.1%}, {effect['ci_high'] - 1:+.1%}]"
+        if measured.get("kind") == "projection":
+            verdict = "" if paper is None else (
+                f"; the paper's {paper:+.1%} is " + ("consistent (inside the band)" if effect["ci_low"] - 1 <= paper
+                                                    <= effect["ci_high"] - 1 else "not consistent (outside the band)"))
+            shows.append(f"{measured['target']} projected from {entry.get('device', 'cpu')}: {span} (band over the "
+                         f"projection's parameters; with no non-GEMM time {effect['speedup_without_other'] - 1:+.1%} "
+                         f"[{effect['without_other_low'] - 1:+.1%}, {effect['without_other_high'] - 1:+.1%}]){verdict}")
+            continue
+        direction = "raises" if effect["ci_low"] > 1 else "lowers" if effect["ci_high"] < 1 else "does not resolve"
+        check = ""
+        if column == "fp8_analogue":
+            verdict = "not resolved" if direction == "does not resolve" else \
+                "as the paper" if (direction == "raises") == (claim.expect == "higher") else "against the paper"
+            check = f"; direction check at FP8's smaller GEMM ratio: {verdict}"
+        shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {span} ({direction} tokens/s{check})")
+    return shows
+
+
+def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
+    """A throughput claim against the body-throughput files in ``bench`` (results/bench/
+    throughput_<device>.json, ``fp4repro bench throughput``) for ``model``'s shapes: per device
+    and measured column, the speed-up time(baseline) / time(recipe) with its 95% interval. Only
+    a native FP4 column decides the claim (reproduced when every device's native interval lies
+    beyond 1 in the claim's direction, opposite when one lies beyond it the other way, else not
+    resolved); without one the row says "not measured natively" and what the other columns show.
+    Without ``model``'s shapes the row is "not measured" and gives the shapes that were."""
+    entries = [(m, e) for path in throughput_files(bench)
+               for m, e in read_throughput(path, ReportError).items()]
+    ours = [e for m, e in entries if m == model]
+    if not ours:
+        others = "; ".join(f"{m}: {s}" for m, e in entries for s in _throughput_effects(claim, e))
+        return [Row(claim, claim.id, note=f"not measured: no body-throughput file in {bench} has {model}'s shapes "
+                                          "(fp4repro bench throughput on a GPU)"
+                                          + (f"; measured for other shapes, {others}" if others else ""))]
+    shows = [s for e in ours for s in _throughput_effects(claim, e)]
+    if not shows:
+        return [Row(claim, claim.id, note=f"not measured: {model}'s shapes were timed without {claim.recipe} and "
+                                          f"{claim.baseline} both in one column")]
+    native = [effect for e in ours if "native" in e["columns"]
+              for effect in [_throughput_effect(claim, e["columns"]["native"])] if effect is not None]
+    detail = f"{model} body, {claim.recipe} vs {claim.baseline}: " + "; ".join(shows)
+    if not native:
+        why = "; ".join(sorted({f"{e.get('device', 'cpu')}: {e.get('not_measured', {}).get('native', 'not run')}"
+                                for e in ours}))
+        return [Row(claim, claim.id, note=f"not measured natively: {detail}; native column, {why}")]
+    higher = claim.expect == "higher"
+    beyond = [(e["ci_low"] > 1) if higher else (e["ci_high"] < 1) for e in native]
+    against = [(e["ci_high"] < 1) if higher else (e["ci_low"] > 1) for e in native]
+    verdict = OPPOSITE if any(against) else REPRODUCED if all(beyond) else "not resolved"
+    return [Row(claim, claim.id, note=f"{verdict}: native FP4 on {len(native)} device(s); {detail}")]

@@ -1,0 +1,217 @@
+"""The measures of training and evaluation against synthetic runs with known answers: paired
+tests per measure and number of seeds, verdicts, and what cannot be measured or paired."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from synthetic_runs import BLEND, DOCS, ITEMS, claims_by_id, one_seed, rng, rows_of, write_run
+
+from fp4repro.report import measure, runs_text
+from fp4repro.results import eval_dir, run_dir
+from fp4repro.statistics import OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
+
+
+# ------------------------------------------------------------------------------- final-window loss
+
+def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
+    row = one_seed(tmp_path, "final_loss", loss=-0.1)
+    k = row.comparison
+    # the shared batch noise (sd 0.05) cancels in the per-step difference: only the recipes' own
+    # noise (sd 0.002 each) is left, so the interval is tight around the offset
+    assert k.difference == pytest.approx(-0.1, abs=0.005) and k.high < 0
+    assert k.test.startswith("batch means: 10 steps") and k.units == 10
+    assert k.high - k.low < 0.02
+    assert row.verdict == SUGGESTIVE                      # one seed: an outcome of training is capped
+
+
+def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
+    results = tmp_path / "results"
+    for seed in (0, 1, 2):
+        write_run(results, "nvfp4", seed)
+    write_run(results, "ue5m3", 2, loss=-0.1)
+    claim = claims_by_id()["final_loss"]
+    (row,) = measure(claim, results / "tiny", {"nvfp4": (0, 1, 2), "ue5m3": (2,)}, BLEND)
+    assert row.comparison.difference == pytest.approx(-0.1, abs=0.005) and "1 seed(s)" in row.note
+    (apart,) = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (2,)}, BLEND)
+    assert apart.comparison is None and apart.note == "not measured: ue5m3 (seeds [2]) and nvfp4 (seeds [0, 1]) share no seed"
+    assert runs_text({"nvfp4": (0, 1, 2), "ue5m3": (2,)}, {"nvfp4": (0, 1, 2), "ue5m3": (0, 1, 2)}) == (
+        "seeds nvfp4 0, 1, 2; ue5m3 2 (4 of 6 planned runs; not there yet: ue5m3 seed 0, ue5m3 seed 1)")
+
+
+def test_one_seed_loss_in_the_other_direction(tmp_path):
+    row = one_seed(tmp_path, "final_loss", loss=+0.05)
+    assert row.verdict == OPPOSITE
+
+
+def test_seeds_give_a_seed_level_test_that_can_reproduce(tmp_path):
+    results = tmp_path / "results"
+    for seed in (0, 1, 2):
+        write_run(results, "nvfp4", seed)
+        write_run(results, "ue5m3", seed, loss=-0.1)
+    (row,) = rows_of("final_loss", results, seeds=(0, 1, 2))
+    k = row.comparison
+    assert k.test == "paired t over 3 seeds" and k.units == 3
+    assert k.difference == pytest.approx(-0.1, abs=0.005)
+    assert row.verdict == REPRODUCED
+    finals = {r: [json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
+                  for s in (0, 1, 2)] for r in ("ue5m3", "nvfp4")}
+    assert row.recipe_value == pytest.approx(np.mean(finals["ue5m3"]))
+    assert row.baseline_value == pytest.approx(np.mean(finals["nvfp4"]))
+
+
+def test_two_seeds_give_the_t_interval_of_their_differences(tmp_path):
+    """With two seeds, d_s = final loss(ue5m3, s) − final loss(nvfp4, s): the interval is
+    mean(d) ± t_{0.975, 1} · |d_0 − d_1| / 2 (12.706: the price of two seeds)."""
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_run(results, "nvfp4", seed, own_noise=0.3)
+        write_run(results, "ue5m3", seed, loss=-0.01, own_noise=0.3)
+    (row,) = rows_of("final_loss", results, seeds=(0, 1))
+    final = {(r, s): json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
+             for r in ("ue5m3", "nvfp4") for s in (0, 1)}
+    d = [final["ue5m3", s] - final["nvfp4", s] for s in (0, 1)]
+    half = 12.7062047 * abs(d[0] - d[1]) / 2
+    k = row.comparison
+    assert k.difference == pytest.approx(np.mean(d))
+    assert (k.low, k.high) == (pytest.approx(np.mean(d) - half), pytest.approx(np.mean(d) + half))
+    assert row.verdict == (REPRODUCED if k.high < 0 else WITHIN_NOISE if k.difference < 0 else OPPOSITE)
+
+
+# ------------------------------------------------------------------------------------ held-out NLL
+
+def test_one_seed_nll_bootstraps_documents_at_the_last_checkpoint(tmp_path):
+    row = one_seed(tmp_path, "heldout_nll", nll=-0.02)
+    k = row.comparison
+    # each document's NLL is the baseline's minus 0.02 exactly: the blend difference is -0.02 and
+    # so is every resample's (the bootstrap draws the same documents for both recipes)
+    assert k.difference == pytest.approx(-0.02, abs=1e-9)
+    assert k.low == pytest.approx(-0.02, abs=1e-9) and k.high == pytest.approx(-0.02, abs=1e-9)
+    assert k.test.startswith(f"paired bootstrap over {2 * DOCS} documents") and k.units == 2 * DOCS
+    assert "at step 40" in row.note
+    assert row.verdict == SUGGESTIVE
+
+
+def test_nll_bootstrap_width_follows_the_per_document_noise(tmp_path):
+    """Per-document differences of sd 0.1 over 120 documents: the 95% interval of the blend
+    difference is about ±1.96 · 0.1 · sqrt(0.4² / 60 + 0.6² / 60) ≈ ±0.018 wide on each side."""
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0)
+    path = eval_dir(results, "tiny", "ue5m3", 0) / "nll_documents.parquet"
+    docs = pd.read_parquet(path)
+    noise = rng("doc noise").normal(0, 0.1, len(docs))
+    docs["nll_sum"] += noise * docs["predicted"]
+    docs.to_parquet(path)
+    (row,) = rows_of("heldout_nll", results)
+    half = (row.comparison.high - row.comparison.low) / 2
+    assert 0.012 < half < 0.026
+    assert row.verdict in (WITHIN_NOISE, OPPOSITE, SUGGESTIVE)
+
+
+def test_a_missing_document_table_is_not_measured_and_named(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, nll=-0.02)
+    (eval_dir(results, "tiny", "ue5m3", 0) / "nll_documents.parquet").unlink()
+    (row,) = rows_of("heldout_nll", results)
+    assert not row.measured and row.note.startswith("not measured") and "nll_documents.parquet" in row.note
+
+
+# -------------------------------------------------------------------------------------- downstream
+
+def test_one_seed_downstream_is_a_paired_item_test(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0, correct=20)
+    write_run(results, "ue5m3", 0, correct=30)
+    (row,) = rows_of("downstream", results)
+    k = row.comparison
+    assert row.label == "downstream: agg"
+    assert k.difference == pytest.approx(10 / ITEMS)
+    # d is 1 on items 20..29 and 0 elsewhere, in each task: var(d) = 10·40/(50·49), two tasks of
+    # weight 1/2: SE = sqrt(2 · 1/4 · var/50)
+    var = 10 * 40 / (ITEMS * (ITEMS - 1))
+    assert k.stderr == pytest.approx(np.sqrt(2 * 0.25 * var / ITEMS))
+    assert k.units == 2 * ITEMS and row.verdict == SUGGESTIVE
+
+
+def test_downstream_with_seeds_uses_the_aggregate_per_seed(tmp_path):
+    results = tmp_path / "results"
+    for seed, (b, a) in enumerate(((20, 30), (22, 30), (21, 29))):
+        write_run(results, "nvfp4", seed, correct=b)
+        write_run(results, "ue5m3", seed, correct=a)
+    (row,) = rows_of("downstream", results, seeds=(0, 1, 2))
+    assert row.comparison.test == "paired t over 3 seeds"
+    assert row.comparison.difference == pytest.approx((10 + 8 + 8) / 3 / ITEMS)
+    assert row.verdict == REPRODUCED
+
+
+# ---------------------------------------------------------------------------------------- telemetry
+
+def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "ue5m3", 0, underflow=0.004, clipped=0.001)
+    write_run(results, "ue5m3_t2048", 0, underflow=0.001, clipped=0.002)
+    rows = {c: rows_of(c, results)[0] for c in ("t2048_underflow", "t2048_saturation", "t2048_clipping")}
+    under = rows["t2048_underflow"]
+    tele = {r: pd.read_parquet(run_dir(results, "tiny", r, 0) / "telemetry.parquet") for r in ("ue5m3", "ue5m3_t2048")}
+    dy = {r: t[t["operand"].isin(["dgrad.dy", "wgrad.dy"])] for r, t in tele.items()}
+    assert under.recipe_value == pytest.approx(dy["ue5m3_t2048"]["underflow_blocks"].sum() / (80 * 10_000))
+    assert under.baseline_value == pytest.approx(dy["ue5m3"]["underflow_blocks"].sum() / (80 * 10_000))
+    assert under.comparison.test.startswith("batch means: 40 steps")
+    per_step = {r: t.groupby("step")["underflow_blocks"].sum() / 20_000 for r, t in dy.items()}
+    assert under.comparison.difference == pytest.approx((per_step["ue5m3_t2048"] - per_step["ue5m3"]).mean())
+    # beyond the per-step noise, but the rates are outcomes of training too: one seed is capped
+    assert under.comparison.verdict(under.claim.expect) == REPRODUCED and under.verdict == SUGGESTIVE
+    clip = rows["t2048_clipping"]
+    assert clip.recipe_value == pytest.approx(dy["ue5m3_t2048"]["clipped_elements"].sum() / (80 * 100_000))
+    assert clip.verdict == OPPOSITE
+    assert rows["t2048_saturation"].note.startswith("not resolved: no saturation events")
+
+
+# ---------------------------------------------------------------- what is not measured or paired
+
+def test_unmeasured_claims_say_why(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0)
+    (absent,) = rows_of("t2048_underflow", results, recipes=("nvfp4", "ue5m3"))
+    assert absent.note == "not measured: no run of ue5m3_t2048 in this experiment"
+    (missing,) = rows_of("final_loss", results, seeds=(0, 1))
+    assert missing.note.startswith("not measured") and "seed1" in missing.note
+    (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results,
+                            recipes=("nvfp4", "nvfp4_no_rht_no_bf16_tail"))
+    assert throughput.note.startswith("not measured: no body-throughput file")
+
+
+def test_runs_of_different_corpora_are_not_paired(tmp_path):
+    from fp4repro.results import write_table
+
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, loss=-0.1)
+    for recipe, digest in (("nvfp4", "aaaa"), ("ue5m3", "aaaa")):
+        path = run_dir(results, "tiny", recipe, 0) / "metrics.parquet"
+        write_table(path, pd.read_parquet(path), {"data": digest})
+    (same,) = rows_of("final_loss", results)
+    assert same.comparison is not None
+    path = run_dir(results, "tiny", "ue5m3", 0) / "metrics.parquet"
+    write_table(path, pd.read_parquet(path), {"data": "bbbb"})
+    for claim in ("final_loss", "heldout_nll"):
+        (row,) = rows_of(claim, results)
+        assert row.comparison is None and "different corpora (data digests aaaa, bbbb)" in row.note
+
+
+def test_a_diverged_run_is_named_and_not_paired(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, loss=-0.1)
+    summary = eval_dir(results, "tiny", "ue5m3", 0) / "final_loss.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "diverged": {"step": 37, "reason": "step 37"}}))
+    for claim in ("final_loss", "heldout_nll", "downstream"):
+        (row,) = rows_of(claim, results)
+        assert row.comparison is None
+        assert row.note == "not paired: ue5m3 seed 0 diverged at step 37 (its telemetry holds the failing step)"
