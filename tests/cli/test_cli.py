@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-import fp4repro.cli as cli
+import fp4repro.cli.configs as configs
 from fp4repro.cli import main
 
 
@@ -139,7 +139,7 @@ def test_debug_shows_the_traceback_of_a_config_error(tmp_path):
 
 def test_any_other_error_keeps_its_traceback(monkeypatch):
     # a ValueError from torch, pandas or a bug is not a message for the user: it propagates
-    monkeypatch.setattr(cli, "_cmd_formats", lambda args: int("not a number"))
+    monkeypatch.setattr(configs, "_cmd_formats", lambda args: int("not a number"))
     with pytest.raises(ValueError, match="invalid literal"):
         main(["formats"])
 

@@ -1,0 +1,212 @@
+"""The ``bench`` command: every benchmark of the suite, one ``what`` each (quant, kernels, sass,
+live, throughput, components, project), each printing a table and writing JSON under results/bench/."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fp4repro.cli.common import _cuda_present, _study
+
+
+def _cmd_bench(args) -> int:
+    if args.what == "kernels":
+        if not _cuda_present("bench kernels"):
+            return 2
+        from fp4repro.bench.kernels import print_table, run
+
+        out = Path(args.out or "results/bench/kernels.json")
+        print_table(run(out=out))
+        print(f"wrote {out}")
+    if args.what == "live":
+        if not _cuda_present("bench live", "it times the Triton kernel on a GPU"):
+            return 2
+        from fp4repro.bench.live import print_table, run
+
+        out = Path(args.out or "results/bench/live_amax.json")
+        print_table(run(out=out, pairs=args.pairs))
+        print(f"wrote {out}")
+    if args.what == "throughput":
+        return _bench_throughput(args)
+    if args.what == "components":
+        return _bench_components(args)
+    if args.what == "project":
+        return _bench_project(args)
+    if args.what == "sass":
+        from fp4repro.bench.sass import print_table, run
+
+        out = Path(args.out or f"results/bench/kernels_sass_sm{args.arch}.json")
+        print_table(run(arch=args.arch, out=out))
+        print(f"wrote {out}")
+    if args.what == "quant":
+        from fp4repro.bench.quant_cpu import run
+
+        args.out = args.out or "results/bench/quant_cpu.json"
+        rows = run(size=args.size, repeats=args.repeats, out=Path(args.out))
+        print(f"{'spec':28} {'shape':>11} {'median s':>9} {'Melem/s':>8}")
+        for r in rows:
+            print(f"{r['spec']:28} {'x'.join(map(str, r['shape'])):>11} {r['median_s']:>9.3f} {r['melem_per_s']:>8.1f}")
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _ablation_study(args):
+    """(the experiment's study with the paper's throughput ablation added, the recipes to time:
+    the ablation's, then the experiment's own)."""
+    from fp4repro.results import THROUGHPUT_ABLATION
+
+    args.add_recipe = [*THROUGHPUT_ABLATION, *(args.add_recipe or ())]
+    study = _study(args)
+    return study, list(dict.fromkeys([*THROUGHPUT_ABLATION, *study.recipes]))
+
+
+def _bench_throughput(args) -> int:
+    import torch
+
+    from fp4repro.bench import throughput
+    from fp4repro.bench.device import device_tag
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.results import read_throughput
+
+    study, names = _ablation_study(args)
+    cuda = torch.cuda.is_available()
+    columns = args.columns or (list(throughput.COLUMNS) if cuda else ["emulated"])
+    out = Path(args.out or "results/bench/throughput_"
+               f"{device_tag(torch.cuda.get_device_name() if cuda else None)}.json")
+    # a measurement replacing one of the same shapes says how far it agrees with it
+    previous = read_throughput(out, FP4ReproError).get(study.model.name) if out.is_file() else None
+
+    def record(result):
+        if previous is not None:
+            result["repeat"] = throughput.agreement(previous, result)
+        throughput.record(out, result, "cuda" if cuda else "cpu")
+
+    result = throughput.run(study.model, {n: study.recipe(n) for n in names},
+                            seq_len=args.seq_len or study.experiment.train.seq_len, batch=args.batch,
+                            steps=args.steps, warmup=args.warmup, columns=columns,
+                            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+                            on_column=record)
+    print(throughput.table(result))
+    if previous is not None:
+        print(f"agreement with the measurement it replaced: worst |difference| of a median step "
+              f"{result['repeat']['worst']:.1%}")
+    print(f"wrote {out} (shapes: {result['model']})")
+    return 0
+
+
+def _bench_components(args) -> int:
+    import torch
+
+    from fp4repro.bench import components
+    from fp4repro.bench.device import device_tag
+
+    if not _cuda_present("bench components", "it times kernels and GEMMs on a GPU"):
+        return 2
+    study, names = _ablation_study(args)
+    tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
+    out = Path(args.out or f"results/bench/components_{device_tag(torch.cuda.get_device_name())}.json")
+    result = components.run(study.model, {n: study.recipe(n) for n in names}, tokens,
+                            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)))
+    components.record(out, result)
+    print(components.table(result))
+    print(f"wrote {out} (shapes: {result['model']})")
+    return 0
+
+
+def _bench_project(args) -> int:
+    import json
+
+    from fp4repro.bench import projection
+    from fp4repro.config.devices import load_devices
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.results import read_components, read_throughput, write_json
+
+    out = Path(args.out or "results/bench/throughput_h200.json")
+    parts = Path(args.components)
+    measured, timed = read_throughput(out, FP4ReproError), read_components(parts, FP4ReproError)
+    models = [m for m in measured if m in timed]
+    if not models:
+        print(f"fp4repro bench project: no model is in both {out} ({', '.join(measured) or 'none'}) and {parts} "
+              f"({', '.join(timed) or 'none'})", file=sys.stderr)
+        return 2
+    devices = load_devices(args.devices)
+    content = json.loads(out.read_text())
+    for model in models:
+        entry = projection.attach(measured[model], timed[model], devices)
+        content["shapes"][model] = entry
+        print(projection.table(entry))
+    write_json(out, {"shapes": content["shapes"]}, content.get("provenance", {}))
+    print(f"wrote {out} (projected: {', '.join(models)})")
+    return 0
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",
+                       description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
+                                   "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
+                                   "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
+                                   "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
+                                   "against BF16 F.linear for 8192x4096x4096 (default output "
+                                   "results/bench/kernels.json). sass (no GPU needed): the instructions each "
+                                   "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
+                                   "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
+                                   "held amax (default output results/bench/kernels_sass_smARCH.json). live "
+                                   "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
+                                   "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
+                                   "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
+                                   "with a 95% confidence interval (default output "
+                                   "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
+                                   "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
+                                   "the experiment's model under the paper's ablation recipes and the "
+                                   "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
+                                   "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
+                                   "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
+                                   "both; each step a replay of its CUDA graph where every recipe's graph fits "
+                                   "in memory (small shapes: eager steps there are bound by the host's launches), "
+                                   "else eager (8B) (fp4repro.bench.throughput); filed per model in "
+                                   "results/bench/throughput_<device>.json. components (CUDA): the parts of "
+                                   "those body steps timed alone on the GPU, the projection's calibration: each "
+                                   "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
+                                   "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
+                                   "results/bench/components_<device>.json). project (no GPU needed): the "
+                                   "Blackwell projection of a throughput file from its components: first the "
+                                   "H200 check (the measured parts must predict every measured step within 10%), "
+                                   "then, only if it holds, a column per Blackwell GPU with its band over the "
+                                   "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
+                                   "written into the throughput file given by --out).")
+    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project"])
+    b.add_argument("--experiment", default="tiny",
+                   help="throughput, components: the experiment whose model shapes and recipes are timed, with the paper's "
+                        "ablation recipes (default tiny)")
+    b.add_argument("--add-recipe", action="append", metavar="RECIPE",
+                   help="throughput: another recipe (name or YAML path) to time; repeatable")
+    b.add_argument("--seq-len", type=int, help="throughput: tokens per sequence (default: the experiment's)")
+    b.add_argument("--batch", type=int, default=1, help="throughput: sequences per step (default 1)")
+    b.add_argument("--steps", type=int, default=7, help="throughput: timed steps per recipe (at least 5)")
+    b.add_argument("--warmup", type=int, default=2, help="throughput: untimed steps per recipe first")
+    b.add_argument("--columns", nargs="+", choices=["emulated", "fp8_analogue"],
+                   help="throughput: what to measure (default both on a GPU, emulated on CPU)")
+    b.add_argument("--quiet", action="store_true", help="throughput: no progress lines")
+    b.add_argument("--components", default="results/bench/components_h200.json",
+                   help="project: the components file the projection is calibrated on (default "
+                        "results/bench/components_h200.json)")
+    b.add_argument("--devices", default="devices",
+                   help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)")
+    b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
+    b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
+    b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")
+    b.add_argument("--arch", type=int, default=90, help="sass: the CUDA compute capability to compile for "
+                                                         "(90: H100/H200; 100: B200)")
+    b.add_argument("--out", default=None,
+                   help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json, "
+                        "live_amax.json, throughput_<device>.json or components_<device>.json); project: the "
+                        "throughput file to project and write back (default results/bench/throughput_h200.json)")
+    b.set_defaults(func=_cmd_bench)
+
+
+#: The commands of this group, each with the function adding its parser to the `fp4repro`
+#: subparsers (the package's __init__ calls them in the order `fp4repro --help` lists them).
+COMMANDS = {
+    "bench": _add_bench,
+}
