@@ -260,7 +260,7 @@ class Minifloat:
             n = torch.ceil(t)
         elif mode == "sr":
             if rand is None:
-                # uint8: the same draws as the default int64, at a third less time and memory
+                # uint8: the same draws as the default int64, in less time and memory
                 k = torch.randint(0, 256, x.shape, generator=generator, device=x.device, dtype=torch.uint8)
                 rand = (k.to(torch.float32) + 0.5) / 256
             elif rand.shape != x.shape:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-import importlib.metadata
+import importlib.metadata   # installed versions of distributions (PACKAGES), read without importing them
 import platform
 import subprocess
 import sys
@@ -52,7 +52,7 @@ def _git() -> tuple[str | None, bool | None]:
 def package_versions() -> dict[str, str | None]:
     versions = {}
     for name in PACKAGES:
-        try:
+        try:   # a distribution's recorded version: importing the package to ask would be slow and may fail
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None

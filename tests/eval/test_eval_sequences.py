@@ -22,7 +22,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from fp4repro.config.recipe import load_recipe
 from fp4repro.eval import build_model, stream_nll
 from fp4repro.eval.lm import FP4ReproLM
-from fp4repro.eval.policy import CurrentAmaxState
+from fp4repro.quant.state import CurrentAmaxState
 
 ITEM = ("def main(argv):\n    ", "return 0")
 NEIGHBOUR = ("Return a new list containing all items from the iterable in ascending order. A custom key "

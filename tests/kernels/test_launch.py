@@ -4,7 +4,7 @@ compiles apart (here: a 16-byte-aligned input and one that is not)."""
 import pytest
 import torch
 
-from fp4repro.kernels import _launcher, quantize_2d
+from fp4repro.kernels import _quantize_launcher, quantize_2d
 from fp4repro.kernels.launch import _arg_key
 from fp4repro.quant import QuantSpec, reference_only, scaled_operand
 
@@ -21,7 +21,7 @@ def test_arg_key_separates_what_triton_specializes_on():
 @pytest.mark.gpu
 @pytest.mark.parametrize("offset", [0, 1])
 def test_direct_launch_equals_jit_and_reference(offset):
-    launcher = _launcher("_quantize_kernel")
+    launcher = _quantize_launcher()
     spec = QuantSpec(scale="ue5m3", rounding="sr")
     storage = torch.randn(256 * 512 + 1, device="cuda", dtype=torch.bfloat16) * 3
     x = storage[offset:offset + 256 * 512].view(256, 512)   # offset 1: 2 bytes past alignment

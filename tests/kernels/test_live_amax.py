@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from fp4repro.kernels import (_quantize_plan, emax_target, fold_live_amax, live_slots, live_slots_amax, philox_uniforms,
-                              quantize_2d, quantize_launch, tensor_amax)
+                              operand_amax_triton, quantize_2d, quantize_launch)
 from fp4repro.kernels.launch import _arg_key
 from fp4repro.quant import QuantSpec, TensorScaling
-from fp4repro.reference.block import global_encode_scale, scaled_operand
+from fp4repro.reference.block import global_encode_scale, scaled_operand_reference
 from fp4repro.reference.geometry import pad_to_blocks
 from fp4repro.reference.rht import rht
 
@@ -100,7 +100,7 @@ def test_live_amax_equals_finite_max_of_padded_rht_input(name, kind, columnwise)
     expected = _expected(x, spec)
     assert _same(live.cpu(), expected), (float(live), float(expected))
     # the reference's live amax, bit for bit
-    assert _same(live.cpu(), scaled_operand(x, spec, amax=held if held is not None else 1.0, live=True).live)
+    assert _same(live.cpu(), scaled_operand_reference(x, spec, amax=held if held is not None else 1.0, live=True).live)
     if kind == "zero":
         assert float(live) == 0.0
     if kind in ("nan-inf", "inf-beside-max", "all-nonfinite"):
@@ -114,14 +114,14 @@ def test_live_amax_equals_finite_max_of_padded_rht_input(name, kind, columnwise)
 @pytest.mark.parametrize("name", ["1x16 RNE current", "1x16 RHT+SR", "16x16 RHT"])
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
 def test_live_amax_with_current_amax_equals_the_amax_pass(name, columnwise):
-    # no held amax: the launcher's own amax pass (tensor_amax) gave A, and the live amax of a
+    # no held amax: the launcher's own amax pass (operand_amax_triton) gave A, and the live amax of a
     # finite tensor is A
     spec = SPECS[name]
     x = _x("normal", (48, 96), _seed("current", name, columnwise) % 10_000)
     xd = _device_x(x, columnwise)
     slots = live_slots(DEVICE)
     k = quantize_2d(xd, spec, seed=3, live=slots, stats=True, codes=True)
-    assert _same(live_slots_amax(slots), k["amax"]) and _same(live_slots_amax(slots), tensor_amax(xd, spec))
+    assert _same(live_slots_amax(slots), k["amax"]) and _same(live_slots_amax(slots), operand_amax_triton(xd, spec))
 
 
 @pytest.mark.parametrize("shape", [(16, 128), (64, 256), (1024, 16)])
@@ -213,9 +213,9 @@ def test_specs_differing_only_in_target_share_one_compiled_kernel():
 
 @pytest.mark.gpu
 def test_new_target_compiles_nothing_on_gpu():
-    from fp4repro.kernels import _launcher
+    from fp4repro.kernels import _quantize_launcher
 
-    launcher = _launcher("_quantize_kernel")
+    launcher = _quantize_launcher()
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     amax = torch.tensor(2.0, device="cuda")
     quantize_2d(x, QuantSpec(scale="ue5m3", target=448), amax=amax)
@@ -250,7 +250,7 @@ def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
         k = quantize_2d(_device_x(x, columnwise), spec, amax=amax, seed=9, out_dtype=torch.float32,
                         live=live_slots(DEVICE))
         rand = philox_uniforms(40 * 80, 9, 0, device=DEVICE).cpu().reshape(40, 80)
-        qs, d, *_ = scaled_operand(x, spec, amax=amax, rand=rand)
+        qs, d, *_ = scaled_operand_reference(x, spec, amax=amax, rand=rand)
         torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)
         assert _same(k["decode_scale"].cpu(), d)
 
@@ -261,7 +261,7 @@ def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
 def test_the_kernels_operand_amax_is_the_references(spec, kind):
     # what shards of a tensor-parallel operand MAX-reduce before they quantize: the amax over
     # finite elements of the padded, transformed matrix, on both paths
-    from fp4repro.reference.block import operand_amax
+    from fp4repro.reference.block import operand_amax_reference
 
     x = _x(kind, (40, 72), _seed("operand_amax", kind))
-    assert _same(tensor_amax(x.to(torch.bfloat16).to(DEVICE), spec), operand_amax(x.to(torch.bfloat16), spec))
+    assert _same(operand_amax_triton(x.to(torch.bfloat16).to(DEVICE), spec), operand_amax_reference(x.to(torch.bfloat16), spec))

@@ -16,7 +16,7 @@ from fp4repro.kernels import philox_uniforms, quantize_2d, shard_place
 from fp4repro.kernels.quantize import _round_grid, _sr_addend, philox2x32
 from fp4repro.quant import QuantSpec, TensorScaling, reference_only
 from fp4repro.quant import scaled_operand as front_scaled_operand
-from fp4repro.reference.block import quantize, scaled_operand
+from fp4repro.reference.block import quantize_reference, scaled_operand_reference
 from fp4repro.reference.geometry import padded_shape, rows_cols
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,8 +74,8 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
         rp, cp = padded_shape(rows, cols, spec)
         rand = philox_uniforms(rp * cp, seed, 16, device=DEVICE).cpu().reshape(rp, cp)
     xc = x.contiguous()  # the reference on the same logical matrix
-    qs, d, amax, stats, _ = scaled_operand(xc, spec, amax=held, rand=rand, stats=True)
-    bq = quantize(xc, spec, amax=held, rand=rand)
+    qs, d, amax, stats, _ = scaled_operand_reference(xc, spec, amax=held, rand=rand, stats=True)
+    bq = quantize_reference(xc, spec, amax=held, rand=rand)
     torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(k["codes"].cpu(), bq.codes)
     assert torch.equal(k["scale_codes"].cpu(), bq.scale_codes)
@@ -142,7 +142,7 @@ def test_strided_and_broadcast_views_equal_reference(layout, name):
     rand = None
     if spec.rounding == "sr":   # rand_offset 8: the stream starts half-way into a 16-element group
         rand = philox_uniforms(rp_cp[0] * rp_cp[1], seed, 8, device=DEVICE).cpu().reshape(rp_cp)
-    ref, *_ = scaled_operand(x.contiguous(), spec, amax=held, rand=rand)
+    ref, *_ = scaled_operand_reference(x.contiguous(), spec, amax=held, rand=rand)
     assert torch.equal(k["qs"].cpu(), ref)
     if layout == "gapped column-major":
         assert x.stride() == (1, 50) and k["qs"].stride() == (1, 40)
@@ -187,7 +187,7 @@ def test_bf16_input_and_output():
     x = _inputs("heavy", (32, 64), seed=5).to(torch.bfloat16)
     k = quantize_2d(x.to(DEVICE), SPECS["nvfp4-1x16"])
     assert k["qs"].dtype == torch.bfloat16
-    ref, *_ = scaled_operand(x.float(), SPECS["nvfp4-1x16"])
+    ref, *_ = scaled_operand_reference(x.float(), SPECS["nvfp4-1x16"])
     assert torch.equal(k["qs"].float().cpu(), ref)  # q·s is exact in BF16
 
 
@@ -288,10 +288,10 @@ def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
     # over fractions), and the kernel's draws average to it.
     spec = QuantSpec(scale="ue5m3", rounding="sr")
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
-    cells = [scaled_operand(x, spec, rand=torch.full((1, 64), (k + 0.5) / 256))[0] for k in range(256)]
+    cells = [scaled_operand_reference(x, spec, rand=torch.full((1, 64), (k + 0.5) / 256))[0] for k in range(256)]
     expected = torch.cat(cells).double().mean(0)                 # E[q·s_b] over the 256 cells
-    _, d, *_ = scaled_operand(x, spec, rand=torch.zeros(1, 64))
-    s_b = quantize(x, spec, rand=torch.zeros(1, 64)).scales.double().repeat_interleave(16, 1)[0]
+    _, d, *_ = scaled_operand_reference(x, spec, rand=torch.zeros(1, 64))
+    s_b = quantize_reference(x, spec, rand=torch.zeros(1, 64)).scales.double().repeat_interleave(16, 1)[0]
     blocks = x.abs().reshape(4, 16)
     block_max = (blocks == blocks.amax(1, keepdim=True)).reshape(64)
     xs = x[0].double() / float(d)                                # x in q·s units

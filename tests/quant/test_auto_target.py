@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from fp4repro.config.spec import AutoTarget, QuantSpec, TensorScaling
 from fp4repro.quant.linear import quantized_operand, transposable_weight_spec
 from fp4repro.quant.state import QuantState
-from fp4repro.reference.block import scaled_operand
+from fp4repro.reference.block import scaled_operand_reference
 
 SPEC = QuantSpec(scale="ue5m3", target=448.0, tensor_scaling=TensorScaling("periodic", 2),
                  auto_target=AutoTarget(min=448.0, max=8192.0, safety=4.0, window=2))
@@ -66,9 +66,9 @@ def test_each_quantization_uses_the_chosen_t():
     results = run(QuantState(), range(4))
     x = unit_tensor()
     for step in (2, 3):
-        expected = scaled_operand(x, replace(SPEC, target=114688 / 40, auto_target=None), amax=1.0).qs
+        expected = scaled_operand_reference(x, replace(SPEC, target=114688 / 40, auto_target=None), amax=1.0).qs
         assert torch.equal(results[step][1], expected)
-    first = scaled_operand(x, replace(SPEC, auto_target=None)).qs           # step 0: T = 448
+    first = scaled_operand_reference(x, replace(SPEC, auto_target=None)).qs           # step 0: T = 448
     assert torch.equal(results[0][1], first)
     assert not torch.equal(results[2][1], first)
 
@@ -167,15 +167,15 @@ def test_two_ranks_choose_the_same_t_from_the_reduced_growth():
 def test_inference_quantizes_an_automatic_target_with_no_growth_to_cover():
     """The quantized-inference policy uses the current amax: G = 1, so T = clamp(114688 / 4,
     448, 8192) = 8192, for activations quantized per sequence too."""
-    from fp4repro.eval.policy import CurrentAmaxState
+    from fp4repro.quant.state import CurrentAmaxState
 
     state = CurrentAmaxState()
     x = unit_tensor()
     qs, _ = quantized_operand(x, SPEC, state, "l", "fprop.x")
-    assert torch.equal(qs, scaled_operand(x, replace(SPEC, target=8192.0, auto_target=None)).qs)
+    assert torch.equal(qs, scaled_operand_reference(x, replace(SPEC, target=8192.0, auto_target=None)).qs)
     from fp4repro.quant.linear import sequence_operand
 
     three = torch.stack([x, 2 * x, x])
     seq, _ = sequence_operand(three, (32, 20, 32), SPEC, state, "l")
-    alone = scaled_operand(2 * x[:20], replace(SPEC, target=8192.0, auto_target=None)).qs
+    alone = scaled_operand_reference(2 * x[:20], replace(SPEC, target=8192.0, auto_target=None)).qs
     assert torch.equal(seq.reshape(3, 32, 64)[1, :20], alone)

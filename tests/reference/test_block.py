@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fp4repro.config.spec import QuantSpec, TensorScaling
-from fp4repro.reference.block import quantize, quantize_dequantize
+from fp4repro.reference.block import quantize_dequantize_reference, quantize_reference
 
 FLT_MAX = torch.finfo(torch.float32).max
 SIGNS = torch.tensor([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=torch.float32)
@@ -65,14 +65,14 @@ def heavy_tailed(shape, seed):
 @pytest.mark.parametrize("block, rht", [((1, 16), False), ((16, 16), False), ((1, 16), True), ((16, 16), True)])
 def test_matches_independent_reference_bit_for_bit(seed, block, rht):
     x = heavy_tailed((64, 96), seed)
-    ours = quantize_dequantize(x, QuantSpec(block=block, rht=rht))
+    ours = quantize_dequantize_reference(x, QuantSpec(block=block, rht=rht))
     ref = ref_nvfp4(x, block[0], rht)
     assert torch.equal(ours, ref)
 
 
 def test_codes_and_scales_are_consistent():
     x = heavy_tailed((32, 64), 5)
-    bq = quantize(x, QuantSpec())
+    bq = quantize_reference(x, QuantSpec())
     assert bq.codes.dtype == torch.uint8 and bq.codes.shape == (32, 32)
     assert bq.scale_codes.shape == (32, 4)
     q = bq.elements()
@@ -81,7 +81,7 @@ def test_codes_and_scales_are_consistent():
 
 
 def test_2d_tiles_share_one_scale():
-    bq = quantize(heavy_tailed((48, 32), 1), QuantSpec(block=(16, 16)))
+    bq = quantize_reference(heavy_tailed((48, 32), 1), QuantSpec(block=(16, 16)))
     assert bq.scale_codes.shape == (3, 2)
 
 
@@ -90,17 +90,17 @@ def test_2d_tiles_share_one_scale():
 def test_non_divisible_shapes_pad_with_zeros_and_crop(shape, block):
     x = torch.randn(shape)
     spec = QuantSpec(block=block)
-    out = quantize_dequantize(x, spec)
+    out = quantize_dequantize_reference(x, spec)
     assert out.shape == x.shape
     rows = x.reshape(-1, shape[-1]) if len(shape) > 1 else x.reshape(1, -1)
     c = shape[-1]
     r_pad, c_pad = -rows.shape[0] % block[0], -c % block[1]
     padded = torch.nn.functional.pad(rows, (0, c_pad, 0, r_pad))
-    assert torch.equal(quantize_dequantize(padded, spec)[: rows.shape[0], :c].reshape(shape), out)
+    assert torch.equal(quantize_dequantize_reference(padded, spec)[: rows.shape[0], :c].reshape(shape), out)
 
 
 def test_all_zeros():
-    bq = quantize(torch.zeros(4, 32), QuantSpec(), stats=True)
+    bq = quantize_reference(torch.zeros(4, 32), QuantSpec(), stats=True)
     assert torch.equal(bq.dequantize(), torch.zeros(4, 32))
     assert float(bq.decode_scale) == 1.0
     assert bq.stats.underflow_blocks == 0 and bq.stats.zeroed_elements == 0
@@ -109,7 +109,7 @@ def test_all_zeros():
 def test_one_nonzero_is_reproduced():
     x = torch.zeros(2, 32)
     x[1, 5] = -3.7e-3
-    out = quantize_dequantize(x, QuantSpec(scale="ue5m3"))
+    out = quantize_dequantize_reference(x, QuantSpec(scale="ue5m3"))
     assert torch.count_nonzero(out) == 1
     assert torch.allclose(out[1, 5], x[1, 5], rtol=1e-6)
 
@@ -117,7 +117,7 @@ def test_one_nonzero_is_reproduced():
 def test_zero_blocks_beside_huge_blocks():
     x = torch.zeros(2, 32)
     x[0, :16] = torch.linspace(-3e30, 3e30, 16)
-    out = quantize_dequantize(x, QuantSpec(scale="ue5m3"))
+    out = quantize_dequantize_reference(x, QuantSpec(scale="ue5m3"))
     assert torch.isfinite(out).all()
     assert torch.equal(out[0, 16:], torch.zeros(16)) and torch.equal(out[1], torch.zeros(32))
     assert torch.allclose(out[0, :16].abs().max(), torch.tensor(3e30), rtol=1e-6)
@@ -125,7 +125,7 @@ def test_zero_blocks_beside_huge_blocks():
 
 def test_subnormal_range_inputs():
     x = torch.tensor([[1e-40, -3e-41, 0.0, 2e-39] + [0.0] * 12])
-    out = quantize_dequantize(x, QuantSpec(scale="ue5m3"))
+    out = quantize_dequantize_reference(x, QuantSpec(scale="ue5m3"))
     assert torch.isfinite(out).all()
     assert out[0, 2] == 0 and (torch.sign(out) * torch.sign(x) >= 0).all()
 
@@ -137,22 +137,22 @@ def test_nonfinite_blocks_become_nan_and_spare_the_others():
     poisoned[2, 20] = float("inf")
     poisoned[3, 0] = float("-inf")
     spec = QuantSpec()
-    out = quantize_dequantize(poisoned, spec)
+    out = quantize_dequantize_reference(poisoned, spec)
     assert torch.isnan(out[1, :16]).all() and torch.isnan(out[2, 16:]).all() and torch.isnan(out[3, :16]).all()
     cleaned = poisoned.clone()
     cleaned[~torch.isfinite(cleaned)] = 0.0
     ok = torch.ones_like(out, dtype=torch.bool)
     ok[1, :16] = ok[2, 16:] = ok[3, :16] = False
-    assert torch.equal(out[ok], quantize_dequantize(cleaned, spec)[ok])
-    assert torch.isnan(quantize_dequantize(torch.full((1, 16), float("nan")), spec)).all()
+    assert torch.equal(out[ok], quantize_dequantize_reference(cleaned, spec)[ok])
+    assert torch.isnan(quantize_dequantize_reference(torch.full((1, 16), float("nan")), spec)).all()
 
 
 def test_held_amax_is_used():
     x = torch.randn(8, 32)
     held = torch.tensor(float(x.abs().max()) * 3)  # not a power of two: scales change mantissa
-    bq = quantize(x, QuantSpec(), amax=held)
+    bq = quantize_reference(x, QuantSpec(), amax=held)
     assert float(bq.amax) == float(held)
-    assert not torch.equal(bq.dequantize(), quantize_dequantize(x, QuantSpec()))
+    assert not torch.equal(bq.dequantize(), quantize_dequantize_reference(x, QuantSpec()))
 
 
 def test_stochastic_rounding_of_elements_is_unbiased_after_scaling():
@@ -163,7 +163,7 @@ def test_stochastic_rounding_of_elements_is_unbiased_after_scaling():
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     spec = QuantSpec(rounding="sr")
     torch.manual_seed(0)
-    draws = torch.stack([quantize_dequantize(x, spec) for _ in range(4000)]).double()
+    draws = torch.stack([quantize_dequantize_reference(x, spec) for _ in range(4000)]).double()
     mean, se = draws.mean(0), draws.std(0) / 4000**0.5
     block_max = x.abs().reshape(4, 16) == x.abs().reshape(4, 16).amax(1, keepdim=True)
     err = (mean - x.double()).abs().reshape(4, 16)
@@ -176,11 +176,11 @@ def test_given_uniforms_reproduce_generator_draws():
     # the reference those very uniforms must round every element the same way.
     x = torch.randn(5, 40, generator=torch.Generator().manual_seed(1))
     spec = QuantSpec(rounding="sr")
-    drawn = quantize_dequantize(x, spec, generator=torch.Generator().manual_seed(3))
+    drawn = quantize_dequantize_reference(x, spec, generator=torch.Generator().manual_seed(3))
     k = torch.randint(0, 256, (5, 48), generator=torch.Generator().manual_seed(3))
-    given = quantize_dequantize(x, spec, rand=(k.to(torch.float32) + 0.5) / 256)
+    given = quantize_dequantize_reference(x, spec, rand=(k.to(torch.float32) + 0.5) / 256)
     assert torch.equal(drawn, given)
-    other = quantize_dequantize(x, spec, generator=torch.Generator().manual_seed(4))
+    other = quantize_dequantize_reference(x, spec, generator=torch.Generator().manual_seed(4))
     assert not torch.equal(drawn, other)                  # the draws matter: a different seed rounds differently
 
 
@@ -189,9 +189,9 @@ def test_sr_rounds_up_for_small_uniforms_and_down_for_large():
     # toward zero, and RNE lies between; the block scales do not depend on the rounding.
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
     sr, rne = QuantSpec(rounding="sr"), QuantSpec()
-    up = quantize(x, sr, rand=torch.zeros(8, 64))
-    down = quantize(x, sr, rand=torch.full((8, 64), 1 - 2**-24))
-    nearest = quantize(x, rne)
+    up = quantize_reference(x, sr, rand=torch.zeros(8, 64))
+    down = quantize_reference(x, sr, rand=torch.full((8, 64), 1 - 2**-24))
+    nearest = quantize_reference(x, rne)
     assert torch.equal(up.scale_codes, nearest.scale_codes) and torch.equal(down.scale_codes, nearest.scale_codes)
     q_up, q_down, q = up.elements().abs(), down.elements().abs(), nearest.elements().abs()
     assert (q_down <= q).all() and (q <= q_up).all()
@@ -212,7 +212,7 @@ def test_growth_between_refreshes_saturates_e4m3_but_not_ue5m3():
         for step in range(50):
             grow = 100.0 ** (step / 49)          # the tensor grows 100x before the next refresh
             held = state.held_amax("w", spec.tensor_scaling)
-            bq = quantize(base * grow, spec, amax=held, stats=True)
+            bq = quantize_reference(base * grow, spec, amax=held, stats=True)
             if held is None:
                 state.hold("w", bq.amax, spec.tensor_scaling)
             saturated += bq.stats.saturated_blocks
@@ -233,7 +233,7 @@ def test_higher_target_reduces_underflow_of_small_gradient_blocks():
     held = x.abs().max() * 256
     under = {}
     for target in (448.0, 2048.0):
-        stats = quantize(x, QuantSpec(scale="ue5m3", target=target), amax=held, stats=True).stats
+        stats = quantize_reference(x, QuantSpec(scale="ue5m3", target=target), amax=held, stats=True).stats
         under[target] = stats.underflow_blocks
         assert stats.saturated_blocks == 0
     assert under[448.0] > 0 and under[2048.0] < under[448.0]
@@ -286,16 +286,16 @@ def test_clipped_elements_of_blocks_with_subnormal_scales(scale, quantum, roundi
     column = 2 if rounding == "rne" else 3
     expected = [b[column] for b in CLIP_BLOCKS + NORMAL_BLOCKS]
     rand = torch.full(x.shape, 0.5)                  # the count does not depend on the draws
-    bq = quantize(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True)
+    bq = quantize_reference(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True)
     assert bq.scales[:, 0].tolist() == scales        # the scales the hand counts assume
     assert bq.stats.underflow_blocks == 1 and bq.stats.saturated_blocks == 0
-    per_block = [quantize(x[i:i + 1], spec, amax=HELD, rand=rand[i:i + 1] if rounding == "sr" else None,
+    per_block = [quantize_reference(x[i:i + 1], spec, amax=HELD, rand=rand[i:i + 1] if rounding == "sr" else None,
                           stats=True).stats.clipped_elements for i in range(len(x))]
     assert per_block == expected
     assert bq.stats.clipped_elements == {"rne": 3 + 1, "sr": 5 + 2 + 2 + 2}[rounding]
     # a NaN in the first block makes it non-finite (it dequantizes to NaN): its elements drop out
     x[0, 10] = float("nan")
-    stats = quantize(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True).stats
+    stats = quantize_reference(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True).stats
     assert stats.nonfinite_blocks == 1 and stats.clipped_elements == sum(expected[1:])
 
 
@@ -304,12 +304,12 @@ def test_clipped_elements_in_normal_range_blocks_are_zero_with_rne():
     # the scale rounds by at most 2^-4 relative: the block max lands at most at 6.375 < 7
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
     for scale, smallest_normal in (("e4m3", 2.0**-6), ("ue5m3", 2.0**-14)):
-        bq = quantize(x, QuantSpec(scale=scale), stats=True)
+        bq = quantize_reference(x, QuantSpec(scale=scale), stats=True)
         assert bq.scales.min() >= smallest_normal
         assert bq.stats.clipped_elements == 0
         # SR counts every element above 6: in a block whose scale rounded down, its max and any
         # element within that rounding (2^-4) of it
-        sr = quantize(x, QuantSpec(scale=scale, rounding="sr"), rand=torch.zeros(64, 64), stats=True)
+        sr = quantize_reference(x, QuantSpec(scale=scale, rounding="sr"), rand=torch.zeros(64, 64), stats=True)
         blocks = x.abs().reshape(64, 4, 16)
         near_max = (blocks * 1.0625 > blocks.amax(-1, keepdim=True)).sum()
         assert 0 < sr.stats.clipped_elements <= near_max
@@ -325,13 +325,13 @@ def test_clipped_elements_exclude_rht_padding():
     x[0, 0], x[0, 1] = 30.0 * q, 3.6 * q
     for rounding, real in (("rne", 4), ("sr", 8)):
         spec = QuantSpec(scale="ue5m3", rounding=rounding, rht=True)
-        stats = quantize(x, spec, amax=HELD, rand=torch.full((1, 16), 0.5) if rounding == "sr" else None,
+        stats = quantize_reference(x, spec, amax=HELD, rand=torch.full((1, 16), 0.5) if rounding == "sr" else None,
                          stats=True).stats
         assert stats.clipped_elements == real         # the padded copies would double it
     # padding rows and columns of zeros (no RHT) never clip; the real elements beside them do
     x = torch.zeros(3, 24)
     x[2, 16:20] = torch.tensor([8.4, 7.5, 1.0, 0.5]) * q   # a block half padding, 1.4 q -> q
-    stats = quantize(x, QuantSpec(scale="ue5m3", block=(16, 16)), amax=HELD, stats=True).stats
+    stats = quantize_reference(x, QuantSpec(scale="ue5m3", block=(16, 16)), amax=HELD, stats=True).stats
     assert stats.clipped_elements == 2
 
 
@@ -354,7 +354,7 @@ def test_live_amax_with_a_held_amax_is_the_tensors_current_amax(case, rht_on):
     """What an automatic target compares with the held amax: the current amax of what was
     quantized (padded, after the RHT), never the held one; a NaN or inf anywhere makes it inf
     (the tensor overflowed: infinite growth, the next T is the minimum)."""
-    from fp4repro.reference.block import pad_to_blocks, scaled_operand, tensor_amax
+    from fp4repro.reference.block import pad_to_blocks, scaled_operand_reference, tensor_amax
     from fp4repro.reference.rht import rht
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"live {case} {rht_on}".encode()))
@@ -371,8 +371,8 @@ def test_live_amax_with_a_held_amax_is_the_tensors_current_amax(case, rht_on):
     x2d = pad_to_blocks(x, spec)
     finite = case not in ("nan_block_with_the_largest_finite", "inf")
     expected = tensor_amax(rht(x2d) if rht_on else x2d) if finite else torch.tensor(float("inf"))
-    got = scaled_operand(x, spec, amax=1.0, live=True).live
+    got = scaled_operand_reference(x, spec, amax=1.0, live=True).live
     assert got.dtype == torch.float32 and torch.equal(got, expected)
     if case == "zeros":
         assert float(got) == 0.0
-    assert scaled_operand(x, spec, amax=1.0).live is None           # only when asked
+    assert scaled_operand_reference(x, spec, amax=1.0).live is None           # only when asked

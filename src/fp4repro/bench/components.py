@@ -85,18 +85,18 @@ def time_gemm(m: int, n: int, k: int, device: torch.device) -> dict:
 def time_quantization(work, device: torch.device) -> dict:
     """Milliseconds of the quantization kernel alone on ``work``'s matrix (its amax given), and of
     the current-amax pass where the spec takes one."""
-    from fp4repro.kernels import _launcher, quantize_launch, tensor_amax
+    from fp4repro.kernels import _quantize_launcher, operand_amax_triton, quantize_launch
 
     shape = (work.cols, work.rows) if work.columnwise else (work.rows, work.cols)
     x = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(5))
     x = x.t() if work.columnwise else x        # a transposed view, as the model hands it over
     amax = x.float().abs().max() if work.spec.target is not None else None
     launch, _ = quantize_launch(x, work.spec, amax=amax, seed=1 if work.spec.rounding == "sr" else None)
-    kernel = _launcher("_quantize_kernel")
+    kernel = _quantize_launcher()
     row = {"rows": work.rows, "cols": work.cols, "case": work.case, "columnwise": work.columnwise,
            "quantize_ms": _time_ms(lambda: kernel(*launch), device)}
     if work.amax_pass:
-        row["amax_ms"] = _time_ms(lambda: tensor_amax(x, work.spec), device)
+        row["amax_ms"] = _time_ms(lambda: operand_amax_triton(x, work.spec), device)
     return row
 
 

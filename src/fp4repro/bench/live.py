@@ -70,7 +70,7 @@ def _time_ms(fn, inner: int, start, end) -> float:
 
 
 def bench_case(spec, columnwise: bool, shape=SHAPE, pairs: int = 50, inner: int = 10, warmup: int = 20) -> dict:
-    from fp4repro.kernels import live_slots, live_slots_amax, quantize_2d, tensor_amax
+    from fp4repro.kernels import live_slots, live_slots_amax, operand_amax_triton, quantize_2d
 
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     src = x.t().contiguous().t() if columnwise else x        # a transposed view, as wgrad sees it
@@ -85,7 +85,7 @@ def bench_case(spec, columnwise: bool, shape=SHAPE, pairs: int = 50, inner: int 
         quantize_2d(src, spec, amax=amax, seed=1, live=slots)
 
     live()
-    got, want = live_slots_amax(slots), tensor_amax(src, spec)
+    got, want = live_slots_amax(slots), operand_amax_triton(src, spec)
     if not torch.equal(got, want):                            # after the RHT when spec.rht
         raise RuntimeError(f"live amax {float(got)!r} != the amax pass's {float(want)!r}")
     for _ in range(warmup):

@@ -9,19 +9,19 @@ random.
 
 Method. One model, its weights shared by every recipe: ``fp4repro.model.attach_recipe`` swaps the
 recipe's specs and a QuantState of its own into the same layers. Per column, every recipe's
-``warmup`` steps first (Triton compiles, cuBLAS picks its kernels, periodic scaling holds its
-first amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks
-or temperature reaches every recipe alike; the order rotates each round); each step is timed with
-CUDA events and synchronized (on CPU, the wall clock: for tests). What is timed is the replay of
-the step captured in a CUDA graph where every recipe's graph fits in memory (``graph_timing``):
-the device's time without the host's launch cost, which at ``small`` shapes is most of an eager
-step (the GPU idled 85-92% of it and two processes disagreed by up to 82%); at 8B shapes one
-step's activations fill the GPU, so the step runs eagerly, which is device-bound there (the GPU
-idles 1-3%). The result says which (``timing``) and why. Per recipe: the median step,
-its quartiles, body tokens/s = batch·seq_len / median; per column the peak memory. Per column, the effects the paper's +21.2% mixes
-(``EFFECTS``): the speed-up time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and
-both, as the geometric mean of the per-round ratios with a 95% Student-t interval
-(``fp4repro.bench.live.paired_log_ratio``).
+``warmup`` steps first (Triton compiles, cuBLAS picks its kernels, periodic scaling holds its first
+amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks or
+temperature reaches every recipe alike; the order rotates each round); each step is timed with CUDA
+events and synchronized (on CPU, the wall clock: for tests). What is timed is the replay of the step
+captured in a CUDA graph where every recipe's graph fits in memory (``graph_timing``): the device's
+time without the host's launch cost, which at ``small`` shapes is most of an eager step (the GPU
+idled through most of it, and two processes disagreed widely); at 8B shapes one step's activations
+fill the GPU, so the step runs eagerly, which is device-bound there (the GPU hardly idles). Both
+measurements: README, *Model-body throughput (one H200)*. The result says which (``timing``) and
+why. Per recipe: the median step, its quartiles, body tokens/s = batch·seq_len / median; per column
+the peak memory. Per column, the effects the paper's +21.2% mixes (``EFFECTS``): the speed-up
+time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and both, as the geometric mean of
+the per-round ratios with a 95% Student-t interval (``fp4repro.bench.live.paired_log_ratio``).
 
 Columns (``COLUMNS``):
 - ``emulated``: this suite's quantization kernels and BF16 tensor-core GEMMs (what training runs).

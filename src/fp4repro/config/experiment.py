@@ -80,6 +80,7 @@ class DataConfig:
         (None: no such source): what the prepared data depends on besides the config."""
         if not any(s.kind in PACKAGE_KINDS for s in self.sources):
             return None
+        # importlib.metadata reads installed distributions' metadata: there is no module to import by name
         from importlib.metadata import distributions
 
         return sorted({f"{d.metadata['Name']}=={d.version}" for d in distributions()})

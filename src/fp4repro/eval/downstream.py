@@ -25,7 +25,7 @@ GROUP_PREFIX = "fp4repro_aggregate_"
 def task_manager(include_path: list[str | Path], names: list[str]):
     """An lm-eval TaskManager over ``include_path`` that knows every name in ``names``.
 
-    lm-eval's built-in task index (about 15 000 entries, seconds to build) is added only when a
+    lm-eval's built-in task index (every task lm-eval ships: slow to build) is added only when a
     name is not found in ``include_path``; a name that lm-eval does not know at all raises
     EvalError listing it with the closest known names, before anything is evaluated.
     """

@@ -12,8 +12,8 @@ continuation, the continuation's tokens are those of (context + continuation) af
 context's tokens, an empty context is replaced by the EOD token, and inputs longer than
 ``max_length`` keep their last ``max_length`` tokens. Requests are scored longest first, in
 batches of as many sequences as fit in ``batch_size`` × ``max_length`` tokens, padding included
-(the tokens of a batch of full windows: ~160 of `small`'s ~100-token multiple-choice items go to
-a forward pass, not ``batch_size``), right-padded with EOD (causal: padding never changes the
+(the tokens of a batch of full windows: many short multiple-choice items go to one forward
+pass, not ``batch_size``), right-padded with EOD (causal: padding never changes the
 scored positions). Under the quantized policy each sequence's activations are quantized as
 their own tensor, over its real tokens (the scorer passes the lengths: ``logits_of``), so an
 item's score does not depend on the items it is batched with nor on its padding.

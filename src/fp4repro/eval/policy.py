@@ -4,16 +4,17 @@ A *policy* says how the evaluated model computes its forward pass:
 
     bf16       no quantization: every internal linear is a plain ``nn.Linear`` (BF16 autocast on
                CUDA, FP32 on CPU, exactly as the training loop runs an unquantized forward)
-    quantized  the recipe that trained the checkpoint (stored in it): the forward operands (``fprop.x``, ``fprop.w``) of every
-               linear the recipe quantizes, with its layer exemptions, each quantized with the
-               *current* amax of the tensor being quantized (periodic scaling holds nothing at
-               inference: ``CurrentAmaxState``). Backward operands never run. The activations
-               (``fprop.x``) of each sequence of a batch are quantized as their own tensor, their
-               amax taken over that sequence's real tokens only, padding rows as a group of their
-               own: a sequence's logits do not depend on what it is batched with or on its
-               padding. The scorer says where each sequence ends (``batch_lengths`` around the
-               forward, as ``fp4repro.eval.nll.logits_of`` does); without it every row of the
-               batch is one unpadded sequence.
+    quantized  the recipe that trained the checkpoint (stored in it): the forward operands
+               (``fprop.x``, ``fprop.w``) of every linear the recipe quantizes, with its layer
+               exemptions, each quantized with the *current* amax of the tensor being quantized
+               (periodic scaling holds nothing at inference: the model's state is
+               ``fp4repro.quant.state.CurrentAmaxState``). Backward operands never run. The
+               activations (``fprop.x``) of each sequence of a batch are quantized as their own
+               tensor, their amax taken over that sequence's real tokens only, padding rows as a
+               group of their own: a sequence's logits do not depend on what it is batched with
+               or on its padding. The scorer says where each sequence ends (``batch_lengths``
+               around the forward, as ``fp4repro.eval.nll.logits_of`` does); without it every
+               row of the batch is one unpadded sequence.
 
 Any evaluation checkpoint loads into either build (QuantLinear and nn.Linear share state_dict keys).
 """
@@ -29,63 +30,11 @@ import torch
 from fp4repro.config.eval import POLICIES
 from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import Recipe, RecipeError, recipe_from_config
-from fp4repro.config.spec import QuantSpec, TensorScaling
-from fp4repro.formats import get_format
 from fp4repro.eval.errors import EvalError
 from fp4repro.model import NemotronH
 from fp4repro.model.fit import state_dict_mismatch
-from fp4repro.quant import QuantState
-from fp4repro.quant.state import chosen_target
+from fp4repro.quant.state import CurrentAmaxState
 from fp4repro.train import load_checkpoint
-
-
-class CurrentAmaxState(QuantState):
-    """A QuantState that never holds an amax: every quantization uses the tensor's current amax.
-
-    It also quantizes the activations (fprop.x) of each sequence of the batch as their own tensor
-    (``fp4repro.quant.linear.sequence_operand``): ``sequence_lengths`` answers the valid lengths
-    that the scorer set for the current forward (``with state.sequences(lengths):``, or
-    ``batch_lengths(model, lengths)``), or, when none are set, that every row is a sequence of the
-    full width. The weights keep one amax: they do not depend on the batch.
-
-    An automatic target (``QuantSpec.auto_target``) has no growth to cover with the current
-    amax: its rule with G = 1 gives T = clamp(scale_max / safety, min, max) (8192 for ue5m3_auto).
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lengths: tuple[int, ...] | None = None
-
-    def sequence_lengths(self, batch: int, width: int) -> tuple[int, ...]:
-        if self._lengths is None:
-            return (width,) * batch
-        if len(self._lengths) != batch or max(self._lengths) > width:
-            raise EvalError(f"sequence lengths {list(self._lengths)} were set for this forward, but its "
-                            f"batch has {batch} sequences of {width} positions")
-        return self._lengths
-
-    @contextlib.contextmanager
-    def sequences(self, lengths):
-        """Within this block, the batch's sequences have valid ``lengths`` (padding after them)."""
-        lengths = tuple(int(n) for n in lengths)
-        if not lengths or min(lengths) < 0:
-            raise EvalError(f"sequence lengths {list(lengths)}: need one length >= 0 per sequence")
-        previous, self._lengths = self._lengths, lengths
-        try:
-            yield
-        finally:
-            self._lengths = previous
-
-    def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
-        return None
-
-    def target(self, key: str, spec: QuantSpec) -> float | None:
-        if spec.auto_target is None:
-            return spec.target
-        return chosen_target(1.0, spec.auto_target, get_format(spec.scale).max)
-
-    def hold(self, key: str, amax: torch.Tensor, scaling: TensorScaling) -> None:
-        return None
 
 
 def batch_lengths(model: torch.nn.Module, lengths):

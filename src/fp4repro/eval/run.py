@@ -157,8 +157,8 @@ def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq
 def _model_with(models: dict, policy: str, path: Path, ckpt: dict, device: str, model_config: str):
     """The policy's model with the weights of checkpoint ``ckpt``, the only model on ``device``.
 
-    Built once per policy (building took ~2 s, longer than scoring a `small` checkpoint on a
-    GPU), then given each later checkpoint's weights: a run's checkpoints share their recipe (the
+    Built once per policy (building one took longer than scoring a `small` checkpoint on a GPU:
+    commit 928380a), then given each later checkpoint's weights: a run's checkpoints share their recipe (the
     run's folder is its fingerprint, recipe numerics included), and the evaluation state holds no
     amax between forwards. The other policies' models wait on the CPU (moving one is a copy of
     its weights), so the device holds one model, as when each was built afresh.

@@ -10,7 +10,7 @@ them without a GPU.
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib.util   # find_spec only (available()): whether triton is installed, without importing it
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -28,6 +28,7 @@ SIGN_BITS = sum(1 << i for i, s in enumerate(TE_SIGNS) if s < 0)
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Triton importable (CUDA tensors use it; CPU tensors only under TRITON_INTERPRET=1)."""
+    # find_spec, not an import: it asks whether triton is there without importing it (see below)
     return importlib.util.find_spec("triton") is not None
 
 
@@ -39,10 +40,12 @@ def _columnwise(shape: tuple[int, int], strides: tuple[int, int]) -> bool:
 
 def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
     """(TILE_R, TILE_C, num_warps), tiles long along the axis that is contiguous in memory. Chosen
-    by sweeps on an H200 (8192x8192 BF16, fraction of copy): row-major 16x128 with 4 warps
-    (RNE 0.92; 32x128 0.87, 8 warps 0.77; SR, then rounded by floor/compare, within 0.03 for
-    every tile tried); column-wise 1024x16 (RNE 0.95, 512x16 0.71) but 512x16 with SR or RHT,
-    whose registers per thread the larger tile raises (SR 0.40 against 0.34 in that sweep)."""
+    by sweeps on an H200 (8192x8192 BF16, throughput as a fraction of a BF16 copy): row-major
+    16x128 with 4 warps, the fastest for RNE (taller tiles and 8 warps were slower; SR, then
+    rounded by floor/compare, hardly depended on the tile); column-wise 1024x16, but 512x16 with
+    SR or RHT, whose registers per thread the larger tile raises until it is the slower one. The
+    sweeps are not kept under results/bench (their numbers were in this docstring up to a6e0508);
+    the chosen tiles' throughput is ``fp4repro bench kernels``'s (results/bench/kernels_h200.json)."""
     rows_block, cols_block = spec.block
     if columnwise:
         return (512 if spec.rounding == "sr" or spec.rht else 1024), max(16, cols_block), 4
@@ -74,13 +77,51 @@ def emax_target(emax: float, target: float | None) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _launcher(kernel: str, module: str = "quantize"):
-    """The ``Launcher`` of a kernel of ``fp4repro.kernels.<module>`` (one per kernel)."""
-    import importlib
-
+def _launcher(kernel):
+    """The ``Launcher`` of the Triton kernel ``kernel`` (a ``@triton.jit`` function of this package:
+    one Launcher, and one cache of compiled kernels, per kernel)."""
     from fp4repro.kernels.launch import Launcher
 
-    return Launcher(getattr(importlib.import_module(f"fp4repro.kernels.{module}"), kernel))
+    return Launcher(kernel)
+
+
+# One cached accessor per kernel. The kernel modules import triton when they are imported, so they
+# are imported here, at a kernel's first launch, and not with this package: ``fp4repro.quant``
+# imports this package on every path, also where Triton is not installed (it is Linux-only), and
+# TRITON_INTERPRET must be set before triton is first imported (tests/conftest.py sets it).
+@functools.lru_cache(maxsize=None)
+def _quantize_launcher():
+    from fp4repro.kernels import quantize
+
+    return _launcher(quantize._quantize_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _amax_launcher():
+    from fp4repro.kernels import quantize
+
+    return _launcher(quantize._amax_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _scale_cast_launcher():
+    from fp4repro.kernels import quantize
+
+    return _launcher(quantize._scale_cast_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _philox_uniform_launcher():
+    from fp4repro.kernels import quantize
+
+    return _launcher(quantize._philox_uniform_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def _saturating_e4m3_launcher():
+    from fp4repro.kernels import fp8_cast
+
+    return _launcher(fp8_cast._saturating_e4m3_kernel)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -119,12 +160,12 @@ def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
     """(row tiles one program quantizes when it also reduces the live amax, how many of them are
     unrolled): ``LIVE_TILES`` and ``LIVE_UNROLL``. A program pays the live amax's reduction across
     its warps and its atomic once, however many tiles it folds in. Row-wise tiles of 1-row blocks
-    without the RHT: RNE 2 unrolled, SR 4 in a loop; everything else 1. On an H200 (8192x8192
-    BF16, live/plain, three alternating processes each) 1x16 RNE was 1.06 with one tile,
-    1.018-1.021 with 4 looped and 1.004-1.005 with 2 unrolled; SR 1.06, 0.97-0.98 looped and
-    1.03-1.04 unrolled. 16x16 and column-wise tiles got slower with 4 (1.00 -> 1.04, 1.01-1.04 ->
-    1.09-1.10). With the RHT a tile's amax is reduced inside the butterfly (``_rht16``), so more
-    tiles a program would not save its reductions."""
+    without the RHT: RNE 2 unrolled, SR 4 in a loop; everything else 1. Chosen by timing live
+    against plain quantizations on an H200 (``fp4repro bench live``, three alternating processes
+    each; the ratios are in the README, *Triton kernels (one H200)*, "Row tiles per program"):
+    for those tiles these came closest to the plain kernel, while 16x16 and column-wise tiles got
+    slower with more tiles a program. With the RHT a tile's amax is reduced inside the butterfly
+    (``_rht16``), so more tiles a program would not save its reductions."""
     if columnwise or spec.block[0] != 1 or spec.rht:
         return 1, 1
     return (4, 1) if spec.rounding == "sr" else (2, 2)
@@ -154,15 +195,16 @@ def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, 
     return (rows_p, cols_p), columnwise, grid, tuple(constexprs.items()), warps
 
 
-def tensor_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """Current amax (finite elements, after the RHT if spec.rht) of a 2-D tensor, float32 scalar."""
+def operand_amax_triton(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Current amax (finite elements, after the RHT if spec.rht) of a 2-D tensor, float32 scalar:
+    the kernel pass of ``fp4repro.reference.block.operand_amax_reference``."""
     rows, cols = x.shape
     columnwise = _columnwise(x.shape, x.stride())
     tile_r, tile_c, warps = _tiles(spec, columnwise)
     bits = torch.zeros(1, dtype=torch.int32, device=x.device)
-    _launcher("_amax_kernel")((_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
-                              (x, bits, rows, cols, x.stride(0), x.stride(1)),
-                              _amax_constexprs(tile_r, tile_c, spec.rht, columnwise), warps)
+    _amax_launcher()((_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
+                     (x, bits, rows, cols, x.stride(0), x.stride(1)),
+                     _amax_constexprs(tile_r, tile_c, spec.rht, columnwise), warps)
     return bits.view(torch.float32)[0]
 
 
@@ -172,7 +214,7 @@ def _amax_arg(amax, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     if spec.target is None:
         return _dummy(x.device, torch.float32)
     if amax is None:
-        return tensor_amax(x, spec)
+        return operand_amax_triton(x, spec)
     if isinstance(amax, torch.Tensor) and amax.dtype == torch.float32 and amax.device == x.device:
         return amax if amax.dim() == 0 else amax.reshape(())
     return torch.as_tensor(amax, dtype=torch.float32, device=x.device).reshape(())
@@ -231,7 +273,7 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     places in the whole tensor (the same seed then rounds the shard as it rounds the whole).
     """
     launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats, live, place)
-    _launcher("_quantize_kernel")(*launch)
+    _quantize_launcher()(*launch)
     return out
 
 
@@ -305,8 +347,8 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
     """(acc · alpha).to(out_dtype) in one pass (acc float32 contiguous, alpha a float32 scalar)."""
     out = torch.empty_like(acc, dtype=out_dtype)
     n = acc.numel()
-    _launcher("_scale_cast_kernel")((_cdiv(n, 4096),), (acc, alpha.to(torch.float32).reshape(1), out, n),
-                                    (("BLOCK", 4096),), 4)
+    _scale_cast_launcher()((_cdiv(n, 4096),), (acc, alpha.to(torch.float32).reshape(1), out, n),
+                           (("BLOCK", 4096),), 4)
     return out
 
 
@@ -315,9 +357,9 @@ def saturating_e4m3(x: torch.Tensor) -> torch.Tensor:
     (``fp4repro.kernels.fp8_cast``)."""
     rows, cols = x.shape
     out = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    _launcher("_saturating_e4m3_kernel", "fp8_cast")((_cdiv(rows, 64), _cdiv(cols, 64)),
-                                                     (x, out, rows, cols, x.stride(0), x.stride(1)),
-                                                     (("BR", 64), ("BC", 64)), 4)
+    _saturating_e4m3_launcher()((_cdiv(rows, 64), _cdiv(cols, 64)),
+                                (x, out, rows, cols, x.stride(0), x.stride(1)),
+                                (("BR", 64), ("BC", 64)), 4)
     return out
 
 
@@ -327,6 +369,6 @@ def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> t
     reference (``rand=``) so that kernel and reference round identically."""
     skip = rand_offset % 8
     out = torch.empty(n + skip, dtype=torch.float32, device=device)
-    _launcher("_philox_uniform_kernel")((_cdiv(n + skip, 1024),), (out, n + skip, seed, rand_offset - skip),
-                                        (("BLOCK", 1024),), 4)
+    _philox_uniform_launcher()((_cdiv(n + skip, 1024),), (out, n + skip, seed, rand_offset - skip),
+                               (("BLOCK", 1024),), 4)
     return out[skip:]

@@ -1,10 +1,10 @@
 """Launch a Triton kernel without paying the JIT's argument binding on every call.
 
 ``kernel[grid](*args, **constexprs)`` binds and specializes every argument on every call and then
-looks the compiled kernel up; on the H200 machine measured that is ~32 µs of host time per launch
-of the quantization kernel (17 runtime and 29 constexpr arguments), against ~7 µs for the driver
-launch itself. An emulated FP4 linear issues six quantizations per step, so the binder alone costs
-about as much host time as the whole BF16 step.
+looks the compiled kernel up; for the quantization kernel (17 runtime and 29 constexpr arguments)
+that host time is several times the driver launch itself (measured on an H200: README, *Triton
+kernels (one H200)*). An emulated FP4 linear issues six quantizations per step, so the binder
+alone would cost about as much host time as the whole BF16 step.
 
 ``Launcher`` keeps, per key, the ``CompiledKernel`` the JIT produced and afterwards calls it
 directly. The key holds the current device and everything Triton compiles differently for: the

@@ -52,10 +52,11 @@ pitch the whole tensor's padded width), so that it rounds every element with the
 tensor would: SR then means the same at every tensor-parallel size.
 
 Why the carry and not the reference's floor/compare: on the H200, SR at 8192x8192 was bound by
-instruction issue, not memory (SASS: 647 instructions per thread for 16 elements against 374
-for RNE, sm_90, 4 warps). The floor/compare form costs ~17 instructions per element, two of them
-float/int conversions; the carry costs 7 (shift and mask of the byte, add, clear, and for values
-below 2^emin one rounded-up add and its undo): 496 instructions per thread.
+instruction issue, not memory. The floor/compare form takes several times the instructions per
+element, two of them float/int conversions; the carry is a shift and mask of the byte, an add, a
+clear, and for values below 2^emin one rounded-up add and its undo. The counts per thread are
+``fp4repro bench sass``'s (results/bench/kernels_sass_sm90.json; the floor/compare kernel's in
+the README, *Triton kernels (one H200)*).
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ def _rht16(x, K: tl.constexpr, N: tl.constexpr, SIGN_BITS: tl.constexpr):
     The groups run down axis 0 so that both memory orders need no transpose in registers: a
     column-wise tile is (16, N) as it lies in memory (M's 16 columns are its rows), and a row-major
     (TILE_R, TILE_C) tile is passed as (TILE_R · TILE_C, 1). Transposing the column-wise tile for
-    a butterfly along axis 1, as before, cost sm_90 column-wise RHT+SR 2636 instructions per thread
-    against 2021 (1x16 RHT 508 against 505).
+    a butterfly along axis 1, as before, cost it a second copy of the butterfly's instructions
+    (``fp4repro bench sass``'s counts before and after: README, *Triton kernels (one H200)*).
 
     The amax comes from the last stage's inputs a, b, before the outputs a ± b are joined:
     max(|fl(a + b)|, |fl(a - b)|) = fl(|a| + |b|) (one of a ± b adds the magnitudes, rounding is
@@ -186,8 +187,9 @@ def _rht16(x, K: tl.constexpr, N: tl.constexpr, SIGN_BITS: tl.constexpr):
     NaN of inf - inf, and NaN where a or b is NaN; then · 1/4 after the max (a monotone rounding
     commutes with it). Reduced there, in the butterfly's own layout, it costs the tile a
     reduction and no second copy of y (reducing |y| after the reshape made Triton's layout pass
-    keep y in a second layout as well: sm_90 1x16 RHT, instructions per thread 508 -> 632, against
-    505 -> 559 this way). Unused, it compiles to nothing."""
+    keep y in a second layout as well, a second shared-memory round trip; both variants'
+    instruction counts: README, *Triton kernels (one H200)*, "With the RHT"). Unused, it compiles
+    to nothing."""
     row = tl.arange(0, K) % 16
     sign = tl.where(((SIGN_BITS >> row) & 1) == 1, -1.0, 1.0)
     y = x * sign[:, None]
@@ -389,11 +391,11 @@ def _quantize_kernel(
     NB_C: tl.constexpr = TILE_C // BLOCK_C
     # The live amax (LIVE) a program finds is max-folded by an integer atomic max (as _amax_kernel)
     # into one of LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of
-    # programs on one address serialize in L2 (on an H200 that cost 19-51% of the kernel). Its
-    # reduction across the program's warps (shared memory and two barriers) and the atomic cost
-    # the short row-wise 1x16 tiles 4-7% each; with LIVE_TILES > 1 (row-wise tiles without the
-    # RHT, see kernels._live_tiles) a program quantizes that many row tiles in a row, LIVE_UNROLL
-    # of them unrolled, and pays them once.
+    # programs on one address serialize in L2 (measured: README, *Triton kernels (one H200)*,
+    # "Slots"). Its reduction across the program's warps (shared memory and two barriers) and the
+    # atomic are a visible share of a short row-wise 1x16 tile's time; with LIVE_TILES > 1
+    # (row-wise tiles without the RHT, see kernels._live_tiles) a program quantizes that many row
+    # tiles in a row, LIVE_UNROLL of them unrolled, and pays them once.
     slot = (tl.program_id(0) * tl.num_programs(1) + pid_c) % LIVE_SLOTS
     tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT),
                      "LIVE_TILES > 1: row-wise tiles without the RHT")
@@ -441,8 +443,9 @@ def _quantize_kernel(
             # inf). Several tiles a program fold their block amaxes elementwise and reduce them
             # across the program's warps once, after the loop; one tile reduces them right after
             # the block math, before the stores, so that the values it reads need not be kept
-            # across them (sm_90 registers per thread, after the stores -> here: column-wise
-            # 236 -> 168; H200 column-wise RNE live/plain 1.10 -> 1.01).
+            # across them (fewer registers per thread, and column-wise RNE's live variant close to
+            # the plain one: README, *Triton kernels (one H200)*, "Before the stores";
+            # results/bench/logs/live_amax_placements.log).
             if RHT:
                 live = tl.minimum(rht_amax, 0x7F800000)
             else:

@@ -4,11 +4,11 @@
 ``SDPAttention`` has the constructor and forward of megatron-core's ``DotProductAttention`` (the
 ``core_attention`` slot of ``SelfAttention``): query [s, b, heads, d], key and value [s, b, kv
 heads, d] (this tensor-parallel rank's heads) in, context [s, b, heads · d] out. Why not
-``DotProductAttention``: it materializes the scores (heads × s² per layer; on the 8B at 8192
-tokens, 4 layers of it cost 134 ms forward+backward and 20 GiB per TP rank on an H200, SDPA's
-flash kernel 7.7 ms and 0.5 GiB), and the reference computes with SDPA, so the two backends now
-share the kernel. Causal masking is SDPA's own (``is_causal``); query head h reads KV head
-h // (heads / kv heads), as in the reference and in megatron.
+``DotProductAttention``: it materializes the scores (heads × s² per layer; on the 8B at 8192 tokens
+that took many times the time and memory of SDPA's flash kernel on an H200), and the reference
+computes with SDPA, so the two backends now share the kernel. Causal masking is SDPA's own
+(``is_causal``); query head h reads KV head h // (heads / kv heads), as in the reference and in
+megatron.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ the import succeed; only the Mamba-1 op, which this model never calls, would the
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
+import importlib.util   # find_spec only: whether mamba-ssm is installed, without importing it
 import os
 import sys
 import types
@@ -35,7 +34,8 @@ def prepare_mamba_ssm_import() -> bool:
     """
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
-        importlib.import_module("selective_scan_cuda")
+        import selective_scan_cuda  # noqa: F401  (imported only to see whether it imports)
+
         return False
     except ImportError:
         sys.modules["selective_scan_cuda"] = types.ModuleType(
@@ -47,6 +47,7 @@ def prepare_mamba_ssm_import() -> bool:
 def load_mamba_ssm_kernels() -> MambaSSMKernels | None:
     """The Triton SSD scan and gated RMSNorm of mamba-ssm, or None where mamba-ssm is not installed
     or does not import (a warning says why in the latter case)."""
+    # find_spec, not an import: whether mamba-ssm is installed, before the stand-in it may need is registered
     if importlib.util.find_spec("mamba_ssm") is None:
         return None
     stubbed = prepare_mamba_ssm_import()

@@ -15,30 +15,57 @@ matplotlib and seaborn, are imported when a figure is drawn, not when this packa
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 
 from fp4repro.plots.catalog import CATALOG, FIGURE_INPUTS, OPTIONS, PlotError, figure_help
 
-# name -> (module, function) of each figure
-_FUNCTIONS = {"loss": ("loss", "plot_loss"), "nll": ("nll", "plot_nll"),
-              "downstream": ("downstream", "plot_downstream"), "telemetry": ("telemetry", "plot_telemetry"),
-              "target": ("target", "plot_target"), "throughput": ("throughput", "plot_throughput")}
+
+# One function per figure. Each imports its figure's module, and with it matplotlib and seaborn,
+# when the figure is drawn, not when this package is imported.
+def _draw_loss(inputs: list[Path], **options):
+    from fp4repro.plots.loss import plot_loss
+
+    return plot_loss(inputs, **options)
 
 
-def _lazy(name: str) -> Callable[..., object]:
-    module, function = _FUNCTIONS[name]
+def _draw_nll(inputs: list[Path], **options):
+    from fp4repro.plots.nll import plot_nll
 
-    def draw(inputs: list[Path], **options):
-        return getattr(importlib.import_module(f"fp4repro.plots.{module}"), function)(inputs, **options)
-
-    draw.__name__ = draw.__qualname__ = function
-    draw.__doc__ = f"Figure {name!r}: {CATALOG[name][0]}.\n\nInputs: {CATALOG[name][1]}."
-    return draw
+    return plot_nll(inputs, **options)
 
 
-FIGURES: dict[str, Callable[..., object]] = {name: _lazy(name) for name in CATALOG}
+def _draw_downstream(inputs: list[Path], **options):
+    from fp4repro.plots.downstream import plot_downstream
+
+    return plot_downstream(inputs, **options)
+
+
+def _draw_telemetry(inputs: list[Path], **options):
+    from fp4repro.plots.telemetry import plot_telemetry
+
+    return plot_telemetry(inputs, **options)
+
+
+def _draw_target(inputs: list[Path], **options):
+    from fp4repro.plots.target import plot_target
+
+    return plot_target(inputs, **options)
+
+
+def _draw_throughput(inputs: list[Path], **options):
+    from fp4repro.plots.throughput import plot_throughput
+
+    return plot_throughput(inputs, **options)
+
+
+FIGURES: dict[str, Callable[..., object]] = {
+    "loss": _draw_loss, "nll": _draw_nll, "downstream": _draw_downstream, "telemetry": _draw_telemetry,
+    "target": _draw_target, "throughput": _draw_throughput,
+}
+for _name, _draw in FIGURES.items():
+    _draw.__doc__ = f"Figure {_name!r}: {CATALOG[_name][0]}.\n\nInputs: {CATALOG[_name][1]}."
+del _name, _draw
 
 
 def draw_figure(name: str, inputs: list[Path], **options):

@@ -9,11 +9,11 @@ and ``quantize_dequantize`` here run whichever applies (``reference_only()`` for
 from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling
 from fp4repro.quant.linear import QuantLinear, emulated_gemm, quantized_operand
 from fp4repro.quant.ops import quantize, quantize_dequantize, reference_only, scaled_operand
-from fp4repro.quant.state import QuantState
+from fp4repro.quant.state import CurrentAmaxState, QuantState
 from fp4repro.reference.block import BlockQuantized, OperandStats
 
 __all__ = [
     "BlockQuantized", "OperandStats", "quantize", "quantize_dequantize", "scaled_operand", "reference_only",
     "QuantLinear", "emulated_gemm", "quantized_operand",
-    "OPERANDS", "GEMMS", "LinearSpecs", "QuantSpec", "TensorScaling", "QuantState",
+    "OPERANDS", "GEMMS", "LinearSpecs", "QuantSpec", "TensorScaling", "QuantState", "CurrentAmaxState",
 ]

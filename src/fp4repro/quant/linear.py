@@ -19,9 +19,8 @@ Epilogue on CUDA: where both decode scales are known on the host — a held amax
 scaling (read back once per refresh, ``QuantState.held_amax_value``) or no tensor scale (MX) —
 alpha = d_a·d_b (float32) goes to cuBLAS as the GEMM's alpha: cuBLAS scales the FP32 accumulator
 by alpha in FP32 and rounds once to the output dtype, the same epilogue as below without the
-FP32 output tensor and the extra pass (measured on an H200, 8192x4096x4096: 0.403 ms against
-0.430 + 0.049 ms). Otherwise (current amax: d lives on the device) the product is taken with an
-FP32 output and one fused scale-and-cast kernel applies alpha.
+FP32 output tensor and the extra pass over it. Otherwise (current amax: d lives on the device)
+the product is taken with an FP32 output and one fused scale-and-cast kernel applies alpha.
 
 Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop whenever that is exact (``transposable_weight_spec``: one
 16×16 RNE spec for both, the same amax), so the forward's operand is kept and transposed instead
@@ -154,7 +153,7 @@ def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec,
     and d, the padding rows of all sequences together as one more tensor; each row carries the d
     of its group. A sequence's operand rows and d are therefore those it gets alone, whatever
     else is in the batch. The kernels take one amax per call: there, one quantization per group.
-    With 1-row blocks and more than ``KERNEL_GROUPS_MAX`` sequences (a downstream batch holds ~100
+    With 1-row blocks and more than ``KERNEL_GROUPS_MAX`` sequences (a downstream batch holds many
     short items, and a launch per sequence and linear made evaluation on a GPU launch-bound), or
     off the kernels, it is one reference call with row groups (``scaled_operand(..., groups=)``;
     the reference equals the kernels bit for bit). A few long sequences (held-out NLL windows)
@@ -381,7 +380,7 @@ class QuantLinear(torch.nn.Linear):
 
     For an input of shape (batch, width, in), the layer asks ``state.sequence_lengths(batch,
     width)`` whether to quantize fprop.x sequence by sequence (inference: see the module
-    docstring and ``fp4repro.eval.policy.CurrentAmaxState``); the training state says no.
+    docstring and ``fp4repro.quant.state.CurrentAmaxState``); the training state says no.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,

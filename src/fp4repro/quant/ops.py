@@ -1,11 +1,12 @@
 """The one front that runs a quantization: the Triton kernel or the torch reference.
 
-``quantize``, ``scaled_operand`` and ``quantize_dequantize`` have the
-reference's signatures and results (``fp4repro.reference.block``). A CUDA tensor goes to the
-Triton kernels (``fp4repro.kernels``), which equal the reference bit for bit, unless the caller
-supplies its own random source (``generator``/``rand``: only the reference takes one) or row
-groups (``scaled_operand(..., groups=)``: only the reference takes them), or the reference is
-forced: by ``FP4REPRO_REFERENCE=1`` in the environment, or within
+``quantize``, ``scaled_operand``, ``quantize_dequantize`` and ``operand_amax`` have the
+signatures and results of the reference's ``quantize_reference``, ``scaled_operand_reference``,
+``quantize_dequantize_reference`` and ``operand_amax_reference`` (``fp4repro.reference.block``).
+A CUDA tensor goes to the Triton kernels (``fp4repro.kernels``), which equal the reference bit
+for bit, unless the caller supplies its own random source (``generator``/``rand``: only the
+reference takes one) or row groups (``scaled_operand(..., groups=)``: only the reference takes
+them), or the reference is forced: by ``FP4REPRO_REFERENCE=1`` in the environment, or within
 ``with reference_only():`` (a context variable, so it holds for this thread or task only).
 Everything else runs the reference.
 """
@@ -19,8 +20,8 @@ import os
 import torch
 
 from fp4repro.config.spec import QuantSpec
-from fp4repro.reference import block as reference
-from fp4repro.reference.block import BlockQuantized, OperandStats
+from fp4repro.reference.block import (BlockQuantized, OperandStats, ScaledOperand, check_packable,
+                                      operand_amax_reference, quantize_reference, scaled_operand_reference)
 from fp4repro.reference.geometry import rows_cols
 
 _force_reference = contextvars.ContextVar("fp4repro_force_reference",
@@ -48,12 +49,12 @@ def uses_kernel(x: torch.Tensor, generator=None, rand=None) -> bool:
 
 def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> OperandStats:
     """The kernel's telemetry counters as the reference's OperandStats."""
-    from fp4repro.kernels import tensor_amax as kernel_amax
+    from fp4repro.kernels import operand_amax_triton
 
     counts, sums = k["counts"].tolist(), k["sums"].tolist()
     ratio = 1.0
     if held is not None:
-        current = float(kernel_amax(x2d, spec))
+        current = float(operand_amax_triton(x2d, spec))
         ratio = float(held) / current if current > 0 else 1.0
     return OperandStats(blocks=k["blocks"], saturated_blocks=counts[0], underflow_blocks=counts[1],
                         nonzero_elements=counts[2], zeroed_elements=counts[3], clipped_elements=counts[5],
@@ -64,10 +65,10 @@ def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> OperandS
 def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
              generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
              stats: bool = False) -> BlockQuantized:
-    """Packed codes and scale codes of x (``fp4repro.reference.block.quantize``)."""
-    reference.check_packable(spec)
+    """Packed codes and scale codes of x (``fp4repro.reference.block.quantize_reference``)."""
+    check_packable(spec)
     if not uses_kernel(x, generator, rand):
-        return reference.quantize(x, spec, amax=amax, generator=generator, rand=rand, stats=stats)
+        return quantize_reference(x, spec, amax=amax, generator=generator, rand=rand, stats=stats)
     from fp4repro.kernels import quantize_2d
 
     x2d = x.reshape(rows_cols(x.shape))
@@ -79,20 +80,22 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
 def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """The current amax (finite elements, after the RHT when spec.rht) a quantization of x uses,
-    float32 scalar on x's device: the kernel's pass, or the reference's ``operand_amax``."""
-    from fp4repro.kernels import tensor_amax
+    float32 scalar on x's device: the kernel's pass (``operand_amax_triton``), or the
+    reference's (``operand_amax_reference``)."""
+    from fp4repro.kernels import operand_amax_triton
 
     if not uses_kernel(x):
-        return reference.operand_amax(x, spec)
-    return tensor_amax(x if x.dim() == 2 else x.reshape(rows_cols(x.shape)), spec)
+        return operand_amax_reference(x, spec)
+    return operand_amax_triton(x if x.dim() == 2 else x.reshape(rows_cols(x.shape)), spec)
 
 
 def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
                    stats: bool = False, groups: torch.Tensor | None = None, live: torch.Tensor | None = None,
-                   seed: int | None = None, place=None) -> reference.ScaledOperand:
-    """(q · s_b in x's 2-D shape, d, A used, stats, None) (``fp4repro.reference.block.scaled_operand``;
-    with row ``groups``, always the reference: the kernels take one amax per call).
+                   seed: int | None = None, place=None) -> ScaledOperand:
+    """(q · s_b in x's 2-D shape, d, A used, stats, None)
+    (``fp4repro.reference.block.scaled_operand_reference``; with row ``groups``, always the
+    reference: the kernels take one amax per call).
 
     Unlike the reference, ``live`` is not a flag but running live-amax slots
     (``fp4repro.kernels.live_slots`` on x's device): the tensor's current amax is max-folded into
@@ -110,14 +113,14 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
     if groups is not None or not uses_kernel(x, generator, rand):
         if seed is not None and generator is None and rand is None:
             generator = torch.Generator(device=x.device).manual_seed(seed)
-        r = reference.scaled_operand(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
+        r = scaled_operand_reference(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
                                      groups=groups, live=live is not None)
         if live is not None:
             fold_live_amax(live, r.live)
         return r._replace(live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
     k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live, seed=seed, place=place)
-    return reference.ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
+    return ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
                                    _kernel_stats(k, x2d, spec, amax) if stats else None, None)
 
 

@@ -26,6 +26,7 @@ and between a run and its resume.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from dataclasses import asdict
 
@@ -133,7 +134,7 @@ class QuantState:
         whose activation operand (fprop.x) the forward quantizes sequence by sequence, each as its
         own tensor with its current amax, padding rows as one group of their own
         (``QuantLinear``); None: the operand is one tensor. Training: always None. The inference
-        policy's state, which holds no amax, overrides this (``fp4repro.eval.policy.CurrentAmaxState``)."""
+        policy's state, which holds no amax, overrides this (``CurrentAmaxState``)."""
         return None
 
     def advance(self) -> None:
@@ -193,3 +194,53 @@ class QuantState:
         self._held = {k: v.to(device) for k, v in self._held.items()}
         self._live = {k: v.to(device) for k, v in self._live.items()}
         return self
+
+
+class CurrentAmaxState(QuantState):
+    """A QuantState that never holds an amax: every quantization uses the tensor's current amax
+    (the evaluation's quantized inference policy builds its models with it).
+
+    It also quantizes the activations (fprop.x) of each sequence of the batch as their own tensor
+    (``fp4repro.quant.linear.sequence_operand``): ``sequence_lengths`` answers the valid lengths
+    that the scorer set for the current forward (``with state.sequences(lengths):``), or, when
+    none are set, that every row is a sequence of the full width. The weights keep one amax: they
+    do not depend on the batch.
+
+    An automatic target (``QuantSpec.auto_target``) has no growth to cover with the current
+    amax: its rule with G = 1 gives T = clamp(scale_max / safety, min, max) (``chosen_target``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lengths: tuple[int, ...] | None = None
+
+    def sequence_lengths(self, batch: int, width: int) -> tuple[int, ...]:
+        if self._lengths is None:
+            return (width,) * batch
+        if len(self._lengths) != batch or max(self._lengths) > width:
+            raise ValueError(f"sequence lengths {list(self._lengths)} were set for this forward, but its "
+                             f"batch has {batch} sequences of {width} positions")
+        return self._lengths
+
+    @contextlib.contextmanager
+    def sequences(self, lengths):
+        """Within this block, the batch's sequences have valid ``lengths`` (padding after them)."""
+        lengths = tuple(int(n) for n in lengths)
+        if not lengths or min(lengths) < 0:
+            raise ValueError(f"sequence lengths {list(lengths)}: need one length >= 0 per sequence")
+        previous, self._lengths = self._lengths, lengths
+        try:
+            yield
+        finally:
+            self._lengths = previous
+
+    def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
+        return None
+
+    def target(self, key: str, spec: QuantSpec) -> float | None:
+        if spec.auto_target is None:
+            return spec.target
+        return chosen_target(1.0, spec.auto_target, get_format(spec.scale).max)
+
+    def hold(self, key: str, amax: torch.Tensor, scaling: TensorScaling) -> None:
+        return None

@@ -31,11 +31,15 @@ transformed domain, which is what the GEMM consumes.
 Shapes whose last dim (or, for 16×16 tiles, first dim after flattening) does not divide the block
 are zero-padded and cropped again, as Transformer Engine does.
 
-Row groups (``scaled_operand(..., groups=)``, 1-row blocks, current amax): the rows of the 2-D
-view are split into groups, each quantized as its own tensor: A, g and d per group (A over the
-group's finite elements), every row with its group's. The same float32 operations, row by row, as
-quantizing each group's rows alone; one call instead of one per group (per-sequence activations
-at inference).
+Row groups (``scaled_operand_reference(..., groups=)``, 1-row blocks, current amax): the rows of
+the 2-D view are split into groups, each quantized as its own tensor: A, g and d per group (A over
+the group's finite elements), every row with its group's. The same float32 operations, row by
+row, as quantizing each group's rows alone; one call instead of one per group (per-sequence
+activations at inference).
+
+The public functions that quantize end in ``_reference`` (``quantize_reference``,
+``scaled_operand_reference``, ...): ``fp4repro.quant`` has the same functions without the
+suffix, which run the Triton kernels where they apply and this reference elsewhere.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def blocked_matrix(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return rht(x2d) if spec.rht else x2d
 
 
-def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+def operand_amax_reference(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """The current amax a quantization of x with ``spec`` uses: ``tensor_amax`` of its
     ``blocked_matrix`` (float32 scalar). Taken alone so that shards of one tensor can MAX-reduce
     theirs into the whole tensor's before they quantize."""
@@ -330,7 +334,7 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups
     return _Blocks(x2d, q, s, d, held, current, saturated, block_amax, clipped)
 
 
-def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+def quantize_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
              generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
              stats: bool = False) -> BlockQuantized:
     """Quantize x along its last dimension as ``spec`` says; packed codes and scale codes.
@@ -353,7 +357,7 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
 
 class ScaledOperand(NamedTuple):
-    """A GEMM operand as ``scaled_operand`` returns it."""
+    """A GEMM operand as ``scaled_operand_reference`` returns it."""
 
     qs: torch.Tensor                 # q · s_b, float32 (the kernels: x's dtype or out_dtype), x's 2-D shape
     d: torch.Tensor                  # decode scale 1/g, float32 (rows, 1) with row groups
@@ -372,13 +376,13 @@ def live_amax(b: "_Blocks") -> torch.Tensor:
     return torch.where(torch.isnan(top), torch.inf, top)
 
 
-def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+def scaled_operand_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                    generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
                    stats: bool = False, groups: torch.Tensor | None = None, live: bool = False) -> ScaledOperand:
     """The GEMM operand without packing (``ScaledOperand``: q · s_b as float32 in x's 2-D shape,
     d, A used, stats, live amax).
 
-    Equal to ``quantize(...).scaled_elements()`` cropped, without the encode/decode round trip.
+    Equal to ``quantize_reference(...).scaled_elements()`` cropped, without the encode/decode round trip.
     groups: int64 group id of each row of x's 2-D view (see the module docstring: current amax
     and 1-row blocks only); A and d are then float32 (rows, 1), each row its group's (d = 1
     without a tensor scale). live: also the tensor's current amax (``live_amax``: NaN counted as
@@ -393,11 +397,11 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
                          live_amax(b) if live else None)
 
 
-def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
+def quantize_dequantize_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
                         generator: torch.Generator | None = None,
                         rand: torch.Tensor | None = None) -> torch.Tensor:
     """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
-    qs, d, *_ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
+    qs, d, *_ = scaled_operand_reference(x, spec, amax=amax, generator=generator, rand=rand)
     return (qs * d).reshape(x.shape)
 
 
@@ -406,7 +410,7 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
     float64 over the finite blocks, the error taken exactly (float32 values differ exactly in
     float64). A block amax is finite only when every element of its block is, so the masks of
     non-finite blocks and elements are applied only when a block amax says there are some (as in
-    ``Minifloat.round``): telemetry steps are a third of a CPU training's time."""
+    ``Minifloat.round``): telemetry steps are a large share of a CPU training's time."""
     xb = to_blocks(b.x2d, block)
     finite_block = torch.isfinite(b.block_amax)
     xhat = b.q * b.s.unsqueeze(-1) * b.d
