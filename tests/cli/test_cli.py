@@ -45,7 +45,9 @@ def test_recipe_prints_its_sources_after_the_operand_table(capsys):
     starts = [line.split(":")[0].strip() for line in lines if line.startswith("  ") and not line.startswith("   ")]
     assert starts == ["element format (quotation)", "scale format (quotation)", "block shapes (quotation)",
                       "block shapes (reading)", "target T (quotation)", "target T (reading)", "tensor amax (quotation)",
-                      "rounding (quotation)", "rounding (reading)", "RHT (quotation)", "BF16 layers (quotation)"]
+                      "rounding (quotation)", "rounding (reading)", "RHT (quotation)", "BF16 layers (quotation)",
+                      "GEMM model (quotation)"]
+    assert "GEMM model (GEMMs of two quantized operands): probe_matched(group 64, lattice 1/1024)" in table
     assert '"omits RHT"' in sources and "not cited" not in sources
     assert all(len(line) <= 100 for line in lines)
 

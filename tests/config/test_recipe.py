@@ -11,7 +11,8 @@ from fp4repro.config.recipe import REQUIRED_CHOICES, RecipeError, load_recipe, r
 from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
-            "nvfp4_no_rht_no_bf16_tail", "ue5m3_w1x16", "nvfp4_first_last_bf16", "ue5m3_auto", "ue5m3_t8192"}
+            "nvfp4_no_rht_no_bf16_tail", "ue5m3_w1x16", "nvfp4_first_last_bf16", "ue5m3_auto", "ue5m3_t8192",
+            "ue5m3_torch_gemm", "nvfp4_gemm_fp32"}
 
 #: The paper's summary (English abstract + Chinese analysis), which the recipes quote.
 PAPER = Path(os.environ.get("FP4REPRO_PAPER_SUMMARY", "paper-summary-not-given"))
@@ -273,10 +274,11 @@ def test_sources_merge_per_choice_through_base(tmp_path):
     # a child's entries for a choice replace the base's, in place; the other choices are the base's
     assert [s["choice"] for s in raw["ue5m3"]] == ["element format", "scale format", "block shapes", "block shapes",
                                                    "target T", "tensor amax", "rounding", "rounding", "RHT",
-                                                   "BF16 layers"]
+                                                   "BF16 layers", "GEMM model"]
     t = load_recipe("ue5m3_t2048").sources
     assert [s["choice"] for s in t] == ["element format", "scale format", "block shapes", "block shapes", "target T",
-                                        "target T", "tensor amax", "rounding", "rounding", "RHT", "BF16 layers"]
+                                        "target T", "tensor amax", "rounding", "rounding", "RHT", "BF16 layers",
+                                        "GEMM model"]
     assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t2048"]
     assert [s for s in t if s["choice"] != "target T"] == [s for s in raw["ue5m3"] if s["choice"] != "target T"]
     # two levels: RHT from nvfp4_no_rht, BF16 layers from the file itself, the rest from nvfp4

@@ -73,14 +73,19 @@ def test_split_operands_quantize_as_the_whole_tensor_with_the_group_amax(tmp_pat
 
 
 def _rne(specs):
-    """The recipe's specs with round-to-nearest everywhere: on a CPU, stochastic rounding draws
-    from a generator of the shard's own shape (the kernels draw at the shard's place in the whole
-    tensor: tests/kernels/test_quantize_kernels.py), so SR operands are the same at every tensor
-    size only on a GPU."""
+    """The recipe's specs with round-to-nearest everywhere and the FP32 GEMM. On a CPU, stochastic
+    rounding draws from a generator of the shard's own shape (the kernels draw at the shard's place
+    in the whole tensor: tests/kernels/test_quantize_kernels.py), so SR operands are the same at
+    every tensor size only on a GPU. With the probe-matched GEMM a row-parallel GEMM rounds each
+    rank's share of K to the lattice before the all-reduce, as FP4 tensor cores would: then only
+    the FP32 GEMM makes tensor size 2 the whole GEMM up to the order of FP32 sums."""
     import dataclasses
 
-    return dataclasses.replace(specs, **{f.name: dataclasses.replace(getattr(specs, f.name), rounding="rne")
-                                         for f in dataclasses.fields(specs) if getattr(specs, f.name) is not None})
+    from fp4repro.config.spec import GemmModel
+
+    rne = {name.replace(".", "_"): dataclasses.replace(spec, rounding="rne") for name, spec in specs.items()
+           if spec is not None}
+    return dataclasses.replace(specs, **rne, gemm=GemmModel("fp32"))
 
 
 def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:

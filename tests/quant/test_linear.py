@@ -177,7 +177,7 @@ def test_periodic_state_reads_the_held_amax_back_once_per_sample():
 def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
     # integer-valued operands accumulate exactly in any order, so the two epilogues (cuBLAS alpha
     # on host-known scales, FP32 output + scale-and-cast on device scales) must agree bit for bit
-    from fp4repro.quant.linear import emulated_gemm
+    from fp4repro.quant.gemm import emulated_gemm
 
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randint(-8, 9, (512, 1024), device="cuda", generator=g).to(torch.bfloat16)
@@ -234,7 +234,7 @@ def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_f
     """Within ``gemm_instrument(g)`` each quantized GEMM calls g with the operands the emulation
     would multiply; the backward, run after the context has closed (as autograd may run it on a
     thread of its own), still calls g; outside, the emulated GEMM again."""
-    from fp4repro.quant.linear import emulated_gemm, gemm_instrument
+    from fp4repro.quant.gemm import emulated_gemm, gemm_instrument
 
     calls = []
 

@@ -325,3 +325,20 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused_naming_the_tensor(prep
     with pytest.raises(FP4ReproError, match=r"do not fit model 'tiny'.*embedding.weight: shape \(2047, 128\) in the checkpoint"):
         train(study, "bf16", root / "data", tmp_path / "run", device="cpu", progress=False, init_from=bad)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_gemm_model_changes_the_losses_and_nothing_else(prepared):
+    """ue5m3 (probe-matched GEMMs) and ue5m3_torch_gemm (FP32 GEMMs) on the same batches: the same
+    quantized operands, other GEMM outputs. Where a group's sum is exact in FP32 both GEMMs give
+    it, so the first steps can agree; the runs part once an inexact sum rounds differently."""
+    _, path, root = prepared
+    study = load_study(path, add_recipes=("ue5m3_torch_gemm",))
+    losses = {}
+    for recipe in ("ue5m3", "ue5m3_torch_gemm"):
+        out = root / f"gemm_{recipe}"
+        train(study, recipe, root / "data", out, device="cpu", progress=False, stop_after=8)
+        losses[recipe] = _run_folder(out).assemble("metrics", ["step", "loss"])["loss"].to_numpy()
+    probe, fp32 = losses["ue5m3"], losses["ue5m3_torch_gemm"]
+    assert len(probe) == len(fp32) == 8 and np.isfinite(probe).all()
+    assert (probe != fp32).any()
+    assert np.abs(probe - fp32).max() < 0.05

@@ -12,7 +12,7 @@ the work: the recipe's quantization kernels run unchanged before it, the GEMM st
 through tensor cores at FP8 rate, and each operand costs one saturating cast pass (``e4m3``; a
 native FP4 pipeline would not have it: its quantizer writes the FP4 codes directly).
 
-Used through ``fp4repro.quant.linear.gemm_instrument``; CUDA only.
+Used through ``fp4repro.quant.gemm.gemm_instrument``; CUDA only.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def e4m3(t: torch.Tensor) -> torch.Tensor:
 
 def fp8_timing_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype) -> torch.Tensor:
     """(a · bᵀ) · d_a · d_b on E4M3 tensor cores: a (M, K), b (N, K), the signature of
-    ``fp4repro.quant.linear.emulated_gemm``."""
+    ``fp4repro.quant.gemm.emulated_gemm``."""
     a8, b8 = e4m3(a), e4m3(b)
     return torch._scaled_mm(a8, b8.t(), scale_a=_scale(da, a.device), scale_b=_scale(db, a.device),
                             out_dtype=out_dtype)

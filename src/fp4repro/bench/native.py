@@ -16,7 +16,9 @@ suite's operand names: fprop.x = X, wgrad.x = Xᵀ (RHT), fprop.w = dgrad.w = W,
 wgrad.dy = dYᵀ (RHT). Layers a recipe keeps wholly in BF16 run outside FP4 autocast
 (``te.autocast(enabled=False)`` nested inside it, as Transformer Engine's documentation does for
 final layers). Other recipes (UE5M3 or UE8M0 block scales, periodic amax, a T other than 448, layers
-partly quantized) have no Transformer Engine equivalent and are not run natively.
+partly quantized) have no Transformer Engine equivalent and are not run natively. A recipe's GEMM
+model does not enter the mapping: natively the GEMM is the FP4 tensor cores' own (what the
+probe-matched model describes), whichever model the recipe emulates with.
 
 Running needs compute capability >= 10.0 and Transformer Engine (``native_available``); the
 module imports Transformer Engine only there.
@@ -80,7 +82,8 @@ def te_mapping(recipe: Recipe, config: ModelConfig) -> TEMapping:
         return TEMapping(None, bf16_layers)
     for flags in itertools.product((False, True), repeat=len(FLAGS)):
         want = te_specs(*flags)
-        if all(s == want for s in quantized.values()):
+        # the GEMM model is not compared: natively the GEMM is the tensor cores' own
+        if all(replace(s, gemm=want.gemm) == want for s in quantized.values()):
             return TEMapping(dict(zip(FLAGS, flags)), bf16_layers)
     (i, name), first = next(iter(quantized.items()))
     differs = [op for op, spec in first.items() if spec != te_specs()[op] and spec != te_specs(True, True, True)[op]]

@@ -60,7 +60,7 @@ from fp4repro.config.recipe import Recipe
 from fp4repro.errors import ConfigError, FP4ReproError
 from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
-from fp4repro.quant.linear import gemm_instrument
+from fp4repro.quant.gemm import gemm_instrument
 from fp4repro.quant.state import QuantState
 from fp4repro.results import column_timing, read_throughput, record_shapes
 

@@ -1,5 +1,5 @@
 """The ``bench`` command: every benchmark of the suite, one ``what`` each (quant, kernels, sass,
-live, throughput, components, project), each printing a table and writing JSON under results/bench/."""
+live, throughput, components, project, gemm), each printing a table and writing JSON under results/bench/."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ def _cmd_bench(args) -> int:
 
         out = Path(args.out or "results/bench/live_amax.json")
         print_table(run(out=out, pairs=args.pairs))
+        print(f"wrote {out}")
+    if args.what == "gemm":
+        if not _cuda_present("bench gemm", "it times the Triton GEMM against cuBLAS on a GPU"):
+            return 2
+        from fp4repro.bench.gemm import bench_gemm
+
+        out = Path(args.out or "results/bench/gemm.json")
+        bench_gemm(out)
         print(f"wrote {out}")
     if args.what == "throughput":
         return _bench_throughput(args)
@@ -174,8 +182,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                    "H200 check (the measured parts must predict every measured step within 10%), "
                                    "then, only if it holds, a column per Blackwell GPU with its band over the "
                                    "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
-                                   "written into the throughput file given by --out).")
-    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project"])
+                                   "written into the throughput file given by --out). gemm (CUDA): the "
+                                   "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
+                                   "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
+                                   "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json).")
+    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project",
+                                    "gemm"])
     b.add_argument("--experiment", default="tiny",
                    help="throughput, components: the experiment whose model shapes and recipes are timed, with the paper's "
                         "ablation recipes (default tiny)")
@@ -200,7 +212,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                                                          "(90: H100/H200; 100: B200)")
     b.add_argument("--out", default=None,
                    help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json, "
-                        "live_amax.json, throughput_<device>.json or components_<device>.json); project: the "
+                        "live_amax.json, throughput_<device>.json, components_<device>.json or gemm.json); project: the "
                         "throughput file to project and write back (default results/bench/throughput_h200.json)")
     b.set_defaults(func=_cmd_bench)
 

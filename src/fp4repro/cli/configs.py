@@ -43,7 +43,8 @@ def _cmd_recipe(args) -> int:
         return 0
     recipe = load_recipe(args.recipe)
     print(f"{recipe.name}: {recipe.description.strip()}")
-    print(f"read from: {' <- '.join(recipe.files)}\n")
+    print(f"read from: {' <- '.join(recipe.files)}")
+    print(f"GEMM model (GEMMs of two quantized operands): {recipe.gemm}\n")
     groups: list[tuple[list[int], object]] = []
     for i in range(args.layers):
         specs = recipe.linear_specs(i, args.layers)

@@ -18,6 +18,7 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
         linears: [fc2]          # in_proj, out_proj (Mamba), qkv_proj, o_proj (attention), fc1, fc2
         operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
                                                # QuantSpec's defaults if it was bf16)
+    gemm: probe_matched       # how its quantized GEMMs compute their output (optional; below)
     sources:                  # where each choice comes from (optional; see below)
       - {choice: scale format, kind: quotation, source: 'Transformer Engine, NVFP4BlockScaling: "..."'}
       - {choice: BF16 layers, kind: reading, source: "why the recipe reads its sources this way"}
@@ -27,6 +28,12 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
 every depth: ``{last_share: s}`` is the last k layers and ``{first_share: s}`` the first k, with
 k = max(1, round(s · n_layers)) (Python's ``round``: half to even) and 0 < s <= 1. For example
 ``{last_share: 0.076923}`` (4/52) is 4 of the 8B's 52 layers, 1 of 16 and 1 of 5.
+
+**GEMM model.** ``gemm`` says how a GEMM whose two operands are quantized turns the encoded
+operands into its output (``fp4repro.config.spec.GemmModel``): ``fp32`` (the default: one FP32
+accumulation, in the GEMM library's order) or ``probe_matched``, the paper's authors' model of
+native FP4 tensor-core outputs, written ``probe_matched`` (group 64, lattice 1/1024) or
+``{model: probe_matched, group: 64, lattice: 1/1024}`` (``lattice: none`` for no lattice).
 
 **Sources.** ``sources`` lists, for each choice of the recipe (``choice``: a short name such as
 "scale format"), whether its source says it (``kind: quotation``, ``source`` naming the document
@@ -49,7 +56,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from fp4repro.config.files import find_config, is_path, not_found, read_yaml, schema_error, schema_field
-from fp4repro.config.spec import GEMMS, OPERANDS, AutoTarget, LinearSpecs, QuantSpec, TensorScaling, spec_problems
+from fp4repro.config.spec import (GEMMS, OPERANDS, AutoTarget, GemmModel, LinearSpecs, QuantSpec, TensorScaling,
+                                  gemm_problems, spec_problems)
 from fp4repro.errors import ConfigError
 
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
@@ -58,6 +66,8 @@ _LAYERS_ALLOWED = ("a Python slice of layer indices such as '-4:' or '0:2', one 
                    "of the model's layers: {last_share: s} or {first_share: s} with 0 < s <= 1")
 _SHARE_ALLOWED = ("a share of the model's layers, 0 < s <= 1 (the last or first round(s * n_layers) layers, "
                   "at least one)")
+_GEMM_ALLOWED = "fp32, probe_matched, or {model: probe_matched, group: 64, lattice: 1/1024 (or none)}"
+_LATTICE = re.compile(r"^\s*1\s*/\s*(\d+)\s*$")
 _SOURCES_ALLOWED = ("a list of {choice: a short name such as 'scale format', kind: quotation or reading, "
                     "source: the document and its words, or the reasoning}, each text non-empty")
 
@@ -176,6 +186,21 @@ def _spec_from_fields(fields: dict, where: str, own: dict | None = None) -> Quan
     return QuantSpec(**kwargs)
 
 
+def gemm_model(value, where: str) -> GemmModel:
+    """The ``GemmModel`` of a recipe's ``gemm:`` value (a model name or a mapping, see the module
+    docstring); ``where`` names the recipe in errors."""
+    fields = {"model": value} if isinstance(value, str) else dict(value)
+    lattice = fields.get("lattice", "1/1024")
+    if isinstance(lattice, str):
+        match = _LATTICE.match(lattice)
+        lattice = None if lattice.strip() == "none" else 1 / int(match.group(1)) if match and int(match.group(1)) \
+            else lattice
+    kind, group = fields.get("model", "fp32"), fields.get("group", 64)
+    for name, bad, allowed in gemm_problems(kind, group, lattice):
+        raise RecipeError(f"{where}: field 'gemm.{name}': value {fields.get(name, bad)!r}: {allowed}")
+    return GemmModel(kind, group, lattice)
+
+
 def share_count(share: float, n_layers: int) -> int:
     """How many layers a share of ``n_layers`` is: round(share · n_layers), half to even (Python's
     ``round``), at least one and at most ``n_layers``."""
@@ -208,10 +233,12 @@ class Recipe:
     overrides: tuple = ()
     files: tuple[str, ...] = ()     # the file and its `base:` chain, as read
     sources: tuple = ()             # {choice, kind, source} mappings, `base:` merged
+    gemm: GemmModel = GemmModel()   # the model of its GEMMs of two quantized operands
+    gemm_config: object = None      # ``gemm:`` as written (None: absent, fp32)
 
     def numerics(self) -> tuple:
         """What the recipe makes a run compute (not its name, description, files or sources)."""
-        return self.defaults, self.operands, self.overrides
+        return self.defaults, self.operands, self.overrides, self.gemm
 
     @property
     def config(self) -> dict:
@@ -219,6 +246,8 @@ class Recipe:
         evaluation checkpoint stores it, so that it says which numerics trained it)."""
         config = {"name": self.name, "description": self.description, "defaults": self.defaults,
                   "operands": dict(self.operands), "overrides": list(self.overrides)}
+        if self.gemm_config is not None:
+            config["gemm"] = self.gemm_config
         if self.sources:
             config["sources"] = [dict(s) for s in self.sources]
         return config
@@ -272,10 +301,11 @@ class Recipe:
 @lru_cache(maxsize=4096)
 def _resolve(recipe: Recipe, layer_index: int, n_layers: int, linear: str | None) -> LinearSpecs | None:
     where = f"{recipe.path}: layer {layer_index} of {n_layers}" + (f" ({linear})" if linear else "")
-    return _build_specs(recipe.operand_fields(layer_index, n_layers, linear), where)
+    return _build_specs(recipe.operand_fields(layer_index, n_layers, linear), where, gemm=recipe.gemm)
 
 
-def _build_specs(operand_fields: dict, where: str, own: dict | None = None) -> LinearSpecs | None:
+def _build_specs(operand_fields: dict, where: str, own: dict | None = None,
+                 gemm: GemmModel = GemmModel()) -> LinearSpecs | None:
     """LinearSpecs from resolved operand fields (None if nothing is quantized); ``own`` maps an
     operand to the fields it set itself, so that errors in inherited fields name `defaults`."""
     own = own or {}
@@ -283,7 +313,7 @@ def _build_specs(operand_fields: dict, where: str, own: dict | None = None) -> L
                     _spec_from_fields(f, f"{where}: field 'operands.{name}", own.get(name)))
              for name, f in operand_fields.items()}
     _check_rht_pairs(specs, where)
-    result = LinearSpecs.from_operands(specs)
+    result = LinearSpecs.from_operands(specs, gemm)
     return result if result.any_quantized else None
 
 
@@ -318,14 +348,16 @@ def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> R
             "additionalProperties": lambda: f"allowed fields: {sorted(e.schema.get('properties', {}))}",
             "pattern": lambda: f"must match {e.validator_value}",
             "required": lambda: f"missing required field(s): {e.validator_value}",
-        }.get(e.validator, lambda: _SOURCES_ALLOWED if schema_field(e).startswith("sources") else e.message)()
+        }.get(e.validator, lambda: _SOURCES_ALLOWED if schema_field(e).startswith("sources")
+              else _GEMM_ALLOWED if schema_field(e).startswith("gemm") else e.message)()
         value = e.instance if e.validator != "additionalProperties" else \
             sorted(set(e.instance) - set(e.schema.get("properties", {})))
         raise RecipeError(f"{where}: field '{schema_field(e)}': value {value!r}: {allowed}")
     recipe = Recipe(name=raw["name"], path=where, description=raw.get("description", ""),
                     defaults=raw["defaults"], operands=dict(raw.get("operands") or {}),
                     overrides=tuple(raw.get("overrides") or ()), files=tuple(str(f) for f in files),
-                    sources=tuple(raw.get("sources") or ()))
+                    sources=tuple(raw.get("sources") or ()),
+                    gemm=gemm_model(raw["gemm"], where) if "gemm" in raw else GemmModel(), gemm_config=raw.get("gemm"))
     _validate_semantics(recipe)
     return recipe
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from fp4repro.formats import get_format
@@ -180,9 +181,67 @@ def auto_target_problems(auto: AutoTarget, target, scale_format, scale: str,
     return out
 
 
+GEMM_KINDS = ("fp32", "probe_matched")
+#: The group sizes the probe-matched model allows: powers of two a GEMM kernel's K tile can be.
+GEMM_GROUPS = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    """How a GEMM of two quantized operands turns its encoded operands into its output (a recipe's
+    ``gemm:``). a (M×K) and b (N×K) are the encoded operands q·s_b (exact in BF16), d_a and d_b
+    their float32 decode scales (1/g, 1 without a tensor scale).
+
+    fp32:           y = fl_out(fl32(acc · fl32(d_a · d_b))), acc the FP32 accumulation of a·bᵀ in the
+                    GEMM library's own order (cuBLAS on CUDA, torch on the CPU).
+    probe_matched:  the model the paper's authors fitted to probes of native FP4 tensor-core GEMM
+                    outputs (``fp4repro.reference.gemm``). K is cut into consecutive groups of
+                    ``group`` terms (the last one may be shorter), and
+
+                        p_j = rn32(Σ_{k in group j} a_k · b_k)     the exact sum, rounded once
+                        acc = rz32(… rz32(rz32(+0 + p_0) + p_1) … + p_{G-1})   in order
+                        r   = ℓ · rne(acc / ℓ)                     ℓ = ``lattice`` (None: r = acc)
+                        y   = fl_out(fl32(r · fl32(d_a · d_b)))
+
+                    rn32: to nearest-even FP32; rz32: toward zero; rne: to the nearest integer,
+                    ties to even. ``lattice`` is a power of two (the authors' 1/1024).
+    """
+
+    kind: str = "fp32"
+    group: int = 64
+    lattice: float | None = 2.0 ** -10
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in gemm_problems(self.kind, self.group, self.lattice):
+            raise ValueError(f"GemmModel field {name!r}: value {value!r}: {allowed}")
+
+    def __str__(self) -> str:
+        if self.kind == "fp32":
+            return "fp32"
+        lattice = "none" if self.lattice is None else f"1/{round(1 / self.lattice)}" if self.lattice < 1 \
+            else f"{self.lattice:g}"
+        return f"{self.kind}(group {self.group}, lattice {lattice})"
+
+
+def gemm_problems(kind, group, lattice) -> list[tuple[str, object, str]]:
+    """Why these GemmModel fields are invalid, as (field, value, what is allowed) triples."""
+    out = []
+    if kind not in GEMM_KINDS:
+        out.append(("model", kind, f"allowed {list(GEMM_KINDS)}"))
+    if isinstance(group, bool) or group not in GEMM_GROUPS:
+        out.append(("group", group, f"allowed {list(GEMM_GROUPS)} (terms summed exactly before each FP32 add)"))
+    if lattice is not None and (isinstance(lattice, bool) or not isinstance(lattice, (int, float))
+                                or not lattice > 0 or math.frexp(lattice)[0] != 0.5
+                                or not 2.0 ** -24 <= lattice <= 1):
+        out.append(("lattice", lattice, "a power of two from 2^-24 to 1, such as 1/1024, or none"))
+    return out
+
+
 @dataclass(frozen=True)
 class LinearSpecs:
-    """The QuantSpec of each operand of one linear layer; None leaves that operand in high precision."""
+    """The QuantSpec of each operand of one linear layer (None leaves that operand in high
+    precision), and the model of its GEMMs whose two operands are both quantized (``GemmModel``;
+    a GEMM with an operand in high precision is an ordinary FP32-accumulating GEMM)."""
 
     fprop_x: QuantSpec | None = None
     fprop_w: QuantSpec | None = None
@@ -190,10 +249,11 @@ class LinearSpecs:
     dgrad_w: QuantSpec | None = None
     wgrad_dy: QuantSpec | None = None
     wgrad_x: QuantSpec | None = None
+    gemm: GemmModel = GemmModel()
 
     @classmethod
-    def from_operands(cls, specs: dict[str, QuantSpec | None]) -> "LinearSpecs":
-        return cls(**{name.replace(".", "_"): specs.get(name) for name in OPERANDS})
+    def from_operands(cls, specs: dict[str, QuantSpec | None], gemm: GemmModel = GemmModel()) -> "LinearSpecs":
+        return cls(**{name.replace(".", "_"): specs.get(name) for name in OPERANDS}, gemm=gemm)
 
     def __getitem__(self, operand: str) -> QuantSpec | None:
         return getattr(self, operand.replace(".", "_"))
@@ -203,4 +263,4 @@ class LinearSpecs:
 
     @property
     def any_quantized(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self))
+        return any(spec is not None for _, spec in self.items())

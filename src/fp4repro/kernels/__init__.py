@@ -118,6 +118,13 @@ def _philox_uniform_launcher():
 
 
 @functools.lru_cache(maxsize=None)
+def _probe_matched_gemm_launcher():
+    from fp4repro.kernels import gemm
+
+    return _launcher(gemm._probe_matched_gemm_kernel)
+
+
+@functools.lru_cache(maxsize=None)
 def _saturating_e4m3_launcher():
     from fp4repro.kernels import fp8_cast
 
@@ -372,3 +379,54 @@ def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> t
     _philox_uniform_launcher()((_cdiv(n + skip, 1024),), (out, n + skip, seed, rand_offset - skip),
                                (("BLOCK", 1024),), 4)
     return out[skip:]
+
+
+def _gemm_tiles(m: int, n: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the probe-matched GEMM: a function of the shape alone, never
+    autotuned, so that a run's tiles (and with them the tensor-core instructions that form each
+    partial) are the same in every process."""
+    if m >= 128 and n >= 128:
+        return 128, 128, 8
+    return max(16, min(64, _next_power_of_2(m))), max(16, min(64, _next_power_of_2(n))), 4
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def probe_matched_gemm_triton(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype, model,
+                       mma_accumulates: bool = False) -> torch.Tensor:
+    """y (M, N) in ``out_dtype``: the probe-matched model of a · bᵀ (``fp4repro.kernels.gemm``; the
+    reference is ``fp4repro.reference.gemm.probe_matched_gemm_reference``, same arguments).
+
+    a: (M, K), b: (N, K), encoded operands in BF16 (or any float dtype holding them), any strides;
+    d_a, d_b: decode scales (None, a Python float, or a float32 tensor: 0-d, or (M, 1) for d_a);
+    model: the recipe's ``GemmModel`` (kind probe_matched). ``mma_accumulates``: not the model but
+    the same tiles as an ordinary GEMM (``fp4repro.bench.gemm`` times it as the kernel's ceiling)."""
+    m, k = a.shape
+    n = b.shape[0]
+    scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in (da, db) if d is not None]
+    alpha = (scales[0] if len(scales) == 1 else scales[0] * scales[1]).reshape(-1) if scales else None
+    if alpha is not None and alpha.numel() not in (1, m):
+        raise ValueError(f"probe_matched_gemm_triton: decode scales give {alpha.numel()} values for {m} rows")
+    from triton import knobs
+
+    # the interpreter casts float32 to BF16 by truncation, the GPU to nearest-even as torch does:
+    # interpreted, the kernel stores float32 and torch casts
+    interpreted = knobs.runtime.interpret
+    out = torch.empty((m, n), dtype=torch.float32 if interpreted else out_dtype, device=a.device)
+    block_m, block_n, warps = _gemm_tiles(m, n)
+    lattice = model.lattice if model.lattice is not None else 1.0
+
+    constexprs = (("GROUP", model.group), ("GROUPS", max(1, _cdiv(k, model.group))),
+                  ("HAS_LATTICE", model.lattice is not None), ("INV_LATTICE", 1.0 / lattice), ("LATTICE", lattice),
+                  ("HAS_ALPHA", alpha is not None), ("ASM", not interpreted),
+                  ("BLOCK_M", block_m), ("BLOCK_N", block_n), ("GROUP_M", 8), ("MMA_ACCUMULATES", mma_accumulates))
+    alpha_arg = alpha if alpha is not None else _dummy(a.device, torch.float32)
+    alpha_stride = 1 if alpha is not None and alpha.numel() == m and m > 1 else 0
+    _probe_matched_gemm_launcher()(
+        (_cdiv(m, block_m) * _cdiv(n, block_n),),
+        (a, b, alpha_arg, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+         out.stride(1), alpha_stride),
+        constexprs, warps)
+    return out.to(out_dtype)

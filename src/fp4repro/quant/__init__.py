@@ -7,13 +7,14 @@ and ``quantize_dequantize`` here run whichever applies (``reference_only()`` for
 """
 
 from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling
-from fp4repro.quant.linear import QuantLinear, emulated_gemm, quantized_operand
+from fp4repro.quant.gemm import emulated_gemm, probe_matched_gemm
+from fp4repro.quant.linear import QuantLinear, quantized_operand
 from fp4repro.quant.ops import quantize, quantize_dequantize, reference_only, scaled_operand
 from fp4repro.quant.state import CurrentAmaxState, QuantState
 from fp4repro.reference.block import BlockQuantized, OperandStats
 
 __all__ = [
     "BlockQuantized", "OperandStats", "quantize", "quantize_dequantize", "scaled_operand", "reference_only",
-    "QuantLinear", "emulated_gemm", "quantized_operand",
+    "QuantLinear", "emulated_gemm", "probe_matched_gemm", "quantized_operand",
     "OPERANDS", "GEMMS", "LinearSpecs", "QuantSpec", "TensorScaling", "QuantState", "CurrentAmaxState",
 ]

@@ -7,20 +7,14 @@ reduction dimension of its GEMM:
     dgrad  dX = Q(dY)     · Q(Wᵀ)ᵀ       reduce over out_features
     wgrad  dW = Q(dYᵀ)    · Q(Xᵀ)ᵀ       reduce over tokens
 
-Emulated GEMM: Q(A) enters as q·s_b (exact in BF16), the product accumulates in FP32 and the
-epilogue multiplies by d_a·d_b = 1/(g_a·g_b) in FP32 before the output cast, as FP4 tensor
-cores do. An operand whose spec is None enters unquantized. With no spec at all (the BF16
-recipe) the layer is exactly ``F.linear``.
+Emulated GEMM: Q(A) enters as q·s_b (exact in BF16) with its decode scale d_a = 1/g_a; the GEMM
+computes from the encoded operands as the recipe's GEMM model says and multiplies by d_a·d_b in
+FP32 before the output cast (``fp4repro.quant.gemm``: an FP32 accumulation, or the probe-matched
+model of native FP4 tensor cores, in all three GEMMs). An operand whose spec is None enters
+unquantized. With no spec at all (the BF16 recipe) the layer is exactly ``F.linear``.
 
 Dtypes: on CPU everything is float32. On CUDA the operands are BF16 (under autocast, the
 autocast dtype) with FP32 accumulation; outputs and gradients have the compute dtype.
-
-Epilogue on CUDA: where both decode scales are known on the host — a held amax under periodic
-scaling (read back once per refresh, ``QuantState.held_amax_value``) or no tensor scale (MX) —
-alpha = d_a·d_b (float32) goes to cuBLAS as the GEMM's alpha: cuBLAS scales the FP32 accumulator
-by alpha in FP32 and rounds once to the output dtype, the same epilogue as below without the
-FP32 output tensor and the extra pass over it. Otherwise (current amax: d lives on the device)
-the product is taken with an FP32 output and one fused scale-and-cast kernel applies alpha.
 
 Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop whenever that is exact (``transposable_weight_spec``: one
 16×16 RNE spec for both, the same amax), so the forward's operand is kept and transposed instead
@@ -34,26 +28,22 @@ sequence (``sequence_operand``): each sequence's real rows as their own tensor, 
 amax and decode scale d_x, and all padding rows together as one more group, so that neither
 other sequences nor padding change a sequence's operand. W keeps one quantization (it does not
 depend on the batch). The GEMM stays one GEMM with a per-row epilogue: row i is multiplied by
-its own d_x[i]·d_w (``emulated_gemm``).
+its own d_x[i]·d_w (both GEMM models take per-row decode scales).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 from dataclasses import replace
-import math
-import operator
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 import torch.distributed
 import torch.nn.functional as F
 
 from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
+from fp4repro.quant.gemm import _as, gemm_function, instrument
 from fp4repro.quant.ops import operand_amax, scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
 from fp4repro.reference.block import global_encode_scale
@@ -202,77 +192,6 @@ def _grouping_matters(spec: QuantSpec | None, x: torch.Tensor, lengths: tuple[in
     return spec.target is not None or spec.block[0] != 1
 
 
-def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """t in dtype; t itself when it already is (``Tensor.to`` costs a dispatch even as a no-op,
-    and the layer's step is bound by host time)."""
-    return t if t.dtype == dtype else t.to(dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _alpha_stub(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """addmm's ignored input (beta = 0): a scalar that broadcasts, never read."""
-    return torch.zeros((), dtype=dtype, device=device)
-
-
-def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype) -> torch.Tensor:
-    """(a · bᵀ) · (d_a · d_b): FP32 accumulation, FP32 epilogue, then cast to out_dtype.
-
-    a: (M, K), b: (N, K); d_a, d_b: None, float32 tensors, or Python floats (host-known). On
-    CUDA the operands are cast to out_dtype (BF16: q·s is exact); with host-known scales cuBLAS
-    applies alpha = d_a·d_b in its FP32 epilogue, else the product is taken with an FP32 output
-    and scaled in one pass. On CPU the product is taken in FP32.
-
-    d_a may also be a float32 (M, 1) tensor, one decode scale per row of a (per-sequence
-    activations, ``sequence_operand``): row i is then scaled by d_a[i]·d_b. Why one GEMM with a
-    per-row epilogue rather than a GEMM per group: the accumulator does not depend on the scales,
-    and each element gets the same FP32 multiplication and cast as with its group's scalar scales,
-    so it is exact, with no extra launches and no copies. Whether a row's FP32 accumulation
-    depends on the number of rows M is the GEMM backend's, as for every unquantized GEMM of the
-    model (the LM head): GEMMs per group would not change that (on CPU, a row of the tiny model's
-    logits is the same bit for bit in batches of 1, 4 and 16 sequences).
-    """
-    on_gpu = a.is_cuda and out_dtype in (torch.bfloat16, torch.float16)
-    scales = [d for d in (da, db) if d is not None]
-    if on_gpu and all(isinstance(d, float) for d in scales):
-        # the float32 product of float32 values: exact in double, rounded once
-        alpha = float(np.float32(math.prod(scales)))
-        a, b = _as(a, out_dtype), _as(b, out_dtype).t()
-        if alpha == 1.0:
-            return torch.mm(a, b)
-        return torch.addmm(_alpha_stub(a.device, out_dtype), a, b, beta=0, alpha=alpha)
-    if on_gpu:
-        acc = torch.mm(_as(a, out_dtype), _as(b, out_dtype).t(), out_dtype=torch.float32)
-    else:
-        acc = a.to(torch.float32) @ b.to(torch.float32).t()
-    scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in scales]
-    alpha = functools.reduce(operator.mul, scales) if scales else None
-    if alpha is None:
-        return acc.to(out_dtype)
-    if acc.is_cuda and alpha.dim() == 0:      # the kernel takes a scalar alpha; per-row: below
-        from fp4repro.kernels import available, scale_cast
-
-        if available():
-            return scale_cast(acc, alpha, out_dtype)
-    return (acc * alpha).to(out_dtype)
-
-
-_gemm_instrument = contextvars.ContextVar("fp4repro_gemm_instrument", default=None)
-
-
-@contextlib.contextmanager
-def gemm_instrument(gemm):
-    """Within this context (this thread or task), the quantized linears' GEMMs call
-    ``gemm(a, d_a, b, d_b, out_dtype)`` in place of ``emulated_gemm``: the same operands (q·s and
-    decode scales), another execution, for timing instruments (``fp4repro.bench``) only. The
-    choice is made in the forward and kept for the backward, which autograd may run on a thread
-    of its own."""
-    token = _gemm_instrument.set(gemm)
-    try:
-        yield
-    finally:
-        _gemm_instrument.reset(token)
-
-
 def transposable_weight_spec(specs: LinearSpecs) -> bool:
     """Whether Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop given the same amax: one spec for both, square
     blocks (a block of Wᵀ is the transpose of a block of W, with the same amax and scale) and
@@ -312,7 +231,8 @@ class _QuantLinearFunction(torch.autograd.Function):
             qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"))
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"))
         qw = _as(qw, compute_dtype)
-        gemm = _gemm_instrument.get() or emulated_gemm
+        timing = instrument()
+        gemm = timing or gemm_function(specs, "fprop")
         y = gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
             y = y + bias.to(compute_dtype)
@@ -320,7 +240,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.shards = compute_dtype, x.shape, x.dtype, shards
-        ctx.gemm = gemm
+        ctx.instrument = timing
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -335,11 +255,13 @@ class _QuantLinearFunction(torch.autograd.Function):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
             else:
                 qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", shards.get("dgrad.w"))
-            dx = _as(ctx.gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
+            gemm = ctx.instrument or gemm_function(specs, "dgrad")
+            dx = _as(gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"))
             qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"))
-            dw = _as(ctx.gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
+            gemm = ctx.instrument or gemm_function(specs, "wgrad")
+            dw = _as(gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
         ctx.qw = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)

@@ -59,9 +59,11 @@ def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, 
     the fingerprints they had before there was a second backend. The tensor-parallel size enters
     only with ``tp_amax: local`` (each shard scaled by its own amax: the numbers depend on the
     split); with the group's amax a recipe means the same at every tensor size."""
-    defaults, operands, overrides = recipe.numerics()
+    defaults, operands, overrides, gemm = recipe.numerics()
     numerics = {"model": model_config, "recipe": {"defaults": defaults, "operands": operands, "overrides": overrides},
                 "data": data_hash, "sampling": SAMPLING, "train": train_config.numerics(), "seed": seed}
+    if gemm.kind != "fp32":         # (fp32 runs keep the fingerprints made before the GEMM had a model)
+        numerics["recipe"]["gemm"] = gemm
     if backend != "reference":
         numerics["backend"] = backend
     if init is not None:            # the sha256 of the checkpoint the run starts from
