@@ -104,3 +104,17 @@ def test_inexact_partials_stay_within_an_ulp_of_each_partial():
     largest = (a.double().abs() @ b.double().abs().t()).float()
     bound = (k // 64) * 2 * torch.finfo(torch.float32).eps * largest
     assert ((got.double() - want.double()).abs() <= bound.double()).all()
+
+
+@pytest.mark.gpu
+def test_the_compiled_kernel_adds_toward_zero_in_hardware_on_tensor_core_partials():
+    """Compiled for the GPU, the partials come from tensor-core MMAs (wgmma on Hopper, mma
+    elsewhere) and the adds are PTX's add.rz.f32, not the interpreter's arithmetic."""
+    from fp4repro.kernels import _probe_matched_gemm_launcher
+
+    a, b = encoded(256, 256, "pa", (0, 0)), encoded(256, 256, "pb", (0, 0))
+    got, want = both(a, None, b, None, torch.float32)
+    assert torch.equal(got, want)
+    ptx = [c.asm["ptx"] for key, (c, _) in _probe_matched_gemm_launcher()._compiled.items()
+           if dict(key[2])["GROUPS"] == 4 and not dict(key[2])["MMA_ACCUMULATES"]]
+    assert ptx and "add.rz.f32" in ptx[0] and ("wgmma" in ptx[0] or "mma.sync" in ptx[0])
