@@ -37,3 +37,16 @@ def test_tables_and_json_carry_it(tmp_path):
     assert table_provenance(tmp_path / "plain.parquet") is None
     write_json(tmp_path / "r.json", {"loss": 1.5}, record)
     assert __import__("json").loads((tmp_path / "r.json").read_text()) == {"loss": 1.5, "provenance": record}
+
+
+def test_a_copied_tree_names_its_commit_in_the_environment(monkeypatch):
+    import fp4repro.provenance as prov
+
+    monkeypatch.setenv("FP4REPRO_SOURCE_COMMIT", "0123abc")
+    prov._git.cache_clear()
+    try:
+        record = provenance("cpu")
+        assert record["git_commit"] == "0123abc" and record["git_dirty"] is None
+    finally:
+        monkeypatch.delenv("FP4REPRO_SOURCE_COMMIT")
+        prov._git.cache_clear()

@@ -9,6 +9,9 @@ which the report compares before it pairs two runs.
 
 ``git_commit`` is the commit of the source tree the package was imported from (an editable
 install or a checkout); null for an installed wheel, whose ``fp4repro`` version says what it is.
+A working tree copied to another machine without its history (a GPU machine given a checkout's
+files) names its commit in ``FP4REPRO_SOURCE_COMMIT``: that is recorded, with ``git_dirty`` null
+(the copy cannot say whether it differs from the commit).
 Package versions come from the installed distributions' metadata (nothing is imported).
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.metadata   # installed versions of distributions (PACKAGES), read without importing them
+import os
 import platform
 import subprocess
 import sys
@@ -29,6 +33,8 @@ PACKAGES = ("torch", "triton", "megatron-core", "lm-eval")
 
 @functools.lru_cache(maxsize=None)
 def _git() -> tuple[str | None, bool | None]:
+    if os.environ.get("FP4REPRO_SOURCE_COMMIT"):
+        return os.environ["FP4REPRO_SOURCE_COMMIT"], None
     source = Path(fp4repro.__file__).resolve().parent
     try:
         top = subprocess.run(["git", "-C", str(source), "rev-parse", "--show-toplevel"], capture_output=True,

@@ -10,10 +10,12 @@ them without a GPU.
 from __future__ import annotations
 
 import functools
+import math
 import importlib.util   # find_spec only (available()): whether triton is installed, without importing it
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from fp4repro.config.spec import QuantSpec
@@ -405,10 +407,17 @@ def probe_matched_gemm_triton(a: torch.Tensor, da, b: torch.Tensor, db, out_dtyp
     the same tiles as an ordinary GEMM (``fp4repro.bench.gemm`` times it as the kernel's ceiling)."""
     m, k = a.shape
     n = b.shape[0]
-    scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in (da, db) if d is not None]
-    alpha = (scales[0] if len(scales) == 1 else scales[0] * scales[1]).reshape(-1) if scales else None
-    if alpha is not None and alpha.numel() not in (1, m):
-        raise ValueError(f"probe_matched_gemm_triton: decode scales give {alpha.numel()} values for {m} rows")
+    given = [d for d in (da, db) if d is not None]
+    alpha = alpha_value = None
+    if given and all(isinstance(d, float) for d in given):
+        # known on the host (a held amax, or no tensor scale): rn32 of the float32 product, exact
+        # in double; no tensor to make (a copy to the device would break CUDA-graph capture)
+        alpha_value = float(np.float32(math.prod(float(np.float32(d)) for d in given)))
+    elif given:
+        scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in given]
+        alpha = (scales[0] if len(scales) == 1 else scales[0] * scales[1]).reshape(-1)
+        if alpha.numel() not in (1, m):
+            raise ValueError(f"probe_matched_gemm_triton: decode scales give {alpha.numel()} values for {m} rows")
     from triton import knobs
 
     # the interpreter casts float32 to BF16 by truncation, the GPU to nearest-even as torch does:
@@ -420,13 +429,14 @@ def probe_matched_gemm_triton(a: torch.Tensor, da, b: torch.Tensor, db, out_dtyp
 
     constexprs = (("GROUP", model.group), ("GROUPS", max(1, _cdiv(k, model.group))),
                   ("HAS_LATTICE", model.lattice is not None), ("INV_LATTICE", 1.0 / lattice), ("LATTICE", lattice),
-                  ("HAS_ALPHA", alpha is not None), ("ASM", not interpreted),
+                  ("HAS_ALPHA", 1 if alpha_value is not None else 2 if alpha is not None else 0),
+                  ("ASM", not interpreted),
                   ("BLOCK_M", block_m), ("BLOCK_N", block_n), ("GROUP_M", 8), ("MMA_ACCUMULATES", mma_accumulates))
     alpha_arg = alpha if alpha is not None else _dummy(a.device, torch.float32)
     alpha_stride = 1 if alpha is not None and alpha.numel() == m and m > 1 else 0
     _probe_matched_gemm_launcher()(
         (_cdiv(m, block_m) * _cdiv(n, block_n),),
         (a, b, alpha_arg, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-         out.stride(1), alpha_stride),
+         out.stride(1), alpha_stride, alpha_value if alpha_value is not None else 1.0),
         constexprs, warps)
     return out.to(out_dtype)

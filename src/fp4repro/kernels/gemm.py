@@ -17,7 +17,8 @@ float32 numpy matmul of the operands converted exactly to float32.)
                                  in float32 and one step toward zero where the rounded sum overshot
     r   = ±rne(|acc|/ℓ)·ℓ        the magic-number rounding (|acc|/ℓ + 2^23) - 2^23, sign kept;
                                  |acc| >= 2^23·ℓ is already on the lattice
-    y   = fl_out(r · α)          α per row (a per-row decode scale) or one for all (stride 0)
+    y   = fl_out(r · α)          α a float32 argument where both decode scales are known on the
+                                 host, else read from the device: one for all rows or one per row
 
 ``MMA_ACCUMULATES`` (benchmarks only, ``fp4repro bench gemm``) runs the same tiles with the tensor
 cores accumulating across groups and no adds toward zero: an ordinary GEMM of this kernel's
@@ -69,6 +70,7 @@ def _round_to_lattice(acc, INV_LATTICE: tl.constexpr, LATTICE: tl.constexpr):
 @triton.jit
 def _probe_matched_gemm_kernel(a_ptr, b_ptr, alpha_ptr, out_ptr, M, N, K,
                                stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on, stride_alpha,
+                               alpha_value,
                                GROUP: tl.constexpr, GROUPS: tl.constexpr, HAS_LATTICE: tl.constexpr, INV_LATTICE: tl.constexpr,
                                LATTICE: tl.constexpr, HAS_ALPHA: tl.constexpr, ASM: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
@@ -101,7 +103,9 @@ def _probe_matched_gemm_kernel(a_ptr, b_ptr, alpha_ptr, out_ptr, M, N, K,
             acc = _add_toward_zero(acc, partial, ASM)
     if HAS_LATTICE:
         acc = _round_to_lattice(acc, INV_LATTICE, LATTICE)
-    if HAS_ALPHA:
+    if HAS_ALPHA == 1:      # known on the host
+        acc = acc * alpha_value
+    if HAS_ALPHA == 2:      # on the device: one for all rows (stride 0) or one per row
         alpha = tl.load(alpha_ptr + rm.to(tl.int64) * stride_alpha, mask=rm < M, other=1.0)
         acc = acc * alpha[:, None]
     out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :].to(tl.int64) * stride_on

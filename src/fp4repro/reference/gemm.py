@@ -68,7 +68,7 @@ def integer_slices(x: torch.Tensor, width: int) -> tuple[list[torch.Tensor], lis
         rest = rest - n * unit
         if not bool(rest.any()):
             return slices, units
-        unit = torch.ldexp(unit, torch.tensor(-width))
+        unit = unit * 2.0 ** -width                       # exact: a power of two, far above underflow
 
 
 def _grouped(t: torch.Tensor, group: int) -> torch.Tensor:
