@@ -118,3 +118,10 @@ def test_the_compiled_kernel_adds_toward_zero_in_hardware_on_tensor_core_partial
     ptx = [c.asm["ptx"] for key, (c, _) in _probe_matched_gemm_launcher()._compiled.items()
            if dict(key[2])["GROUPS"] == 4 and not dict(key[2])["MMA_ACCUMULATES"]]
     assert ptx and "add.rz.f32" in ptx[0] and ("wgmma" in ptx[0] or "mma.sync" in ptx[0])
+
+
+def test_a_float32_operand_holding_encoded_values_is_taken_as_bf16():
+    # dgrad's Q(Wᵀ) of a float32 master weight arrives in float32
+    a, b = encoded(40, 128, "fa", (-1, 0)), encoded(24, 128, "fb", (-1, 0)).float()
+    got, want = both(a, None, b, 0.5)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)

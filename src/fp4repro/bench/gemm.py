@@ -93,11 +93,11 @@ def bench_gemm(out: str | Path, rounds: int = 3) -> dict:
         row["tflops"] = {key[:-3]: flops / (row[key] * 1e-3) / 1e12 for key in runs}
         rows.append(row)
         del a, b
-    result = {"provenance": provenance(), "device": torch.cuda.get_device_name(), "model": str(MODEL),
+    result = {"device": torch.cuda.get_device_name(), "model": str(MODEL),
               "timing": f"CUDA-graph replays, median of {rounds} interleaved rounds", "shapes": rows}
     print(f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}")
     for r in rows:
         print(f"{r['name']:10} {r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['cublas_bf16_ms']:>10.3f} "
               f"{r['probe_matched_ms']:>9.3f} {r['mma_accumulates_ms']:>10.3f} {r['ratio_to_cublas']:>6.2f}")
-    write_json(out, result)
+    write_json(Path(out), result, provenance("cuda"))
     return result

@@ -401,12 +401,15 @@ def probe_matched_gemm_triton(a: torch.Tensor, da, b: torch.Tensor, db, out_dtyp
     """y (M, N) in ``out_dtype``: the probe-matched model of a · bᵀ (``fp4repro.kernels.gemm``; the
     reference is ``fp4repro.reference.gemm.probe_matched_gemm_reference``, same arguments).
 
-    a: (M, K), b: (N, K), encoded operands in BF16 (or any float dtype holding them), any strides;
+    a: (M, K), b: (N, K), encoded operands (values exact in BF16) in any float dtype and strides;
     d_a, d_b: decode scales (None, a Python float, or a float32 tensor: 0-d, or (M, 1) for d_a);
     model: the recipe's ``GemmModel`` (kind probe_matched). ``mma_accumulates``: not the model but
     the same tiles as an ordinary GEMM (``fp4repro.bench.gemm`` times it as the kernel's ceiling)."""
     m, k = a.shape
     n = b.shape[0]
+    # the tensor cores multiply BF16: an operand held in another dtype (a float32 master weight's
+    # q·s) converts exactly, its values being encoded ones
+    a, b = (t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16) for t in (a, b))
     given = [d for d in (da, db) if d is not None]
     alpha = alpha_value = None
     if given and all(isinstance(d, float) for d in given):
