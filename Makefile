@@ -16,7 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(STAMP)
 
-test: setup   ## the whole test suite (gpu tests skip without CUDA); exit code 5 = nothing collected
+test: setup   ## lint and format check, then the whole test suite (gpu tests skip without CUDA); exit code 5 = nothing collected
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import jsonschema
+import tomllib
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,8 +5,19 @@ import math
 import numpy as np
 import pytest
 
-from fp4repro.statistics import (NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison,
-                                 batch_count, batch_means, paired_bootstrap, paired_items, seed_level)
+from fp4repro.statistics import (
+    NO_DIFFERENCE,
+    OPPOSITE,
+    REPRODUCED,
+    SUGGESTIVE,
+    WITHIN_NOISE,
+    Comparison,
+    batch_count,
+    batch_means,
+    paired_bootstrap,
+    paired_items,
+    seed_level,
+)
 
 T975_2 = 4.302652729911275      # t quantiles, df = 2 (scipy.stats.t.ppf written out)
 T80_2 = 1.0606601717798212

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-import importlib.metadata   # installed versions of distributions (PACKAGES), read without importing them
+import importlib.metadata  # installed versions of distributions (PACKAGES), read without importing them
 import os
 import platform
 import subprocess
@@ -31,7 +31,7 @@ import fp4repro
 PACKAGES = ("torch", "triton", "megatron-core", "lm-eval")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _git() -> tuple[str | None, bool | None]:
     if os.environ.get("FP4REPRO_SOURCE_COMMIT"):
         return os.environ["FP4REPRO_SOURCE_COMMIT"], None
@@ -54,7 +54,7 @@ def _git() -> tuple[str | None, bool | None]:
         return None, None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_versions() -> dict[str, str | None]:
     versions = {}
     for name in PACKAGES:

@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 
-
 def _umask_mode() -> int:
     """0o666 less the process umask: what open() would give a new file (mkstemp gives 0o600)."""
     umask = os.umask(0)

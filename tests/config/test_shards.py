@@ -36,10 +36,10 @@ def test_a_split_that_cuts_blocks_is_named_with_operand_segment_and_sizes():
 
 
 def test_an_experiment_whose_split_cuts_blocks_fails_to_load_naming_file_and_field(tmp_path, make_config):
+    import yaml
+
     from fp4repro.config.experiment import ExperimentError
     from fp4repro.config.study import load_study
-
-    import yaml
 
     (tmp_path / "m.yaml").write_text(yaml.safe_dump({**make_config(vocab_size=512).to_dict(), "name": "m"}))
     path = tmp_path / "exp.yaml"

@@ -7,14 +7,31 @@ import re
 
 import pytest
 
-from fp4repro.data import DataError
-from fp4repro.data.corpus import (SPLITS, dedup_and_split, document_hash, expand_paths, normalize_text,
-                                  read_file_source, split_of)
-from fp4repro.data.stdlib import (TOPICS_FILE, docstring_owners, docstrings, package_files, package_roots, read_packages,
-                                  read_python_source, read_stdlib, spread_sample, stdlib_files, stdlib_root,
-                                  strip_docstrings)
 from fp4repro.config.experiment import Source
-
+from fp4repro.data import DataError
+from fp4repro.data.corpus import (
+    SPLITS,
+    dedup_and_split,
+    document_hash,
+    expand_paths,
+    normalize_text,
+    read_file_source,
+    split_of,
+)
+from fp4repro.data.stdlib import (
+    TOPICS_FILE,
+    docstring_owners,
+    docstrings,
+    package_files,
+    package_roots,
+    read_packages,
+    read_python_source,
+    read_stdlib,
+    spread_sample,
+    stdlib_files,
+    stdlib_root,
+    strip_docstrings,
+)
 
 # ---- standard library -------------------------------------------------------------------------
 

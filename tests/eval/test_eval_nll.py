@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp4repro.eval import NLLResult, blend_nll, final_window_loss, load_eval_model, stream_nll, windows
 from fp4repro.config.model import load_model_config
-from fp4repro.model import NemotronH
 from fp4repro.config.recipe import load_recipe
+from fp4repro.eval import NLLResult, blend_nll, final_window_loss, load_eval_model, stream_nll, windows
+from fp4repro.model import NemotronH
 from fp4repro.train.engine import lm_loss
 
 

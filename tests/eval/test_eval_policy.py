@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import load_recipe
 from fp4repro.eval import EvalError, build_model, inspect_checkpoint, load_eval_model
-from fp4repro.config.model import load_model_config
 from fp4repro.model import NemotronH
 from fp4repro.train import save_checkpoint
 

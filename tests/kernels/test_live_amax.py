@@ -8,8 +8,17 @@ import zlib
 import pytest
 import torch
 
-from fp4repro.kernels import (_quantize_plan, emax_target, fold_live_amax, live_slots, live_slots_amax, philox_uniforms,
-                              operand_amax_triton, quantize_2d, quantize_launch)
+from fp4repro.kernels import (
+    _quantize_plan,
+    emax_target,
+    fold_live_amax,
+    live_slots,
+    live_slots_amax,
+    operand_amax_triton,
+    philox_uniforms,
+    quantize_2d,
+    quantize_launch,
+)
 from fp4repro.kernels.launch import _arg_key
 from fp4repro.quant import QuantSpec, TensorScaling
 from fp4repro.reference.block import global_encode_scale, scaled_operand_reference

@@ -1,7 +1,6 @@
 """The session's megatron parallel state for the CPU builds of ``cpu_build``."""
 
 import pytest
-
 from cpu_build import build, cpu_adaptations
 
 

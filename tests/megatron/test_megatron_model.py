@@ -74,9 +74,9 @@ def _pipeline_stage(rank: int, init: str, out: str, recipe_path: str) -> None:
     (layer number, key, describe) of its linears."""
     import torch
     import torch.distributed as dist
+    from cpu_build import build, cpu_adaptations
     from megatron.core import parallel_state
 
-    from cpu_build import build, cpu_adaptations
     from fp4repro.config.model import ModelConfig
     from fp4repro.config.parallel import ParallelConfig
 

@@ -36,9 +36,9 @@ def _segments_of(config):
 
 def _worker(rank: int, init: str, out: str) -> None:
     import torch.distributed as dist
+    from cpu_build import build, cpu_adaptations
     from megatron.core import parallel_state, tensor_parallel
 
-    from cpu_build import build, cpu_adaptations
     from fp4repro.config.model import load_model_config
     from fp4repro.config.parallel import ParallelConfig
     from fp4repro.megatron.convert import to_megatron

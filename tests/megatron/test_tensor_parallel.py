@@ -89,9 +89,9 @@ def _rne(specs):
 
 
 def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
+    from cpu_build import build_on, cpu_adaptations
     from megatron.core import parallel_state, tensor_parallel
 
-    from cpu_build import build_on, cpu_adaptations
     from fp4repro.config.model import ModelConfig
     from fp4repro.config.parallel import ParallelConfig
     from fp4repro.config.recipe import load_recipe

@@ -16,8 +16,7 @@ from fp4repro.eval.downstream import group_name, item_rows, result_rows
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.paired import document_difference, item_difference, step_difference
 from fp4repro.plots import FIGURE_INPUTS, FIGURES, OPTIONS, PlotError, draw_figure, plot_figure
-from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS,
-                              event_rates)
+from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, event_rates
 from fp4repro.statistics import seed_level
 from fp4repro.train.loop import METRICS, TELEMETRY
 

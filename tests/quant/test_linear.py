@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fp4repro.quant import LinearSpecs, QuantLinear, QuantSpec, QuantState, quantize_dequantize, quantized_operand
 from fp4repro.config.recipe import load_recipe
+from fp4repro.quant import LinearSpecs, QuantLinear, QuantSpec, QuantState, quantize_dequantize, quantized_operand
 
 
 def _layer(specs, bias=True, seed=0):

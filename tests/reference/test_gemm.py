@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from fp4repro.config.spec import GemmModel
-from fp4repro.reference.gemm import (add_toward_zero, group_partials, probe_matched_gemm_reference,
-                                     round_to_lattice)
+from fp4repro.reference.gemm import add_toward_zero, group_partials, probe_matched_gemm_reference, round_to_lattice
 
 MODEL = GemmModel("probe_matched", group=64, lattice=2.0 ** -10)
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

@@ -14,7 +14,6 @@ from fp4repro.report import measure, runs_text
 from fp4repro.results import eval_dir, run_dir
 from fp4repro.statistics import OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
-
 # ------------------------------------------------------------------------------- final-window loss
 
 def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):

@@ -13,7 +13,6 @@ from synthetic_runs import rng, write_run
 from fp4repro.report import target_section
 from fp4repro.results import eval_dir, run_dir
 
-
 # ------------------------------------------------------------- beyond the paper: automatic target T
 
 CLASSES = {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),

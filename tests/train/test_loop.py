@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -61,7 +62,7 @@ def _cli(path, recipe, root, out, *extra):
             "--data", str(root / "data"), "--out", str(out), "--quiet", *extra]
 
 
-def _run_folder(out) -> "Path":
+def _run_folder(out) -> Path:
     (run,) = list_runs(out)
     return run
 
@@ -273,10 +274,10 @@ def test_runs_lists_every_run_and_prune_removes_only_other_configs(prepared, tmp
 
 
 def test_a_run_can_start_from_another_runs_checkpoint(prepared, tmp_path):
+    from fp4repro.data import RunSampler, load_manifest
     from fp4repro.model import NemotronH
     from fp4repro.train import load_checkpoint
     from fp4repro.train.engine import lm_loss
-    from fp4repro.data import RunSampler, load_manifest
 
     study, path, root = prepared
     first = tmp_path / "first"

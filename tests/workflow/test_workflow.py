@@ -2,7 +2,6 @@
 study (the packaged configs/experiment/smoke.yaml) run end to end through Snakemake in a temporary folder."""
 
 import json
-import os
 import re
 import shutil
 import subprocess

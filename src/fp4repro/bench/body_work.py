@@ -26,6 +26,7 @@ from fp4repro.config.recipe import Recipe
 from fp4repro.config.spec import OPERAND_MATRIX, QuantSpec, transposed_operand
 from fp4repro.quant.linear import transposable_weight_spec
 
+
 @dataclass(frozen=True)
 class GemmWork:
     linear: str

@@ -69,30 +69,36 @@ def _compiled_info(groups: int) -> dict:
             "shared_bytes": int(kernel.metadata.shared), "num_warps": int(kernel.metadata.num_warps)}
 
 
+def _time_shape(a: torch.Tensor, b: torch.Tensor, rounds: int) -> dict[str, float]:
+    """Median ms of cuBLAS, the model's kernel and its MMA-accumulating variant on a · bᵀ, over
+    ``rounds`` interleaved rounds."""
+    from fp4repro.kernels import probe_matched_gemm_triton
+
+    da, db = 2.0**-9, 3.0 * 2.0**-10
+    runs = {"cublas_bf16_ms": lambda: torch.mm(a, b.t()),
+            "probe_matched_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL),
+            "mma_accumulates_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL,
+                                                                    mma_accumulates=True)}
+    times: dict[str, list[float]] = {key: [] for key in runs}
+    for _ in range(rounds):
+        for key, fn in runs.items():
+            times[key].append(_graph_ms(fn))
+    return {key: sorted(v)[len(v) // 2] for key, v in times.items()}
+
+
 def bench_gemm(out: str | Path, rounds: int = 3) -> dict:
     """Time every shape (``rounds`` interleaved rounds, medians), print a table, write JSON."""
-    from fp4repro.kernels import _gemm_tiles, probe_matched_gemm_triton
+    from fp4repro.kernels import _gemm_tiles
 
     rows = []
     for name, m, n, k, a_cols, b_cols in SHAPES:
-        a = encoded_operand(m, k, a_cols, 1)
-        b = encoded_operand(n, k, b_cols, 2)
-        da, db = 2.0 ** -9, 3.0 * 2.0 ** -10
-        runs = {"cublas_bf16_ms": lambda: torch.mm(a, b.t()),
-                "probe_matched_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL),
-                "mma_accumulates_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL,
-                                                                 mma_accumulates=True)}
-        times: dict[str, list[float]] = {key: [] for key in runs}
-        for _ in range(rounds):
-            for key, fn in runs.items():
-                times[key].append(_graph_ms(fn))
-        row = {"name": name, "m": m, "n": n, "k": k, "tiles": list(_gemm_tiles(m, n)[:2]),
-               **{key: sorted(v)[len(v) // 2] for key, v in times.items()}, "kernel": _compiled_info(-(-k // 64))}
+        times = _time_shape(encoded_operand(m, k, a_cols, 1), encoded_operand(n, k, b_cols, 2), rounds)
+        row = {"name": name, "m": m, "n": n, "k": k, "tiles": list(_gemm_tiles(m, n)[:2]), **times,
+               "kernel": _compiled_info(-(-k // 64))}
         flops = 2.0 * m * n * k
         row["ratio_to_cublas"] = row["cublas_bf16_ms"] / row["probe_matched_ms"]
-        row["tflops"] = {key[:-3]: flops / (row[key] * 1e-3) / 1e12 for key in runs}
+        row["tflops"] = {key[:-3]: flops / (times[key] * 1e-3) / 1e12 for key in times}
         rows.append(row)
-        del a, b
     result = {"device": torch.cuda.get_device_name(), "model": str(MODEL),
               "timing": f"CUDA-graph replays, median of {rounds} interleaved rounds", "shapes": rows}
     print(f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}")

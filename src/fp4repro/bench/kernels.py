@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fp4repro.quant import QuantLinear, QuantSpec, QuantState, TensorScaling
 from fp4repro.provenance import provenance
+from fp4repro.quant import QuantLinear, QuantSpec, QuantState, TensorScaling
 from fp4repro.results import write_json
 
 CASES = {

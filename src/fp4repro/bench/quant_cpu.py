@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from fp4repro.quant import QuantSpec, TensorScaling, quantize_dequantize
 from fp4repro.provenance import provenance
+from fp4repro.quant import QuantSpec, TensorScaling, quantize_dequantize
 from fp4repro.results import write_json
 
 SPECS = {

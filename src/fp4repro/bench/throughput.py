@@ -43,7 +43,6 @@ and the rest (``other_ms``, the projection's measured non-GEMM time).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 

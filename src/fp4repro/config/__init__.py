@@ -9,8 +9,16 @@ A name resolves in ``./configs/<kind>/`` first, then in the packaged defaults (`
 """
 
 from fp4repro.config.eval import POLICIES, Aggregate, EvalConfig, EvalConfigError
-from fp4repro.config.experiment import (DataConfig, ExperimentConfig, ExperimentError, Source, Stage, TrainConfig,
-                                        available_experiments, load_experiment)
+from fp4repro.config.experiment import (
+                                        DataConfig,
+                                        ExperimentConfig,
+                                        ExperimentError,
+                                        Source,
+                                        Stage,
+                                        TrainConfig,
+                                        available_experiments,
+                                        load_experiment,
+)
 from fp4repro.config.files import available, find_config
 from fp4repro.config.model import ModelConfig, ModelConfigError, load_model_config
 from fp4repro.config.recipe import Recipe, RecipeError, load_recipe, recipe_chain

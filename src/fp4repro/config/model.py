@@ -150,7 +150,7 @@ class ModelConfig:
     # Loading --------------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], name: str | None = None) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any], name: str | None = None) -> ModelConfig:
         if not isinstance(data, dict):
             raise ModelConfigError(f"model config {name!r}: expected a mapping, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}

@@ -56,8 +56,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from fp4repro.config.files import find_config, is_path, not_found, read_yaml, schema_error, schema_field
-from fp4repro.config.spec import (GEMMS, OPERANDS, AutoTarget, GemmModel, LinearSpecs, QuantSpec, TensorScaling,
-                                  gemm_problems, spec_problems)
+from fp4repro.config.spec import (
+    GEMMS,
+    OPERANDS,
+    AutoTarget,
+    GemmModel,
+    LinearSpecs,
+    QuantSpec,
+    TensorScaling,
+    gemm_problems,
+    spec_problems,
+)
 from fp4repro.errors import ConfigError
 
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
@@ -278,7 +287,7 @@ class Recipe:
                                                        else {**(base or {}), **value})
         if layer_index is None:
             return out
-        for i, ov in enumerate(self.overrides):
+        for ov in self.overrides:
             if layer_index not in _layer_indices(ov["layers"], n_layers):
                 continue
             if "linears" in ov and linear not in ov["linears"]:

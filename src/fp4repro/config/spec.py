@@ -252,7 +252,7 @@ class LinearSpecs:
     gemm: GemmModel = GemmModel()
 
     @classmethod
-    def from_operands(cls, specs: dict[str, QuantSpec | None], gemm: GemmModel = GemmModel()) -> "LinearSpecs":
+    def from_operands(cls, specs: dict[str, QuantSpec | None], gemm: GemmModel = GemmModel()) -> LinearSpecs:
         return cls(**{name.replace(".", "_"): specs.get(name) for name in OPERANDS}, gemm=gemm)
 
     def __getitem__(self, operand: str) -> QuantSpec | None:

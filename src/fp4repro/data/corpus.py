@@ -16,15 +16,15 @@ import hashlib
 import json
 import sys
 import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
+from fp4repro.config.experiment import PYTHON_KINDS, STDLIB_KINDS, TEXT_KINDS, DataConfig, Source
 from fp4repro.data.errors import DataError
 from fp4repro.data.stdlib import PythonCorpus, read_packages, read_stdlib, spread_sample
-from fp4repro.config.experiment import PYTHON_KINDS, STDLIB_KINDS, TEXT_KINDS, DataConfig, Source
 
 SPLITS = ("train", "valid", "test")
 

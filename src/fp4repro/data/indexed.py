@@ -8,9 +8,9 @@ vocabulary fits, int32 otherwise (megatron-core's rule).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

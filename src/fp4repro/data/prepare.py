@@ -18,8 +18,8 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import tokenizers
@@ -30,7 +30,7 @@ from fp4repro.data.corpus import SPLITS, SplitCorpus, expand_paths, read_corpora
 from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import bin_path, idx_path, read_indexed_stats, token_dtype, write_indexed_dataset
 from fp4repro.data.manifest import DatasetEntry, Manifest, SourceEntry, manifest_path, read_manifest, write_manifest
-from fp4repro.data.tokenizer import eod_id, encode_documents, file_sha256, load_tokenizer, train_bpe
+from fp4repro.data.tokenizer import encode_documents, eod_id, file_sha256, load_tokenizer, train_bpe
 from fp4repro.provenance import provenance
 from fp4repro.util import atomic_write_text
 

@@ -47,7 +47,7 @@ def blending(weights: list[float], size: int) -> np.ndarray:
 class Stage:
     """One stage's samples: ``stage[i]``, ``stage.batch(start, n)``, ``stage.source(i)``."""
 
-    run: "RunSampler"
+    run: RunSampler
     index: int
     sources: tuple[str, ...]        # this stage's sources (positive weight), sorted
     pick: np.ndarray                # the source (position in ``sources``) of each sample
@@ -100,7 +100,7 @@ class RunSampler:
         self.supply = {name: max((manifest.tokens(name, "train") - 1) // seq_len, 1) for name in counts}
 
     @classmethod
-    def of_run(cls, manifest: Manifest, train, seed: int, cache_dir=None) -> "RunSampler":
+    def of_run(cls, manifest: Manifest, train, seed: int, cache_dir=None) -> RunSampler:
         """The samples of a training run (``TrainConfig``: its stages' blends, steps and batch size)."""
         return cls(manifest, [(dict(stage.blend), steps * train.batch_size)
                               for stage, steps in zip(train.stages, train.stage_steps())],

@@ -38,6 +38,7 @@ from fp4repro.data.manifest import Manifest
 from fp4repro.data.megatron_datasets import megatron_datasets
 from fp4repro.data.tokenizer import MegatronTokenizer
 
+
 @functools.cache
 def _single_process_builder_class() -> type:
     """megatron-core's ``BlendedMegatronDatasetBuilder``, made usable without ``torch.distributed``.

@@ -8,8 +8,8 @@ the same documents and vocabulary size give a byte-identical ``tokenizer.json``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

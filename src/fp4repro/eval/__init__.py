@@ -15,7 +15,7 @@ from fp4repro.eval.nll import DocumentNLL, NLLResult, blend_nll, document_nll, s
 from fp4repro.eval.policy import CheckpointInfo, build_model, inspect_checkpoint, load_eval_model
 from fp4repro.eval.run import evaluate
 from fp4repro.eval.tasks import write_offline_tasks
-from fp4repro.quant.state import CurrentAmaxState   # the quantized policy's state (re-exported)
+from fp4repro.quant.state import CurrentAmaxState  # the quantized policy's state (re-exported)
 
 __all__ = ["EvalError", "final_window_loss", "NLLResult", "DocumentNLL", "blend_nll", "document_nll", "stream_nll", "windows", "CheckpointInfo",
            "CurrentAmaxState", "build_model", "inspect_checkpoint", "load_eval_model", "evaluate",

@@ -31,10 +31,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from fp4repro.eval.nll import logits_of
 from fp4repro.eval.errors import EvalError
+from fp4repro.eval.nll import logits_of
 from fp4repro.eval.policy import check_policy, load_eval_model
-
 
 
 @register_model("fp4repro")
@@ -70,7 +69,7 @@ class FP4ReproLM(LM):
     def from_checkpoint(cls, checkpoint: str | Path, data: str | Path | None = None, tokenizer: str | None = None,
                         eod_id: int | None = None, policy: str = "bf16", max_length: int | None = None,
                         batch_size: int | str | None = 16, device: str | None = None, max_gen_toks: int = 128,
-                        progress: bool = False) -> "FP4ReproLM":
+                        progress: bool = False) -> FP4ReproLM:
         """Load an evaluation checkpoint under ``policy``. The tokenizer and EOD id come from a
         prepared data folder (``data``: its manifest) or from ``tokenizer`` (a tokenizer.json)
         and ``eod_id``; ``max_length`` defaults to the checkpoint's experiment's train.seq_len."""
@@ -92,12 +91,12 @@ class FP4ReproLM(LM):
                    batch_size=size, max_gen_toks=int(max_gen_toks), progress=progress)
 
     @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "FP4ReproLM":
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> FP4ReproLM:
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k in ("batch_size", "device")}
         return cls.from_checkpoint(**{**arg_dict, **extra})
 
     @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "FP4ReproLM":
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> FP4ReproLM:
         from lm_eval.utils import simple_parse_args_string
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)

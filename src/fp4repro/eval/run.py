@@ -39,8 +39,17 @@ from fp4repro.eval.nll import blend_nll, document_nll
 from fp4repro.eval.policy import CheckpointInfo, checked_checkpoint, inspect_checkpoint, load_eval_model
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.provenance import provenance
-from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS,
-                              eval_dir, read_table, run_dir, write_json, write_table)
+from fp4repro.results import (
+    DOWNSTREAM_COLUMNS,
+    DOWNSTREAM_ITEM_COLUMNS,
+    NLL_COLUMNS,
+    NLL_DOCUMENT_COLUMNS,
+    eval_dir,
+    read_table,
+    run_dir,
+    write_json,
+    write_table,
+)
 
 TASKS_STAMP = "offline_tasks.json"
 #: The tables each measure writes, together.
@@ -58,7 +67,7 @@ class EvalPaths:
     tasks: Path         # results/<exp>/eval/tasks
 
     @classmethod
-    def of(cls, results: Path, experiment: str, recipe: str, seed: int, data: Path | None = None) -> "EvalPaths":
+    def of(cls, results: Path, experiment: str, recipe: str, seed: int, data: Path | None = None) -> EvalPaths:
         root = Path(results) / experiment
         return cls(run=run_dir(results, experiment, recipe, seed), data=Path(data) if data else root / "data",
                    out=eval_dir(results, experiment, recipe, seed), tasks=root / "eval" / "tasks")

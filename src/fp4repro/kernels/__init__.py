@@ -10,8 +10,8 @@ them without a GPU.
 from __future__ import annotations
 
 import functools
+import importlib.util  # find_spec only (available()): whether triton is installed, without importing it
 import math
-import importlib.util   # find_spec only (available()): whether triton is installed, without importing it
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -27,7 +27,7 @@ from fp4repro.reference.rht import TE_SIGNS
 SIGN_BITS = sum(1 << i for i, s in enumerate(TE_SIGNS) if s < 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available() -> bool:
     """Triton importable (CUDA tensors use it; CPU tensors only under TRITON_INTERPRET=1)."""
     # find_spec, not an import: it asks whether triton is there without importing it (see below)
@@ -54,7 +54,7 @@ def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
     return max(16, rows_block), 128, 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _launch_args(spec: QuantSpec) -> dict:
     element, scale = get_format(spec.element), get_format(spec.scale)
     return dict(
@@ -78,7 +78,7 @@ def emax_target(emax: float, target: float | None) -> float:
     return float(torch.tensor(emax * float(target), dtype=torch.float32))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _launcher(kernel):
     """The ``Launcher`` of the Triton kernel ``kernel`` (a ``@triton.jit`` function of this package:
     one Launcher, and one cache of compiled kernels, per kernel)."""
@@ -91,42 +91,42 @@ def _launcher(kernel):
 # are imported here, at a kernel's first launch, and not with this package: ``fp4repro.quant``
 # imports this package on every path, also where Triton is not installed (it is Linux-only), and
 # TRITON_INTERPRET must be set before triton is first imported (tests/conftest.py sets it).
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _quantize_launcher():
     from fp4repro.kernels import quantize
 
     return _launcher(quantize._quantize_kernel)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _amax_launcher():
     from fp4repro.kernels import quantize
 
     return _launcher(quantize._amax_kernel)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scale_cast_launcher():
     from fp4repro.kernels import quantize
 
     return _launcher(quantize._scale_cast_kernel)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _philox_uniform_launcher():
     from fp4repro.kernels import quantize
 
     return _launcher(quantize._philox_uniform_kernel)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_matched_gemm_launcher():
     from fp4repro.kernels import gemm
 
     return _launcher(gemm._probe_matched_gemm_kernel)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _saturating_e4m3_launcher():
     from fp4repro.kernels import fp8_cast
 
@@ -160,7 +160,7 @@ def fold_live_amax(slots: torch.Tensor, amax: torch.Tensor) -> None:
     torch.maximum(slots[:1], bits, out=slots[:1])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> tuple:
     return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, RHT=rht, SIGN_BITS=SIGN_BITS, COLUMNWISE=columnwise).items())
 
@@ -346,7 +346,7 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
     return (grid, args, constexprs, warps), out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dummy(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A one-element (0-d) stand-in for an argument the kernel is told not to use."""
     return torch.empty((), dtype=dtype, device=device)

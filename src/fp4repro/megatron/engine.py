@@ -71,9 +71,12 @@ class MegatronEngine:
         """``schedule``: the run's WSD schedule (``fp4repro.train.schedule.WSDSchedule``); ``initial``:
         weights to start from in the reference model's layout (a reference checkpoint's) instead of
         the seed's initialization."""
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
         from megatron.core import parallel_state
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.pipeline_parallel import get_forward_backward_func
 

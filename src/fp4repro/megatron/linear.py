@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.mappings import (copy_to_tensor_model_parallel_region,
-                                                    gather_from_sequence_parallel_region)
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+)
 
 from fp4repro.config.spec import LinearSpecs
 from fp4repro.quant.linear import describe_specs, quantized_linear

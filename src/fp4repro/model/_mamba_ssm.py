@@ -9,12 +9,13 @@ the import succeed; only the Mamba-1 op, which this model never calls, would the
 from __future__ import annotations
 
 import functools
-import importlib.util   # find_spec only: whether mamba-ssm is installed, without importing it
+import importlib.util  # find_spec only: whether mamba-ssm is installed, without importing it
 import os
 import sys
 import types
 import warnings
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 
 class MambaSSMKernels(NamedTuple):

@@ -9,14 +9,13 @@ or autocast setting: they are cheap, and their precision is not what the study v
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4repro.config.model import LAYER_LINEARS
-from fp4repro.config.model import ModelConfig
+from fp4repro.config.model import LAYER_LINEARS, ModelConfig
 from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
 from fp4repro.model.ssd import ssd_chunked
 

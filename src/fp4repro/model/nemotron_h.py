@@ -18,7 +18,7 @@ unquantized linear then run as BF16 GEMMs, while norms, conv1d and the SSD scan 
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn

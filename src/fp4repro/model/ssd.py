@@ -37,7 +37,7 @@ def ssd_sequential(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     O(l) sequential steps: a reference, not for training.
     """
     dtype, out_dtype = _compute_dtype(x), x.dtype
-    b, l, h, p = x.shape
+    b, length, h, p = x.shape
     g, n = B.shape[-2:]
     heads_per_group = h // g
     x, dt, A = x.to(dtype), dt.to(dtype), A.to(dtype)
@@ -47,7 +47,7 @@ def ssd_sequential(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     state = (torch.zeros(b, h, p, n, dtype=dtype, device=x.device) if initial_state is None
              else initial_state.to(dtype))
     ys = []
-    for t in range(l):
+    for t in range(length):
         decay = torch.exp(dt[:, t] * A)                                        # (b, h)
         state = decay[..., None, None] * state + torch.einsum(
             "bh,bhp,bhn->bhpn", dt[:, t], x[:, t], B[:, t])

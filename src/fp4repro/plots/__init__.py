@@ -81,7 +81,7 @@ def draw_figure(name: str, inputs: list[Path], **options):
         raise PlotError(f"figure {name!r} takes no option {', '.join(unknown)} (it takes: "
                         f"{', '.join(OPTIONS[name]) or 'none'})")
     fig = FIGURES[name]([Path(p) for p in inputs], **options)
-    import matplotlib.pyplot as plt     # after the figure's module, which chose the Agg backend
+    import matplotlib.pyplot as plt  # after the figure's module, which chose the Agg backend
 
     plt.close(fig)
     return fig

@@ -30,7 +30,6 @@ from fp4repro.plots.catalog import DEFAULT_BASELINE, FIGURE_INPUTS, RECIPE_ORDER
 from fp4repro.statistics import LEVEL  # noqa: E402
 from fp4repro.util import atomic_path  # noqa: E402
 
-
 PNG_DPI = 150   # the PDF is vector
 POLICY_ORDER = ("bf16", "quantized")
 

@@ -12,9 +12,22 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from fp4repro.paired import item_difference
-from fp4repro.plots.common import (POLICY_ORDER, PlotError, Run, by_run, choose_baseline, combine, ordered,
-                                   read_runs, read_table, recipe_colors, seed_counts, split_inputs, theme,
-                                   tokens_formatter)
+from fp4repro.plots.common import (
+    POLICY_ORDER,
+    PlotError,
+    Run,
+    by_run,
+    choose_baseline,
+    combine,
+    ordered,
+    read_runs,
+    read_table,
+    recipe_colors,
+    seed_counts,
+    split_inputs,
+    theme,
+    tokens_formatter,
+)
 from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS
 from fp4repro.statistics import seed_level
 

@@ -14,8 +14,21 @@ from matplotlib.ticker import FuncFormatter
 
 from fp4repro.paired import step_difference
 from fp4repro.plots.catalog import FIGURE_INPUTS
-from fp4repro.plots.common import (PlotError, Run, by_run, choose_baseline, ordered, read_json, read_table,
-                                   recipe_colors, seed_counts, split_inputs, t_band, theme, tokens_formatter)
+from fp4repro.plots.common import (
+    PlotError,
+    Run,
+    by_run,
+    choose_baseline,
+    ordered,
+    read_json,
+    read_table,
+    recipe_colors,
+    seed_counts,
+    split_inputs,
+    t_band,
+    theme,
+    tokens_formatter,
+)
 from fp4repro.results import FINAL_LOSS_KEYS, METRICS_COLUMNS, experiment_of
 from fp4repro.statistics import Comparison, seed_level
 
@@ -61,7 +74,7 @@ def read_loss_inputs(inputs: list[Path], final_window: float | None) -> tuple[di
                                                                             dict[Run, dict], float]:
     """(recipe, seed) -> metrics table (indexed by step, in step order) and -> its final window
     (final_loss.json where given, as the report reads it; else computed the same way), and W."""
-    from fp4repro.eval.loss import final_window_loss   # the one definition of the final-window loss
+    from fp4repro.eval.loss import final_window_loss  # the one definition of the final-window loss
 
     groups = split_inputs("loss", inputs, {"metrics.parquet": "a training metrics table",
                                            "final_loss.json": "a final-window loss summary"})

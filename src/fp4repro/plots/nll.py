@@ -15,9 +15,22 @@ from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import offset_copy
 
 from fp4repro.paired import document_difference
-from fp4repro.plots.common import (POLICY_ORDER, PlotError, Run, by_run, choose_baseline, combine, ordered,
-                                   read_runs, read_table, recipe_colors, seed_counts, split_inputs, theme,
-                                   tokens_formatter)
+from fp4repro.plots.common import (
+    POLICY_ORDER,
+    PlotError,
+    Run,
+    by_run,
+    choose_baseline,
+    combine,
+    ordered,
+    read_runs,
+    read_table,
+    recipe_colors,
+    seed_counts,
+    split_inputs,
+    theme,
+    tokens_formatter,
+)
 from fp4repro.results import NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, experiment_of, last_checkpoint
 from fp4repro.statistics import Comparison, seed_level
 

@@ -13,10 +13,17 @@ from matplotlib.lines import Line2D
 from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.transforms import offset_copy
 
-from fp4repro.plots.common import (PlotError, combine, ordered, read_runs, recipe_colors, seed_counts,
-                                   split_inputs, theme)
+from fp4repro.plots.common import (
+    PlotError,
+    combine,
+    ordered,
+    read_runs,
+    recipe_colors,
+    seed_counts,
+    split_inputs,
+    theme,
+)
 from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, event_rates
-
 
 # What sets a recipe's scale range, for the legend (other recipes are shown by name only).
 RECIPE_NOTES = {"nvfp4": "E4M3 scales, T=448", "ue5m3": "UE5M3, T=448", "ue5m3_t2048": "UE5M3, T=2048 on dY",

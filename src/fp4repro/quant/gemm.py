@@ -35,7 +35,7 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _alpha_stub(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """addmm's ignored input (beta = 0): a scalar that broadcasts, never read."""
     return torch.zeros((), dtype=dtype, device=device)
@@ -121,7 +121,7 @@ def probe_matched_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torc
     return probe_matched_gemm_reference(a, da, b, db, out_dtype, model)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model_gemm(model: GemmModel):
     return functools.partial(probe_matched_gemm, model=model)
 

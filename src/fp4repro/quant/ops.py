@@ -20,8 +20,15 @@ import os
 import torch
 
 from fp4repro.config.spec import QuantSpec
-from fp4repro.reference.block import (BlockQuantized, OperandStats, ScaledOperand, check_packable,
-                                      operand_amax_reference, quantize_reference, scaled_operand_reference)
+from fp4repro.reference.block import (
+    BlockQuantized,
+    OperandStats,
+    ScaledOperand,
+    check_packable,
+    operand_amax_reference,
+    quantize_reference,
+    scaled_operand_reference,
+)
 from fp4repro.reference.geometry import rows_cols
 
 _force_reference = contextvars.ContextVar("fp4repro_force_reference",

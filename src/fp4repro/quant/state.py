@@ -190,7 +190,7 @@ class QuantState:
         self._growths = {k: [float(g) for g in v] for k, v in state.get("growths", {}).items()}
         self._target = {k: float(v) for k, v in state.get("target", {}).items()}
 
-    def to(self, device) -> "QuantState":
+    def to(self, device) -> QuantState:
         self._held = {k: v.to(device) for k, v in self._held.items()}
         self._live = {k: v.to(device) for k, v in self._live.items()}
         return self

@@ -44,10 +44,9 @@ suffix, which run the Triton kernels where they apply and this reference elsewhe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
-
-import math
 
 import torch
 
@@ -366,7 +365,7 @@ class ScaledOperand(NamedTuple):
     live: torch.Tensor | None        # the tensor's live amax (``live_amax``), when asked (``live=True``)
 
 
-def live_amax(b: "_Blocks") -> torch.Tensor:
+def live_amax(b: _Blocks) -> torch.Tensor:
     """The current amax of what was quantized, float32 scalar: max |x| of the padded, RHT'd 2-D
     tensor with NaN counted as inf (a NaN or inf anywhere gives inf: the tensor overflowed, the
     largest growth there is), from the block amaxes already computed (exact: a max of maxima)."""

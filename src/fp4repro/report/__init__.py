@@ -28,8 +28,17 @@ from fp4repro.report.claims import VERDICTS, Claim, ReportError, Row, load_claim
 from fp4repro.report.measures import downstream, final_loss, heldout_nll, measure, telemetry
 from fp4repro.report.pairing import shared_seeds
 from fp4repro.report.rendering import MECHANISMS, render, run_scale, runs_text, write_report
-from fp4repro.report.sections import (AUTO_RECIPE, FIXED_RIVALS, TARGET_RECIPES, TargetRow, phase_rates,
-                                      phase_section, target_comparison, target_rows, target_section)
+from fp4repro.report.sections import (
+                                      AUTO_RECIPE,
+                                      FIXED_RIVALS,
+                                      TARGET_RECIPES,
+                                      TargetRow,
+                                      phase_rates,
+                                      phase_section,
+                                      target_comparison,
+                                      target_rows,
+                                      target_section,
+)
 from fp4repro.report.throughput_measure import throughput
 
 __all__ = [

@@ -27,8 +27,18 @@ from fp4repro.paired import document_difference, event_steps, item_difference, s
 from fp4repro.report.claims import Claim, ReportError, Row
 from fp4repro.report.pairing import _per_seed, shared_seeds
 from fp4repro.report.throughput_measure import throughput
-from fp4repro.results import (DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, EVENTS, METRICS_COLUMNS, NLL_COLUMNS,
-                              NLL_DOCUMENT_COLUMNS, TELEMETRY_COLUMNS, last_checkpoint, read_json, read_table)
+from fp4repro.results import (
+    DOWNSTREAM_COLUMNS,
+    DOWNSTREAM_ITEM_COLUMNS,
+    EVENTS,
+    METRICS_COLUMNS,
+    NLL_COLUMNS,
+    NLL_DOCUMENT_COLUMNS,
+    TELEMETRY_COLUMNS,
+    last_checkpoint,
+    read_json,
+    read_table,
+)
 from fp4repro.statistics import Comparison, seed_level
 
 

@@ -16,9 +16,18 @@ import pandas as pd
 from fp4repro.config.spec import OPERANDS
 from fp4repro.report.claims import ReportError
 from fp4repro.report.pairing import shared_seeds
-from fp4repro.results import (EVENTS, OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS, eval_dir, event_rates,
-                              read_json, read_table, run_dir, with_operand_class)
-
+from fp4repro.results import (
+    EVENTS,
+    OPERAND_CLASSES,
+    TARGET_COLUMN,
+    TELEMETRY_COLUMNS,
+    eval_dir,
+    event_rates,
+    read_json,
+    read_table,
+    run_dir,
+    with_operand_class,
+)
 
 # ------------------------------------------------------------ events by operand and refresh phase
 

@@ -39,9 +39,9 @@ from fp4repro.config.files import recorded_name
 from fp4repro.config.study import Study
 from fp4repro.data import RunSampler, load_manifest
 from fp4repro.errors import FP4ReproError
+from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
-from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.train.checkpoint import load_checkpoint, save_checkpoint
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
@@ -72,7 +72,7 @@ class StepPlan:
     first_step_of_stage: tuple[int, ...]
 
     @classmethod
-    def build(cls, stage_steps: list[int]) -> "StepPlan":
+    def build(cls, stage_steps: list[int]) -> StepPlan:
         stage_of_step, first = [], []
         for i, n in enumerate(stage_steps):
             first.append(len(stage_of_step))
