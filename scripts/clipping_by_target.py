@@ -37,7 +37,7 @@ def stand_in_dy(seed: int) -> torch.Tensor:
     """A heavy-tailed BF16 gradient stand-in, (512, 4096)."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(512, 4096, generator=g)
-    chi2 = torch.randn(3, 512, 4096, generator=g).square().sum(0)     # Student t = z / sqrt(chi2_3 / 3)
+    chi2 = torch.randn(3, 512, 4096, generator=g).square().sum(0)  # Student t = z / sqrt(chi2_3 / 3)
     return (z / (chi2 / 3).sqrt() * torch.exp(torch.randn(512, 1, generator=g))).bfloat16()
 
 
@@ -58,8 +58,14 @@ def main() -> None:
         live = reference.tensor_amax(x)
         for name, held in HELD.items():
             for target in TARGETS:
-                rows.append({"seed": seed, "amax": name, "target": target,
-                             "clipped_fraction": clipped_fraction(x, target, live * held)})
+                rows.append(
+                    {
+                        "seed": seed,
+                        "amax": name,
+                        "target": target,
+                        "clipped_fraction": clipped_fraction(x, target, live * held),
+                    }
+                )
     print(f"{'seed':>4}  {'amax':<11}" + "".join(f"{t:>11g}" for t in TARGETS))
     for seed in (0, 1):
         for name in HELD:

@@ -37,9 +37,22 @@ def pytest_collection_modifyitems(config, items):
 # ---------------------------------------------------------------------------- model configs
 
 #: Every layer type at tiny sizes; a Mamba chunk of 8 makes short sequences span several chunks.
-TEST_MODEL = dict(name="test", pattern="M-M*-", hidden_size=32, vocab_size=64, mlp_hidden_size=64,
-                  attn_heads=4, attn_kv_heads=2, attn_head_dim=8, mamba_heads=8, mamba_head_dim=8,
-                  mamba_state_size=8, mamba_groups=2, mamba_conv_kernel=4, mamba_chunk_size=8)
+TEST_MODEL = dict(
+    name="test",
+    pattern="M-M*-",
+    hidden_size=32,
+    vocab_size=64,
+    mlp_hidden_size=64,
+    attn_heads=4,
+    attn_kv_heads=2,
+    attn_head_dim=8,
+    mamba_heads=8,
+    mamba_head_dim=8,
+    mamba_state_size=8,
+    mamba_groups=2,
+    mamba_conv_kernel=4,
+    mamba_chunk_size=8,
+)
 
 
 @pytest.fixture
@@ -49,6 +62,7 @@ def make_config():
 
     def make(**overrides) -> ModelConfig:
         return ModelConfig(**{**TEST_MODEL, **overrides})
+
     return make
 
 
@@ -67,14 +81,17 @@ class Snakemake:
     def command(self, workdir: Path, *args: str) -> list[str]:
         return [sys.executable, *self.main, "-s", str(SNAKEFILE), "-d", str(workdir), *args]
 
-    def __call__(self, workdir: Path, *args: str, check: bool = True, env: dict | None = None,
-                 timeout: float = 900) -> subprocess.CompletedProcess:
+    def __call__(
+        self, workdir: Path, *args: str, check: bool = True, env: dict | None = None, timeout: float = 900
+    ) -> subprocess.CompletedProcess:
         cmd = self.command(workdir, *args)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**(env or os.environ), "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env={**(env or os.environ), "OMP_NUM_THREADS": "1"}
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                                 f"{proc.stderr[-4000:]}")
+            raise AssertionError(
+                f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+            )
         return proc
 
     def start(self, workdir: Path, *args: str) -> "Background":
@@ -82,8 +99,14 @@ class Snakemake:
         group of its own (its jobs with it), its output kept in a temporary file."""
         cmd = ["nice", "-n", "19", *self.command(workdir, *args)]
         output = tempfile.TemporaryFile("w+")
-        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         # Where the kernel shares the CPU out between sessions first (autogroup), a nice value counts
         # only within its session: the run's session is made as nice as the run.
         with contextlib.suppress(OSError):

@@ -80,8 +80,9 @@ def _ties_and_edges(f) -> torch.Tensor:
     return torch.cat([out, -out]) if f.signed else out
 
 
-@pytest.mark.parametrize("name, dtype", [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2),
-                                         ("ue8m0", torch.float8_e8m0fnu)])
+@pytest.mark.parametrize(
+    "name, dtype", [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2), ("ue8m0", torch.float8_e8m0fnu)]
+)
 def test_round_agrees_with_torch_float8_casts(name, dtype):
     f = get_format(name)
     x = torch.cat([_random_float32(200_000, 1), _ties_and_edges(f), torch.zeros(1)])
@@ -157,9 +158,11 @@ def test_stochastic_rounding_is_reproducible_and_accepts_given_uniforms():
     c = f.round(x, mode="sr", generator=torch.Generator().manual_seed(8))
     assert torch.equal(a, b) and not torch.equal(a, c)
     k = torch.randint(0, 256, (1000,), generator=torch.Generator().manual_seed(7))
-    assert torch.equal(f.round(x, mode="sr", rand=(k.float() + 0.5) / 256), a)   # the same 8-bit uniforms
+    assert torch.equal(f.round(x, mode="sr", rand=(k.float() + 0.5) / 256), a)  # the same 8-bit uniforms
     # u -> 0 always rounds up unless exact; u -> 1 (largest) never rounds up unless frac is ~1
-    assert torch.equal(f.round(x, mode="sr", rand=torch.zeros(1000)).abs() >= x.abs().clamp(max=6), torch.ones(1000, dtype=torch.bool))
+    assert torch.equal(
+        f.round(x, mode="sr", rand=torch.zeros(1000)).abs() >= x.abs().clamp(max=6), torch.ones(1000, dtype=torch.bool)
+    )
 
 
 def test_round_up_mode():

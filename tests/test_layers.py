@@ -7,13 +7,21 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
-        "sys.exit(lint_imports_command())"]
+LINT = [
+    sys.executable,
+    "-c",
+    "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+]
 
 
 def lint(cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*LINT, "--config", str(cwd / "pyproject.toml"), "--no-cache"], cwd=cwd,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(cwd / "src"), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [*LINT, "--config", str(cwd / "pyproject.toml"), "--no-cache"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(cwd / "src"), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_imports_flow_one_way():

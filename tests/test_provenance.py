@@ -17,15 +17,17 @@ REPO = Path(__file__).resolve().parents[1]
 def test_records_the_checkout_commit_packages_and_device():
     record = provenance("cpu")
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if Path(fp4repro.__file__).resolve().is_relative_to(REPO):      # an editable install of this checkout
+    if Path(fp4repro.__file__).resolve().is_relative_to(REPO):  # an editable install of this checkout
         assert record["git_commit"] == head and isinstance(record["git_dirty"], bool)
-    assert record["packages"] == {name: importlib.metadata.version(name)
-                                  for name in ("torch", "triton", "megatron-core", "lm-eval")}
+    assert record["packages"] == {
+        name: importlib.metadata.version(name) for name in ("torch", "triton", "megatron-core", "lm-eval")
+    }
     assert record["fp4repro"] == fp4repro.__version__
-    assert record["device"] == f"cpu ({__import__('platform').machine()}, {torch.get_num_threads()} " \
-                               f"thread{'s' if torch.get_num_threads() != 1 else ''})"
-    assert describe_device("cuda") == (torch.cuda.get_device_name() if torch.cuda.is_available()
-                                       else record["device"])
+    assert (
+        record["device"] == f"cpu ({__import__('platform').machine()}, {torch.get_num_threads()} "
+        f"thread{'s' if torch.get_num_threads() != 1 else ''})"
+    )
+    assert describe_device("cuda") == (torch.cuda.get_device_name() if torch.cuda.is_available() else record["device"])
 
 
 def test_tables_and_json_carry_it(tmp_path):

@@ -48,8 +48,9 @@ def clashes(src: Path, packages) -> dict[str, list[str]]:
 
 def test_no_public_function_name_means_two_functions():
     found = clashes(SRC, PACKAGES)
-    assert not found, "public functions of one name in several modules (rename one, or re-export it): " + \
-        "; ".join(f"{name}: {', '.join(modules)}" for name, modules in sorted(found.items()))
+    assert not found, "public functions of one name in several modules (rename one, or re-export it): " + "; ".join(
+        f"{name}: {', '.join(modules)}" for name, modules in sorted(found.items())
+    )
 
 
 def test_the_check_finds_a_clash_and_allows_a_re_export(tmp_path, monkeypatch):
@@ -62,11 +63,11 @@ def test_the_check_finds_a_clash_and_allows_a_re_export(tmp_path, monkeypatch):
         "from clashpkg.impl import shared as _impl_shared\n\n\n"
         "def shared(x):   # defined, then bound to the one it re-exports\n    return x\n\n\n"
         "shared = _impl_shared\n\n\n"
-        "def scale(x):   # a second function of the same name: a clash\n    return 3 * x\n")
+        "def scale(x):   # a second function of the same name: a clash\n    return 3 * x\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        assert clashes(tmp_path, ("clashpkg.front", "clashpkg.impl")) == {
-            "scale": ["clashpkg.front", "clashpkg.impl"]}
+        assert clashes(tmp_path, ("clashpkg.front", "clashpkg.impl")) == {"scale": ["clashpkg.front", "clashpkg.impl"]}
     finally:
         for name in [m for m in sys.modules if m.split(".")[0] == "clashpkg"]:
             del sys.modules[name]

@@ -19,7 +19,7 @@ from fp4repro.statistics import (
     seed_level,
 )
 
-T975_2 = 4.302652729911275      # t quantiles, df = 2 (scipy.stats.t.ppf written out)
+T975_2 = 4.302652729911275  # t quantiles, df = 2 (scipy.stats.t.ppf written out)
 T80_2 = 1.0606601717798212
 
 
@@ -73,8 +73,8 @@ def test_paired_bootstrap_of_a_mean_matches_the_normal_interval():
 
 
 def test_paired_items_known_answer():
-    a1, b1 = np.array([1, 1, 0, 1]), np.array([0, 1, 0, 0])      # d = 1, 0, 0, 1
-    a2, b2 = np.array([0, 0, 1]), np.array([1, 0, 1])            # d = -1, 0, 0
+    a1, b1 = np.array([1, 1, 0, 1]), np.array([0, 1, 0, 0])  # d = 1, 0, 0, 1
+    a2, b2 = np.array([0, 0, 1]), np.array([1, 0, 1])  # d = -1, 0, 0
     c = paired_items([(a1, b1), (a2, b2)])
     # D = (0.5 + (-1/3)) / 2; var(d1) = 1/3, var(d2) = 1/3; SE^2 = (1/4)(1/3/4 + 1/3/3)
     assert c.difference == pytest.approx((0.5 - 1 / 3) / 2)
@@ -82,15 +82,18 @@ def test_paired_items_known_answer():
     assert c.units == 7 and "7 items in 2 task(s)" in c.test
 
 
-@pytest.mark.parametrize("diff, low, high, expect, capped, verdict", [
-    (-0.1, -0.2, -0.01, "lower", False, REPRODUCED),
-    (-0.1, -0.2, -0.01, "lower", True, SUGGESTIVE),
-    (-0.1, -0.2, 0.05, "lower", False, WITHIN_NOISE),
-    (0.1, -0.05, 0.2, "lower", False, OPPOSITE),
-    (0.1, 0.01, 0.2, "higher", False, REPRODUCED),
-    (-0.1, -0.2, -0.01, "higher", False, OPPOSITE),
-    (0.0, -0.1, 0.1, "higher", False, NO_DIFFERENCE),
-])
+@pytest.mark.parametrize(
+    "diff, low, high, expect, capped, verdict",
+    [
+        (-0.1, -0.2, -0.01, "lower", False, REPRODUCED),
+        (-0.1, -0.2, -0.01, "lower", True, SUGGESTIVE),
+        (-0.1, -0.2, 0.05, "lower", False, WITHIN_NOISE),
+        (0.1, -0.05, 0.2, "lower", False, OPPOSITE),
+        (0.1, 0.01, 0.2, "higher", False, REPRODUCED),
+        (-0.1, -0.2, -0.01, "higher", False, OPPOSITE),
+        (0.0, -0.1, 0.1, "higher", False, NO_DIFFERENCE),
+    ],
+)
 def test_verdicts(diff, low, high, expect, capped, verdict):
     assert Comparison(diff, low, high, 0.05, "t", 3, 0.1).verdict(expect, capped) == verdict
 
@@ -99,6 +102,5 @@ def test_a_stratified_bootstrap_keeps_each_stratum_whole():
     # two strata of very different sizes: every resample keeps 10 units of 'a' and 90 of 'b'
     strata = ["a"] * 10 + ["b"] * 90
     seen = []
-    paired_bootstrap(lambda w: seen.append((w[:10].sum(), w[10:].sum())) or 0.0, 100, resamples=50,
-                     strata=strata)
+    paired_bootstrap(lambda w: seen.append((w[:10].sum(), w[10:].sum())) or 0.0, 100, resamples=50, strata=strata)
     assert set(seen) == {(10.0, 90.0)}

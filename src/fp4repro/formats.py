@@ -66,7 +66,7 @@ def exp2_exact(e: torch.Tensor, lowest: int = -149) -> torch.Tensor:
     e = e.to(torch.int32)
     if lowest >= -126:
         return ((e + 127) << 23).view(torch.float32)
-    normal = (e + 127).clamp(min=1) << 23               # 2^e for e >= -126
+    normal = (e + 127).clamp(min=1) << 23  # 2^e for e >= -126
     subnormal = torch.ones_like(e) << (e + 149).clamp(0, 22)  # 2^e for -149 <= e < -126
     bits = torch.where(e >= -126, normal, subnormal)
     return bits.view(torch.float32)
@@ -253,9 +253,9 @@ class Minifloat:
         e = ((a.view(torch.int32) >> 23) - 127).clamp(min=self.emin)
         ulp_exp = e - self.man_bits
         lowest_ulp = self.emin - self.man_bits
-        t = a * exp2_exact(-ulp_exp, lowest=self.man_bits - self.emax)   # a / ulp, exact
+        t = a * exp2_exact(-ulp_exp, lowest=self.man_bits - self.emax)  # a / ulp, exact
         if mode == "rne":
-            n = torch.round(t)                     # half to even
+            n = torch.round(t)  # half to even
         elif mode == "up":
             n = torch.ceil(t)
         elif mode == "sr":
@@ -319,8 +319,13 @@ def _generic(name: str, signed: bool, e: int, m: int) -> Minifloat:
     unsigned ones reserve the all-ones code for NaN (like ue5m3 and ue8m0); m == 0 means a
     power-of-two format without zero or subnormals (like ue8m0)."""
     return Minifloat(
-        name=name, exp_bits=e, man_bits=m, bias=2 ** (e - 1) - 1, signed=signed,
-        subnormals=m > 0, specials="none" if signed else "nan",
+        name=name,
+        exp_bits=e,
+        man_bits=m,
+        bias=2 ** (e - 1) - 1,
+        signed=signed,
+        subnormals=m > 0,
+        specials="none" if signed else "nan",
     )
 
 

@@ -15,8 +15,13 @@ from pathlib import Path
 
 from fp4repro.results import METRICS_COLUMNS, eval_dir, read_table, run_dir, table_provenance
 
-EVAL_TABLES = ("nll.parquet", "nll_documents.parquet", "downstream.parquet", "downstream_items.parquet",
-               "final_loss.json")
+EVAL_TABLES = (
+    "nll.parquet",
+    "nll_documents.parquet",
+    "downstream.parquet",
+    "downstream_items.parquet",
+    "final_loss.json",
+)
 
 
 def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_steps: int, tokens_per_step: int) -> dict:
@@ -27,16 +32,25 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
     evaluated = eval_dir(results, experiment, recipe, seed)
     final = evaluated / "final_loss.json"
     step_seconds = tokens_per_step / metrics["tokens_per_s"] if "tokens_per_s" in metrics else None
-    return {"recipe": recipe, "seed": seed, "steps": last, "tokens": last * tokens_per_step,
-            "finished": last == total_steps, "corpus": origin.get("data"), "device": origin.get("device"),
-            "commit": origin.get("git_commit"), "dirty": origin.get("git_dirty"),
-            "train_seconds": round(float(step_seconds.sum()), 1) if step_seconds is not None else None,
-            "evaluation": sorted(t for t in EVAL_TABLES if (evaluated / t).is_file()),
-            "final_loss": json.loads(final.read_text())["loss"] if final.is_file() else None}
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "steps": last,
+        "tokens": last * tokens_per_step,
+        "finished": last == total_steps,
+        "corpus": origin.get("data"),
+        "device": origin.get("device"),
+        "commit": origin.get("git_commit"),
+        "dirty": origin.get("git_dirty"),
+        "train_seconds": round(float(step_seconds.sum()), 1) if step_seconds is not None else None,
+        "evaluation": sorted(t for t in EVAL_TABLES if (evaluated / t).is_file()),
+        "final_loss": json.loads(final.read_text())["loss"] if final.is_file() else None,
+    }
 
 
-def inventory(results: Path, experiment: str, planned: dict[str, tuple[int, ...]], total_steps: int,
-              tokens_per_step: int) -> dict:
+def inventory(
+    results: Path, experiment: str, planned: dict[str, tuple[int, ...]], total_steps: int, tokens_per_step: int
+) -> dict:
     """Every run of ``planned`` (recipe -> seeds) whose metrics table exists, and the runs missing."""
     runs, missing = [], []
     for recipe, seeds in planned.items():
@@ -47,4 +61,3 @@ def inventory(results: Path, experiment: str, planned: dict[str, tuple[int, ...]
                 missing.append({"recipe": recipe, "seed": seed})
     corpora = sorted({r["corpus"] for r in runs if r["corpus"]})
     return {"experiment": experiment, "runs": runs, "missing": missing, "corpora": corpora}
-

@@ -41,8 +41,9 @@ def step_rate(steps: pd.DataFrame, event: str) -> pd.Series:
     return (steps[count] / steps[units].where(steps[units] > 0)).fillna(0.0)
 
 
-def document_difference(recipe: pd.DataFrame, baseline: pd.DataFrame, blend: dict[str, float],
-                        resamples: int = 2000) -> Comparison:
+def document_difference(
+    recipe: pd.DataFrame, baseline: pd.DataFrame, blend: dict[str, float], resamples: int = 2000
+) -> Comparison:
     """Paired bootstrap of the blend-NLL difference over the documents both runs scored.
 
     recipe, baseline: rows of ``nll_documents.parquet`` (source, document, nll_sum, predicted) of one
@@ -50,9 +51,11 @@ def document_difference(recipe: pd.DataFrame, baseline: pd.DataFrame, blend: dic
     blend NLL of a resample is Σ_s w_s · Σ_d nll_sum / Σ_d predicted over the source's drawn
     documents, weights renormalised over the sources with weight > 0 that were scored."""
     keys = ["source", "document"]
-    joined = recipe.set_index(keys)[["nll_sum", "predicted"]].join(
-        baseline.set_index(keys)[["nll_sum", "predicted"]].add_suffix("_b"), how="inner").rename(
-        columns={"nll_sum": "nll_sum_a", "predicted": "predicted_a"})
+    joined = (
+        recipe.set_index(keys)[["nll_sum", "predicted"]]
+        .join(baseline.set_index(keys)[["nll_sum", "predicted"]].add_suffix("_b"), how="inner")
+        .rename(columns={"nll_sum": "nll_sum_a", "predicted": "predicted_a"})
+    )
     sources = joined.index.get_level_values("source").astype(str).to_numpy()
     used = {s: w for s, w in blend.items() if w > 0 and s in set(sources)}
     if not used:
@@ -79,7 +82,8 @@ def item_difference(recipe: pd.DataFrame, baseline: pd.DataFrame) -> Comparison:
     """Paired item-level test of one aggregate: rows of ``downstream_items.parquet`` (task, doc_id,
     value) of one checkpoint, policy, aggregate and metric; each task's items under both recipes."""
     keys = ["task", "doc_id"]
-    joined = pd.concat([recipe.set_index(keys)["value"], baseline.set_index(keys)["value"]], axis=1,
-                       join="inner", keys=["a", "b"])
+    joined = pd.concat(
+        [recipe.set_index(keys)["value"], baseline.set_index(keys)["value"]], axis=1, join="inner", keys=["a", "b"]
+    )
     tasks = [(g["a"].to_numpy(), g["b"].to_numpy()) for _, g in joined.groupby(level="task", sort=True)]
     return paired_items(tasks)

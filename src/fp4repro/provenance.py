@@ -37,18 +37,31 @@ def _git() -> tuple[str | None, bool | None]:
         return os.environ["FP4REPRO_SOURCE_COMMIT"], None
     source = Path(fp4repro.__file__).resolve().parent
     try:
-        top = subprocess.run(["git", "-C", str(source), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=10)
+        top = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10
+        )
         if top.returncode != 0 or not (source.is_relative_to(Path(top.stdout.strip()))):
             return None, None
-        tracked = subprocess.run(["git", "-C", str(source), "ls-files", "--error-unmatch", "__init__.py"],
-                                 capture_output=True, text=True, timeout=10)
-        if tracked.returncode != 0:   # e.g. a wheel installed into a venv inside a checkout
+        tracked = subprocess.run(
+            ["git", "-C", str(source), "ls-files", "--error-unmatch", "__init__.py"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if tracked.returncode != 0:  # e.g. a wheel installed into a venv inside a checkout
             return None, None
-        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
-        status = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--", str(source)],
-                                capture_output=True, text=True, timeout=10).stdout
+        commit = (
+            subprocess.run(
+                ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+        status = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--", str(source)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return commit, bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None
@@ -58,7 +71,7 @@ def _git() -> tuple[str | None, bool | None]:
 def package_versions() -> dict[str, str | None]:
     versions = {}
     for name in PACKAGES:
-        try:   # a distribution's recorded version: importing the package to ask would be slow and may fail
+        try:  # a distribution's recorded version: importing the package to ask would be slow and may fail
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
@@ -78,7 +91,12 @@ def describe_device(device: str | None = None) -> str:
 def provenance(device: str | None = None) -> dict:
     """The record described in the module docstring, for a result computed on ``device``."""
     commit, dirty = _git()
-    return {"fp4repro": fp4repro.__version__, "git_commit": commit, "git_dirty": dirty,
-            "packages": package_versions(), "python": platform.python_version(),
-            "device": describe_device(device),
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "fp4repro": fp4repro.__version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        "device": describe_device(device),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

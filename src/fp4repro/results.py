@@ -45,9 +45,11 @@ def study_runs(study, results: str | Path = "results") -> dict[str, tuple[int, .
     planned = study.runs
     if not study.experiment.imported:
         return planned
-    def there(recipe, seed):   # trained and evaluated (a missing table beyond these is named by the DAG)
-        return ((run_dir(results, study.name, recipe, seed) / "metrics.parquet").is_file()
-                and (eval_dir(results, study.name, recipe, seed) / "final_loss.json").is_file())
+
+    def there(recipe, seed):  # trained and evaluated (a missing table beyond these is named by the DAG)
+        return (run_dir(results, study.name, recipe, seed) / "metrics.parquet").is_file() and (
+            eval_dir(results, study.name, recipe, seed) / "final_loss.json"
+        ).is_file()
 
     present = {recipe: tuple(s for s in seeds if there(recipe, s)) for recipe, seeds in planned.items()}
     return {recipe: seeds for recipe, seeds in present.items() if seeds}
@@ -68,26 +70,64 @@ def experiment_of(path: Path) -> str | None:
         return parts[-5]
     return None
 
+
 # Columns each table must have for its readers (the plots, the report, a resumed evaluation).
 # The training tables have more (train/loop.py ``_write_tables``); the evaluation tables are
 # exactly these, in this order (eval/run.py writes them).
 METRICS_COLUMNS = ("step", "tokens", "stage", "loss")
-TELEMETRY_COLUMNS = ("step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks",
-                     "underflow_blocks", "nonzero_elements", "clipped_elements")
+TELEMETRY_COLUMNS = (
+    "step",
+    "layer",
+    "operand",
+    "steps_since_refresh",
+    "blocks",
+    "saturated_blocks",
+    "underflow_blocks",
+    "nonzero_elements",
+    "clipped_elements",
+)
 NLL_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "source", "nll", "tokens_evaluated")
 # per held-out document: summed NLL (nats) over its predicted tokens, for paired bootstraps
 NLL_DOCUMENT_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "source", "document", "nll_sum", "predicted")
-DOWNSTREAM_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "aggregate", "task", "level", "metric", "value",
-                      "stderr", "n")
-DOWNSTREAM_ITEM_COLUMNS = ("recipe", "seed", "step", "tokens", "policy", "aggregate", "task", "doc_id", "metric",
-                           "value")
+DOWNSTREAM_COLUMNS = (
+    "recipe",
+    "seed",
+    "step",
+    "tokens",
+    "policy",
+    "aggregate",
+    "task",
+    "level",
+    "metric",
+    "value",
+    "stderr",
+    "n",
+)
+DOWNSTREAM_ITEM_COLUMNS = (
+    "recipe",
+    "seed",
+    "step",
+    "tokens",
+    "policy",
+    "aggregate",
+    "task",
+    "doc_id",
+    "metric",
+    "value",
+)
 FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 # each telemetry event: (the column counting it, the column counting the units it can happen to)
-EVENTS = {"underflow": ("underflow_blocks", "blocks"), "saturation": ("saturated_blocks", "blocks"),
-          "clipping": ("clipped_elements", "nonzero_elements")}
+EVENTS = {
+    "underflow": ("underflow_blocks", "blocks"),
+    "saturation": ("saturated_blocks", "blocks"),
+    "clipping": ("clipped_elements", "nonzero_elements"),
+}
 # the GEMM operands by what they quantize (the target-T figure and the report's automatic-T section)
-OPERAND_CLASSES = {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),
-                   "gradients": ("dgrad.dy", "wgrad.dy")}
+OPERAND_CLASSES = {
+    "activations": ("fprop.x", "wgrad.x"),
+    "weights": ("fprop.w", "dgrad.w"),
+    "gradients": ("dgrad.dy", "wgrad.dy"),
+}
 
 
 def with_operand_class(telemetry: pd.DataFrame) -> pd.DataFrame:
@@ -142,8 +182,10 @@ def read_table(path: Path, columns, what: str, error: type[Exception] = ValueErr
         raise error(f"{path}: not a readable parquet file ({what}): {err}") from err
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise error(f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
-                    f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})")
+        raise error(
+            f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
+            f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})"
+        )
     return df
 
 
@@ -179,8 +221,9 @@ def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:
         raise error(f"{path}: shapes: expected one entry per model ({THROUGHPUT_WHAT})")
     for model, entry in shapes.items():
         columns = entry.get("columns") if isinstance(entry, dict) else None
-        if not isinstance(columns, dict) or not all(isinstance(c, dict) and {"recipes", "effects"} <= set(c)
-                                                    for c in columns.values()):
+        if not isinstance(columns, dict) or not all(
+            isinstance(c, dict) and {"recipes", "effects"} <= set(c) for c in columns.values()
+        ):
             raise error(f"{path}: shapes.{model}: expected columns, each with recipes and effects ({THROUGHPUT_WHAT})")
     return shapes
 
@@ -192,10 +235,13 @@ def read_components(path: Path, error: type[Exception] = ValueError) -> dict:
     """model -> its entry of a body-components file (``{"shapes": {model: entry}}``), each entry
     checked to hold its timed GEMMs and quantizations."""
     shapes = read_json(path, ("shapes",), COMPONENTS_WHAT, error)["shapes"]
-    if not isinstance(shapes, dict) or not all(isinstance(e, dict) and {"gemms", "quantizations", "tokens", "device"}
-                                               <= set(e) for e in shapes.values()):
-        raise error(f"{path}: shapes: expected one entry per model with gemms, quantizations, tokens and device "
-                    f"({COMPONENTS_WHAT})")
+    if not isinstance(shapes, dict) or not all(
+        isinstance(e, dict) and {"gemms", "quantizations", "tokens", "device"} <= set(e) for e in shapes.values()
+    ):
+        raise error(
+            f"{path}: shapes: expected one entry per model with gemms, quantizations, tokens and device "
+            f"({COMPONENTS_WHAT})"
+        )
     return shapes
 
 
@@ -220,8 +266,10 @@ def void_column(column: str, measured: dict) -> str | None:
     column without its ``cast`` record was made before the cast clamped, when torch's cast (before
     2.12) turned operands beyond ±448 into NaN."""
     if column == "fp8_analogue" and "cast" not in measured:
-        return ("void: made before the FP8 cast clamped (torch < 2.12 casts values beyond ±448 to NaN, so the "
-                "analogue multiplied NaNs); measure again")
+        return (
+            "void: made before the FP8 cast clamped (torch < 2.12 casts values beyond ±448 to NaN, so the "
+            "analogue multiplied NaNs); measure again"
+        )
     return None
 
 
@@ -240,5 +288,6 @@ def event_rates(telemetry: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         sums = telemetry.groupby(by, sort=False)[counts].sum().reset_index()
     else:
         sums = telemetry[counts].sum().to_frame().T
-    return sums.assign(**{event: sums[count] / sums[units].where(sums[units] > 0)
-                          for event, (count, units) in EVENTS.items()})
+    return sums.assign(
+        **{event: sums[count] / sums[units].where(sums[units] > 0) for event, (count, units) in EVENTS.items()}
+    )

@@ -83,8 +83,9 @@ def seed_level(differences) -> Comparison:
     d = np.asarray(differences, dtype=np.float64)
     if len(d) < 2:
         raise ValueError(f"a seed-level test needs at least 2 seeds, got {len(d)}")
-    return _t_interval(float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1, len(d),
-                       f"paired t over {len(d)} seeds")
+    return _t_interval(
+        float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1, len(d), f"paired t over {len(d)} seeds"
+    )
 
 
 def batch_count(n: int) -> int:
@@ -99,19 +100,28 @@ def batch_means(differences) -> Comparison:
         raise ValueError(f"batch means need at least 4 steps, got {len(d)}")
     b = batch_count(len(d))
     means = np.array([chunk.mean() for chunk in np.array_split(d, b)])
-    return _t_interval(float(d.mean()), float(means.std(ddof=1) / math.sqrt(b)), b - 1, len(d),
-                       f"batch means: {len(d)} steps in {b} contiguous batches")
+    return _t_interval(
+        float(d.mean()),
+        float(means.std(ddof=1) / math.sqrt(b)),
+        b - 1,
+        len(d),
+        f"batch means: {len(d)} steps in {b} contiguous batches",
+    )
 
 
-def paired_bootstrap(statistic, units: int, resamples: int = 2000, seed: int = 0, what: str = "units",
-                     strata=None) -> Comparison:
+def paired_bootstrap(
+    statistic, units: int, resamples: int = 2000, seed: int = 0, what: str = "units", strata=None
+) -> Comparison:
     """``statistic(weights)`` is the difference computed with unit weights (counts of each unit
     in a resample, shape (units,)); the full sample has weight 1 everywhere. Percentile interval
     over ``resamples`` resamples drawn with a fixed seed; with ``strata`` (a label per unit) each
     stratum is resampled on its own, keeping its size (documents within their source)."""
     rng = np.random.default_rng(seed)
-    groups = [np.arange(units)] if strata is None else \
-        [np.flatnonzero(np.asarray(strata) == s) for s in dict.fromkeys(strata)]
+    groups = (
+        [np.arange(units)]
+        if strata is None
+        else [np.flatnonzero(np.asarray(strata) == s) for s in dict.fromkeys(strata)]
+    )
 
     def resample() -> np.ndarray:
         weights = np.zeros(units)
@@ -124,8 +134,9 @@ def paired_bootstrap(statistic, units: int, resamples: int = 2000, seed: int = 0
     low, high = np.quantile(draws, [0.5 - LEVEL / 2, 0.5 + LEVEL / 2])
     se = float(draws.std(ddof=1))
     mde = (float(stats.norm.ppf(0.5 + LEVEL / 2)) + float(stats.norm.ppf(POWER))) * se
-    return Comparison(full, float(low), float(high), se, f"paired bootstrap over {units} {what}, {resamples} "
-                      "resamples", units, mde)
+    return Comparison(
+        full, float(low), float(high), se, f"paired bootstrap over {units} {what}, {resamples} resamples", units, mde
+    )
 
 
 def paired_items(tasks: list[tuple[np.ndarray, np.ndarray]], weights: list[float] | None = None) -> Comparison:

@@ -8,8 +8,8 @@ from fp4repro.config.recipe import load_recipe
 from fp4repro.config.spec import QuantSpec
 
 T = 64
-PARAMS = 2 * 128 * 672 + 2 * 256 * 128 + 2 * 128 * 512 + 2 * 512 * 128 + 128 * 256 + 128 * 128   # 548,864
-TAIL = 128 * 512 + 512 * 128                                                                          # layer 4
+PARAMS = 2 * 128 * 672 + 2 * 256 * 128 + 2 * 128 * 512 + 2 * 512 * 128 + 128 * 256 + 128 * 128  # 548,864
+TAIL = 128 * 512 + 512 * 128  # layer 4
 
 
 def test_nvfp4_runs_its_tail_in_bf16_and_quantizes_five_operands_per_linear_with_current_amaxes():
@@ -17,13 +17,14 @@ def test_nvfp4_runs_its_tail_in_bf16_and_quantizes_five_operands_per_linear_with
     s = summary(gemms, quants)
     assert PARAMS == 548_864 and len(gemms) == 30
     assert s["gemm_flops"] == {"fp4": 6 * T * (PARAMS - TAIL), "bf16": 6 * T * TAIL}
-    sum_in, sum_out = 1664, 2624                      # over the 8 quantized linears
+    sum_in, sum_out = 1664, 2624  # over the 8 quantized linears
     assert s["quantized_elements"] == {
-        "1x16 RNE": T * sum_in,                       # fprop.x
-        "16x16 RNE": PARAMS - TAIL,                   # fprop.w; dgrad.w is its transpose (no pass)
-        "1x16 SR": T * sum_out,                       # dgrad.dy
-        "1x16 RHT+SR, column-wise": T * sum_out,      # wgrad.dy
-        "1x16 RHT, column-wise": T * sum_in}          # wgrad.x
+        "1x16 RNE": T * sum_in,  # fprop.x
+        "16x16 RNE": PARAMS - TAIL,  # fprop.w; dgrad.w is its transpose (no pass)
+        "1x16 SR": T * sum_out,  # dgrad.dy
+        "1x16 RHT+SR, column-wise": T * sum_out,  # wgrad.dy
+        "1x16 RHT, column-wise": T * sum_in,
+    }  # wgrad.x
     assert s["amax_elements"] == 2 * T * sum_in + (PARAMS - TAIL) + 2 * T * sum_out
 
 
@@ -33,7 +34,11 @@ def test_ue5m3_quantizes_every_linear_with_held_amaxes_and_bf16_quantizes_nothin
     assert s["gemm_flops"] == {"fp4": 6 * T * PARAMS} and s["amax_elements"] == 0
     assert sum(s["quantized_elements"].values()) > 0
     gemms, quants = body_work(config, load_recipe("bf16"), tokens=T)
-    assert summary(gemms, quants) == {"gemm_flops": {"bf16": 6 * T * PARAMS}, "quantized_elements": {}, "amax_elements": 0}
+    assert summary(gemms, quants) == {
+        "gemm_flops": {"bf16": 6 * T * PARAMS},
+        "quantized_elements": {},
+        "amax_elements": 0,
+    }
     wgrad = next(g for g in gemms if g.linear == "layers.0.mixer.in_proj" and g.gemm == "wgrad")
     assert (wgrad.m, wgrad.n, wgrad.k) == (672, 128, T)
 
@@ -42,7 +47,10 @@ def test_kernel_cases_are_named_as_the_kernel_benchmark_names_them():
     assert kernel_case(QuantSpec(), False) == "1x16 RNE"
     assert kernel_case(QuantSpec(rht=True, rounding="sr"), True) == "1x16 RHT+SR, column-wise"
     assert kernel_case(QuantSpec(rht=True), False) == "1x16 RHT"
-    assert kernel_case(QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"), False) == "1x32 RNE UE8M0"
+    assert (
+        kernel_case(QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"), False)
+        == "1x32 RNE UE8M0"
+    )
 
 
 def test_a_weight_quantized_again_for_dgrad_is_read_column_wise():

@@ -36,10 +36,13 @@ def test_every_gemm_and_quantization_of_the_steps_is_timed(timed):
     # a case only ue5m3 quantizes (held amaxes) gets no amax pass; every case nvfp4 quantizes
     # (current amaxes) gets one, shared or not
     only_held = {components.quant_key(q.rows, q.cols, q.case) for q in body_work(config, recipes["ue5m3"], T)[1]} - {
-        components.quant_key(q.rows, q.cols, q.case) for q in body_work(config, recipes["nvfp4"], T)[1]}
+        components.quant_key(q.rows, q.cols, q.case) for q in body_work(config, recipes["nvfp4"], T)[1]
+    }
     assert only_held and all("amax_ms" not in result["quantizations"][k] for k in only_held)
-    assert all("amax_ms" in result["quantizations"][components.quant_key(q.rows, q.cols, q.case)]
-               for q in body_work(config, recipes["nvfp4"], T)[1])
+    assert all(
+        "amax_ms" in result["quantizations"][components.quant_key(q.rows, q.cols, q.case)]
+        for q in body_work(config, recipes["nvfp4"], T)[1]
+    )
     assert result["device"] == "cpu" and result["tokens"] == T and result["model"] == "tiny"
 
 

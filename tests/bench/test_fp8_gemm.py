@@ -21,15 +21,19 @@ def test_it_multiplies_the_clamped_e4m3_casts_of_its_operands_with_the_decode_sc
     want = (clamped.to(FP8).float() @ b.float().clamp(-448, 448).to(FP8).float().t()) * 0.5 * 0.25
     got = fp8_timing_gemm(a, 0.5, b, torch.tensor(0.25), torch.bfloat16)
     assert got.dtype == torch.bfloat16 and got.shape == (32, 48) and torch.isfinite(got).all()
-    torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(got.float(), want.to(torch.bfloat16).float(), rtol=2**-7, atol=0)
     assert e4m3(a)[0, :3].float().tolist() == [448.0, -448.0, 448.0]
 
 
 def test_a_transposed_operand_and_missing_scales_are_taken_as_the_emulated_gemm_takes_them():
     a, b = _operands(2)
-    at = a.t().contiguous().t()                        # the same values, column-major
-    torch.testing.assert_close(fp8_timing_gemm(at, None, b, None, torch.bfloat16),
-                               fp8_timing_gemm(a, 1.0, b, 1.0, torch.bfloat16), rtol=0, atol=0)
+    at = a.t().contiguous().t()  # the same values, column-major
+    torch.testing.assert_close(
+        fp8_timing_gemm(at, None, b, None, torch.bfloat16),
+        fp8_timing_gemm(a, 1.0, b, 1.0, torch.bfloat16),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_per_row_scales_are_refused_with_the_reason():

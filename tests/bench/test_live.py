@@ -15,20 +15,20 @@ from fp4repro.bench.live import live_cases, paired_log_ratio
 def test_known_ratio_is_recovered_within_its_interval():
     rng = np.random.default_rng(zlib.crc32(b"bench live"))
     n, true_ratio = 50, 1.03
-    drift = 0.15 * np.exp(0.05 * rng.standard_normal(n)).cumprod() ** 0.1   # shared by the pair
+    drift = 0.15 * np.exp(0.05 * rng.standard_normal(n)).cumprod() ** 0.1  # shared by the pair
     a = drift * np.exp(0.01 * rng.standard_normal(n))
     b = true_ratio * drift * np.exp(0.01 * rng.standard_normal(n))
     r = paired_log_ratio(a, b)
     assert r["n"] == n and r["ci_low"] < true_ratio < r["ci_high"]
-    assert r["ci_high"] - r["ci_low"] < 0.02                 # pairing removes the drift
+    assert r["ci_high"] - r["ci_low"] < 0.02  # pairing removes the drift
     assert r["plain_ms"] == pytest.approx(np.median(a)) and r["live_ms"] == pytest.approx(np.median(b))
 
 
 def test_exact_ratio_and_t_interval_by_hand():
     a = np.array([1.0, 2.0, 4.0, 8.0])
-    r = paired_log_ratio(a, a * 1.5)                          # every pair exactly 1.5: zero width
+    r = paired_log_ratio(a, a * 1.5)  # every pair exactly 1.5: zero width
     assert r["ratio"] == pytest.approx(1.5) and r["ci_low"] == pytest.approx(1.5) == r["ci_high"]
-    logs = np.log([1.1, 0.9, 1.2])                            # t(0.975, 2) = 4.302653
+    logs = np.log([1.1, 0.9, 1.2])  # t(0.975, 2) = 4.302653
     r = paired_log_ratio([1.0, 1.0, 1.0], [1.1, 0.9, 1.2])
     half = 4.302653 * logs.std(ddof=1) / math.sqrt(3)
     assert r["ratio"] == pytest.approx(math.exp(logs.mean()))
@@ -46,8 +46,13 @@ def test_bad_samples_are_refused():
 def test_cases_are_the_held_amax_cases_with_a_tensor_scale():
     cases = live_cases()
     assert set(cases) == {name for name, (spec, held, _) in CASES.items() if held and spec.target is not None}
-    assert {"1x16 RNE, held amax", "1x16 SR, held amax", "1x16 RHT, held amax", "16x16 RNE, held amax",
-            "1x16 RNE, column-wise (wgrad)"} <= set(cases)
+    assert {
+        "1x16 RNE, held amax",
+        "1x16 SR, held amax",
+        "1x16 RHT, held amax",
+        "16x16 RNE, held amax",
+        "1x16 RNE, column-wise (wgrad)",
+    } <= set(cases)
     assert any(columnwise for _, columnwise in cases.values())
 
 

@@ -11,14 +11,17 @@ from fp4repro.config.recipe import load_recipe
 TE_DEFAULTS = {"disable_rht": False, "disable_stochastic_rounding": False, "disable_2d_quantization": False}
 
 
-@pytest.mark.parametrize("recipe, arguments, tail", [
-    ("nvfp4", TE_DEFAULTS, (48, 49, 50, 51)),
-    ("nvfp4_no_rht", {**TE_DEFAULTS, "disable_rht": True}, (48, 49, 50, 51)),
-    ("nvfp4_no_bf16_tail", TE_DEFAULTS, ()),
-    ("nvfp4_no_rht_no_bf16_tail", {**TE_DEFAULTS, "disable_rht": True}, ()),
-    ("nvfp4_first_last_bf16", TE_DEFAULTS, (0, 51)),
-    ("bf16", None, tuple(range(52))),
-])
+@pytest.mark.parametrize(
+    "recipe, arguments, tail",
+    [
+        ("nvfp4", TE_DEFAULTS, (48, 49, 50, 51)),
+        ("nvfp4_no_rht", {**TE_DEFAULTS, "disable_rht": True}, (48, 49, 50, 51)),
+        ("nvfp4_no_bf16_tail", TE_DEFAULTS, ()),
+        ("nvfp4_no_rht_no_bf16_tail", {**TE_DEFAULTS, "disable_rht": True}, ()),
+        ("nvfp4_first_last_bf16", TE_DEFAULTS, (0, 51)),
+        ("bf16", None, tuple(range(52))),
+    ],
+)
 def test_the_nvfp4_family_maps_to_nvfp4blockscaling_with_its_exempt_layers_outside_autocast(recipe, arguments, tail):
     mapping = te_mapping(load_recipe(recipe), load_model_config("nemotron_h_8b"))
     assert mapping.arguments == arguments and mapping.bf16_layers == tail
@@ -31,7 +34,9 @@ def test_transformer_engines_per_tensor_settings_in_this_suites_operands():
     assert specs.fprop_w.block == specs.dgrad_w.block == (16, 16) and specs.fprop_x.block == (1, 16)
     assert {op for op, s in specs.items() if s.rht} == {"wgrad.x", "wgrad.dy"}
     assert {op for op, s in specs.items() if s.rounding == "sr"} == {"dgrad.dy", "wgrad.dy"}
-    assert {(s.element, s.scale, s.target, s.tensor_scaling.kind) for _, s in specs.items()} == {("e2m1", "e4m3", 448.0, "current")}
+    assert {(s.element, s.scale, s.target, s.tensor_scaling.kind) for _, s in specs.items()} == {
+        ("e2m1", "e4m3", 448.0, "current")
+    }
     flat = te_specs(True, True, True)
     assert not any(s.rht or s.rounding == "sr" or s.block != (1, 16) for _, s in flat.items())
 
@@ -44,8 +49,9 @@ def test_recipes_outside_nvfp4blockscaling_say_why(recipe, why):
 
 def test_a_partly_quantized_layer_has_no_equivalent(tmp_path):
     path = tmp_path / "nvfp4_fc2_bf16.yaml"
-    path.write_text("name: nvfp4_fc2_bf16\nbase: nvfp4\n"
-                    "overrides:\n  - {layers: '1:2', linears: [fc2], defaults: bf16}\n")
+    path.write_text(
+        "name: nvfp4_fc2_bf16\nbase: nvfp4\noverrides:\n  - {layers: '1:2', linears: [fc2], defaults: bf16}\n"
+    )
     with pytest.raises(NoTEEquivalent, match="layer 1 is partly quantized"):
         te_mapping(load_recipe(path), load_model_config("tiny"))
 

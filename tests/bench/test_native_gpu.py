@@ -17,8 +17,15 @@ def test_transformer_engine_times_the_nvfp4_family_natively():
     if not available:
         pytest.skip(reason)
     recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "nvfp4_no_rht_no_bf16_tail", "ue5m3")}
-    result = throughput.run(load_model_config("small"), recipes, seq_len=2048, steps=5, warmup=1,
-                            columns=["emulated"], progress=lambda m: None)
+    result = throughput.run(
+        load_model_config("small"),
+        recipes,
+        seq_len=2048,
+        steps=5,
+        warmup=1,
+        columns=["emulated"],
+        progress=lambda m: None,
+    )
     native = result["columns"]["native"]
     assert set(native["recipes"]) == {"bf16", "nvfp4", "nvfp4_no_rht_no_bf16_tail"}
     assert "ue5m3" in native["no_equivalent"] and "native" not in result["not_measured"]

@@ -25,12 +25,23 @@ def fake_components(rht_ms=0.3, rht_amax_ms=0.05) -> dict:
     with the RHT), every amax pass 0.05 ms (``rht_amax_ms`` with the RHT)."""
     config = load_model_config("tiny")
     gemms, quants = components.work_items(config, {n: load_recipe(n) for n in RECIPES}, T)
-    return {"model": "tiny", "tokens": T, "device": "NVIDIA H200", "copy": {"gb_per_s": 4000.0},
-            "gemms": {k: {"m": m, "n": n, "k": kk, "bf16_ms": 1.0, "fp8_ms": 0.5, "cast_a_ms": 0.1, "cast_b_ms": 0.1}
-                      for k, (m, n, kk) in gemms.items()},
-            "quantizations": {k: {"quantize_ms": rht_ms if w.spec.rht else 0.2,
-                                  **({"amax_ms": rht_amax_ms if w.spec.rht else 0.05} if w.amax_pass else {})}
-                              for k, w in quants.items()}}
+    return {
+        "model": "tiny",
+        "tokens": T,
+        "device": "NVIDIA H200",
+        "copy": {"gb_per_s": 4000.0},
+        "gemms": {
+            k: {"m": m, "n": n, "k": kk, "bf16_ms": 1.0, "fp8_ms": 0.5, "cast_a_ms": 0.1, "cast_b_ms": 0.1}
+            for k, (m, n, kk) in gemms.items()
+        },
+        "quantizations": {
+            k: {
+                "quantize_ms": rht_ms if w.spec.rht else 0.2,
+                **({"amax_ms": rht_amax_ms if w.spec.rht else 0.05} if w.amax_pass else {}),
+            }
+            for k, w in quants.items()
+        },
+    }
 
 
 def nvfp4_work():
@@ -57,17 +68,22 @@ def test_the_native_step_follows_the_formulas():
     assert step["gemm_ms"] == pytest.approx(24 * 0.25 + 6 * 0.5)
     # bytes: 1x16 blocks (2 + 1/2 + 1/16) / 4, 16x16 blocks (2 + 1/2 + 1/256) / 4; bandwidth halves the time
     one, square = 2.5625 / 4 * 0.5, (2.5 + 1 / 256) / 4 * 0.5
-    plain, rht = 0.2, 0.3          # per linear: fprop.x, dgrad.dy plain; fprop.w 16x16; wgrad.dy, wgrad.x with the RHT
+    plain, rht = 0.2, 0.3  # per linear: fprop.x, dgrad.dy plain; fprop.w 16x16; wgrad.dy, wgrad.x with the RHT
     assert step["quantize_ms"] == pytest.approx(8 * ((2 * plain + 2 * rht) * one + plain * square))
     assert step["amax_ms"] == pytest.approx(40 * 0.05 * 0.5) and step["other_ms"] == pytest.approx(5.0)
     # the RHT fully hidden: its cases cost what they cost without it, the amax pass after it too
-    hidden = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3, rht_amax_ms=0.08), 10.0, h200,
-                                    target, {**p, "rht_hidden": 1.0, "other_bandwidth_bound": 0.0})
+    hidden = projection.native_step(
+        nvfp4_work(),
+        fake_components(rht_ms=0.3, rht_amax_ms=0.08),
+        10.0,
+        h200,
+        target,
+        {**p, "rht_hidden": 1.0, "other_bandwidth_bound": 0.0},
+    )
     assert hidden["quantize_ms"] == pytest.approx(8 * (4 * plain * one + plain * square))
     assert hidden["amax_ms"] == pytest.approx(40 * 0.05 * 0.5) and hidden["other_ms"] == pytest.approx(10.0)
-    charged = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3, rht_amax_ms=0.08), 10.0, h200,
-                                     target, p)
-    assert charged["amax_ms"] == pytest.approx((24 * 0.05 + 16 * 0.08) * 0.5)   # 2 of 5 operands per linear RHT'd
+    charged = projection.native_step(nvfp4_work(), fake_components(rht_ms=0.3, rht_amax_ms=0.08), 10.0, h200, target, p)
+    assert charged["amax_ms"] == pytest.approx((24 * 0.05 + 16 * 0.08) * 0.5)  # 2 of 5 operands per linear RHT'd
 
 
 def fake_entry(comp: dict, scale: dict[str, float], other_ms: float = 5.0) -> dict:
@@ -78,13 +94,28 @@ def fake_entry(comp: dict, scale: dict[str, float], other_ms: float = 5.0) -> di
         recipes = {}
         for name in RECIPES:
             parts = projection.h200_step(body_work(config, load_recipe(name), T), comp, other_ms, column)
-            census = {"other_ms": other_ms, "kernel_ms": parts["ms"], **{f"{k}_ms": parts[f"{k}_ms"]
-                                                                           for k in ("gemm", "quantize", "amax", "cast")}}
-            recipes[name] = {"median_ms": parts["ms"] * factor, "tokens_per_s": T / parts["ms"] * 1e3 / factor,
-                             "q1_ms": parts["ms"], "q3_ms": parts["ms"], "kernels": census}
+            census = {
+                "other_ms": other_ms,
+                "kernel_ms": parts["ms"],
+                **{f"{k}_ms": parts[f"{k}_ms"] for k in ("gemm", "quantize", "amax", "cast")},
+            }
+            recipes[name] = {
+                "median_ms": parts["ms"] * factor,
+                "tokens_per_s": T / parts["ms"] * 1e3 / factor,
+                "q1_ms": parts["ms"],
+                "q3_ms": parts["ms"],
+                "kernels": census,
+            }
         columns[column] = {"recipes": recipes, "effects": {}, "cast": "saturating"}
-    return {"model": "tiny", "batch": 1, "seq_len": T, "steps": 5, "device": "NVIDIA H200", "columns": columns,
-            "not_measured": {"projection": "not made yet", "native": "not run"}}
+    return {
+        "model": "tiny",
+        "batch": 1,
+        "seq_len": T,
+        "steps": 5,
+        "device": "NVIDIA H200",
+        "columns": columns,
+        "not_measured": {"projection": "not made yet", "native": "not run"},
+    }
 
 
 def test_the_projection_is_made_only_when_the_h200_check_holds():
@@ -103,17 +134,38 @@ def test_the_projection_is_made_only_when_the_h200_check_holds():
     assert not any(c.startswith("projection") for c in missed["columns"])
     assert missed["not_measured"]["projection"].startswith("withheld")
     # what a failed check withholds, it does not keep from an earlier projection either
-    stale = projection.attach({**entry, "columns": {**entry["columns"], **{
-        c: {**m, "recipes": {n: {**r, "median_ms": r["median_ms"] * 2} for n, r in m["recipes"].items()}}
-        for c, m in entry["columns"].items() if not c.startswith("projection")}}}, comp, devices)
+    stale = projection.attach(
+        {
+            **entry,
+            "columns": {
+                **entry["columns"],
+                **{
+                    c: {**m, "recipes": {n: {**r, "median_ms": r["median_ms"] * 2} for n, r in m["recipes"].items()}}
+                    for c, m in entry["columns"].items()
+                    if not c.startswith("projection")
+                },
+            },
+        },
+        comp,
+        devices,
+    )
     assert not stale["projection_check"]["within"] and "projection_parameters" not in stale
     # a GEMM that takes longer alone than in the step is recorded, part by part
     slow = fake_entry(comp, {"emulated": 1.0})
     slow["columns"]["emulated"]["recipes"]["bf16"]["kernels"]["gemm_ms"] /= 1.25
     assert projection.check(slow, comp)["columns"]["emulated"]["bf16"]["parts_vs_step"]["gemm"] == pytest.approx(0.25)
     # projecting again replaces the old projection columns
-    again = projection.attach(missed | {"columns": {**missed["columns"], **{
-        k: v for k, v in entry["columns"].items() if k.startswith("projection")}}}, comp, devices)
+    again = projection.attach(
+        missed
+        | {
+            "columns": {
+                **missed["columns"],
+                **{k: v for k, v in entry["columns"].items() if k.startswith("projection")},
+            }
+        },
+        comp,
+        devices,
+    )
     assert not any(c.startswith("projection") for c in again["columns"])
 
 
@@ -121,8 +173,15 @@ def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
     comp, devices = fake_components(), load_devices()
     entry = fake_entry(comp, {"emulated": 1.0})
     column = projection.project(entry, comp, devices, "b200")
-    uncertain = [v for v in [*devices.devices["b200"].peak_tflops.values(), devices.devices["b200"].hbm_tb_per_s,
-                             *devices.parameters.values()] if v.uncertain]
+    uncertain = [
+        v
+        for v in [
+            *devices.devices["b200"].peak_tflops.values(),
+            devices.devices["b200"].hbm_tb_per_s,
+            *devices.parameters.values(),
+        ]
+        if v.uncertain
+    ]
     assert column["corners"] == 2 ** len(uncertain)
     for r in column["recipes"].values():
         assert r["low_ms"] < r["median_ms"] < r["high_ms"]
@@ -130,11 +189,16 @@ def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
         assert e["ci_low"] <= e["speedup"] <= e["ci_high"]
         # non-GEMM time, the same in both recipes, dilutes an effect: without it the effect is larger
         assert e["speedup_without_other"] > e["speedup"] > 1
-        assert e["without_other_low"] < e["speedup_without_other"] < e["without_other_high"]   # over the band too
+        assert e["without_other_low"] < e["speedup_without_other"] < e["without_other_high"]  # over the band too
     assert "hypothetical" in column["recipes"]["ue5m3"]["note"] and "note" not in column["recipes"]["nvfp4"]
     # the fastest corner: every range at its favourable end, worked out by hand for bf16 (no quantization)
     b200, h200 = devices.devices["b200"], devices.devices["h200"]
-    gemm = 30 * 1.0 * h200.peak_tflops["bf16"].low / (b200.peak_tflops["bf16"].low * devices.parameters["efficiency_transfer"].high)
+    gemm = (
+        30
+        * 1.0
+        * h200.peak_tflops["bf16"].low
+        / (b200.peak_tflops["bf16"].low * devices.parameters["efficiency_transfer"].high)
+    )
     f = devices.parameters["other_bandwidth_bound"].high
     other = 5.0 * (f * h200.hbm_tb_per_s.low / b200.hbm_tb_per_s.high + 1 - f)
     assert column["recipes"]["bf16"]["low_ms"] == pytest.approx(gemm + other)
@@ -182,17 +246,43 @@ def test_components_keep_an_amax_pass_where_any_recipe_takes_one():
 def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(tmp_path, capsys):
     comp = fake_components()
     (tmp_path / "components_h200.json").write_text(json.dumps({"shapes": {"tiny": comp}, "provenance": {}}))
-    (tmp_path / "throughput_h200.json").write_text(json.dumps(
-        {"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02})}, "provenance": {"device": "NVIDIA H200"}}))
-    assert main(["bench", "project", "--out", str(tmp_path / "throughput_h200.json"),
-                 "--components", str(tmp_path / "components_h200.json")]) == 0
+    (tmp_path / "throughput_h200.json").write_text(
+        json.dumps({"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02})}, "provenance": {"device": "NVIDIA H200"}})
+    )
+    assert (
+        main(
+            [
+                "bench",
+                "project",
+                "--out",
+                str(tmp_path / "throughput_h200.json"),
+                "--components",
+                str(tmp_path / "components_h200.json"),
+            ]
+        )
+        == 0
+    )
     written = json.loads((tmp_path / "throughput_h200.json").read_text())
     assert written["provenance"] == {"device": "NVIDIA H200"}
-    assert written["shapes"]["tiny"]["projection_check"]["within"] and "projection_b300" in written["shapes"]["tiny"]["columns"]
+    assert (
+        written["shapes"]["tiny"]["projection_check"]["within"]
+        and "projection_b300" in written["shapes"]["tiny"]["columns"]
+    )
     assert "H200 check" in capsys.readouterr().out
     (tmp_path / "other.json").write_text(json.dumps({"shapes": {"small": comp | {"model": "small"}}}))
-    assert main(["bench", "project", "--out", str(tmp_path / "throughput_h200.json"),
-                 "--components", str(tmp_path / "other.json")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "project",
+                "--out",
+                str(tmp_path / "throughput_h200.json"),
+                "--components",
+                str(tmp_path / "other.json"),
+            ]
+        )
+        == 2
+    )
     assert "no model is in both" in capsys.readouterr().err
 
 

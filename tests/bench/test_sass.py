@@ -18,8 +18,13 @@ from fp4repro.bench.sass import count_instructions
 def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "fp4repro.cli", "bench", "sass", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fp4repro.cli", "bench", "sass", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert result["arch"] == "sm_90"
@@ -27,7 +32,7 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
     assert set(rows) == {name for name, (_, held, _) in CASES.items() if held}
     for r in rows.values():
         assert 0 < r["main"] <= r["total"] and 0 < r["registers"] <= 255
-        assert r["fp_fusion"] is False          # compiled as launched: no FMA contraction
+        assert r["fp_fusion"] is False  # compiled as launched: no FMA contraction
         assert sum(r["mix"].values()) == r["main"] and r["mix"]["EXIT"] == 1
     assert "1x16 SR, held amax" in proc.stdout
     # SR rounds by an integer carry, 7 instructions per element: 1.33x the RNE kernel on sm_90
@@ -37,8 +42,10 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
 
 
 def test_count_instructions_reads_the_main_path_up_to_exit():
-    sass = ("Function:k\n--:-:0:-:1\tLDC R1, c[0x0][0x28];\n--:-:-:-:1\t@!P0 FADD R2, R2, R3;\n"
-            "--:-:-:-:5\tEXIT;\n--:-:-:-:1\tBRA 0x40;\n")
+    sass = (
+        "Function:k\n--:-:0:-:1\tLDC R1, c[0x0][0x28];\n--:-:-:-:1\t@!P0 FADD R2, R2, R3;\n"
+        "--:-:-:-:5\tEXIT;\n--:-:-:-:1\tBRA 0x40;\n"
+    )
     assert count_instructions(sass) == {"main": 3, "total": 4, "mix": {"LDC": 1, "FADD": 1, "EXIT": 1}}
     with pytest.raises(ValueError, match="no EXIT"):
         count_instructions("Function:k\n")

@@ -24,7 +24,7 @@ def test_an_effect_is_nvfp4s_time_over_the_variants_paired_by_round():
     nvfp4 = [12.0, 12.5, 12.0, 12.5, 12.0]
     times = {"nvfp4": nvfp4, "nvfp4_no_rht": [10.0] * 5, "nvfp4_no_rht_no_bf16_tail": [x / 1.5 for x in nvfp4]}
     got = throughput.effects(times)
-    assert set(got) == {"rht", "both"}                # the tail's variant was not timed
+    assert set(got) == {"rht", "both"}  # the tail's variant was not timed
     geo = math.exp((3 * math.log(1.2) + 2 * math.log(1.25)) / 5)
     assert got["rht"]["speedup"] == pytest.approx(geo) and got["rht"]["versus"] == "nvfp4_no_rht"
     assert got["rht"]["ci_low"] < geo < got["rht"]["ci_high"] and got["rht"]["n"] == 5
@@ -32,11 +32,21 @@ def test_an_effect_is_nvfp4s_time_over_the_variants_paired_by_round():
 
 
 def _recorded(model="tiny"):
-    rows = {name: {**throughput.summarize(ms, 128), "peak_mib": 10.0, "kernels": None}
-            for name, ms in {"bf16": [10.0] * 5, "nvfp4": [20.0] * 5, "nvfp4_no_rht": [16.0] * 5}.items()}
-    return {"model": model, "seq_len": 128, "batch": 1, "steps": 5, "warmup": 1,
-            "columns": {"emulated": {"recipes": rows, "effects": throughput.effects(
-                {n: r["ms"] for n, r in rows.items()})}}, "not_measured": dict(throughput.NOT_MEASURED)}
+    rows = {
+        name: {**throughput.summarize(ms, 128), "peak_mib": 10.0, "kernels": None}
+        for name, ms in {"bf16": [10.0] * 5, "nvfp4": [20.0] * 5, "nvfp4_no_rht": [16.0] * 5}.items()
+    }
+    return {
+        "model": model,
+        "seq_len": 128,
+        "batch": 1,
+        "steps": 5,
+        "warmup": 1,
+        "columns": {
+            "emulated": {"recipes": rows, "effects": throughput.effects({n: r["ms"] for n, r in rows.items()})}
+        },
+        "not_measured": dict(throughput.NOT_MEASURED),
+    }
 
 
 def test_the_table_gives_tokens_per_second_per_recipe_and_the_effects():
@@ -63,9 +73,9 @@ def test_results_are_filed_per_model_in_one_file(tmp_path):
 def test_a_new_measurement_says_how_far_each_median_step_moved_from_the_one_it_replaces():
     first = _recorded()
     second = _recorded()
-    second["columns"]["emulated"]["recipes"]["nvfp4"]["median_ms"] = 20.6      # 3% slower
-    del second["columns"]["emulated"]["recipes"]["nvfp4_no_rht"]               # not timed again
-    second["columns"]["fp8_analogue"] = second["columns"]["emulated"]          # not in the first run
+    second["columns"]["emulated"]["recipes"]["nvfp4"]["median_ms"] = 20.6  # 3% slower
+    del second["columns"]["emulated"]["recipes"]["nvfp4_no_rht"]  # not timed again
+    second["columns"]["fp8_analogue"] = second["columns"]["emulated"]  # not in the first run
     agree = throughput.agreement(first, second)
     assert set(agree["columns"]) == {"emulated"} and set(agree["columns"]["emulated"]) == {"bf16", "nvfp4"}
     assert agree["columns"]["emulated"]["nvfp4"] == {"previous_ms": 20.0, "ms": 20.6, "difference": pytest.approx(0.03)}
@@ -75,8 +85,16 @@ def test_a_new_measurement_says_how_far_each_median_step_moved_from_the_one_it_r
 def test_the_loop_times_every_recipe_in_every_round_on_cpu():
     recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "nvfp4_no_rht")}
     seen = []
-    result = throughput.run(load_model_config("tiny"), recipes, seq_len=32, steps=5, warmup=1,
-                            columns=["emulated"], device="cpu", progress=seen.append)
+    result = throughput.run(
+        load_model_config("tiny"),
+        recipes,
+        seq_len=32,
+        steps=5,
+        warmup=1,
+        columns=["emulated"],
+        device="cpu",
+        progress=seen.append,
+    )
     column = result["columns"]["emulated"]
     assert list(column["recipes"]) == list(recipes)
     assert all(len(r["ms"]) == 5 and r["tokens_per_s"] > 0 for r in column["recipes"].values())
@@ -86,12 +104,19 @@ def test_the_loop_times_every_recipe_in_every_round_on_cpu():
     assert seen[-1] == "emulated: round 5/5"
 
 
-@pytest.mark.parametrize("kwargs, message", [({"steps": 4}, "at least 5"), ({"columns": ["fp8_analogue"]}, "needs a GPU"),
-                                             ({"columns": ["native"]}, "unknown")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"steps": 4}, "at least 5"),
+        ({"columns": ["fp8_analogue"]}, "needs a GPU"),
+        ({"columns": ["native"]}, "unknown"),
+    ],
+)
 def test_bad_settings_are_refused_before_any_compute(kwargs, message):
     with pytest.raises(ConfigError, match=message):
-        throughput.run(load_model_config("tiny"), {"bf16": load_recipe("bf16")}, seq_len=32, device="cpu",
-                       **{"steps": 5, **kwargs})
+        throughput.run(
+            load_model_config("tiny"), {"bf16": load_recipe("bf16")}, seq_len=32, device="cpu", **{"steps": 5, **kwargs}
+        )
 
 
 def test_the_census_counts_fp8_gemm_calls():
@@ -100,10 +125,13 @@ def test_the_census_counts_fp8_gemm_calls():
     from fp4repro.bench.fp8_gemm import fp8_timing_gemm
 
     a, b = torch.randn(32, 64).to(torch.bfloat16), torch.randn(48, 64).to(torch.bfloat16)
-    census = throughput.kernel_census(lambda: [fp8_timing_gemm(a, None, b, 0.5, torch.bfloat16) for _ in range(3)],
-                                      torch.device("cpu"))
+    census = throughput.kernel_census(
+        lambda: [fp8_timing_gemm(a, None, b, 0.5, torch.bfloat16) for _ in range(3)], torch.device("cpu")
+    )
     assert census["fp8_gemm_calls"] == 3 and census["gemm_calls"] == 3 and census["quantize_launches"] == 0
-    plain = throughput.kernel_census(lambda: (torch.mm(a, b.t()), torch.addmm(a[:, :48], a, b.t())), torch.device("cpu"))
+    plain = throughput.kernel_census(
+        lambda: (torch.mm(a, b.t()), torch.addmm(a[:, :48], a, b.t())), torch.device("cpu")
+    )
     assert plain["fp8_gemm_calls"] == 0 and plain["gemm_calls"] == 2
 
 
@@ -112,16 +140,31 @@ def test_every_recipe_warms_up_first_then_rounds_rotate_the_order():
 
     calls = []
     x = torch.zeros(1, 16, 1)
-    result = throughput.time_column(lambda name: lambda: calls.append(name), ["a", "b", "c"], x, steps=5, warmup=1,
-                                    column="emulated", progress=lambda m: None)
+    result = throughput.time_column(
+        lambda name: lambda: calls.append(name),
+        ["a", "b", "c"],
+        x,
+        steps=5,
+        warmup=1,
+        column="emulated",
+        progress=lambda m: None,
+    )
     rounds = ["abc", "bca", "cab", "abc", "bca"]
-    assert "".join(calls) == "abc" + "".join(rounds) + "abc"          # warm-ups, rounds, the census
+    assert "".join(calls) == "abc" + "".join(rounds) + "abc"  # warm-ups, rounds, the census
     assert all(len(r["ms"]) == 5 for r in result["recipes"].values()) and result["interleaved"]
     calls.clear()
-    blocks = throughput.time_column(lambda name: lambda: calls.append(name), ["a", "b"], x, steps=5, warmup=1,
-                                    column="native", progress=lambda m: None, interleave=False)
+    blocks = throughput.time_column(
+        lambda name: lambda: calls.append(name),
+        ["a", "b"],
+        x,
+        steps=5,
+        warmup=1,
+        column="native",
+        progress=lambda m: None,
+        interleave=False,
+    )
     assert "".join(calls) == "ab" + "a" * 6 + "b" * 6 + "ab" and not blocks["interleaved"]
-    assert result["timing"] == blocks["timing"] == "eager"           # graphs only on a CUDA device
+    assert result["timing"] == blocks["timing"] == "eager"  # graphs only on a CUDA device
 
 
 def test_graphs_are_timed_only_where_every_recipe_s_graph_fits_in_80_percent_of_free_memory():

@@ -15,8 +15,7 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 tensor cores need compute capability >= 8.9")
     recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "nvfp4_no_bf16_tail")}
-    result = throughput.run(load_model_config("tiny"), recipes, seq_len=256, steps=5, warmup=1,
-                            progress=lambda m: None)
+    result = throughput.run(load_model_config("tiny"), recipes, seq_len=256, steps=5, warmup=1, progress=lambda m: None)
     for column in throughput.COLUMNS:
         census = {n: r["kernels"] for n, r in result["columns"][column]["recipes"].items()}
         assert census["bf16"]["quantize_launches"] == 0 and census["bf16"]["fp8_gemm_calls"] == 0
@@ -28,7 +27,7 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
             assert c["other_ms"] > 0 and c["kernel_ms"] >= c["gemm_ms"] + c["quantize_ms"] + c["amax_ms"] + c["cast_ms"]
         assert census["bf16"]["amax_ms"] == 0 and census["nvfp4"]["amax_ms"] > 0
         assert (census["nvfp4"]["cast_ms"] > 0) == (column == "fp8_analogue") and census["bf16"]["cast_ms"] == 0
-    assert "cast" in result["columns"]["fp8_analogue"]        # its record that the operands were clamped
+    assert "cast" in result["columns"]["fp8_analogue"]  # its record that the operands were clamped
     fp8 = {n: r["kernels"]["fp8_gemm_calls"] for n, r in result["columns"]["fp8_analogue"]["recipes"].items()}
     emulated = {n: r["kernels"]["fp8_gemm_calls"] for n, r in result["columns"]["emulated"]["recipes"].items()}
     # the analogue computes on finite numbers (q·s beyond E4M3's range is clamped, not NaN)
@@ -87,7 +86,7 @@ def test_a_captured_step_replays_the_eager_step_s_work():
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(1, 256, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
     dy = torch.randn(1, 256, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    throughput.body_step(body, x, dy)                     # the held amaxes are sampled here
+    throughput.body_step(body, x, dy)  # the held amaxes are sampled here
     replay = throughput.captured(lambda: throughput.body_step(body, x, dy), x.device)
     captured_grads = [x.grad, *(p.grad for p in body.layers.parameters())]
     for t in captured_grads:
@@ -95,11 +94,18 @@ def test_a_captured_step_replays_the_eager_step_s_work():
     replay()
     torch.cuda.synchronize()
     replayed = [t.clone() for t in captured_grads]
-    throughput.body_step(body, x, dy)                     # eager, into fresh gradients
+    throughput.body_step(body, x, dy)  # eager, into fresh gradients
     eager = [x.grad, *(p.grad for p in body.layers.parameters())]
     assert any(t.abs().sum() > 0 for t in replayed)
     for r, e in zip(replayed, eager):
         torch.testing.assert_close(r, e, rtol=1e-2, atol=1e-3)
-    result = throughput.run(load_model_config("tiny"), {"bf16": load_recipe("bf16"), "ue5m3": recipe},
-                            seq_len=256, steps=5, warmup=1, columns=("emulated",), progress=lambda m: None)
+    result = throughput.run(
+        load_model_config("tiny"),
+        {"bf16": load_recipe("bf16"), "ue5m3": recipe},
+        seq_len=256,
+        steps=5,
+        warmup=1,
+        columns=("emulated",),
+        progress=lambda m: None,
+    )
     assert result["columns"]["emulated"]["timing"] == "cuda_graph"

@@ -23,10 +23,13 @@ def test_console_script_help():
 def test_recipe_show_and_error(capsys, tmp_path):
     assert main(["recipe", "nvfp4", "--layers", "8"]) == 0
     out = capsys.readouterr().out
-    assert "layers 0-6 of 8" in out and "layers 7 of 8" in out    # 4/52 of 8 layers: 1, the last
+    assert "layers 0-6 of 8" in out and "layers 7 of 8" in out  # 4/52 of 8 layers: 1, the last
     assert "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
-    for layers, groups in ((52, ["layers 0-47 of 52", "layers 48-51 of 52"]),
-                           (16, ["layers 0-14 of 16", "layers 15 of 16"]), (5, ["layers 0-3 of 5", "layers 4 of 5"])):
+    for layers, groups in (
+        (52, ["layers 0-47 of 52", "layers 48-51 of 52"]),
+        (16, ["layers 0-14 of 16", "layers 15 of 16"]),
+        (5, ["layers 0-3 of 5", "layers 4 of 5"]),
+    ):
         assert main(["recipe", "nvfp4", "--layers", str(layers)]) == 0
         out = capsys.readouterr().out
         assert [line for line in out.splitlines() if line.startswith("layers ")] == [f"{g}:" for g in groups]
@@ -43,10 +46,20 @@ def test_recipe_prints_its_sources_after_the_operand_table(capsys):
     assert "layers 0-3 of 4:" in table and "dgrad.dy  e2m1/ue5m3 1x16 T=2048 SR periodic(50)" in table
     lines = sources.splitlines()
     starts = [line.split(":")[0].strip() for line in lines if line.startswith("  ") and not line.startswith("   ")]
-    assert starts == ["element format (quotation)", "scale format (quotation)", "block shapes (quotation)",
-                      "block shapes (reading)", "target T (quotation)", "target T (reading)", "tensor amax (quotation)",
-                      "rounding (quotation)", "rounding (reading)", "RHT (quotation)", "BF16 layers (quotation)",
-                      "GEMM model (quotation)"]
+    assert starts == [
+        "element format (quotation)",
+        "scale format (quotation)",
+        "block shapes (quotation)",
+        "block shapes (reading)",
+        "target T (quotation)",
+        "target T (reading)",
+        "tensor amax (quotation)",
+        "rounding (quotation)",
+        "rounding (reading)",
+        "RHT (quotation)",
+        "BF16 layers (quotation)",
+        "GEMM model (quotation)",
+    ]
     assert "GEMM model (GEMMs of two quantized operands): probe_matched(group 64, lattice 1/1024)" in table
     assert '"omits RHT"' in sources and "not cited" not in sources
     assert all(len(line) <= 100 for line in lines)
@@ -86,21 +99,50 @@ def test_experiment_command(capsys):
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
     assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t2048 0; mxfp4 0\n" in out
     assert main(["experiment", "small"]) == 0
-    assert ("runs: 10, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0; ue5m3_auto 0; ue5m3_t8192 0 "
-            "(imported") in capsys.readouterr().out
+    assert (
+        "runs: 10, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0; ue5m3_auto 0; ue5m3_t8192 0 (imported"
+    ) in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("experiment, expected", [
-    ("paper8b", ["nvfp4: 4 of 52 layers BF16 (7.7%): layers 48-51",
-                 "nvfp4_first_last_bf16: 2 of 52 layers BF16 (3.8%): layers 0, 51",
-                 "nvfp4_no_bf16_tail: 0 of 52 layers BF16 (0%)", "ue5m3_w1x16: 0 of 52 layers BF16 (0%)"]),
-    ("tiny", ["nvfp4: 1 of 5 layers BF16 (20%): layer 4",
-              "nvfp4_first_last_bf16: 2 of 5 layers BF16 (40%): layers 0, 4",
-              "nvfp4_no_bf16_tail: 0 of 5 layers BF16 (0%)", "ue5m3_w1x16: 0 of 5 layers BF16 (0%)"]),
-])
+@pytest.mark.parametrize(
+    "experiment, expected",
+    [
+        (
+            "paper8b",
+            [
+                "nvfp4: 4 of 52 layers BF16 (7.7%): layers 48-51",
+                "nvfp4_first_last_bf16: 2 of 52 layers BF16 (3.8%): layers 0, 51",
+                "nvfp4_no_bf16_tail: 0 of 52 layers BF16 (0%)",
+                "ue5m3_w1x16: 0 of 52 layers BF16 (0%)",
+            ],
+        ),
+        (
+            "tiny",
+            [
+                "nvfp4: 1 of 5 layers BF16 (20%): layer 4",
+                "nvfp4_first_last_bf16: 2 of 5 layers BF16 (40%): layers 0, 4",
+                "nvfp4_no_bf16_tail: 0 of 5 layers BF16 (0%)",
+                "ue5m3_w1x16: 0 of 5 layers BF16 (0%)",
+            ],
+        ),
+    ],
+)
 def test_experiment_shows_the_bf16_share_of_each_recipe(capsys, experiment, expected):
-    assert main(["experiment", experiment, "--add-recipe", "nvfp4_first_last_bf16",
-                 "--add-recipe", "nvfp4_no_bf16_tail", "--add-recipe", "ue5m3_w1x16"]) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                experiment,
+                "--add-recipe",
+                "nvfp4_first_last_bf16",
+                "--add-recipe",
+                "nvfp4_no_bf16_tail",
+                "--add-recipe",
+                "ue5m3_w1x16",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     for line in expected:
         assert f"  {line}" in lines
@@ -108,8 +150,9 @@ def test_experiment_shows_the_bf16_share_of_each_recipe(capsys, experiment, expe
 
 def test_experiment_counts_a_layer_bf16_when_all_its_linears_are(capsys, tmp_path):
     # on tiny (M-M*-) the MLP layers 1 and 4 have only fc1 and fc2, the attention layer 3 only qkv/o_proj
-    (tmp_path / "mlp_bf16.yaml").write_text("name: mlp_bf16\nbase: ue5m3\noverrides:\n"
-                                            "  - {layers: '0:', linears: [fc1, fc2], defaults: bf16}\n")
+    (tmp_path / "mlp_bf16.yaml").write_text(
+        "name: mlp_bf16\nbase: ue5m3\noverrides:\n  - {layers: '0:', linears: [fc1, fc2], defaults: bf16}\n"
+    )
     assert main(["experiment", "tiny", "--add-recipe", str(tmp_path / "mlp_bf16.yaml")]) == 0
     assert "  mlp_bf16: 2 of 5 layers BF16 (40%): layers 1, 4" in capsys.readouterr().out.splitlines()
 

@@ -43,11 +43,20 @@ def test_every_help_text_is_unchanged(monkeypatch):
     expected = json.loads(FIXTURE.read_text())
     actual = current_help_texts()
     assert sorted(actual) == sorted(expected), (
-        f"commands added: {sorted(set(actual) - set(expected))}, removed: {sorted(set(expected) - set(actual))}")
+        f"commands added: {sorted(set(actual) - set(expected))}, removed: {sorted(set(expected) - set(actual))}"
+    )
     changed = [command for command in expected if actual[command] != expected[command]]
-    diffs = "".join("".join(difflib.unified_diff(expected[c].splitlines(keepends=True),
-                                                 actual[c].splitlines(keepends=True),
-                                                 f"{c} --help (fixture)", f"{c} --help (now)")) for c in changed)
+    diffs = "".join(
+        "".join(
+            difflib.unified_diff(
+                expected[c].splitlines(keepends=True),
+                actual[c].splitlines(keepends=True),
+                f"{c} --help (fixture)",
+                f"{c} --help (now)",
+            )
+        )
+        for c in changed
+    )
     assert not changed, f"the help of {', '.join(repr(c) for c in changed)} changed:\n{diffs}"
 
 

@@ -42,37 +42,60 @@ def test_base_loads(tmp_path):
 
 
 def test_a_parallel_split_that_fits_the_model_loads(tmp_path):
-    text = BASE.replace("model: tiny", "model: tiny\nbackend: megatron\n"
-                        "parallel: {tensor: 2, pipeline: 5, sequence_parallel: true, micro_batch: 2, tp_amax: local}")
+    text = BASE.replace(
+        "model: tiny",
+        "model: tiny\nbackend: megatron\n"
+        "parallel: {tensor: 2, pipeline: 5, sequence_parallel: true, micro_batch: 2, tp_amax: local}",
+    )
     study = load_study(_write(tmp_path, text))
-    assert study.experiment.parallel == ParallelConfig(tensor=2, pipeline=5, sequence_parallel=True,
-                                                       micro_batch=2, tp_amax="local")
+    assert study.experiment.parallel == ParallelConfig(
+        tensor=2, pipeline=5, sequence_parallel=True, micro_batch=2, tp_amax="local"
+    )
 
 
 BAD = {
-    "blend does not sum to 1": (("prose: 0.7, code: 0.3}}\n    - {name: s2", "prose: 0.7, code: 0.4}}\n    - {name: s2"),
-                                "train.stages.0.blend", "sum to 1"),
+    "blend does not sum to 1": (
+        ("prose: 0.7, code: 0.3}}\n    - {name: s2", "prose: 0.7, code: 0.4}}\n    - {name: s2"),
+        "train.stages.0.blend",
+        "sum to 1",
+    ),
     "stage without tokens": (("tokens: 2048", "tokens: 0"), "train.stages.1.tokens", "minimum"),
     "unknown source": (("prose: 0.4, code: 0.6", "prose: 0.4, web: 0.6"), "train.stages.1.blend.web", "unknown source"),
     "sequence length": (("seq_len: 64", "seq_len: 60"), "train.seq_len", "multiple of 16"),
     "unknown field": (("batch_size: 4", "batch_size: 4\n  momentum: 0.9"), "train", "momentum"),
     "source kind": (("{kind: stdlib_code}", "{kind: web}"), "data.sources.code.kind", "web"),
     "jsonl without paths": (("{kind: stdlib_code}", "{kind: jsonl}"), "data.sources.code.paths", "path glob"),
-    "tensor parallel on the reference backend": (("model: tiny", "model: tiny\nparallel: {tensor: 2}"),
-                                                 "parallel.tensor", "reference backend runs in one process"),
+    "tensor parallel on the reference backend": (
+        ("model: tiny", "model: tiny\nparallel: {tensor: 2}"),
+        "parallel.tensor",
+        "reference backend runs in one process",
+    ),
     "sequence parallel without a tensor group": (
         ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {sequence_parallel: true}"),
-        "parallel.sequence_parallel", "needs tensor > 1"),
-    "micro-batch not dividing the batch": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {micro_batch: 3}"),
-                                           "parallel.micro_batch", "divide the global batch train.batch_size (4)"),
-    "unknown tp_amax": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tp_amax: rank}"),
-                        "parallel.tp_amax", "'rank' is not one of"),
+        "parallel.sequence_parallel",
+        "needs tensor > 1",
+    ),
+    "micro-batch not dividing the batch": (
+        ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {micro_batch: 3}"),
+        "parallel.micro_batch",
+        "divide the global batch train.batch_size (4)",
+    ),
+    "unknown tp_amax": (
+        ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tp_amax: rank}"),
+        "parallel.tp_amax",
+        "'rank' is not one of",
+    ),
     "unknown parallel field": (("model: tiny", "model: tiny\nparallel: {global_batch: 8}"), "parallel", "global_batch"),
-    "fewer seeds for a recipe not studied": (("  batch_size: 4", "  batch_size: 4\n  recipe_seeds: {nvfp4: [0]}"),
-                                             "train.recipe_seeds.nvfp4", "not one of the experiment's recipes"),
+    "fewer seeds for a recipe not studied": (
+        ("  batch_size: 4", "  batch_size: 4\n  recipe_seeds: {nvfp4: [0]}"),
+        "train.recipe_seeds.nvfp4",
+        "not one of the experiment's recipes",
+    ),
     "fewer seeds that are not the study's": (
         ("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [3]}"),
-        "train.recipe_seeds.bf16", "a subset of train.seeds [0, 1, 2]"),
+        "train.recipe_seeds.bf16",
+        "a subset of train.seeds [0, 1, 2]",
+    ),
 }
 
 
@@ -82,10 +105,16 @@ BAD_TOGETHER = {
     "unknown recipe": (("[bf16, ue5m3]", "[bf16, fp3]"), "recipes.1", "no recipe named 'fp3'"),
     "unknown model": (("model: tiny", "model: huge"), "model", "no model config named 'huge'"),
     # tiny: 4 attention heads, 2 KV heads, 32 Mamba heads, 2 groups, MLP 512, 5 layers
-    "tensor group not dividing the KV heads": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tensor: 4}"),
-                                               "parallel.tensor", "must divide the model's attn_kv_heads (2)"),
-    "more stages than layers": (("model: tiny", "model: tiny\nbackend: megatron\nparallel: {pipeline: 6}"),
-                                "parallel.pipeline", "at most the model's 5 layers"),
+    "tensor group not dividing the KV heads": (
+        ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tensor: 4}"),
+        "parallel.tensor",
+        "must divide the model's attn_kv_heads (2)",
+    ),
+    "more stages than layers": (
+        ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {pipeline: 6}"),
+        "parallel.pipeline",
+        "at most the model's 5 layers",
+    ),
 }
 
 
@@ -105,7 +134,7 @@ def test_bad_studies_name_file_and_field(tmp_path, case):
     (old, new), field, allowed = BAD_TOGETHER[case]
     assert old in BASE
     p = _write(tmp_path, BASE.replace(old, new, 1))
-    load_experiment(p)                       # the file on its own is fine
+    load_experiment(p)  # the file on its own is fine
     with pytest.raises(ExperimentError) as err:
         load_study(p)
     msg = str(err.value)
@@ -117,13 +146,17 @@ def test_recipe_names_must_differ(tmp_path):
     twin.write_text("name: ue5m3\ndefaults: bf16\n")
     with pytest.raises(ExperimentError, match="recipe name 'ue5m3' is also the name of"):
         load_study(_write(tmp_path, BASE), add_recipes=[str(twin)])
-    assert list(load_study(_write(tmp_path, BASE), add_recipes=["ue5m3_t2048"]).recipes) == \
-        ["bf16", "ue5m3", "ue5m3_t2048"]
-
+    assert list(load_study(_write(tmp_path, BASE), add_recipes=["ue5m3_t2048"]).recipes) == [
+        "bf16",
+        "ue5m3",
+        "ue5m3_t2048",
+    ]
 
 
 def test_recipe_seeds_give_named_recipes_fewer_runs(tmp_path):
-    p = _write(tmp_path, BASE.replace("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [2, 0]}"))
+    p = _write(
+        tmp_path, BASE.replace("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [2, 0]}")
+    )
     study = load_study(p)
     assert study.seeds_of("bf16") == (0, 2) and study.seeds_of("ue5m3") == (0, 1, 2)
     assert study.runs == {"bf16": (0, 2), "ue5m3": (0, 1, 2)}

@@ -33,8 +33,14 @@ def test_small_and_tiny_sizes_and_layer_mix():
 def test_parameter_count_formula(make_config):
     """Count of one layer of each type, term by term, against the built modules."""
     c = make_config(pattern="M*-")
-    d, di, g, n, h, k = c.hidden_size, c.mamba_d_inner, c.mamba_groups, c.mamba_state_size, c.mamba_heads, \
-        c.mamba_conv_kernel
+    d, di, g, n, h, k = (
+        c.hidden_size,
+        c.mamba_d_inner,
+        c.mamba_groups,
+        c.mamba_state_size,
+        c.mamba_heads,
+        c.mamba_conv_kernel,
+    )
     conv_dim = di + 2 * g * n
     mamba = d * (2 * di + 2 * g * n + h) + conv_dim * k + conv_dim + 3 * h + di + di * d
     attention = d * (c.attn_heads + 2 * c.attn_kv_heads) * c.attn_head_dim + c.attn_heads * c.attn_head_dim * d
@@ -49,8 +55,16 @@ def test_parameter_count_formula(make_config):
 def test_mamba_state_dict_keys_follow_mamba_ssm(make_config):
     model = NemotronH(make_config(pattern="M"))
     keys = {k.removeprefix("layers.0.mixer.") for k in model.state_dict() if k.startswith("layers.0.mixer.")}
-    assert keys == {"in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
-                    "norm.weight", "out_proj.weight"}
+    assert keys == {
+        "in_proj.weight",
+        "conv1d.weight",
+        "conv1d.bias",
+        "dt_bias",
+        "A_log",
+        "D",
+        "norm.weight",
+        "out_proj.weight",
+    }
 
 
 @pytest.mark.parametrize("name", ["nemotron_h_8b", "small", "tiny"])
@@ -61,16 +75,19 @@ def test_shipped_configs_round_trip(name):
     assert load_model_config(MODEL_CONFIG_DIR / f"{name}.yaml") == config
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(pattern="M-X*"), "pattern = 'M-X*'"),
-    (dict(pattern=""), "pattern = ''"),
-    (dict(attn_kv_heads=3), "attn_kv_heads = 3: must divide attn_heads = 4"),
-    (dict(mamba_groups=3), "mamba_groups = 3: must divide mamba_heads = 8"),
-    (dict(hidden_size=0), "hidden_size = 0: must be >= 1"),
-    (dict(hidden_size=True), "hidden_size = True: must be of type int"),
-    (dict(norm_eps="1e-5"), "norm_eps = '1e-5': must be of type float"),
-    (dict(rope=True, attn_head_dim=7), "attn_head_dim = 7: must be even when rope is true"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(pattern="M-X*"), "pattern = 'M-X*'"),
+        (dict(pattern=""), "pattern = ''"),
+        (dict(attn_kv_heads=3), "attn_kv_heads = 3: must divide attn_heads = 4"),
+        (dict(mamba_groups=3), "mamba_groups = 3: must divide mamba_heads = 8"),
+        (dict(hidden_size=0), "hidden_size = 0: must be >= 1"),
+        (dict(hidden_size=True), "hidden_size = True: must be of type int"),
+        (dict(norm_eps="1e-5"), "norm_eps = '1e-5': must be of type float"),
+        (dict(rope=True, attn_head_dim=7), "attn_head_dim = 7: must be even when rope is true"),
+    ],
+)
 def test_invalid_values_name_field_value_and_rule(make_config, overrides, message):
     with pytest.raises(ModelConfigError, match=message.replace("*", r"\*")):
         make_config(**overrides)

@@ -10,9 +10,22 @@ from fp4repro.config.files import PACKAGED, available
 from fp4repro.config.recipe import REQUIRED_CHOICES, RecipeError, load_recipe, recipe_from_config
 from fp4repro.config.spec import OPERANDS
 
-REQUIRED = {"bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht", "nvfp4_no_bf16_tail",
-            "nvfp4_no_rht_no_bf16_tail", "ue5m3_w1x16", "nvfp4_first_last_bf16", "ue5m3_auto", "ue5m3_t8192",
-            "ue5m3_torch_gemm", "nvfp4_gemm_fp32"}
+REQUIRED = {
+    "bf16",
+    "nvfp4",
+    "ue5m3",
+    "ue5m3_t2048",
+    "mxfp4",
+    "nvfp4_no_rht",
+    "nvfp4_no_bf16_tail",
+    "nvfp4_no_rht_no_bf16_tail",
+    "ue5m3_w1x16",
+    "nvfp4_first_last_bf16",
+    "ue5m3_auto",
+    "ue5m3_t8192",
+    "ue5m3_torch_gemm",
+    "nvfp4_gemm_fp32",
+}
 
 #: The paper's summary (English abstract + Chinese analysis), which the recipes quote.
 PAPER = Path(os.environ.get("FP4REPRO_PAPER_SUMMARY", "paper-summary-not-given"))
@@ -39,8 +52,7 @@ def test_nvfp4_matches_the_recipe_table():
     assert s.fprop_x.block == (1, 16) and s.fprop_w.block == (16, 16) and s.dgrad_w.block == (16, 16)
     assert [s[o].rounding for o in OPERANDS] == ["rne", "rne", "sr", "rne", "sr", "rne"]
     assert [s[o].rht for o in OPERANDS] == [False] * 4 + [True, True]
-    assert all(s[o].scale == "e4m3" and s[o].target == 448 and s[o].tensor_scaling.kind == "current"
-               for o in OPERANDS)
+    assert all(s[o].scale == "e4m3" and s[o].target == 448 and s[o].tensor_scaling.kind == "current" for o in OPERANDS)
     assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # the 8B's last 4 in BF16
 
 
@@ -48,12 +60,23 @@ def test_ue5m3_quantizes_every_layer_with_periodic_scaling():
     r = load_recipe("ue5m3")
     for layer in (0, 25, 51):
         s = r.linear_specs(layer, 52)
-        assert all(s[o].scale == "ue5m3" and s[o].tensor_scaling.kind == "periodic"
-                   and s[o].tensor_scaling.interval == 50 and not s[o].rht for o in OPERANDS)
+        assert all(
+            s[o].scale == "ue5m3"
+            and s[o].tensor_scaling.kind == "periodic"
+            and s[o].tensor_scaling.interval == 50
+            and not s[o].rht
+            for o in OPERANDS
+        )
         assert [o for o in OPERANDS if s[o].rounding == "sr"] == ["dgrad.dy", "wgrad.dy"]
     t = load_recipe("ue5m3_t2048").linear_specs(3, 52)
-    assert {o: t[o].target for o in OPERANDS} == {"fprop.x": 448, "fprop.w": 448, "dgrad.dy": 2048,
-                                                  "dgrad.w": 448, "wgrad.dy": 2048, "wgrad.x": 448}
+    assert {o: t[o].target for o in OPERANDS} == {
+        "fprop.x": 448,
+        "fprop.w": 448,
+        "dgrad.dy": 2048,
+        "dgrad.w": 448,
+        "wgrad.dy": 2048,
+        "wgrad.x": 448,
+    }
 
 
 def test_ablations_change_only_what_they_say():
@@ -69,19 +92,22 @@ def _bf16(recipe, n_layers: int) -> list[int]:
     return [i for i in range(n_layers) if recipe.linear_specs(i, n_layers) is None]
 
 
-@pytest.mark.parametrize("n_layers, expected", [
-    (52, [48, 49, 50, 51]),     # Nemotron-H 8B: 4/52 of 52 = 4
-    (16, [15]),                 # small: 1.23 -> 1
-    (5, [4]),                   # tiny: 0.38 rounds to 0 -> at least one
-    (8, [7]),                   # 0.62 -> 1
-    (20, [18, 19]),             # 1.54 -> 2
-    (1, [0]),
-])
+@pytest.mark.parametrize(
+    "n_layers, expected",
+    [
+        (52, [48, 49, 50, 51]),  # Nemotron-H 8B: 4/52 of 52 = 4
+        (16, [15]),  # small: 1.23 -> 1
+        (5, [4]),  # tiny: 0.38 rounds to 0 -> at least one
+        (8, [7]),  # 0.62 -> 1
+        (20, [18, 19]),  # 1.54 -> 2
+        (1, [0]),
+    ],
+)
 def test_nvfp4_keeps_the_8b_share_of_final_layers_in_bf16(n_layers, expected):
     nvfp4 = load_recipe("nvfp4")
     assert _bf16(nvfp4, n_layers) == expected
     assert nvfp4.bf16_layers(n_layers) == expected
-    for ablation in ("nvfp4_no_rht",):                      # inherits the share through base:
+    for ablation in ("nvfp4_no_rht",):  # inherits the share through base:
         assert _bf16(load_recipe(ablation), n_layers) == expected
     for ablation in ("nvfp4_no_bf16_tail", "nvfp4_no_rht_no_bf16_tail"):
         assert _bf16(load_recipe(ablation), n_layers) == []
@@ -93,18 +119,21 @@ def _share_recipe(tmp_path, layers: str):
     return load_recipe(p)
 
 
-@pytest.mark.parametrize("layers, n_layers, expected", [
-    ("{last_share: 0.01}", 16, [15]),            # 0.16 rounds to 0: at least one
-    ("{first_share: 0.01}", 16, [0]),
-    ("{first_share: 0.25}", 16, [0, 1, 2, 3]),
-    ("{last_share: 0.5}", 5, [3, 4]),             # 2.5: half to even -> 2
-    ("{last_share: 0.5}", 7, [3, 4, 5, 6]),       # 3.5: half to even -> 4
-    ("{last_share: 1}", 3, [0, 1, 2]),
-    ("{first_share: 1.0}", 1, [0]),
-    ("'-2:'", 6, [4, 5]),                          # the slice syntax still works
-    ("'1:3'", 6, [1, 2]),
-    ("'-1'", 6, [5]),
-])
+@pytest.mark.parametrize(
+    "layers, n_layers, expected",
+    [
+        ("{last_share: 0.01}", 16, [15]),  # 0.16 rounds to 0: at least one
+        ("{first_share: 0.01}", 16, [0]),
+        ("{first_share: 0.25}", 16, [0, 1, 2, 3]),
+        ("{last_share: 0.5}", 5, [3, 4]),  # 2.5: half to even -> 2
+        ("{last_share: 0.5}", 7, [3, 4, 5, 6]),  # 3.5: half to even -> 4
+        ("{last_share: 1}", 3, [0, 1, 2]),
+        ("{first_share: 1.0}", 1, [0]),
+        ("'-2:'", 6, [4, 5]),  # the slice syntax still works
+        ("'1:3'", 6, [1, 2]),
+        ("'-1'", 6, [5]),
+    ],
+)
 def test_override_layers_by_share_or_slice(tmp_path, layers, n_layers, expected):
     r = _share_recipe(tmp_path, layers)
     assert _bf16(r, n_layers) == expected
@@ -114,14 +143,16 @@ def test_override_layers_by_share_or_slice(tmp_path, layers, n_layers, expected)
 
 def test_a_share_restricted_to_linears(tmp_path):
     p = tmp_path / "mine.yaml"
-    p.write_text("name: mine\nbase: ue5m3\noverrides:\n"
-                 "  - {layers: {last_share: 0.25}, linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n")
+    p.write_text(
+        "name: mine\nbase: ue5m3\noverrides:\n"
+        "  - {layers: {last_share: 0.25}, linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n"
+    )
     r = load_recipe(p)
     assert [i for i in range(8) if r.linear_specs(i, 8, "fc2").wgrad_dy.target == 2048] == [6, 7]
     assert all(r.linear_specs(i, 8, "fc1").wgrad_dy.target == 448 for i in range(8))
 
 
-SHARE_BAD = {   # layers value -> (field, value as the message shows it, what is allowed)
+SHARE_BAD = {  # layers value -> (field, value as the message shows it, what is allowed)
     "{last_share: 0}": ("overrides.0.layers.last_share", "value 0:", "0 < s <= 1"),
     "{last_share: -0.1}": ("overrides.0.layers.last_share", "value -0.1:", "0 < s <= 1"),
     "{first_share: 1.5}": ("overrides.0.layers.first_share", "value 1.5:", "0 < s <= 1"),
@@ -130,8 +161,11 @@ SHARE_BAD = {   # layers value -> (field, value as the message shows it, what is
     "{last_share: true}": ("overrides.0.layers.last_share", "value True:", "0 < s <= 1"),
     "{share: 0.1}": ("overrides.0.layers", "value {'share': 0.1}:", "{last_share: s} or {first_share: s}"),
     "{}": ("overrides.0.layers", "value {}:", "{last_share: s} or {first_share: s}"),
-    "{last_share: 0.1, first_share: 0.1}": ("overrides.0.layers", "value {'last_share': 0.1, 'first_share': 0.1}:",
-                                            "{last_share: s} or {first_share: s}"),
+    "{last_share: 0.1, first_share: 0.1}": (
+        "overrides.0.layers",
+        "value {'last_share': 0.1, 'first_share': 0.1}:",
+        "{last_share: s} or {first_share: s}",
+    ),
     "last4": ("overrides.0.layers", "value 'last4':", "'-4:'"),
     "4.5": ("overrides.0.layers", "value 4.5:", "{last_share: s}"),
 }
@@ -160,9 +194,11 @@ def test_mxfp4():
 
 def test_overrides_by_layer_range_and_linear(tmp_path):
     p = tmp_path / "mine.yaml"
-    p.write_text("name: mine\nbase: ue5m3\noverrides:\n"
-                 "  - {layers: '0:2', linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n"
-                 "  - {layers: '-1', defaults: bf16}\n")
+    p.write_text(
+        "name: mine\nbase: ue5m3\noverrides:\n"
+        "  - {layers: '0:2', linears: [fc2], operands: {wgrad.dy: {target: 2048}}}\n"
+        "  - {layers: '-1', defaults: bf16}\n"
+    )
     r = load_recipe(p)
     assert r.linear_specs(1, 10, "fc2").wgrad_dy.target == 2048
     assert r.linear_specs(1, 10, "fc1").wgrad_dy.target == 448
@@ -176,24 +212,35 @@ BAD = {
     "unsupported block": ("defaults: {block: [1, 8]}", "defaults.block", "[1, 16]"),
     "T <= 0": ("defaults: {target: 0}", "defaults.target", "0 < T <= 448"),
     "T above scale max": ("defaults: {scale: e4m3, target: 449}", "defaults.target", "0 < T <= 448"),
-    "T above ue5m3 max": ("defaults: {scale: ue5m3}\noperands: {dgrad.dy: {target: 200000}}",
-                          "operands.dgrad.dy.target", "114688"),
+    "T above ue5m3 max": (
+        "defaults: {scale: ue5m3}\noperands: {dgrad.dy: {target: 200000}}",
+        "operands.dgrad.dy.target",
+        "114688",
+    ),
     "element without a zero": ("defaults: {element: e3m0}", "defaults.element", "must have a zero"),
     "unknown operand": ("defaults: {element: e2m1}\noperands: {fprop.z: bf16}", "operands", "fprop.z"),
     "unknown field": ("defaults: {colour: red}", "defaults", "colour"),
     "bad rounding": ("defaults: {rounding: nearest}", "defaults.rounding", "'sr'"),
-    "malformed override": ("defaults: {}\noverrides: [{layers: last4, defaults: bf16}]",
-                           "overrides.0.layers", "'-4:'"),
+    "malformed override": ("defaults: {}\noverrides: [{layers: last4, defaults: bf16}]", "overrides.0.layers", "'-4:'"),
     "override without layers": ("defaults: {}\noverrides: [{defaults: bf16}]", "overrides.0", "layers"),
-    "bad override value": ("defaults: {}\noverrides: [{layers: '0', operands: {wgrad.x: {block: [2, 2]}}}]",
-                           "overrides.0", "block"),
+    "bad override value": (
+        "defaults: {}\noverrides: [{layers: '0', operands: {wgrad.x: {block: [2, 2]}}}]",
+        "overrides.0",
+        "block",
+    ),
     "unpaired RHT": ("defaults: {}\noperands: {wgrad.x: {rht: true}}", "rht", "both operands"),
     "periodic without target": ("defaults: {target: null, tensor_scaling: periodic}", "tensor_scaling", "target"),
-    "source of an unknown kind": ("defaults: {}\nsources: [{choice: RHT, kind: guess, source: mine}]",
-                                  "sources.0.kind", "'quotation', 'reading'"),
+    "source of an unknown kind": (
+        "defaults: {}\nsources: [{choice: RHT, kind: guess, source: mine}]",
+        "sources.0.kind",
+        "'quotation', 'reading'",
+    ),
     "source without its text": ("defaults: {}\nsources: [{choice: RHT, kind: reading}]", "sources.0", "source"),
-    "source of no choice": ("defaults: {}\nsources: [{choice: '', kind: reading, source: mine}]",
-                            "sources.0.choice", "a short name"),
+    "source of no choice": (
+        "defaults: {}\nsources: [{choice: '', kind: reading, source: mine}]",
+        "sources.0.choice",
+        "a short name",
+    ),
     "sources not a list": ("defaults: {}\nsources: {RHT: mine}", "sources", "a list of {choice"),
 }
 
@@ -225,16 +272,25 @@ def test_a_local_recipe_can_extend_the_packaged_one_of_its_own_name(tmp_path, mo
     r = load_recipe("ue5m3")
     assert [Path(f).resolve() for f in r.files] == [local.resolve(), (PACKAGED / "recipes/ue5m3.yaml").resolve()]
     assert r.linear_specs(0, 4).dgrad_dy.target == 1024 and r.linear_specs(0, 4).wgrad_dy.target == 448
-    local.write_text("name: ue5m3\nbase: ./ue5m3.yaml\n")            # a path to itself is a cycle
+    local.write_text("name: ue5m3\nbase: ./ue5m3.yaml\n")  # a path to itself is a cycle
     with pytest.raises(RecipeError, match="forms a cycle"):
         load_recipe("ue5m3")
 
 
 # ------------------------------------------------------------------------------------------ sources
 
+
 def test_the_required_choices_cover_every_field_of_a_recipe():
-    assert set(REQUIRED_CHOICES) >= {"element format", "scale format", "block shapes", "target T", "tensor amax",
-                                      "rounding", "RHT", "BF16 layers"}
+    assert set(REQUIRED_CHOICES) >= {
+        "element format",
+        "scale format",
+        "block shapes",
+        "target T",
+        "tensor amax",
+        "rounding",
+        "RHT",
+        "BF16 layers",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED))
@@ -250,8 +306,10 @@ def test_every_packaged_recipe_is_one_the_citation_test_checks():
     assert {p.stem for p in (PACKAGED / "recipes").glob("*.yaml")} == REQUIRED
 
 
-@pytest.mark.skipif(not PAPER.is_file(), reason="set FP4REPRO_PAPER_SUMMARY to the paper's summary (text) to check "
-                                                "the recipes' quotations against it")
+@pytest.mark.skipif(
+    not PAPER.is_file(),
+    reason="set FP4REPRO_PAPER_SUMMARY to the paper's summary (text) to check the recipes' quotations against it",
+)
 def test_what_the_recipes_quote_from_the_paper_is_in_the_paper():
     """Every "..."-quoted passage of a source that names the paper ('paper abstract: ...', 'paper
     summary, ...') occurs in the paper's summary word for word ('...' marks an omission)."""
@@ -269,24 +327,48 @@ def test_what_the_recipes_quote_from_the_paper_is_in_the_paper():
 
 
 def test_sources_merge_per_choice_through_base(tmp_path):
-    raw = {n: yaml.safe_load((PACKAGED / "recipes" / f"{n}.yaml").read_text(encoding="utf-8"))["sources"]
-           for n in ("ue5m3", "ue5m3_t2048", "nvfp4", "nvfp4_no_rht", "nvfp4_no_rht_no_bf16_tail")}
+    raw = {
+        n: yaml.safe_load((PACKAGED / "recipes" / f"{n}.yaml").read_text(encoding="utf-8"))["sources"]
+        for n in ("ue5m3", "ue5m3_t2048", "nvfp4", "nvfp4_no_rht", "nvfp4_no_rht_no_bf16_tail")
+    }
     # a child's entries for a choice replace the base's, in place; the other choices are the base's
-    assert [s["choice"] for s in raw["ue5m3"]] == ["element format", "scale format", "block shapes", "block shapes",
-                                                   "target T", "tensor amax", "rounding", "rounding", "RHT",
-                                                   "BF16 layers", "GEMM model"]
+    assert [s["choice"] for s in raw["ue5m3"]] == [
+        "element format",
+        "scale format",
+        "block shapes",
+        "block shapes",
+        "target T",
+        "tensor amax",
+        "rounding",
+        "rounding",
+        "RHT",
+        "BF16 layers",
+        "GEMM model",
+    ]
     t = load_recipe("ue5m3_t2048").sources
-    assert [s["choice"] for s in t] == ["element format", "scale format", "block shapes", "block shapes", "target T",
-                                        "target T", "tensor amax", "rounding", "rounding", "RHT", "BF16 layers",
-                                        "GEMM model"]
+    assert [s["choice"] for s in t] == [
+        "element format",
+        "scale format",
+        "block shapes",
+        "block shapes",
+        "target T",
+        "target T",
+        "tensor amax",
+        "rounding",
+        "rounding",
+        "RHT",
+        "BF16 layers",
+        "GEMM model",
+    ]
     assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t2048"]
     assert [s for s in t if s["choice"] != "target T"] == [s for s in raw["ue5m3"] if s["choice"] != "target T"]
     # two levels: RHT from nvfp4_no_rht, BF16 layers from the file itself, the rest from nvfp4
     both = load_recipe("nvfp4_no_rht_no_bf16_tail").sources
     assert [s for s in both if s["choice"] == "RHT"] == raw["nvfp4_no_rht"]
     assert [s for s in both if s["choice"] == "BF16 layers"] == raw["nvfp4_no_rht_no_bf16_tail"]
-    assert [s for s in both if s["choice"] not in ("RHT", "BF16 layers")] == \
-        [s for s in raw["nvfp4"] if s["choice"] not in ("RHT", "BF16 layers")]
+    assert [s for s in both if s["choice"] not in ("RHT", "BF16 layers")] == [
+        s for s in raw["nvfp4"] if s["choice"] not in ("RHT", "BF16 layers")
+    ]
     # a child without sources inherits them all; a new choice is appended
     p = tmp_path / "mine.yaml"
     p.write_text("name: mine\nbase: ue5m3\noperands: {wgrad.x: {rounding: sr}}\n")
@@ -311,6 +393,7 @@ def test_a_recipe_without_sources_loads_and_says_what_it_does_not_cite(tmp_path)
 
 # ------------------------------------------------------------------------------------- new recipes
 
+
 def test_ue5m3_w1x16_differs_from_ue5m3_only_in_its_weight_blocks():
     w, u = load_recipe("ue5m3_w1x16"), load_recipe("ue5m3")
     for layer in (0, 51):
@@ -318,11 +401,11 @@ def test_ue5m3_w1x16_differs_from_ue5m3_only_in_its_weight_blocks():
         assert sw.fprop_w.block == (1, 16) and sw.dgrad_w.block == (1, 16)
         assert su.fprop_w.block == (16, 16) and su.dgrad_w.block == (16, 16)
         assert all(sw[o].block == (1, 16) for o in OPERANDS)
-        assert all(dataclasses.replace(sw[o], block=(1, 16)) == dataclasses.replace(su[o], block=(1, 16))
-                   for o in OPERANDS)
+        assert all(
+            dataclasses.replace(sw[o], block=(1, 16)) == dataclasses.replace(su[o], block=(1, 16)) for o in OPERANDS
+        )
     assert _bf16(w, 52) == []
-    assert any(s["choice"] == "block shapes" and s["kind"] == "reading" and "silent" in s["source"]
-               for s in w.sources)
+    assert any(s["choice"] == "block shapes" and s["kind"] == "reading" and "silent" in s["source"] for s in w.sources)
 
 
 @pytest.mark.parametrize("n_layers, expected", [(52, [0, 51]), (16, [0, 15]), (5, [0, 4]), (2, [0, 1]), (1, [0])])

@@ -14,27 +14,33 @@ def with_gemm(value):
     return recipe_from_config(config, "mine.yaml")
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("fp32", GemmModel("fp32")),
-    ("probe_matched", GemmModel("probe_matched", 64, 2.0 ** -10)),
-    ({"model": "probe_matched", "group": 32, "lattice": "1/4096"}, GemmModel("probe_matched", 32, 2.0 ** -12)),
-    ({"model": "probe_matched", "lattice": "none"}, GemmModel("probe_matched", 64, None)),
-    ({"model": "probe_matched", "lattice": 0.25}, GemmModel("probe_matched", 64, 0.25)),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("fp32", GemmModel("fp32")),
+        ("probe_matched", GemmModel("probe_matched", 64, 2.0**-10)),
+        ({"model": "probe_matched", "group": 32, "lattice": "1/4096"}, GemmModel("probe_matched", 32, 2.0**-12)),
+        ({"model": "probe_matched", "lattice": "none"}, GemmModel("probe_matched", 64, None)),
+        ({"model": "probe_matched", "lattice": 0.25}, GemmModel("probe_matched", 64, 0.25)),
+    ],
+)
 def test_gemm_values_parse(value, expected):
     recipe = with_gemm(value)
     assert recipe.gemm == expected
-    assert recipe.linear_specs(3, 8).gemm == expected       # every quantized linear carries it
-    assert recipe_from_config(recipe.config, "again").gemm == expected   # a checkpoint's copy round-trips
+    assert recipe.linear_specs(3, 8).gemm == expected  # every quantized linear carries it
+    assert recipe_from_config(recipe.config, "again").gemm == expected  # a checkpoint's copy round-trips
 
 
-@pytest.mark.parametrize("value, field, allowed", [
-    ("fp16", "gemm", "fp32, probe_matched, or {model: probe_matched"),
-    ({"model": "probe_matched", "lattice": "1/1000"}, "gemm.lattice", "a power of two"),
-    ({"model": "probe_matched", "lattice": 2}, "gemm.lattice", "a power of two"),
-    ({"model": "probe_matched", "group": 48}, "gemm.group", "allowed [16, 32, 64, 128, 256]"),
-    ({"model": "exact"}, "gemm.model", "allowed: ['fp32', 'probe_matched']"),
-])
+@pytest.mark.parametrize(
+    "value, field, allowed",
+    [
+        ("fp16", "gemm", "fp32, probe_matched, or {model: probe_matched"),
+        ({"model": "probe_matched", "lattice": "1/1000"}, "gemm.lattice", "a power of two"),
+        ({"model": "probe_matched", "lattice": 2}, "gemm.lattice", "a power of two"),
+        ({"model": "probe_matched", "group": 48}, "gemm.group", "allowed [16, 32, 64, 128, 256]"),
+        ({"model": "exact"}, "gemm.model", "allowed: ['fp32', 'probe_matched']"),
+    ],
+)
 def test_bad_gemm_values_name_file_field_value_and_what_is_allowed(value, field, allowed):
     with pytest.raises(RecipeError) as err:
         with_gemm(value)
@@ -43,7 +49,7 @@ def test_bad_gemm_values_name_file_field_value_and_what_is_allowed(value, field,
 
 def test_packaged_recipes_use_the_model_where_native_fp4_tensor_cores_would_compute():
     for name in ("nvfp4", "ue5m3", "ue5m3_t2048", "nvfp4_no_rht"):
-        assert load_recipe(name).gemm == GemmModel("probe_matched", 64, 2.0 ** -10), name
+        assert load_recipe(name).gemm == GemmModel("probe_matched", 64, 2.0**-10), name
     for name in ("ue5m3_torch_gemm", "nvfp4_gemm_fp32", "mxfp4", "bf16"):
         assert load_recipe(name).gemm == GemmModel("fp32"), name
     # the controls differ from their bases in the GEMM model alone

@@ -20,7 +20,7 @@ train:
   telemetry_every: EVERY
   stages:
     - {name: s1, tokens: 49152, blend: {prose: 1.0}}
-"""      # 192 steps of 256 tokens
+"""  # 192 steps of 256 tokens
 
 
 def _study(tmp_path, every):
@@ -30,10 +30,10 @@ def _study(tmp_path, every):
 
 
 def test_phases_missed_known_answers():
-    assert phases_missed(192, 3, 50) == []                        # 3 is coprime with 50, 64 records
+    assert phases_missed(192, 3, 50) == []  # 3 is coprime with 50, 64 records
     assert phases_missed(192, 10, 50) == [p for p in range(50) if p % 10]
-    assert phases_missed(192, 4, 50) == [p for p in range(50) if p % 2]     # gcd 2: odd phases never seen
-    assert phases_missed(24, 4, 50) == [p for p in range(24) if p % 4]      # a short run: phases 0..23 occur
+    assert phases_missed(192, 4, 50) == [p for p in range(50) if p % 2]  # gcd 2: odd phases never seen
+    assert phases_missed(24, 4, 50) == [p for p in range(24) if p % 4]  # a short run: phases 0..23 occur
     assert phases_missed(24, 1, 50) == []
 
 
@@ -55,6 +55,6 @@ def test_a_cadence_that_misses_phases_is_refused_naming_the_field(tmp_path):
 
 def test_null_chooses_the_sparsest_cadence_that_sees_every_phase(tmp_path):
     chosen = load_study(_study(tmp_path, "null")).experiment.train.telemetry_every
-    assert chosen == 1                       # 192 steps: about 100 records would be every step or two
-    assert telemetry_every(30_000, {50}, None) == 299         # at most 300; 300 and 298 share a factor with 50
+    assert chosen == 1  # 192 steps: about 100 records would be every step or two
+    assert telemetry_every(30_000, {50}, None) == 299  # at most 300; 300 and 298 share a factor with 50
     assert telemetry_every(30_000, set(), None) == 300

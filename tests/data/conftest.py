@@ -18,8 +18,14 @@ def sentence(rng: np.random.Generator, letters: str, words: int) -> str:
     return " ".join("".join(rng.choice(list(letters), size=int(rng.integers(2, 8)))) for _ in range(words))
 
 
-def write_experiment(folder: Path, sources: dict, tokenizer: dict | None = None, split: dict | None = None,
-                     name: str = "datatest", max_files: int | None = None):
+def write_experiment(
+    folder: Path,
+    sources: dict,
+    tokenizer: dict | None = None,
+    split: dict | None = None,
+    name: str = "datatest",
+    max_files: int | None = None,
+):
     """Write and load an experiment using the tiny model with the given data sources (an evenly
     spread subset of ``max_files`` files per source, when given)."""
     first = next(iter(sources))
@@ -27,9 +33,13 @@ def write_experiment(folder: Path, sources: dict, tokenizer: dict | None = None,
         "name": name,
         "model": "tiny",
         "recipes": ["bf16"],
-        "data": {"sources": sources, "tokenizer": tokenizer or {"vocab_size": 2048},
-                 "split": split or {"valid": 0.1, "test": 0.1}, "seed": 7,
-                 **({"max_files": max_files} if max_files is not None else {})},
+        "data": {
+            "sources": sources,
+            "tokenizer": tokenizer or {"vocab_size": 2048},
+            "split": split or {"valid": 0.1, "test": 0.1},
+            "seed": 7,
+            **({"max_files": max_files} if max_files is not None else {}),
+        },
         "train": {"seq_len": 32, "batch_size": 4, "stages": [{"name": "s1", "tokens": 4096, "blend": {first: 1.0}}]},
     }
     path = folder / f"{name}.yaml"

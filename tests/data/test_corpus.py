@@ -35,6 +35,7 @@ from fp4repro.data.stdlib import (
 
 # ---- standard library -------------------------------------------------------------------------
 
+
 def test_stdlib_files_exclude_tests_and_third_party_and_are_sorted():
     files = stdlib_files()
     assert files == sorted(files)
@@ -83,21 +84,28 @@ def test_the_statement_walk_finds_every_docstring_owner_that_ast_walk_finds(sour
         sources = [read_python_source(root / rel) for rel in spread_sample(stdlib_files(root), 80)]
     for text in sources:
         tree = ast.parse(text)
-        every = {id(n) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                                                                  ast.AsyncFunctionDef))}
+        every = {
+            id(n)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        }
         assert {id(n) for n in docstring_owners(tree)} == every
     if source == "nested":
         assert len(every) == 13
 
 
 def test_strip_docstrings_keeps_code_valid_and_comments():
-    source = ('#!/usr/bin/env python\n"""Module doc."""\nimport os  # keep me\n\n'
-              'def f(): "inline doc"\n\nclass A:\n    """Only a docstring,\n    on two lines."""  # trailing\n\n'
-              'class B:\n    """B doc."""\n    x = "not a docstring"\n\n'
-              'async def g():\n    \'\'\'g\'\'\'\n    return 1\n')
+    source = (
+        '#!/usr/bin/env python\n"""Module doc."""\nimport os  # keep me\n\n'
+        'def f(): "inline doc"\n\nclass A:\n    """Only a docstring,\n    on two lines."""  # trailing\n\n'
+        'class B:\n    """B doc."""\n    x = "not a docstring"\n\n'
+        "async def g():\n    '''g'''\n    return 1\n"
+    )
     stripped = strip_docstrings(source)
-    assert stripped == ('#!/usr/bin/env python\nimport os  # keep me\n\ndef f(): pass\n\nclass A:\n    pass\n\n'
-                        'class B:\n    x = "not a docstring"\n\nasync def g():\n    return 1\n')
+    assert stripped == (
+        "#!/usr/bin/env python\nimport os  # keep me\n\ndef f(): pass\n\nclass A:\n    pass\n\n"
+        'class B:\n    x = "not a docstring"\n\nasync def g():\n    return 1\n'
+    )
     ast.parse(stripped)
 
 
@@ -117,6 +125,7 @@ def test_read_stdlib_subset_gives_prose_and_code():
 
 # ---- installed packages -----------------------------------------------------------------------
 
+
 def test_installed_package_files_are_this_environments_without_tests_or_install_hooks():
     roots = package_roots()
     files = package_files()
@@ -124,9 +133,11 @@ def test_installed_package_files_are_this_environments_without_tests_or_install_
     assert all(any(f.is_relative_to(r) for r in roots) for f in files)
     assert not any(f.is_relative_to(stdlib_root()) and not any(f.is_relative_to(r) for r in roots) for f in files)
     names = {f.relative_to(next(r for r in roots if f.is_relative_to(r))).parts[0] for f in files}
-    assert {"torch", "megatron", "pandas"} <= names          # this project's dependencies
+    assert {"torch", "megatron", "pandas"} <= names  # this project's dependencies
     for f in files:
-        assert not set(f.parts) & {"test", "tests", "idle_test", "__pycache__"} and not f.name.startswith("__editable__")
+        assert not set(f.parts) & {"test", "tests", "idle_test", "__pycache__"} and not f.name.startswith(
+            "__editable__"
+        )
 
 
 def test_read_packages_splits_docstrings_from_code_in_a_given_tree(tmp_path):
@@ -146,8 +157,8 @@ def test_read_packages_splits_docstrings_from_code_in_a_given_tree(tmp_path):
 def test_reading_in_processes_gives_the_serial_corpus_in_the_same_order(tmp_path, monkeypatch):
     from fp4repro.data import stdlib
 
-    for i in range(300):   # sizes vary, so that workers finish their chunks out of order
-        body = "".join(f"def f{j}():\n    \"\"\"Doc {i}.{j}.\"\"\"\n    return {j}\n" for j in range(1 + (i * 7919) % 40))
+    for i in range(300):  # sizes vary, so that workers finish their chunks out of order
+        body = "".join(f'def f{j}():\n    """Doc {i}.{j}."""\n    return {j}\n' for j in range(1 + (i * 7919) % 40))
         (tmp_path / f"m{i:03d}.py").write_text(body if i % 97 else "def (:\n")
     serial = read_packages(roots=[tmp_path], workers=1)
     monkeypatch.setattr(stdlib, "PARALLEL_FROM", 1)
@@ -164,9 +175,10 @@ def test_spread_sample_is_even_and_deterministic():
 
 # ---- normalization, dedup, splits -------------------------------------------------------------
 
+
 def test_normalize_text():
     assert normalize_text("\n\n  a  \r\nb\t\rc \n\n") == "  a\nb\nc"
-    assert normalize_text("e\u0301") == "\u00e9"           # NFC
+    assert normalize_text("e\u0301") == "\u00e9"  # NFC
     assert normalize_text(" \n\t\n") == ""
 
 
@@ -182,13 +194,13 @@ def test_splits_are_disjoint_deterministic_and_independent_of_input_order():
     shuffled = texts[:]
     random.Random(1).shuffle(shuffled)
     b = dedup_and_split(shuffled, 0.05, 0.1, seed=3)
-    assert a.splits == b.splits                            # same documents, same order
+    assert a.splits == b.splits  # same documents, same order
     sets = {s: set(a.splits[s]) for s in SPLITS}
     for one, other in (("train", "valid"), ("train", "test"), ("valid", "test")):
         assert not sets[one] & sets[other]
     assert set().union(*sets.values()) == set(texts)
     assert 0.03 < len(sets["valid"]) / 4000 < 0.07 and 0.08 < len(sets["test"]) / 4000 < 0.12
-    for split in SPLITS:                                   # ordered by hash
+    for split in SPLITS:  # ordered by hash
         hashes = [document_hash(t) for t in a.splits[split]]
         assert hashes == sorted(hashes)
     # the split depends on the document and the seed only
@@ -197,6 +209,7 @@ def test_splits_are_disjoint_deterministic_and_independent_of_input_order():
 
 
 # ---- user files: clear errors -----------------------------------------------------------------
+
 
 def test_jsonl_missing_field_names_source_path_and_line(tmp_path):
     path = tmp_path / "d.jsonl"

@@ -52,15 +52,23 @@ def test_stdlib_preparation_is_byte_identical_and_offline(tmp_path, monkeypatch,
         raise AssertionError("data preparation tried to open a network socket")
 
     monkeypatch.setattr(socket, "socket", no_network)
-    exp = make_experiment(tmp_path, {"prose": {"kind": "stdlib_prose"}, "code": {"kind": "stdlib_code"}},
-                           tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05}, max_files=30)
+    exp = make_experiment(
+        tmp_path,
+        {"prose": {"kind": "stdlib_prose"}, "code": {"kind": "stdlib_code"}},
+        tokenizer={"vocab_size": 2048},
+        split={"valid": 0.05, "test": 0.05},
+        max_files=30,
+    )
     first = prepare_data(exp, tmp_path / "one", progress=False)
     second = prepare_data(exp, tmp_path / "two", progress=False)
     assert first.documents("code", "train") + first.documents("code", "valid") + first.documents("code", "test") <= 30
     a, b = output_bytes(first.root), output_bytes(second.root)
-    assert set(a) == {"tokenizer.json", "manifest.json"} | {f"{s}_{split}{ext}" for s in ("prose", "code")
-                                                             for split in ("train", "valid", "test")
-                                                             for ext in (".bin", ".idx")}
+    assert set(a) == {"tokenizer.json", "manifest.json"} | {
+        f"{s}_{split}{ext}"
+        for s in ("prose", "code")
+        for split in ("train", "valid", "test")
+        for ext in (".bin", ".idx")
+    }
     assert a == b
     assert first.tokens("prose", "train") > 10_000 and first.tokens("code", "train") > 10_000
     assert first.vocab_size == 2048
@@ -83,7 +91,7 @@ def test_manifest_describes_the_data(prepared):
             assert (stream == manifest.eod_id).sum() == manifest.documents(source, split)
             assert stream.max() < manifest.vocab_size
     raw = json.loads((manifest.root / "manifest.json").read_text())
-    assert raw["sources"]["alpha"]["splits"]["train"]["prefix"] == "alpha_train"   # relative: the folder can move
+    assert raw["sources"]["alpha"]["splits"]["train"]["prefix"] == "alpha_train"  # relative: the folder can move
     assert raw["tokenizer"]["path"] == "tokenizer.json"
     with pytest.raises(DataError, match="unknown source 'gamma'"):
         manifest.prefix("gamma", "train")
@@ -93,13 +101,16 @@ def test_split_documents_are_disjoint_and_complete(prepared, synthetic_inputs):
     exp, manifest = prepared
     splits = {split: documents_of(manifest, "alpha", split) for split in ("train", "valid", "test")}
     sets = {split: set(docs) for split, docs in splits.items()}
-    assert all(len(sets[s]) == len(splits[s]) for s in sets)                    # no duplicates left
+    assert all(len(sets[s]) == len(splits[s]) for s in sets)  # no duplicates left
     for one, other in (("train", "valid"), ("train", "test"), ("valid", "test")):
         assert not sets[one] & sets[other]
     assert sets["valid"] and sets["test"]
     folder = Path(synthetic_inputs["alpha"]["paths"][0]).parent
-    originals = {normalize_text(json.loads(line)["text"]) for f in sorted(folder.glob("*.jsonl"))
-                 for line in f.read_text().splitlines()}
+    originals = {
+        normalize_text(json.loads(line)["text"])
+        for f in sorted(folder.glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    }
     assert set().union(*sets.values()) == originals
 
 
@@ -159,8 +170,12 @@ def test_changed_config_is_prepared_again(prepared_copy, synthetic_inputs, tmp_p
 
 def test_indexed_source_is_used_in_place_with_the_given_tokenizer(prepared, tmp_path, make_experiment):
     exp, manifest = prepared
-    sources = {"tokens": {"kind": "indexed", "prefixes": {"train": manifest.prefix("alpha", "train"),
-                                                          "valid": manifest.prefix("alpha", "valid")}}}
+    sources = {
+        "tokens": {
+            "kind": "indexed",
+            "prefixes": {"train": manifest.prefix("alpha", "train"), "valid": manifest.prefix("alpha", "valid")},
+        }
+    }
     indexed_exp = make_experiment(tmp_path, sources, tokenizer={"path": manifest.tokenizer_path})
     result = prepare_data(indexed_exp, tmp_path / "data", progress=False)
     assert result.prefix("tokens", "train") == manifest.prefix("alpha", "train")
@@ -223,9 +238,14 @@ def test_input_files_are_the_files_a_preparation_reads(synthetic_inputs, tmp_pat
 
 
 def test_installed_packages_prepare_as_sources_and_their_versions_enter_the_hash(tmp_path, make_experiment):
-    exp = make_experiment(tmp_path, {"prose": {"kind": "packages_prose"}, "code": {"kind": "packages_code"}},
-                          tokenizer={"vocab_size": 2048}, split={"valid": 0.05, "test": 0.05}, name="packages",
-                          max_files=40)
+    exp = make_experiment(
+        tmp_path,
+        {"prose": {"kind": "packages_prose"}, "code": {"kind": "packages_code"}},
+        tokenizer={"vocab_size": 2048},
+        split={"valid": 0.05, "test": 0.05},
+        name="packages",
+        max_files=40,
+    )
     fingerprint = data_fingerprint(exp.data)
     versions = fingerprint["packages"]
     assert versions == sorted(versions) and any(v.startswith("torch==") for v in versions)

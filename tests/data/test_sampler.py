@@ -33,7 +33,7 @@ def test_same_index_same_sequence_across_instances_and_caches(prepared, tmp_path
     exp, manifest = prepared
     blend = {"alpha": 0.7, "beta": 0.3}
     first = StageSampler(manifest, blend, SEQ_LEN, 200, seed=1, cache_dir=tmp_path / "a")
-    again = StageSampler(manifest, blend, SEQ_LEN, 200, seed=1, cache_dir=tmp_path / "a")    # cache hit
+    again = StageSampler(manifest, blend, SEQ_LEN, 200, seed=1, cache_dir=tmp_path / "a")  # cache hit
     elsewhere = StageSampler(manifest, blend, SEQ_LEN, 200, seed=1, cache_dir=tmp_path / "b")
     reference = first.batch(0, 200)
     assert torch.equal(again.batch(0, 200), reference)
@@ -83,17 +83,19 @@ def test_validation_split_sampler(prepared, tmp_path):
 
 def test_cache_folder_is_published_whole_and_leftovers_are_ignored(prepared, tmp_path):
     exp, manifest = prepared
-    leftover = tmp_path / ".train-0123.killed"          # what a killed build leaves behind
+    leftover = tmp_path / ".train-0123.killed"  # what a killed build leaves behind
     leftover.mkdir()
     (leftover / "half-written.npy").write_bytes(b"\x93NUMPY")
     sampler = StageSampler(manifest, {"alpha": 0.5, "beta": 0.5}, SEQ_LEN, 64, seed=0, cache_dir=tmp_path)
     published = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert len(published) == 1 and published[0].name.startswith("train-")
-    assert len(list(published[0].glob("*.npy"))) == 6            # 3 indices per source
+    assert len(list(published[0].glob("*.npy"))) == 6  # 3 indices per source
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [leftover.name]
     reference = sampler.batch(0, 64)
-    assert torch.equal(StageSampler(manifest, {"alpha": 0.5, "beta": 0.5}, SEQ_LEN, 64, seed=0,
-                                    cache_dir=tmp_path).batch(0, 64), reference)
+    assert torch.equal(
+        StageSampler(manifest, {"alpha": 0.5, "beta": 0.5}, SEQ_LEN, 64, seed=0, cache_dir=tmp_path).batch(0, 64),
+        reference,
+    )
 
 
 def test_concurrent_builders_agree_and_publish_once(prepared, tmp_path, monkeypatch):
@@ -111,8 +113,9 @@ def test_concurrent_builders_agree_and_publish_once(prepared, tmp_path, monkeypa
 
     def make(slot):
         try:
-            results[slot] = StageSampler(manifest, {"alpha": 0.6, "beta": 0.4}, SEQ_LEN, 100, seed=5,
-                                         cache_dir=tmp_path).batch(0, 100)
+            results[slot] = StageSampler(
+                manifest, {"alpha": 0.6, "beta": 0.4}, SEQ_LEN, 100, seed=5, cache_dir=tmp_path
+            ).batch(0, 100)
         except Exception as err:  # surfaced below
             errors.append(err)
 
@@ -123,10 +126,12 @@ def test_concurrent_builders_agree_and_publish_once(prepared, tmp_path, monkeypa
         t.join()
     assert not errors
     assert torch.equal(results[0], results[1])
-    assert [p.name.startswith("train-") for p in tmp_path.iterdir()] == [True]   # one folder, no staging left
+    assert [p.name.startswith("train-") for p in tmp_path.iterdir()] == [True]  # one folder, no staging left
     monkeypatch.undo()
-    assert torch.equal(StageSampler(manifest, {"alpha": 0.6, "beta": 0.4}, SEQ_LEN, 100, seed=5,
-                                    cache_dir=tmp_path).batch(0, 100), results[0])
+    assert torch.equal(
+        StageSampler(manifest, {"alpha": 0.6, "beta": 0.4}, SEQ_LEN, 100, seed=5, cache_dir=tmp_path).batch(0, 100),
+        results[0],
+    )
 
 
 def test_validation_tokens_is_the_document_stream(prepared):

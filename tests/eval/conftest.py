@@ -25,12 +25,23 @@ EXPERIMENT = {
     "name": "evaltest",
     "model": "tiny",
     "recipes": ["bf16", "nvfp4", "ue5m3"],
-    "data": {"sources": {"prose": {"kind": "stdlib_prose"}, "code": {"kind": "stdlib_code"}},
-             "tokenizer": {"vocab_size": 2048}, "split": {"valid": 0.1, "test": 0.2}, "seed": 1234,
-             "max_files": 30},
-    "train": {"seq_len": 64, "batch_size": 8, "checkpoints": 2, "final_window": 0.25,
-              "stages": [{"name": "s1", "tokens": 4096, "blend": {"prose": 0.7, "code": 0.3}},
-                         {"name": "s2", "tokens": 2048, "blend": {"prose": 0.4, "code": 0.6}}]},
+    "data": {
+        "sources": {"prose": {"kind": "stdlib_prose"}, "code": {"kind": "stdlib_code"}},
+        "tokenizer": {"vocab_size": 2048},
+        "split": {"valid": 0.1, "test": 0.2},
+        "seed": 1234,
+        "max_files": 30,
+    },
+    "train": {
+        "seq_len": 64,
+        "batch_size": 8,
+        "checkpoints": 2,
+        "final_window": 0.25,
+        "stages": [
+            {"name": "s1", "tokens": 4096, "blend": {"prose": 0.7, "code": 0.3}},
+            {"name": "s2", "tokens": 2048, "blend": {"prose": 0.4, "code": 0.6}},
+        ],
+    },
     "eval": {"n_items": 4, "nll_max_tokens": 512, "batch_size": 32, "seed": 5},
 }
 STEPS = (6, 12)
@@ -52,16 +63,36 @@ def make_run(results: Path, experiment: str, recipe: str, steps=STEPS, seed: int
     for step in steps:
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(0.01 * torch.randn_like(p))      # every checkpoint has its own weights
-        save_checkpoint({"model": model.state_dict(), "step": step, "tokens": step * 512, "stage": "s1",
-                         "model_config": "tiny", "recipe": recipe, "recipe_config": stored,
-                         "experiment": experiment},
-                        run / "ckpt" / f"step_{step:08d}.pt")
-    pd.DataFrame({"step": range(1, 13), "tokens": [512 * i for i in range(1, 13)], "stage": "s1",
-                  "loss": [8.0 - 0.25 * i for i in range(1, 13)], "lr": 1e-3, "grad_norm": 1.0,
-                  "tokens_per_s": 1.0}).to_parquet(run / "metrics.parquet", index=False)
-    (run / "done.json").write_text(json.dumps({"experiment": experiment, "recipe": recipe,
-                                               "checkpoints": [f"ckpt/step_{s:08d}.pt" for s in steps]}))
+                p.add_(0.01 * torch.randn_like(p))  # every checkpoint has its own weights
+        save_checkpoint(
+            {
+                "model": model.state_dict(),
+                "step": step,
+                "tokens": step * 512,
+                "stage": "s1",
+                "model_config": "tiny",
+                "recipe": recipe,
+                "recipe_config": stored,
+                "experiment": experiment,
+            },
+            run / "ckpt" / f"step_{step:08d}.pt",
+        )
+    pd.DataFrame(
+        {
+            "step": range(1, 13),
+            "tokens": [512 * i for i in range(1, 13)],
+            "stage": "s1",
+            "loss": [8.0 - 0.25 * i for i in range(1, 13)],
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "tokens_per_s": 1.0,
+        }
+    ).to_parquet(run / "metrics.parquet", index=False)
+    (run / "done.json").write_text(
+        json.dumps(
+            {"experiment": experiment, "recipe": recipe, "checkpoints": [f"ckpt/step_{s:08d}.pt" for s in steps]}
+        )
+    )
     return run
 
 
@@ -103,5 +134,6 @@ def offline_tasks(prepared, manifest):
     from fp4repro.eval.run import ensure_offline_tasks
 
     exp, _, results = prepared
-    return ensure_offline_tasks(manifest, results / exp.name / "eval" / "tasks", n_items=exp.eval.n_items,
-                                seed=exp.eval.seed)
+    return ensure_offline_tasks(
+        manifest, results / exp.name / "eval" / "tasks", n_items=exp.eval.n_items, seed=exp.eval.seed
+    )

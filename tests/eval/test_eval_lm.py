@@ -33,8 +33,13 @@ def lm(runs, manifest):
     return FP4ReproLM(model, tokenizer, manifest.eod_id, policy="bf16", max_length=64, batch_size=3)
 
 
-PAIRS = [("def main(argv):\n    ", "return 0"), ("Return the number of items", " in the list."),
-         ("", "An empty context."), ("x = 1\n", "y = 2\n"), ("A", "B")]
+PAIRS = [
+    ("def main(argv):\n    ", "return 0"),
+    ("Return the number of items", " in the list."),
+    ("", "An empty context."),
+    ("x = 1\n", "y = 2\n"),
+    ("A", "B"),
+]
 
 
 def test_loglikelihood_equals_a_direct_computation(lm):
@@ -44,15 +49,15 @@ def test_loglikelihood_equals_a_direct_computation(lm):
         expected, expected_greedy = _direct_logprob(lm.model, ctx, cont)
         assert logprob == pytest.approx(expected, abs=1e-4)
         assert greedy == expected_greedy
-    assert lm.encode_pair("", "x")[0] == [lm.eod_id]                       # empty context -> EOD
-    assert lm.encode_pair("a:\n    ", "b")[1] == lm.tok_encode("a:\n    b")[len(lm.tok_encode("a:")):]
+    assert lm.encode_pair("", "x")[0] == [lm.eod_id]  # empty context -> EOD
+    assert lm.encode_pair("a:\n    ", "b")[1] == lm.tok_encode("a:\n    b")[len(lm.tok_encode("a:")) :]
 
 
 def test_batches_hold_as_many_sequences_as_fit_in_batch_size_times_max_length_tokens(lm):
     assert lm.batch_size * lm.max_length == 192
     # longest first; each batch padded to its first sequence: 3 x 64 fit, a 4th does not
     assert lm.batches([64, 10, 64, 9, 40, 10]) == [[0, 2, 4], [1, 5, 3]]
-    assert lm.batches([5] * 40) == [list(range(38)), [38, 39]]             # 38 x 5 <= 192 < 39 x 5
+    assert lm.batches([5] * 40) == [list(range(38)), [38, 39]]  # 38 x 5 <= 192 < 39 x 5
     assert lm.batches([0, 0]) == [[0, 1]]
 
 
@@ -73,10 +78,10 @@ def test_short_items_are_scored_in_one_forward_pass(lm, monkeypatch):
 
 def test_long_contexts_keep_their_last_max_length_tokens(lm):
     context = "word " * 200
-    (logprob, _), = lm.loglikelihood(_requests("loglikelihood", [(context, "end")]))
+    ((logprob, _),) = lm.loglikelihood(_requests("loglikelihood", [(context, "end")]))
     ctx, cont = lm.encode_pair(context, "end")
-    kept = (ctx + cont)[-(lm.max_length + 1):]
-    expected, _ = _direct_logprob(lm.model, kept[:-len(cont)], cont)
+    kept = (ctx + cont)[-(lm.max_length + 1) :]
+    expected, _ = _direct_logprob(lm.model, kept[: -len(cont)], cont)
     assert logprob == pytest.approx(expected, abs=1e-4)
 
 
@@ -84,12 +89,12 @@ def test_loglikelihood_rolling_scores_every_token_once(lm):
     text = "The quick brown fox jumps over the lazy dog. " * 6
     (total,) = lm.loglikelihood_rolling(_requests("loglikelihood_rolling", [(text,)]))
     tokens = lm.tok_encode(text)
-    assert len(tokens) > lm.max_length                                     # several windows
+    assert len(tokens) > lm.max_length  # several windows
     full = [lm.eod_id] + tokens
     expected = 0.0
-    for start in range(0, len(tokens), lm.max_length):       # disjoint pieces, each with the fullest context
-        piece = tokens[start:start + lm.max_length]
-        context = full[max(0, start + len(piece) - lm.max_length):start + 1]
+    for start in range(0, len(tokens), lm.max_length):  # disjoint pieces, each with the fullest context
+        piece = tokens[start : start + lm.max_length]
+        context = full[max(0, start + len(piece) - lm.max_length) : start + 1]
         expected += _direct_logprob(lm.model, context, piece)[0]
     assert total == pytest.approx(expected, abs=1e-3)
 
@@ -115,5 +120,7 @@ def test_registered_with_lm_eval(runs, prepared):
     assert cls is FP4ReproLM
     lm = cls.create_from_arg_string(
         f"checkpoint={runs['nvfp4'] / 'ckpt' / 'step_00000006.pt'},data={results / exp.name / 'data'},"
-        "policy=quantized,max_length=64", {"batch_size": 2, "device": "cpu"})
+        "policy=quantized,max_length=64",
+        {"batch_size": 2, "device": "cpu"},
+    )
     assert (lm.policy, lm.max_length, lm.batch_size) == ("quantized", 64, 2)

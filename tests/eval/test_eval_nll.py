@@ -22,7 +22,7 @@ def test_windows_predict_every_token_once():
     targets = torch.cat([t for _, t in pieces])
     assert targets.tolist() == list(range(1, 23))
     for x, t in pieces:
-        assert torch.equal(x + 1, t)                       # next-token targets
+        assert torch.equal(x + 1, t)  # next-token targets
     assert sum(len(t) for _, t in windows(stream, 5, max_tokens=12)) == 12
 
 
@@ -33,7 +33,7 @@ def test_bf16_policy_reproduces_the_training_loss(prepared, manifest, runs):
 
     exp, _, _ = prepared
     L, B = exp.train.seq_len, exp.train.batch_size
-    stream = validation_tokens(manifest, "code")[:2 * B * L + 1]
+    stream = validation_tokens(manifest, "code")[: 2 * B * L + 1]
     path = runs["bf16"] / "ckpt" / "step_00000012.pt"
 
     trained = NemotronH(load_model_config("tiny"), load_recipe("bf16"))
@@ -42,7 +42,7 @@ def test_bf16_policy_reproduces_the_training_loss(prepared, manifest, runs):
     following = torch.as_tensor(stream[1:]).view(2, B, L)
     losses = []
     with torch.no_grad():
-        for inputs, targets in zip(batches, following):          # the training loop's loss itself
+        for inputs, targets in zip(batches, following):  # the training loop's loss itself
             losses.append(lm_loss(trained, inputs, targets).item())
 
     model, _ = load_eval_model(path, "bf16")
@@ -58,7 +58,7 @@ def test_nll_of_a_partial_last_window_is_a_direct_cross_entropy(manifest, runs):
     model, _ = load_eval_model(runs["nvfp4"] / "ckpt" / "step_00000006.pt", "quantized")
     result = stream_nll(model, stream, 64, 8)
     tokens = torch.as_tensor(stream)
-    with torch.no_grad():        # the two full windows form one batch, the remainder another
+    with torch.no_grad():  # the two full windows form one batch, the remainder another
         full = F.cross_entropy(model(tokens[:128].view(2, 64)).flatten(0, 1), tokens[1:129], reduction="sum")
         rest = F.cross_entropy(model(tokens[128:149][None])[0], tokens[129:150], reduction="sum")
     total = full.item() + rest.item()
@@ -74,8 +74,9 @@ def test_blend_weights_the_per_source_nll():
 
 
 def test_final_window_loss_is_the_mean_over_the_last_tokens():
-    df = pd.DataFrame({"step": range(1, 11), "tokens": [100 * i for i in range(1, 11)],
-                       "loss": [float(i) for i in range(10, 0, -1)]})
+    df = pd.DataFrame(
+        {"step": range(1, 11), "tokens": [100 * i for i in range(1, 11)], "loss": [float(i) for i in range(10, 0, -1)]}
+    )
     out = final_window_loss(df, 0.2)
     assert (out["steps"], out["first_step"], out["last_step"]) == (2, 9, 10)
     assert out["loss"] == 1.5 and out["tokens_from"] == 800 and out["tokens_to"] == 1000
@@ -95,11 +96,11 @@ def test_per_document_sums_split_the_stream_at_each_eod(manifest, runs):
     model, _ = load_eval_model(runs["nvfp4"] / "ckpt" / "step_00000006.pt", "quantized")
     docs = document_nll(model, stream, 64, 8, eod_id=eod)
     tokens = torch.as_tensor(stream)
-    with torch.no_grad():        # per-target losses of the same windows and batches
+    with torch.no_grad():  # per-target losses of the same windows and batches
         full = F.cross_entropy(model(tokens[:128].view(2, 64)).flatten(0, 1), tokens[1:129], reduction="none")
         rest = F.cross_entropy(model(tokens[128:149][None])[0], tokens[129:150], reduction="none")
-    per_target = torch.cat([full, rest]).double()          # target j is stream position j + 1
-    bounds = [0] + [e + 1 for e in ends if e + 1 <= 150]   # document k: positions (end_{k-1}, end_k]
+    per_target = torch.cat([full, rest]).double()  # target j is stream position j + 1
+    bounds = [0] + [e + 1 for e in ends if e + 1 <= 150]  # document k: positions (end_{k-1}, end_k]
     expected = []
     for k, start in enumerate(bounds):
         stop = bounds[k + 1] if k + 1 < len(bounds) else 150

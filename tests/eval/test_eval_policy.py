@@ -51,17 +51,34 @@ def test_quantized_policy_keeps_the_recipes_exemptions():
     """nvfp4 keeps the last of tiny's 5 layers in BF16 (4/52 of them, at least one): layers 0-3 quantize."""
     model = build_model("tiny", load_recipe("nvfp4"), "quantized")
     quantized = {name for name, m in model.linears() if getattr(m, "specs", None) is not None}
-    assert quantized == {"layers.0.mixer.in_proj", "layers.0.mixer.out_proj", "layers.1.mixer.fc1",
-                         "layers.1.mixer.fc2", "layers.2.mixer.in_proj", "layers.2.mixer.out_proj",
-                         "layers.3.mixer.qkv_proj", "layers.3.mixer.o_proj"}
+    assert quantized == {
+        "layers.0.mixer.in_proj",
+        "layers.0.mixer.out_proj",
+        "layers.1.mixer.fc1",
+        "layers.1.mixer.fc2",
+        "layers.2.mixer.in_proj",
+        "layers.2.mixer.out_proj",
+        "layers.3.mixer.qkv_proj",
+        "layers.3.mixer.o_proj",
+    }
 
 
 def test_mismatched_checkpoint_is_refused_with_a_clear_message(tmp_path):
     config = load_model_config("tiny")
     small = NemotronH(type(config)(**{**config.to_dict(), "hidden_size": 64}))
     path = tmp_path / "step_00000001.pt"
-    save_checkpoint({"model": small.state_dict(), "step": 1, "tokens": 1, "stage": "s1", "model_config": "tiny",
-                     "recipe": "bf16", "experiment": "x"}, path)
+    save_checkpoint(
+        {
+            "model": small.state_dict(),
+            "step": 1,
+            "tokens": 1,
+            "stage": "s1",
+            "model_config": "tiny",
+            "recipe": "bf16",
+            "experiment": "x",
+        },
+        path,
+    )
     with pytest.raises(EvalError, match=r"do not match model config 'tiny'.*embedding.weight: shape \(2048, 64\)"):
         inspect_checkpoint(path, "tiny", "bf16")
     with pytest.raises(EvalError, match="does not match model config"):
@@ -76,4 +93,3 @@ def test_checkpoint_of_another_model_config_or_recipe_is_refused(runs):
         inspect_checkpoint(path, "tiny", "ue5m3")
     info = inspect_checkpoint(path, "tiny", "nvfp4")
     assert (info.step, info.tokens, info.recipe) == (6, 3072, "nvfp4")
-

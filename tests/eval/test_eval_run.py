@@ -16,7 +16,7 @@ from fp4repro.eval import EvalError, evaluate, load_eval_model, stream_nll
 from fp4repro.eval import run as run_module
 from fp4repro.results import table_provenance
 
-STEPS = (6, 12)       # the checkpoints of conftest's runs
+STEPS = (6, 12)  # the checkpoints of conftest's runs
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,11 @@ def test_nll_table(evaluated):
     assert set(nll["source"]) == {"prose", "code", "blend"} and set(nll["policy"]) == {"bf16", "quantized"}
     assert (nll["tokens_evaluated"] > 0).all() and nll["nll"].between(0, 20).all()
     row = nll.set_index(["step", "policy", "source"])["nll"]
-    for step in STEPS:                      # blend = final stage's weights (prose 0.4, code 0.6)
+    for step in STEPS:  # blend = final stage's weights (prose 0.4, code 0.6)
         for policy in ("bf16", "quantized"):
             assert row[step, policy, "blend"] == pytest.approx(
-                0.4 * row[step, policy, "prose"] + 0.6 * row[step, policy, "code"])
+                0.4 * row[step, policy, "prose"] + 0.6 * row[step, policy, "code"]
+            )
     assert (row.xs("bf16", level="policy") != row.xs("quantized", level="policy")).all()
 
 
@@ -63,8 +64,13 @@ def test_each_checkpoint_is_scored_with_its_own_weights(prepared, runs, evaluate
     for rel in json.loads((runs["nvfp4"] / "done.json").read_text())["checkpoints"]:
         for policy in ("bf16", "quantized"):
             model, meta = load_eval_model(runs["nvfp4"] / rel, policy)
-            fresh = stream_nll(model, validation_tokens(manifest, "code"), train.seq_len,
-                               study.experiment.eval.batch_size, study.experiment.eval.nll_max_tokens)
+            fresh = stream_nll(
+                model,
+                validation_tokens(manifest, "code"),
+                train.seq_len,
+                study.experiment.eval.batch_size,
+                study.experiment.eval.nll_max_tokens,
+            )
             assert nll[meta["step"], policy, "code"] == pytest.approx(fresh.nll, rel=1e-12)
 
 
@@ -73,8 +79,17 @@ def test_document_rows_add_up_to_each_sources_nll(evaluated):
     row's total (the paired bootstrap resamples exactly what the NLL row reports)."""
     docs = pd.read_parquet(evaluated / "nll_documents.parquet")
     nll = pd.read_parquet(evaluated / "nll.parquet")
-    assert list(docs.columns) == ["recipe", "seed", "step", "tokens", "policy", "source", "document", "nll_sum",
-                                  "predicted"]
+    assert list(docs.columns) == [
+        "recipe",
+        "seed",
+        "step",
+        "tokens",
+        "policy",
+        "source",
+        "document",
+        "nll_sum",
+        "predicted",
+    ]
     assert not docs.duplicated(["step", "policy", "source", "document"]).any()
     assert (docs["predicted"] > 0).all()
     sums = docs.groupby(["step", "policy", "source"])[["nll_sum", "predicted"]].sum()
@@ -83,7 +98,7 @@ def test_document_rows_add_up_to_each_sources_nll(evaluated):
     for key, row in sources.iterrows():
         assert sums.loc[key, "predicted"] == row["tokens_evaluated"]
         assert sums.loc[key, "nll_sum"] / sums.loc[key, "predicted"] == pytest.approx(row["nll"], rel=1e-9)
-    assert docs.groupby("source")["document"].nunique()["prose"] > 1     # the stream is split at EODs
+    assert docs.groupby("source")["document"].nunique()["prose"] > 1  # the stream is split at EODs
 
 
 def test_three_offline_aggregates_with_standard_errors(evaluated):
@@ -123,7 +138,7 @@ def test_only_missing_rows_are_computed(prepared, runs, tmp_path, capsys):
     out = results / exp.name / "eval" / "bf16" / "seed0"
     evaluate_main(str(path), "bf16", results=results, downstream=False, progress=False)
     full = pd.read_parquet(out / "nll.parquet")
-    full[full["step"] != STEPS[0]].to_parquet(out / "nll.parquet", index=False)    # as if interrupted
+    full[full["step"] != STEPS[0]].to_parquet(out / "nll.parquet", index=False)  # as if interrupted
     capsys.readouterr()
     evaluate_main(str(path), "bf16", results=results, downstream=False, progress=True)
     # the log says where the time of each checkpoint x policy computed went, and only of those
@@ -133,7 +148,7 @@ def test_only_missing_rows_are_computed(prepared, runs, tmp_path, capsys):
     again = pd.read_parquet(out / "nll.parquet")
     pd.testing.assert_frame_equal(again, full)
     by_policy = again.set_index(["step", "source", "policy"])["nll"].unstack("policy")
-    assert (by_policy["bf16"] == by_policy["quantized"]).all()          # bf16 recipe: identical policies
+    assert (by_policy["bf16"] == by_policy["quantized"]).all()  # bf16 recipe: identical policies
 
 
 def test_unknown_task_fails_before_any_work(prepared, runs, helpers, tmp_path):
@@ -202,7 +217,11 @@ def test_item_outcomes_are_recorded_and_average_to_lm_evals_task_scores(evaluate
     assert set(items["value"].unique()) <= {0.0, 1.0} and set(items["seed"]) == {0}
     tasks = down[(down["level"] == "task") & (down["metric"] == "acc")]
     for _, row in tasks.iterrows():
-        mine = items[(items["task"] == row["task"]) & (items["step"] == row["step"]) &
-                     (items["policy"] == row["policy"]) & (items["metric"] == "acc")]
+        mine = items[
+            (items["task"] == row["task"])
+            & (items["step"] == row["step"])
+            & (items["policy"] == row["policy"])
+            & (items["metric"] == "acc")
+        ]
         assert len(mine) == row["n"] and sorted(mine["doc_id"]) == list(range(row["n"]))
-        assert mine["value"].mean() == pytest.approx(row["value"])     # lm-eval's own task score
+        assert mine["value"].mean() == pytest.approx(row["value"])  # lm-eval's own task score

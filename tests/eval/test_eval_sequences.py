@@ -25,9 +25,12 @@ from fp4repro.eval.lm import FP4ReproLM
 from fp4repro.quant.state import CurrentAmaxState
 
 ITEM = ("def main(argv):\n    ", "return 0")
-NEIGHBOUR = ("Return a new list containing all items from the iterable in ascending order. A custom key "
-             "function can be supplied to customize the sort order, and the reverse flag can be set to "
-             "request the result in descending order.", " The sort is guaranteed to be stable.")
+NEIGHBOUR = (
+    "Return a new list containing all items from the iterable in ascending order. A custom key "
+    "function can be supplied to customize the sort order, and the reverse flag can be set to "
+    "request the result in descending order.",
+    " The sort is guaranteed to be stable.",
+)
 CHANNEL, GAIN = 0, 1000.0
 
 
@@ -57,7 +60,7 @@ def first_linear_amax(model, tokens: torch.Tensor) -> torch.Tensor:
     """Amax of each row of the first quantized linear's input for a (batch, time) token tensor."""
     seen = {}
 
-    def record(module, args):                # a pre-hook that returns something replaces the input
+    def record(module, args):  # a pre-hook that returns something replaces the input
         seen["amax"] = args[0].abs().amax(-1)
 
     handle = model.layers[0].mixer.in_proj.register_forward_pre_hook(record)
@@ -84,36 +87,38 @@ def test_an_items_score_ignores_its_neighbour_and_padding(model, manifest, monke
     lm = FP4ReproLM(model, tokenizer, manifest.eod_id, policy="quantized", max_length=64, batch_size=2)
     item = sum(lm.encode_pair(*ITEM), [])
     neighbour = sum(lm.encode_pair(*NEIGHBOUR), [])
-    assert manifest.eod_id not in item and len(neighbour) > len(item) + 8     # the item gets padded
+    assert manifest.eod_id not in item and len(neighbour) > len(item) + 8  # the item gets padded
     plain = crafted(model)
     # the neighbour's own tokens and the EOD padding: huge activations
     loud = crafted(model, (set(neighbour) - set(item)) | {manifest.eod_id})
     width = min(len(neighbour), lm.max_length + 1) - 1
     batch = torch.full((2, width), manifest.eod_id)
-    batch[0, :len(item) - 1] = torch.tensor(item[:-1])
-    batch[1] = torch.tensor(neighbour[-width - 1:-1])
+    batch[0, : len(item) - 1] = torch.tensor(item[:-1])
+    batch[1] = torch.tensor(neighbour[-width - 1 : -1])
     amax = first_linear_amax(loud, batch)
-    assert amax[1].max() > 1000 * amax[0, :len(item) - 1].max()          # the neighbour
-    assert amax[0, len(item) - 1:].min() > 1000 * amax[0, :len(item) - 1].max()   # the padding
+    assert amax[1].max() > 1000 * amax[0, : len(item) - 1].max()  # the neighbour
+    assert amax[0, len(item) - 1 :].min() > 1000 * amax[0, : len(item) - 1].max()  # the padding
     if not grouped:
         grouping_off(monkeypatch)
 
     def scores(m):
-        return FP4ReproLM(m, tokenizer, manifest.eod_id, policy="quantized", max_length=64,
-                          batch_size=2).loglikelihood(_requests([ITEM, NEIGHBOUR]))
+        return FP4ReproLM(m, tokenizer, manifest.eod_id, policy="quantized", max_length=64, batch_size=2).loglikelihood(
+            _requests([ITEM, NEIGHBOUR])
+        )
 
     (item_plain, _), (neighbour_plain, _) = scores(plain)
     (item_loud, greedy_loud), (neighbour_loud, _) = scores(loud)
-    assert neighbour_loud != neighbour_plain                              # the neighbour did change
+    assert neighbour_loud != neighbour_plain  # the neighbour did change
     if grouped:
-        assert item_loud == item_plain                                    # bit for bit
+        assert item_loud == item_plain  # bit for bit
         # alone (no padding, a narrower batch): equal up to the float32 rounding of attention
         # and the SSD scan at another width (see the module docstring)
-        (alone, greedy_alone), = FP4ReproLM(loud, tokenizer, manifest.eod_id, policy="quantized",
-                                            max_length=64, batch_size=2).loglikelihood(_requests([ITEM]))
+        ((alone, greedy_alone),) = FP4ReproLM(
+            loud, tokenizer, manifest.eod_id, policy="quantized", max_length=64, batch_size=2
+        ).loglikelihood(_requests([ITEM]))
         assert alone == pytest.approx(item_loud, abs=1e-4) and greedy_alone == greedy_loud
     else:
-        assert abs(item_loud - item_plain) > 1e-3                         # what the grouping prevents
+        assert abs(item_loud - item_plain) > 1e-3  # what the grouping prevents
 
 
 @pytest.mark.parametrize("grouped", [True, False])
@@ -129,14 +134,14 @@ def test_a_windows_logits_ignore_the_windows_batched_with_it(model, monkeypatch,
     captured = []
     handle = loud.register_forward_hook(lambda module, args, out: captured.append(out[0].clone()))
     try:
-        alone = stream_nll(loud, item, L, batch_size=4)                   # one window, batch of one
-        batched = stream_nll(loud, torch.cat([item[:L], neighbours]), L, batch_size=4)   # three windows
+        alone = stream_nll(loud, item, L, batch_size=4)  # one window, batch of one
+        batched = stream_nll(loud, torch.cat([item[:L], neighbours]), L, batch_size=4)  # three windows
     finally:
         handle.remove()
     assert alone.tokens == L and batched.tokens == 3 * L
     amax = first_linear_amax(loud, torch.stack([item[:L], neighbours[:L]]))
     assert amax[1].min() > 1000 * amax[0].max()
     if grouped:
-        assert torch.equal(captured[0], captured[1])                      # bit for bit
+        assert torch.equal(captured[0], captured[1])  # bit for bit
     else:
         assert (captured[0] - captured[1]).abs().max() > 1e-3

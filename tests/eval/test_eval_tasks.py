@@ -18,8 +18,9 @@ def test_tasks_are_deterministic(manifest, tmp_path):
     for name in a:
         assert (tmp_path / "a" / f"{name}.jsonl").read_bytes() == (tmp_path / "b" / f"{name}.jsonl").read_bytes()
     write_offline_tasks(manifest, tmp_path / "c", n_items=8, seed=4)
-    assert (tmp_path / "c" / "fp4repro_code_cloze.jsonl").read_bytes() != \
-        (tmp_path / "a" / "fp4repro_code_cloze.jsonl").read_bytes()
+    assert (tmp_path / "c" / "fp4repro_code_cloze.jsonl").read_bytes() != (
+        tmp_path / "a" / "fp4repro_code_cloze.jsonl"
+    ).read_bytes()
 
 
 def test_items_come_from_held_out_documents(manifest, offline_tasks):
@@ -32,12 +33,17 @@ def test_items_come_from_held_out_documents(manifest, offline_tasks):
                 truth = item["context"] + choices[label]
                 home = [d for d in docs[source] if truth in d]
                 assert home, "the context and the true answer continue a test document"
-                own = {line.strip() for line in home[0].split("\n")} if kind == "next_line" else \
-                    set(WORD.findall(home[0]))
+                own = (
+                    {line.strip() for line in home[0].split("\n")}
+                    if kind == "next_line"
+                    else set(WORD.findall(home[0]))
+                )
                 assert not own & {c for i, c in enumerate(choices) if i != label}, "distractors come from elsewhere"
 
 
 def test_default_aggregates_name_three_groups():
     assert default_aggregates(["prose", "code"]) == {
-        "prose_next_line": ["fp4repro_prose_next_line"], "code_next_line": ["fp4repro_code_next_line"],
-        "cloze": ["fp4repro_prose_cloze", "fp4repro_code_cloze"]}
+        "prose_next_line": ["fp4repro_prose_next_line"],
+        "code_next_line": ["fp4repro_code_next_line"],
+        "cloze": ["fp4repro_prose_cloze", "fp4repro_code_cloze"],
+    }

@@ -10,13 +10,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _ulp(v: torch.Tensor) -> torch.Tensor:
     """The E4M3 spacing at |v| (3 mantissa bits; 2^-9 below the normals)."""
-    e = torch.floor(torch.log2(v.abs().clamp(min=2.0 ** -6)))
+    e = torch.floor(torch.log2(v.abs().clamp(min=2.0**-6)))
     return 2.0 ** (e - 3)
 
 
 def test_values_beyond_448_saturate_and_the_rest_round_to_a_neighbour():
     g = torch.Generator().manual_seed(1)
-    x = (torch.randn(70, 90, generator=g) * 900).to(torch.bfloat16)      # a third beyond ±448
+    x = (torch.randn(70, 90, generator=g) * 900).to(torch.bfloat16)  # a third beyond ±448
     x[0, :4] = torch.tensor([2688.0, -12288.0, 448.0, -449.0])
     got = saturating_e4m3(x.to(DEVICE)).cpu()
     want = x.clamp(-448, 448).to(torch.float8_e4m3fn)
@@ -26,7 +26,7 @@ def test_values_beyond_448_saturate_and_the_rest_round_to_a_neighbour():
     assert g32[0, :4].tolist() == [448.0, -448.0, 448.0, -448.0]
     beyond = x.float().abs() >= 448
     assert torch.equal(g32[beyond], w32[beyond])
-    if DEVICE == "cuda":          # the GPU's conversion rounds to nearest even, as torch's
+    if DEVICE == "cuda":  # the GPU's conversion rounds to nearest even, as torch's
         assert torch.equal(g32, w32)
     else:
         # Triton's interpreter rounds ties up and does not carry a mantissa overflow into the
@@ -39,6 +39,6 @@ def test_values_beyond_448_saturate_and_the_rest_round_to_a_neighbour():
 
 def test_a_transposed_view_is_read_in_its_strides_and_written_row_major():
     x = (torch.randn(48, 80, generator=torch.Generator().manual_seed(2)) * 100).to(torch.bfloat16)
-    xt = x.t().contiguous().t()                                            # column-major, the same values
+    xt = x.t().contiguous().t()  # column-major, the same values
     assert not xt.is_contiguous()
     assert torch.equal(saturating_e4m3(xt.to(DEVICE)).cpu().float(), saturating_e4m3(x.to(DEVICE)).cpu().float())

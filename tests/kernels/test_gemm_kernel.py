@@ -19,7 +19,7 @@ from fp4repro.kernels import probe_matched_gemm_triton
 from fp4repro.reference.gemm import probe_matched_gemm_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-MODEL = GemmModel("probe_matched", 64, 2.0 ** -10)
+MODEL = GemmModel("probe_matched", 64, 2.0**-10)
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 
@@ -34,14 +34,18 @@ def encoded(rows: int, k: int, name: str, exponents: tuple[int, int], block: int
     payload = torch.tensor(E2M1)[torch.randint(0, 8, (rows, k), generator=g)]
     payload = payload * torch.where(torch.rand(rows, k, generator=g) < 0.5, -1.0, 1.0)
     blocks = -(-k // block)
-    scale = torch.ldexp(1 + torch.randint(0, 8, (rows, blocks), generator=g) / 8,
-                        torch.randint(exponents[0], exponents[1] + 1, (rows, blocks), generator=g))
+    scale = torch.ldexp(
+        1 + torch.randint(0, 8, (rows, blocks), generator=g) / 8,
+        torch.randint(exponents[0], exponents[1] + 1, (rows, blocks), generator=g),
+    )
     return (payload * scale.repeat_interleave(block, dim=1)[:, :k]).to(torch.bfloat16).to(DEVICE)
 
 
 def both(a, da, b, db, out_dtype=torch.bfloat16, model=MODEL):
-    return (probe_matched_gemm_triton(a, da, b, db, out_dtype, model),
-            probe_matched_gemm_reference(a, da, b, db, out_dtype, model))
+    return (
+        probe_matched_gemm_triton(a, da, b, db, out_dtype, model),
+        probe_matched_gemm_reference(a, da, b, db, out_dtype, model),
+    )
 
 
 # Exact partials: payloads (multiples of 1/2, at most 6) times scales (1 + j/8)·2^e, e in {-1, 0}:
@@ -50,7 +54,7 @@ def both(a, da, b, db, out_dtype=torch.bfloat16, model=MODEL):
 @pytest.mark.parametrize("m, n, k", [(64, 96, 256), (33, 70, 100), (128, 128, 64), (5, 300, 129)])
 def test_exact_partials_equal_the_reference_bit_for_bit(m, n, k):
     a, b = encoded(m, k, f"a{m}{n}{k}", (-1, 0)), encoded(n, k, f"b{m}{n}{k}", (-1, 0))
-    got, want = both(a, 2.0 ** -7, b, 0.375)
+    got, want = both(a, 2.0**-7, b, 0.375)
     assert torch.equal(got, want)
     got, want = both(a, torch.tensor(0.3, device=DEVICE), b, None, torch.float32)
     assert torch.equal(got, want)
@@ -62,7 +66,7 @@ def test_transposed_views_per_row_scales_and_no_lattice():
     a = encoded(100, 96, "ta", (0, 0)).t().contiguous().t()
     b = encoded(48, 96, "tb", (0, 0)).t().contiguous().t()
     da = torch.ldexp(torch.ones(100, 1, device=DEVICE), torch.arange(100, device=DEVICE).reshape(100, 1) % 7 - 3)
-    for model in (MODEL, GemmModel("probe_matched", 32, None), GemmModel("probe_matched", 128, 2.0 ** -4)):
+    for model in (MODEL, GemmModel("probe_matched", 32, None), GemmModel("probe_matched", 128, 2.0**-4)):
         got, want = both(a, da, b, 0.5, torch.float32, model)
         assert torch.equal(got, want), model
 
@@ -71,11 +75,11 @@ def test_toward_zero_and_lattice_cases_equal_the_reference():
     # each group one term: partials 1, -2^-30, ... (RZ steps below 1); lattice ties; tiny results
     k = 64 * 4
     a = torch.zeros(6, k)
-    a[0, 0], a[0, 64] = 1.0, -(2.0 ** -30)
-    a[1, 0], a[1, 64], a[1, 128] = -1.0, 2.0 ** -26, 2.0 ** -27
-    a[2, 0] = 3 / 2048                      # the lattice's tie: 1.5 steps -> 2
-    a[3, 0], a[3, 64] = 5 / 2048, -(2.0 ** -40)
-    a[4, 0], a[4, 64] = -(2.0 ** -20), 2.0 ** -21
+    a[0, 0], a[0, 64] = 1.0, -(2.0**-30)
+    a[1, 0], a[1, 64], a[1, 128] = -1.0, 2.0**-26, 2.0**-27
+    a[2, 0] = 3 / 2048  # the lattice's tie: 1.5 steps -> 2
+    a[3, 0], a[3, 64] = 5 / 2048, -(2.0**-40)
+    a[4, 0], a[4, 64] = -(2.0**-20), 2.0**-21
     a[5, 0], a[5, 64], a[5, 192] = 3.0e38, 3.0e38, -1.0
     b = torch.zeros(3, k)
     b[:, ::64] = 1.0
@@ -115,8 +119,11 @@ def test_the_compiled_kernel_adds_toward_zero_in_hardware_on_tensor_core_partial
     a, b = encoded(256, 256, "pa", (0, 0)), encoded(256, 256, "pb", (0, 0))
     got, want = both(a, None, b, None, torch.float32)
     assert torch.equal(got, want)
-    ptx = [c.asm["ptx"] for key, (c, _) in _probe_matched_gemm_launcher()._compiled.items()
-           if dict(key[2])["GROUPS"] == 4 and not dict(key[2])["MMA_ACCUMULATES"]]
+    ptx = [
+        c.asm["ptx"]
+        for key, (c, _) in _probe_matched_gemm_launcher()._compiled.items()
+        if dict(key[2])["GROUPS"] == 4 and not dict(key[2])["MMA_ACCUMULATES"]
+    ]
     assert ptx and "add.rz.f32" in ptx[0] and ("wgmma" in ptx[0] or "mma.sync" in ptx[0])
 
 

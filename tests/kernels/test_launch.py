@@ -10,11 +10,11 @@ from fp4repro.quant import QuantSpec, reference_only, scaled_operand
 
 
 def test_arg_key_separates_what_triton_specializes_on():
-    assert _arg_key(16) != _arg_key(8)            # divisibility by 16
-    assert _arg_key(1) != _arg_key(3)             # the value 1
-    assert _arg_key(2**31) != _arg_key(2**31 - 16 * 2**20)   # int32 against int64
+    assert _arg_key(16) != _arg_key(8)  # divisibility by 16
+    assert _arg_key(1) != _arg_key(3)  # the value 1
+    assert _arg_key(2**31) != _arg_key(2**31 - 16 * 2**20)  # int32 against int64
     x = torch.zeros(64)
-    assert _arg_key(x) != _arg_key(x[1:])         # 16-byte alignment
+    assert _arg_key(x) != _arg_key(x[1:])  # 16-byte alignment
     assert _arg_key(x) != _arg_key(x.to(torch.float64))
 
 
@@ -24,11 +24,11 @@ def test_direct_launch_equals_jit_and_reference(offset):
     launcher = _quantize_launcher()
     spec = QuantSpec(scale="ue5m3", rounding="sr")
     storage = torch.randn(256 * 512 + 1, device="cuda", dtype=torch.bfloat16) * 3
-    x = storage[offset:offset + 256 * 512].view(256, 512)   # offset 1: 2 bytes past alignment
+    x = storage[offset : offset + 256 * 512].view(256, 512)  # offset 1: 2 bytes past alignment
     amax = x.float().abs().max()
-    first = quantize_2d(x, spec, amax=amax, seed=11)["qs"]          # compiles (or finds) through the JIT
+    first = quantize_2d(x, spec, amax=amax, seed=11)["qs"]  # compiles (or finds) through the JIT
     cached = len(launcher._compiled)
-    second = quantize_2d(x, spec, amax=amax, seed=11)["qs"]         # the direct call
+    second = quantize_2d(x, spec, amax=amax, seed=11)["qs"]  # the direct call
     assert len(launcher._compiled) == cached and launcher.direct
     launcher.direct = False
     try:

@@ -53,17 +53,17 @@ def _x(kind: str, shape, seed: int) -> torch.Tensor:
         x[rows // 2, cols // 3] = float("nan")
         x[0, cols - 1] = float("inf")
         x[rows - 1, 0] = -float("inf")
-        x[1 % rows, :] = float("nan")                         # a whole row: all-NaN blocks
-    elif kind == "inf-beside-max":                             # the largest finite |x| shares a block with inf
+        x[1 % rows, :] = float("nan")  # a whole row: all-NaN blocks
+    elif kind == "inf-beside-max":  # the largest finite |x| shares a block with inf
         x[3 % rows, 4 % cols] = -1e6
         x[3 % rows, 5 % cols] = float("inf")
     elif kind == "all-nonfinite":
         x = torch.where(torch.rand(shape, generator=g) < 0.5, float("nan"), float("inf")) * x.sign()
     elif kind == "zero":
         x = torch.zeros(shape)
-    elif kind == "subnormal":                                  # float32 subnormals only
-        x = torch.randint(-2**20, 2**20, shape, generator=g).float() * 2.0**-149
-    elif kind == "huge":                                       # near float32's max, some at it
+    elif kind == "subnormal":  # float32 subnormals only
+        x = torch.randint(-(2**20), 2**20, shape, generator=g).float() * 2.0**-149
+    elif kind == "huge":  # near float32's max, some at it
         x = torch.sign(x) * FLT_MAX * torch.rand(shape, generator=g).clamp(0.5, 1.0)
         x[0, 0] = -FLT_MAX
     return x
@@ -79,7 +79,7 @@ def _expected(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 def _device_x(x: torch.Tensor, columnwise: bool) -> torch.Tensor:
     xd = x.to(DEVICE)
-    if columnwise:      # a transposed view, memory down the rows, as wgrad hands Xᵀ
+    if columnwise:  # a transposed view, memory down the rows, as wgrad hands Xᵀ
         xd = xd.t().contiguous().t()
         assert xd.stride() == (1, x.shape[0])
     return xd
@@ -87,8 +87,10 @@ def _device_x(x: torch.Tensor, columnwise: bool) -> torch.Tensor:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal float32 bit patterns (so +0 and -0, or two NaNs, are told apart)."""
-    return a.reshape(()).to(torch.float32).view(torch.int32).item() == b.reshape(()).to(torch.float32).view(
-        torch.int32).item()
+    return (
+        a.reshape(()).to(torch.float32).view(torch.int32).item()
+        == b.reshape(()).to(torch.float32).view(torch.int32).item()
+    )
 
 
 KINDS = ["normal", "nan-inf", "inf-beside-max", "all-nonfinite", "zero", "subnormal", "huge"]
@@ -99,7 +101,7 @@ KINDS = ["normal", "nan-inf", "inf-beside-max", "all-nonfinite", "zero", "subnor
 @pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
 def test_live_amax_equals_finite_max_of_padded_rht_input(name, kind, columnwise):
     spec = SPECS[name]
-    shape = (37, 72) if columnwise else (40, 70)           # ragged: padding to 16 rows or columns
+    shape = (37, 72) if columnwise else (40, 70)  # ragged: padding to 16 rows or columns
     x = _x(kind, shape, _seed(name, kind, columnwise) % 10_000)
     held = torch.tensor(3.0) if spec.tensor_scaling.kind == "periodic" or "SR" in name else None
     slots = live_slots(DEVICE)
@@ -152,7 +154,7 @@ def test_without_live_no_live_constexprs():
     live = dict(_quantize_plan(spec, (32, 64), (64, 1), True, False, False, True)[3])
     assert not any(name.startswith("LIVE") for name in plain)
     assert live.pop("LIVE") is True and live.pop("LIVE_SLOTS") > 1 and live.pop("LIVE_SLOT_STRIDE") >= 1
-    live.pop("LIVE_TILES", None)           # row tiles a program folds (a 2x1 grid of 16x128 tiles here)
+    live.pop("LIVE_TILES", None)  # row tiles a program folds (a 2x1 grid of 16x128 tiles here)
     live.pop("LIVE_UNROLL", None)
     assert live == plain
 
@@ -187,7 +189,7 @@ def test_slots_hold_the_running_maximum_over_calls_and_tiles():
         quantize_2d(x.to(DEVICE), spec, amax=torch.tensor(1.0), live=slots)
         amaxes.append(_expected(x, spec))
         assert _same(live_slots_amax(slots).cpu(), max(amaxes))
-    assert int((slots != 0).sum()) > 1        # more than one slot was used
+    assert int((slots != 0).sum()) > 1  # more than one slot was used
     # a value folded from elsewhere (the reference's live amax) joins the maximum
     fold_live_amax(slots, torch.tensor(1e3))
     assert float(live_slots_amax(slots)) == 1e3
@@ -201,6 +203,7 @@ def test_slots_of_the_wrong_kind_are_refused():
 
 
 # ----------------------------------------------------------------------- T as a runtime argument
+
 
 def _launch_key(x, spec, amax):
     """The Launcher's cache key of a launch (what decides whether it compiles anew), less the device."""
@@ -228,12 +231,10 @@ def test_new_target_compiles_nothing_on_gpu():
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     amax = torch.tensor(2.0, device="cuda")
     quantize_2d(x, QuantSpec(scale="ue5m3", target=448), amax=amax)
-    before = len(launcher._compiled), sum(len(c) for c in launcher.jit_fn.device_caches.values()
-                                          if isinstance(c, dict))
+    before = len(launcher._compiled), sum(len(c) for c in launcher.jit_fn.device_caches.values() if isinstance(c, dict))
     for t in (2048, 1000.3, 2047.9, 777.77):
         quantize_2d(x, QuantSpec(scale="ue5m3", target=t), amax=amax)
-    after = len(launcher._compiled), sum(len(c) for c in launcher.jit_fn.device_caches.values()
-                                         if isinstance(c, dict))
+    after = len(launcher._compiled), sum(len(c) for c in launcher.jit_fn.device_caches.values() if isinstance(c, dict))
     assert after == before
 
 
@@ -256,8 +257,9 @@ def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
     spec = QuantSpec(scale="ue5m3", target=target, rounding="sr")
     x = _x("nan-inf", (40, 72), _seed("T", target, columnwise) % 10_000)
     for amax in (torch.tensor(3.7), torch.tensor(0.0), torch.tensor(1e-40), torch.tensor(FLT_MAX)):
-        k = quantize_2d(_device_x(x, columnwise), spec, amax=amax, seed=9, out_dtype=torch.float32,
-                        live=live_slots(DEVICE))
+        k = quantize_2d(
+            _device_x(x, columnwise), spec, amax=amax, seed=9, out_dtype=torch.float32, live=live_slots(DEVICE)
+        )
         rand = philox_uniforms(40 * 80, 9, 0, device=DEVICE).cpu().reshape(40, 80)
         qs, d, *_ = scaled_operand_reference(x, spec, amax=amax, rand=rand)
         torch.testing.assert_close(k["qs"].cpu(), qs, rtol=0, atol=0, equal_nan=True)
@@ -265,12 +267,15 @@ def test_adversarial_target_equals_reference_bit_for_bit(target, columnwise):
 
 
 @pytest.mark.parametrize("kind", ["normal", "nan-inf", "zero", "huge"])
-@pytest.mark.parametrize("spec", [SPECS["1x16 RNE current"], SPECS["16x16 RHT"], SPECS["1x16 RHT+SR"]],
-                         ids=["1x16", "16x16 RHT", "1x16 RHT"])
+@pytest.mark.parametrize(
+    "spec", [SPECS["1x16 RNE current"], SPECS["16x16 RHT"], SPECS["1x16 RHT+SR"]], ids=["1x16", "16x16 RHT", "1x16 RHT"]
+)
 def test_the_kernels_operand_amax_is_the_references(spec, kind):
     # what shards of a tensor-parallel operand MAX-reduce before they quantize: the amax over
     # finite elements of the padded, transformed matrix, on both paths
     from fp4repro.reference.block import operand_amax_reference
 
     x = _x(kind, (40, 72), _seed("operand_amax", kind))
-    assert _same(operand_amax_triton(x.to(torch.bfloat16).to(DEVICE), spec), operand_amax_reference(x.to(torch.bfloat16), spec))
+    assert _same(
+        operand_amax_triton(x.to(torch.bfloat16).to(DEVICE), spec), operand_amax_reference(x.to(torch.bfloat16), spec)
+    )

@@ -46,10 +46,11 @@ def _inputs(kind: str, shape, seed: int) -> torch.Tensor:
     elif kind == "adversarial":
         grid = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 0.0, -0.0])  # E2M1 ties
         x = grid[torch.randint(0, len(grid), shape, generator=g)] * torch.exp2(
-            torch.randint(-30, 30, (shape[0], 1), generator=g).float())
-        x[0, :16] = 0.0                                   # an all-zero block
-        x[1, :] = 3.0e30                                  # huge, equal elements
-        x[2, 5] = 1e-41                                   # float32 subnormal
+            torch.randint(-30, 30, (shape[0], 1), generator=g).float()
+        )
+        x[0, :16] = 0.0  # an all-zero block
+        x[1, :] = 3.0e30  # huge, equal elements
+        x[2, 5] = 1e-41  # float32 subnormal
         x[3 % shape[0], 1] = float("nan")
         x[4 % shape[0], 17 % shape[1]] = float("inf")
         x[5 % shape[0], 3] = -float("inf")
@@ -65,8 +66,7 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
     if columnwise:
         xd = xd.t().contiguous().t()
         assert xd.stride() == (1, rows)
-    k = quantize_2d(xd, spec, amax=held, seed=seed, rand_offset=16, out_dtype=torch.float32,
-                    codes=True, stats=True)
+    k = quantize_2d(xd, spec, amax=held, seed=seed, rand_offset=16, out_dtype=torch.float32, codes=True, stats=True)
     if columnwise:
         assert k["qs"].stride() == xd.stride()  # written in the same memory order
     rand = None
@@ -80,8 +80,14 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
     assert torch.equal(k["codes"].cpu(), bq.codes)
     assert torch.equal(k["scale_codes"].cpu(), bq.scale_codes)
     assert float(k["decode_scale"]) == float(d)
-    assert k["counts"].tolist() == [stats.saturated_blocks, stats.underflow_blocks, stats.nonzero_elements,
-                                    stats.zeroed_elements, stats.nonfinite_blocks, stats.clipped_elements]
+    assert k["counts"].tolist() == [
+        stats.saturated_blocks,
+        stats.underflow_blocks,
+        stats.nonzero_elements,
+        stats.zeroed_elements,
+        stats.nonfinite_blocks,
+        stats.clipped_elements,
+    ]
     assert k["blocks"] == stats.blocks
     sums = k["sums"].tolist()
     assert sums[1] == pytest.approx(stats.sq_norm, rel=1e-9)  # float64 sums, order differs
@@ -93,7 +99,7 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
 @pytest.mark.parametrize("kind", ["normal", "heavy", "adversarial"])
 def test_rowwise_kernel_equals_reference(name, kind):
     spec = SPECS[name]
-    x = _inputs(kind, (40, 72), seed=zlib.crc32(f"{name}/{kind}".encode()) % 1000)   # stable across processes
+    x = _inputs(kind, (40, 72), seed=zlib.crc32(f"{name}/{kind}".encode()) % 1000)  # stable across processes
     held = None
     if spec.tensor_scaling.kind == "periodic":
         held = torch.tensor(float(x[torch.isfinite(x)].abs().max()) * 0.01)  # grew 100x: saturation
@@ -120,8 +126,7 @@ def test_odd_shapes(shape):
             _compare(_inputs("heavy", shape, seed=sum(shape)), SPECS[name], columnwise=True)
 
 
-@pytest.mark.parametrize("layout", ["broadcast rows", "broadcast columns", "gapped column-major",
-                                    "gapped row-major"])
+@pytest.mark.parametrize("layout", ["broadcast rows", "broadcast columns", "gapped column-major", "gapped row-major"])
 @pytest.mark.parametrize("name", ["ue5m3-held", "nvfp4-rht-sr"])
 def test_strided_and_broadcast_views_equal_reference(layout, name):
     # what autograd can hand the layer: dY of `y.sum(-1)` is a broadcast (stride 0) view, and
@@ -133,14 +138,14 @@ def test_strided_and_broadcast_views_equal_reference(layout, name):
     elif layout == "broadcast columns":
         x = torch.randn(40, 1, generator=g).expand(40, 48)
     elif layout == "gapped column-major":
-        x = torch.randn(48, 50, generator=g)[:, :40].t()          # strides (1, 50), shape (40, 48)
+        x = torch.randn(48, 50, generator=g)[:, :40].t()  # strides (1, 50), shape (40, 48)
     else:
-        x = torch.randn(40, 60, generator=g)[:, 5:53]            # strides (60, 1)
+        x = torch.randn(40, 60, generator=g)[:, 5:53]  # strides (60, 1)
     held = torch.tensor(float(x.abs().max()) * 0.5) if spec.tensor_scaling.kind == "periodic" else None
     seed, rp_cp = 77, padded_shape(*x.shape, spec)
     k = quantize_2d(x.to(DEVICE), spec, amax=held, seed=seed, rand_offset=8, out_dtype=torch.float32)
     rand = None
-    if spec.rounding == "sr":   # rand_offset 8: the stream starts half-way into a 16-element group
+    if spec.rounding == "sr":  # rand_offset 8: the stream starts half-way into a 16-element group
         rand = philox_uniforms(rp_cp[0] * rp_cp[1], seed, 8, device=DEVICE).cpu().reshape(rp_cp)
     ref, *_ = scaled_operand_reference(x.contiguous(), spec, amax=held, rand=rand)
     assert torch.equal(k["qs"].cpu(), ref)
@@ -218,12 +223,15 @@ def _philox_kat_kernel(words_ptr, out_ptr):
     tl.store(out_ptr + 1, w1.to(tl.int32, bitcast=True))
 
 
-@pytest.mark.parametrize("counter, key, expected", [
-    # Random123's known-answer vectors for philox2x32 with 10 rounds (kat_vectors)
-    ((0x00000000, 0x00000000), 0x00000000, (0xFF1DAE59, 0x6CD10DF2)),
-    ((0xFFFFFFFF, 0xFFFFFFFF), 0xFFFFFFFF, (0x2C3F628B, 0xAB4FD7AD)),
-    ((0x243F6A88, 0x85A308D3), 0x13198A2E, (0xDD7CE038, 0xF62A4C12)),
-])
+@pytest.mark.parametrize(
+    "counter, key, expected",
+    [
+        # Random123's known-answer vectors for philox2x32 with 10 rounds (kat_vectors)
+        ((0x00000000, 0x00000000), 0x00000000, (0xFF1DAE59, 0x6CD10DF2)),
+        ((0xFFFFFFFF, 0xFFFFFFFF), 0xFFFFFFFF, (0x2C3F628B, 0xAB4FD7AD)),
+        ((0x243F6A88, 0x85A308D3), 0x13198A2E, (0xDD7CE038, 0xF62A4C12)),
+    ],
+)
 def test_philox2x32_matches_random123_known_answers(counter, key, expected):
     words = torch.tensor([*counter, key], dtype=torch.int64).to(torch.int32).to(DEVICE)
     out = torch.zeros(2, dtype=torch.int32, device=DEVICE)
@@ -232,8 +240,9 @@ def test_philox2x32_matches_random123_known_answers(counter, key, expected):
 
 
 @triton.jit
-def _sr_round_kernel(a_ptr, byte_ptr, out_ptr, n, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _sr_round_kernel(
+    a_ptr, byte_ptr, out_ptr, n, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr, BLOCK: tl.constexpr
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(a_ptr + offs, mask=mask, other=0.0)
@@ -252,15 +261,23 @@ def _sr_edges(fmt) -> torch.Tensor:
     cells = (torch.arange(256, dtype=torch.float64) + 0.5) / 256
     t = (lo[:, None] + cells[None, :] * (hi - lo)[:, None]).reshape(-1).float()
     tiny = torch.exp2(-torch.tensor([24.0, 26.0, 31.0, 40.0], dtype=torch.float64))
-    small = t[t < 2.0 ** fmt.emin].double()
+    small = t[t < 2.0**fmt.emin].double()
     below = (small[:, None] + tiny[None, :]).reshape(-1)
     below = torch.cat([below, (small[:, None] - tiny[None, :]).reshape(-1)]).float()
-    a = torch.cat([t, torch.nextafter(t, torch.tensor(0.0)), torch.nextafter(t, torch.tensor(1e9)), below,
-                   grid.float(), torch.tensor([1e-45, 1e-40, 1.1754942e-38])])
+    a = torch.cat(
+        [
+            t,
+            torch.nextafter(t, torch.tensor(0.0)),
+            torch.nextafter(t, torch.tensor(1e9)),
+            below,
+            grid.float(),
+            torch.tensor([1e-45, 1e-40, 1.1754942e-38]),
+        ]
+    )
     return a[(a >= 0) & (a <= fmt.max)]
 
 
-@pytest.mark.parametrize("element", ["e2m1", "e3m2", "e2m3", "e1m2"])   # emin 0, -2, 0, 1; 1-3 mantissa bits
+@pytest.mark.parametrize("element", ["e2m1", "e3m2", "e2m3", "e1m2"])  # emin 0, -2, 0, 1; 1-3 mantissa bits
 def test_sr_integer_carry_equals_reference_for_every_random_byte(element):
     # The kernel rounds by an integer carry (the random byte added below the kept mantissa bits,
     # and for values below 2^emin, a + 2^emin rounded up); the reference compares u < frac with
@@ -272,14 +289,17 @@ def test_sr_integer_carry_equals_reference_for_every_random_byte(element):
     bb = byte[None, :].expand(len(a), -1).reshape(-1).contiguous()
     out = torch.empty_like(aa, device=DEVICE)
     n = aa.numel()
-    block = 4096 if DEVICE == "cuda" else 1 << 16    # the interpreter: fewer, larger programs (6x faster)
-    _sr_round_kernel[(triton.cdiv(n, block),)](aa.to(DEVICE), bb.to(DEVICE), out, n, fmt.emin, fmt.man_bits,
-                                               fmt.max, BLOCK=block)
+    block = 4096 if DEVICE == "cuda" else 1 << 16  # the interpreter: fewer, larger programs (6x faster)
+    _sr_round_kernel[(triton.cdiv(n, block),)](
+        aa.to(DEVICE), bb.to(DEVICE), out, n, fmt.emin, fmt.man_bits, fmt.max, BLOCK=block
+    )
     ref = fmt.round(aa, "sr", rand=(255 - bb.float() + 0.5) / 256)
     mismatch = (out.cpu() != ref).nonzero()
-    assert mismatch.numel() == 0, f"{len(mismatch)} mismatches, first: a={aa[mismatch[0]].item()!r} " \
-                                  f"byte={bb[mismatch[0]].item()} kernel={out.cpu()[mismatch[0]].item()} " \
-                                  f"reference={ref[mismatch[0]].item()}"
+    assert mismatch.numel() == 0, (
+        f"{len(mismatch)} mismatches, first: a={aa[mismatch[0]].item()!r} "
+        f"byte={bb[mismatch[0]].item()} kernel={out.cpu()[mismatch[0]].item()} "
+        f"reference={ref[mismatch[0]].item()}"
+    )
 
 
 def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
@@ -289,13 +309,13 @@ def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():
     spec = QuantSpec(scale="ue5m3", rounding="sr")
     x = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
     cells = [scaled_operand_reference(x, spec, rand=torch.full((1, 64), (k + 0.5) / 256))[0] for k in range(256)]
-    expected = torch.cat(cells).double().mean(0)                 # E[q·s_b] over the 256 cells
+    expected = torch.cat(cells).double().mean(0)  # E[q·s_b] over the 256 cells
     _, d, *_ = scaled_operand_reference(x, spec, rand=torch.zeros(1, 64))
     s_b = quantize_reference(x, spec, rand=torch.zeros(1, 64)).scales.double().repeat_interleave(16, 1)[0]
     blocks = x.abs().reshape(4, 16)
     block_max = (blocks == blocks.amax(1, keepdim=True)).reshape(64)
-    xs = x[0].double() / float(d)                                # x in q·s units
-    v = xs.abs() / s_b                                           # on the E2M1 axis
+    xs = x[0].double() / float(d)  # x in q·s units
+    v = xs.abs() / s_b  # on the E2M1 axis
     ulp = torch.where(v < 2, 0.5, torch.where(v < 4, 1.0, 2.0)) * s_b
     bias = (expected - xs).abs()
     assert (bias <= ulp / 512 + 1e-12 * xs.abs())[~block_max].all()
@@ -353,7 +373,7 @@ def test_a_shard_at_its_place_rounds_as_the_whole_tensor(name, axis, columnwise)
 
     expected = quantized(whole)[index] if axis == 0 else quantized(whole)[:, index]
     shard = whole[index] if axis == 0 else whole[:, index]
-    parts = whole.shape[axis] // len(index)          # 80 / 32 rows is not whole: unused along rows
+    parts = whole.shape[axis] // len(index)  # 80 / 32 rows is not whole: unused along rows
     got = quantized(shard, shard_place(axis, index, parts if axis == 1 else 1, DEVICE))
     assert torch.equal(got, expected)
     assert not torch.equal(quantized(shard), expected)

@@ -19,8 +19,11 @@ def test_the_core_is_causal_grouped_query_attention(megatron_cpu):
     assert isinstance(core, SDPAttention)
     g = torch.Generator().manual_seed(5)
     s, b, heads, kv, d = 7, 2, tiny.attn_heads, tiny.attn_kv_heads, tiny.attn_head_dim
-    q, k, v = torch.randn(s, b, heads, d, generator=g), torch.randn(s, b, kv, d, generator=g), \
-        torch.randn(s, b, kv, d, generator=g)
+    q, k, v = (
+        torch.randn(s, b, heads, d, generator=g),
+        torch.randn(s, b, kv, d, generator=g),
+        torch.randn(s, b, kv, d, generator=g),
+    )
     got = core(q, k, v, None)
     # by hand: head h reads KV head h // (heads / kv); position i sees positions <= i
     kk, vv = k.repeat_interleave(heads // kv, dim=2), v.repeat_interleave(heads // kv, dim=2)
@@ -38,10 +41,10 @@ def test_megatron_layers_compute_the_reference_layers(kind, ours, theirs, megatr
     model = megatron_cpu(tiny)
     model.load_state_dict(to_megatron(reference.state_dict(), tiny), strict=True)
     i = tiny.layer_types.index(kind)
-    x = torch.randn(3, 16, tiny.hidden_size, generator=torch.Generator().manual_seed(9))     # [b, s, h]
-    xr, xm = x.clone().requires_grad_(), x.transpose(0, 1).clone().requires_grad_()         # megatron: [s, b, h]
+    x = torch.randn(3, 16, tiny.hidden_size, generator=torch.Generator().manual_seed(9))  # [b, s, h]
+    xr, xm = x.clone().requires_grad_(), x.transpose(0, 1).clone().requires_grad_()  # megatron: [s, b, h]
     yr = getattr(reference.layers[i], ours)(xr)
-    ym = getattr(model.decoder.layers[i], theirs)(xm, *((None,) if kind == "attention" else ()))[0]   # no mask: causal
+    ym = getattr(model.decoder.layers[i], theirs)(xm, *((None,) if kind == "attention" else ()))[0]  # no mask: causal
     torch.testing.assert_close(ym.transpose(0, 1), yr, rtol=1e-5, atol=1e-6)
     g = torch.randn_like(yr)
     yr.backward(g)

@@ -52,7 +52,7 @@ def test_query_key_value_heads_reach_megatrons_attention_as_the_reference_splits
     model.load_state_dict(to_megatron(state, tiny), strict=True)
     i = tiny.layer_types.index("attention")
     attention = model.decoder.layers[i].self_attention
-    x = torch.randn(6, 2, tiny.hidden_size, generator=torch.Generator().manual_seed(7))   # [s, b, h]
+    x = torch.randn(6, 2, tiny.hidden_size, generator=torch.Generator().manual_seed(7))  # [s, b, h]
     with torch.no_grad():
         query, key, value = attention.get_query_key_value_tensors(x)[:3]
         h, kv, d = tiny.attn_heads, tiny.attn_kv_heads, tiny.attn_head_dim
@@ -85,8 +85,11 @@ def test_a_state_of_another_model_is_refused_by_name(tiny):
     state = _reference_state(tiny)
     state.pop("layers.3.mixer.o_proj.weight")
     state["layers.9.norm.weight"] = torch.ones(tiny.hidden_size)
-    with pytest.raises(ConversionError, match=r"missing \['layers.3.mixer.o_proj.weight'\]; "
-                                              r"unknown \['layers.9.norm.weight'\]"):
+    with pytest.raises(
+        ConversionError,
+        match=r"missing \['layers.3.mixer.o_proj.weight'\]; "
+        r"unknown \['layers.9.norm.weight'\]",
+    ):
         to_megatron(state, tiny)
     with pytest.raises(ConversionError, match="not a megatron state dict"):
         from_megatron(_reference_state(tiny), tiny)

@@ -46,7 +46,10 @@ def test_each_linear_gets_the_reference_linears_specs_and_key(name, megatron_cpu
         assert not any(k.startswith(f"layers.{tiny.n_layers - 1}.") for k in quantized)
     if name == "overrides":
         assert "layers.1.mixer.fc2" not in quantized and "layers.1.mixer.fc1" in quantized
-        assert "2048" in got["layers.3.mixer.qkv_proj"]["wgrad.dy"] and "2048" not in got["layers.3.mixer.o_proj"]["wgrad.dy"]
+        assert (
+            "2048" in got["layers.3.mixer.qkv_proj"]["wgrad.dy"]
+            and "2048" not in got["layers.3.mixer.o_proj"]["wgrad.dy"]
+        )
 
 
 def test_the_quantizable_linears_are_megatrons_parallel_linears(megatron_cpu):
@@ -54,9 +57,14 @@ def test_the_quantizable_linears_are_megatrons_parallel_linears(megatron_cpu):
 
     model = megatron_cpu(load_model_config("tiny"))
     kinds = {name: type(module) for _, name, module in layer_linears(model)}
-    assert kinds == {"in_proj": QuantColumnParallelLinear, "out_proj": QuantRowParallelLinear,
-                     "linear_fc1": QuantColumnParallelLinear, "linear_fc2": QuantRowParallelLinear,
-                     "linear_qkv": QuantColumnParallelLinear, "linear_proj": QuantRowParallelLinear}
+    assert kinds == {
+        "in_proj": QuantColumnParallelLinear,
+        "out_proj": QuantRowParallelLinear,
+        "linear_fc1": QuantColumnParallelLinear,
+        "linear_fc2": QuantRowParallelLinear,
+        "linear_qkv": QuantColumnParallelLinear,
+        "linear_proj": QuantRowParallelLinear,
+    }
     assert issubclass(QuantColumnParallelLinear, ColumnParallelLinear)
     assert issubclass(QuantRowParallelLinear, RowParallelLinear)
 
@@ -90,15 +98,27 @@ def _pipeline_stage(rank: int, init: str, out: str, recipe_path: str) -> None:
         config = ModelConfig(**{**SIX_LAYERS})
         model = build(config, parallel=ParallelConfig(pipeline=2))
         attach_recipe(model, load_recipe(recipe_path), QuantState(), config)
-        torch.save([(n, module.quant_key, module.describe()) for n, _, module in layer_linears(model)],
-                   f"{out}.{rank}")
+        torch.save([(n, module.quant_key, module.describe()) for n, _, module in layer_linears(model)], f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-SIX_LAYERS = dict(name="six", pattern="M-*-M-", hidden_size=32, vocab_size=64, mlp_hidden_size=64, attn_heads=4,
-                  attn_kv_heads=2, attn_head_dim=8, mamba_heads=8, mamba_head_dim=8, mamba_state_size=8,
-                  mamba_groups=2, mamba_conv_kernel=4, mamba_chunk_size=8)
+SIX_LAYERS = dict(
+    name="six",
+    pattern="M-*-M-",
+    hidden_size=32,
+    vocab_size=64,
+    mlp_hidden_size=64,
+    attn_heads=4,
+    attn_kv_heads=2,
+    attn_head_dim=8,
+    mamba_heads=8,
+    mamba_head_dim=8,
+    mamba_state_size=8,
+    mamba_groups=2,
+    mamba_conv_kernel=4,
+    mamba_chunk_size=8,
+)
 
 
 def test_pipeline_stages_attach_the_recipe_by_global_layer_number(tmp_path):
@@ -110,10 +130,15 @@ def test_pipeline_stages_attach_the_recipe_by_global_layer_number(tmp_path):
     from fp4repro.config.model import ModelConfig
 
     recipe = tmp_path / "overrides.yaml"
-    recipe.write_text(OVERRIDES.replace('linears: [qkv_proj]', 'linears: [fc1]'))        # layer 3: stage 2's MLP
+    recipe.write_text(OVERRIDES.replace("linears: [qkv_proj]", "linears: [fc1]"))  # layer 3: stage 2's MLP
     out = str(tmp_path / "linears")
-    mp.start_processes(_pipeline_stage, args=(f"file://{tmp_path}/rendezvous", out, str(recipe)), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _pipeline_stage,
+        args=(f"file://{tmp_path}/rendezvous", out, str(recipe)),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
     stages = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     assert sorted({n for n, _, _ in stages[0]}) == [1, 2, 3] and sorted({n for n, _, _ in stages[1]}) == [4, 5, 6]
     reference = NemotronH(ModelConfig(**SIX_LAYERS), load_recipe(recipe)).describe()
@@ -135,7 +160,7 @@ def test_a_quantized_linear_returns_its_input_gradient_in_the_inputs_layout(name
     module = next(m for _, n, m in layer_linears(model) if n == name and m.specs is not None)
     gen = torch.Generator().manual_seed(7)
     leaf = torch.randn(32, 2, module.weight.shape[1], generator=gen).requires_grad_()
-    x = leaf * 1.0                   # not a leaf: a leaf's .grad is re-laid out by autograd itself
+    x = leaf * 1.0  # not a leaf: a leaf's .grad is re-laid out by autograd itself
     arriving = []
     x.register_hook(arriving.append)
     out, _ = module(x)

@@ -36,4 +36,4 @@ def test_the_weight_is_marked_for_the_sequence_parallel_all_reduce(sequence_para
     config = SimpleNamespace(layernorm_epsilon=1e-6, sequence_parallel=sequence_parallel)
     norm = RMSNorm(config, 8)
     assert norm.weight.sequence_parallel is sequence_parallel and norm.eps == 1e-6
-    assert RMSNorm(config, 8, eps=1e-3).eps == 1e-3          # TransformerLayer passes its own
+    assert RMSNorm(config, 8, eps=1e-3).eps == 1e-3  # TransformerLayer passes its own

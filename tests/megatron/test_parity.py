@@ -8,34 +8,73 @@ from fp4repro.megatron.parity import bf16_bounds, linear_gradients, table_header
 
 def test_bf16_bounds_follow_the_rounding_argument():
     # u = 2^-8, L = 4 layers: spread u·sqrt(L) = 2^-7; loss 2·spread·max|logit|, gradients 4·spread
-    assert bf16_bounds(4, 3.0) == {"loss": 2 * 2 ** -7 * 3.0, "gradient": 4 * 2 ** -7}
+    assert bf16_bounds(4, 3.0) == {"loss": 2 * 2**-7 * 3.0, "gradient": 4 * 2**-7}
     assert bf16_bounds(16, 1.0)["gradient"] == 2 * bf16_bounds(4, 1.0)["gradient"]
 
 
 def test_linear_gradients_are_the_internal_linears_weights():
-    differences = {"embedding.weight": 9.0, "lm_head.weight": 9.0, "final_norm.weight": 9.0,
-                   "layers.0.norm.weight": 9.0, "layers.0.mixer.in_proj.weight": 1.0,
-                   "layers.0.mixer.out_proj.weight": 2.0, "layers.0.mixer.conv1d.weight": 9.0,
-                   "layers.0.mixer.A_log": 9.0, "layers.0.mixer.norm.weight": 9.0,
-                   "layers.1.mixer.fc1.weight": 3.0, "layers.1.mixer.fc2.weight": 4.0,
-                   "layers.3.mixer.qkv_proj.weight": 5.0, "layers.3.mixer.o_proj.weight": 6.0}
+    differences = {
+        "embedding.weight": 9.0,
+        "lm_head.weight": 9.0,
+        "final_norm.weight": 9.0,
+        "layers.0.norm.weight": 9.0,
+        "layers.0.mixer.in_proj.weight": 1.0,
+        "layers.0.mixer.out_proj.weight": 2.0,
+        "layers.0.mixer.conv1d.weight": 9.0,
+        "layers.0.mixer.A_log": 9.0,
+        "layers.0.mixer.norm.weight": 9.0,
+        "layers.1.mixer.fc1.weight": 3.0,
+        "layers.1.mixer.fc2.weight": 4.0,
+        "layers.3.mixer.qkv_proj.weight": 5.0,
+        "layers.3.mixer.o_proj.weight": 6.0,
+    }
     assert linear_gradients(differences) == {k: v for k, v in differences.items() if v < 9}
 
 
 def test_a_row_prints_under_its_header():
     result = {"model": "tiny", "batch": 4, "length": 256, "seed": 0}
-    row = {"recipe": "ue5m3", "autocast": "bf16", "loss_reference": 7.62512, "loss_difference": -1.3e-3,
-           "yardstick_loss_difference": 2.4e-4, "bounds": {"loss": 0.05, "gradient": 0.035},
-           "linear_gradient_max": 0.25, "yardstick_linear_gradient_max": 0.19,
-           "bf16_effect_linear_gradient_max": 0.31, "worst_ratio": 0.87, "megatron_effect_ratio": 1.02,
-           "within": True}
+    row = {
+        "recipe": "ue5m3",
+        "autocast": "bf16",
+        "loss_reference": 7.62512,
+        "loss_difference": -1.3e-3,
+        "yardstick_loss_difference": 2.4e-4,
+        "bounds": {"loss": 0.05, "gradient": 0.035},
+        "linear_gradient_max": 0.25,
+        "yardstick_linear_gradient_max": 0.19,
+        "bf16_effect_linear_gradient_max": 0.31,
+        "worst_ratio": 0.87,
+        "megatron_effect_ratio": 1.02,
+        "within": True,
+    }
     header = table_header(result).splitlines()
     assert header[0].startswith("tiny: batch 4 x 256 tokens") and "lin grad" in header[1]
-    assert table_row(row).split() == ["ue5m3", "bf16", "7.62512", "-1.30e-03", "+2.40e-04", "5.00e-02",
-                                      "2.50e-01", "1.90e-01", "3.50e-02", "3.10e-01", "0.87", "1.02", "yes"]
-    fp32 = table_row({**row, "autocast": "fp32", "bounds": None, "within": None,
-                      "bf16_effect_linear_gradient_max": float("nan"), "worst_ratio": float("nan"),
-                      "megatron_effect_ratio": float("nan")}).split()
+    assert table_row(row).split() == [
+        "ue5m3",
+        "bf16",
+        "7.62512",
+        "-1.30e-03",
+        "+2.40e-04",
+        "5.00e-02",
+        "2.50e-01",
+        "1.90e-01",
+        "3.50e-02",
+        "3.10e-01",
+        "0.87",
+        "1.02",
+        "yes",
+    ]
+    fp32 = table_row(
+        {
+            **row,
+            "autocast": "fp32",
+            "bounds": None,
+            "within": None,
+            "bf16_effect_linear_gradient_max": float("nan"),
+            "worst_ratio": float("nan"),
+            "megatron_effect_ratio": float("nan"),
+        }
+    ).split()
     assert fp32[5] == fp32[9] == fp32[10] == fp32[11] == "nan" and fp32[12] == "-"
     assert table_row({**row, "within": False}).split()[-1] == "NO"
 
@@ -50,40 +89,56 @@ def test_a_quantized_row_is_within_when_every_linear_moves_at_most_sqrt2_times_a
     # directions, end sqrt(E^2 + E^2) apart
     bounds = {"loss": 0.02, "gradient": 0.035}
     effect = _differences(in_proj=0.20, fc1=0.10)
-    ok = verdict(True, {"loss_difference": -4e-4, **_differences(in_proj=0.28, fc1=0.09)}, effect, bounds,
-                 megatron_effect=_differences(in_proj=0.22, fc1=0.08))
-    assert ok["within"] and ok["worst_ratio"] == pytest.approx(1.4) and ok["worst_ratio_linear"].endswith("in_proj.weight")
+    ok = verdict(
+        True,
+        {"loss_difference": -4e-4, **_differences(in_proj=0.28, fc1=0.09)},
+        effect,
+        bounds,
+        megatron_effect=_differences(in_proj=0.22, fc1=0.08),
+    )
+    assert (
+        ok["within"] and ok["worst_ratio"] == pytest.approx(1.4) and ok["worst_ratio_linear"].endswith("in_proj.weight")
+    )
     assert ok["bf16_effect_linear_gradient_max"] == 0.20 and ok["megatron_effect_ratio"] == pytest.approx(1.1)
     # fc1 exceeds sqrt(2) times its own effect though it stays under in_proj's
     per_linear = verdict(True, {"loss_difference": -4e-4, **_differences(in_proj=0.05, fc1=0.15)}, effect, bounds)
     assert not per_linear["within"] and per_linear["worst_ratio"] == pytest.approx(1.5)
     assert "megatron_effect_ratio" not in per_linear
     # the loss bound holds for quantized rows too; embedding differences are not the linears'
-    assert not verdict(True, {"loss_difference": 0.03, **_differences(in_proj=0.01, fc1=0.01)}, effect, bounds)["within"]
+    assert not verdict(True, {"loss_difference": 0.03, **_differences(in_proj=0.01, fc1=0.01)}, effect, bounds)[
+        "within"
+    ]
     # a NaN anywhere is outside, wherever it sits
     for nan in ({"in_proj": 0.01, "fc1": float("nan")}, {"in_proj": float("nan"), "fc1": 0.01}):
         assert not verdict(True, {"loss_difference": 0.0, **_differences(**nan)}, effect, bounds)["within"]
         assert not verdict(False, {"loss_difference": 0.0, **_differences(**nan)}, effect, bounds)["within"]
-    assert not verdict(True, {"loss_difference": float("nan"), **_differences(in_proj=0.01, fc1=0.01)}, effect,
-                       bounds)["within"]
+    assert not verdict(True, {"loss_difference": float("nan"), **_differences(in_proj=0.01, fc1=0.01)}, effect, bounds)[
+        "within"
+    ]
 
 
 def test_a_bf16_row_is_judged_by_the_rounding_bounds_not_by_the_bf16_effect():
     bounds = {"loss": 0.02, "gradient": 0.035}
     effect = _differences(in_proj=0.001, fc1=0.001)
     assert verdict(False, {"loss_difference": 1e-4, **_differences(in_proj=0.03, fc1=0.01)}, effect, bounds)["within"]
-    assert not verdict(False, {"loss_difference": 1e-4, **_differences(in_proj=0.04, fc1=0.01)}, effect, bounds)["within"]
+    assert not verdict(False, {"loss_difference": 1e-4, **_differences(in_proj=0.04, fc1=0.01)}, effect, bounds)[
+        "within"
+    ]
 
 
 def test_loss_curves_compare_megatron_with_three_times_the_larger_reference_drift():
     from fp4repro.train.backend_curves import compare, table_row
 
-    curves = {"reference": [5.0, 4.0, 3.0], "again": [5.0, 4.0, 3.0], "yardstick": [5.0, 4.01, 2.98],
-              "megatron": [5.0, 4.03, 3.05]}
+    curves = {
+        "reference": [5.0, 4.0, 3.0],
+        "again": [5.0, 4.0, 3.0],
+        "yardstick": [5.0, 4.01, 2.98],
+        "megatron": [5.0, 4.03, 3.05],
+    }
     got = compare(curves)
     assert got["max_difference"]["yardstick"] == pytest.approx(0.02)
     assert got["band"] == pytest.approx(0.06) and got["within"]
-    curves["megatron"][2] = 3.07                      # 0.07 > 3 x 0.02
+    curves["megatron"][2] = 3.07  # 0.07 > 3 x 0.02
     outside = compare(curves)
     assert not outside["within"]
     assert table_row({"recipe": "ue5m3", **outside}).endswith("NO")

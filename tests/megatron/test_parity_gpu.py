@@ -17,7 +17,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _tokens(config, seed=1, batch=4, length=128):
-    return torch.randint(0, config.vocab_size, (batch, length + 1), generator=torch.Generator().manual_seed(seed)).cuda()
+    return torch.randint(
+        0, config.vocab_size, (batch, length + 1), generator=torch.Generator().manual_seed(seed)
+    ).cuda()
 
 
 def test_bf16_first_step_agrees_within_rounding_and_a_transposed_weight_breaks_it(megatron_cpu):
@@ -34,7 +36,9 @@ def test_bf16_first_step_agrees_within_rounding_and_a_transposed_weight_breaks_i
     # the fused QKV weight loaded in the reference's row order, not megatron's grouping
     state = to_megatron(reference.state_dict(), tiny)
     i = tiny.layer_types.index("attention")
-    state[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = reference.state_dict()[f"layers.{i}.mixer.qkv_proj.weight"]
+    state[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = reference.state_dict()[
+        f"layers.{i}.mixer.qkv_proj.weight"
+    ]
     megatron.load_state_dict(state, strict=True)
     broken = first_step(reference, megatron, tokens, seed=2, bf16=True)
     assert max(linear_gradients(broken["gradient_difference"]).values()) > bounds["gradient"]
@@ -68,10 +72,12 @@ def test_a_recipe_attached_one_layer_off_breaks_the_last_quantized_layers_exact_
 # (megatron module path, reference module path) of one linear of each kind in tiny ("M-M*-");
 # the fused QKV is left out: its output rows are grouped by KV head in megatron (``convert``), so
 # SR draws its random bits at other positions of the gradient (forward: below)
-LINEARS = [("decoder.layers.0.mixer.in_proj", "layers.0.mixer.in_proj"),         # column-parallel
-           ("decoder.layers.0.mixer.out_proj", "layers.0.mixer.out_proj"),       # row-parallel
-           ("decoder.layers.1.mlp.linear_fc1", "layers.1.mixer.fc1"),
-           ("decoder.layers.3.self_attention.linear_proj", "layers.3.mixer.o_proj")]
+LINEARS = [
+    ("decoder.layers.0.mixer.in_proj", "layers.0.mixer.in_proj"),  # column-parallel
+    ("decoder.layers.0.mixer.out_proj", "layers.0.mixer.out_proj"),  # row-parallel
+    ("decoder.layers.1.mlp.linear_fc1", "layers.1.mixer.fc1"),
+    ("decoder.layers.3.self_attention.linear_proj", "layers.3.mixer.o_proj"),
+]
 
 
 @pytest.mark.parametrize("recipe", ["ue5m3", "nvfp4", "ue5m3_auto"])
@@ -86,7 +92,7 @@ def test_a_quantized_megatron_linear_computes_the_reference_linear_bit_for_bit(r
         x = torch.randn(4, 64, r.in_features, device="cuda", generator=g)
         dy = torch.randn(4, 64, r.out_features, device="cuda", generator=g)
         xr, xm = x.clone().requires_grad_(), x.transpose(0, 1).clone().requires_grad_()
-        torch.manual_seed(7)                                  # SR seeds: the same draws
+        torch.manual_seed(7)  # SR seeds: the same draws
         with torch.autocast("cuda", dtype=torch.bfloat16):
             yr = r(xr)
         yr.backward(dy.to(yr.dtype))
@@ -107,8 +113,11 @@ def test_the_fused_qkv_forward_is_the_references_with_its_rows_grouped(megatron_
     reference, megatron = pair(tiny, load_recipe("nvfp4"), seed=0)
     m = megatron.get_submodule("decoder.layers.3.self_attention.linear_qkv")
     r = reference.get_submodule("layers.3.mixer.qkv_proj")
-    rows = qkv_to_megatron(torch.arange(r.out_features)[:, None], tiny.attn_heads, tiny.attn_kv_heads,
-                           tiny.attn_head_dim).flatten().cuda()
+    rows = (
+        qkv_to_megatron(torch.arange(r.out_features)[:, None], tiny.attn_heads, tiny.attn_kv_heads, tiny.attn_head_dim)
+        .flatten()
+        .cuda()
+    )
     x = torch.randn(4, 64, r.in_features, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         yr, (ym, _) = r(x), m(x.transpose(0, 1))

@@ -23,8 +23,10 @@ def test_the_megatron_backend_without_cuda_says_so_before_reading_data(tmp_path)
     from fp4repro.train import train
 
     path = tmp_path / "exp.yaml"
-    path.write_text("name: m\nmodel: tiny\nrecipes: [bf16]\nbackend: megatron\n"
-                    "data: {sources: {prose: {kind: stdlib_prose}}, tokenizer: {vocab_size: 2048}}\n"
-                    "train: {seq_len: 64, batch_size: 4, stages: [{name: s, tokens: 2560, blend: {prose: 1.0}}]}\n")
+    path.write_text(
+        "name: m\nmodel: tiny\nrecipes: [bf16]\nbackend: megatron\n"
+        "data: {sources: {prose: {kind: stdlib_prose}}, tokenizer: {vocab_size: 2048}}\n"
+        "train: {seq_len: 64, batch_size: 4, stages: [{name: s, tokens: 2560, blend: {prose: 1.0}}]}\n"
+    )
     with pytest.raises(FP4ReproError, match="backend megatron trains on CUDA GPUs .* none is visible"):
         train(load_study(path), "bf16", tmp_path / "no_data", tmp_path / "out")

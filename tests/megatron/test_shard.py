@@ -59,17 +59,19 @@ def _worker(rank: int, init: str, out: str) -> None:
         model.load_state_dict(shard(whole, config, 2, rank), strict=True)
         local = {k: v for k, v in model.state_dict().items() if not k.endswith("._extra_state")}
         back = gather(local, config, parallel_state.get_tensor_model_parallel_group())
-        checks = {"gathered": sorted(k for k in whole if torch.equal(back[k], whole[k])),
-                  "split": sorted(k for k in whole if local[k].shape != whole[k].shape)}
+        checks = {
+            "gathered": sorted(k for k in whole if torch.equal(back[k], whole[k])),
+            "split": sorted(k for k in whole if local[k].shape != whole[k].shape),
+        }
         in_proj, conv = _segments_of(config)
         wrong, seen = [], 0
         for piece in _pieces(model.sharded_state_dict()):
             key, segment = piece.key, None
-            if key not in whole:                      # a fused tensor's segment: "<key>.<segment>"
+            if key not in whole:  # a fused tensor's segment: "<key>.<segment>"
                 key, name = key.rsplit(".", 1)
                 segment = (in_proj if key.endswith("in_proj.weight") else conv)[name]
             source = whole[key] if segment is None else whole[key].narrow(0, *segment)
-            offsets = piece.global_offset[-piece.data.dim():]
+            offsets = piece.global_offset[-piece.data.dim() :]
             expected = source[tuple(slice(o, o + n) for o, n in zip(offsets, piece.data.shape))]
             seen += 1
             if not torch.equal(piece.data, expected):
@@ -85,8 +87,7 @@ def test_tensor_parallel_parts_are_megatrons_and_gather_to_the_whole(tmp_path):
     from fp4repro.megatron.convert import key_map
 
     out = str(tmp_path / "shard")
-    mp.start_processes(_worker, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn",
-                       join=True)
+    mp.start_processes(_worker, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn", join=True)
     config = load_model_config("tiny")
     every = set(key_map(config).values())
     for rank in (0, 1):

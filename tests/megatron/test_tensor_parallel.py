@@ -15,7 +15,7 @@ SHAPE = (64, 96)
 def _tensor(seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(SHAPE, generator=g)
-    x[3, 5] = 40.0              # the whole tensor's amax lies in the first half of rows and columns
+    x[3, 5] = 40.0  # the whole tensor's amax lies in the first half of rows and columns
     return x
 
 
@@ -38,11 +38,15 @@ def _operands(rank: int, init: str, out: str) -> None:
     with _gloo(rank, init) as dist:
         specs = load_recipe("nvfp4").linear_specs(0, 4, linear="fc1")
         results = {}
-        for name, spec in (("fprop.w (16x16)", specs.fprop_w), ("fprop.x (1x16)", specs.fprop_x),
-                           ("dgrad.w (RHT off, 16x16)", specs.dgrad_w), ("wgrad.x (RHT)", specs.wgrad_x)):
+        for name, spec in (
+            ("fprop.w (16x16)", specs.fprop_w),
+            ("fprop.x (1x16)", specs.fprop_x),
+            ("dgrad.w (RHT off, 16x16)", specs.dgrad_w),
+            ("wgrad.x (RHT)", specs.wgrad_x),
+        ):
             x = _tensor(len(name))
-            rows = x[rank * 32:(rank + 1) * 32]                       # N split: rows of W
-            cols = x[:, rank * 48:(rank + 1) * 48]                   # K split: columns
+            rows = x[rank * 32 : (rank + 1) * 32]  # N split: rows of W
+            cols = x[:, rank * 48 : (rank + 1) * 48]  # K split: columns
             for split, shard in (("rows", rows), ("cols", cols)):
                 for mode, group in (("group", dist.group.WORLD), ("local", None)):
                     q, d = quantized_operand(shard.contiguous(), spec, None, "l", "op", Shard(group))
@@ -57,12 +61,17 @@ def test_split_operands_quantize_as_the_whole_tensor_with_the_group_amax(tmp_pat
     from fp4repro.quant.linear import quantized_operand
 
     out = str(tmp_path / "operands")
-    mp.start_processes(_operands, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn",
-                       join=True)
+    mp.start_processes(
+        _operands, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn", join=True
+    )
     ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     specs = load_recipe("nvfp4").linear_specs(0, 4, linear="fc1")
-    for name, spec in (("fprop.w (16x16)", specs.fprop_w), ("fprop.x (1x16)", specs.fprop_x),
-                       ("dgrad.w (RHT off, 16x16)", specs.dgrad_w), ("wgrad.x (RHT)", specs.wgrad_x)):
+    for name, spec in (
+        ("fprop.w (16x16)", specs.fprop_w),
+        ("fprop.x (1x16)", specs.fprop_x),
+        ("dgrad.w (RHT off, 16x16)", specs.dgrad_w),
+        ("wgrad.x (RHT)", specs.wgrad_x),
+    ):
         q, d = quantized_operand(_tensor(len(name)), spec, None, "l", "op")
         whole = (q * d).float()
         for split, halves in (("rows", whole.split(32, dim=0)), ("cols", whole.split(48, dim=1))):
@@ -83,8 +92,11 @@ def _rne(specs):
 
     from fp4repro.config.spec import GemmModel
 
-    rne = {name.replace(".", "_"): dataclasses.replace(spec, rounding="rne") for name, spec in specs.items()
-           if spec is not None}
+    rne = {
+        name.replace(".", "_"): dataclasses.replace(spec, rounding="rne")
+        for name, spec in specs.items()
+        if spec is not None
+    }
     return dataclasses.replace(specs, **rne, gemm=GemmModel("fp32"))
 
 
@@ -113,9 +125,11 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
         for sequence_parallel in (False, True):
             with build_on("cpu"):
                 mlps[sequence_parallel] = MLP(
-                    transformer_config(config, ParallelConfig(tensor=2, sequence_parallel=sequence_parallel),
-                                       cpu_initialization=True),
-                    MLPSubmodules(linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear))
+                    transformer_config(
+                        config, ParallelConfig(tensor=2, sequence_parallel=sequence_parallel), cpu_initialization=True
+                    ),
+                    MLPSubmodules(linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear),
+                )
         w1, w2, x, dy = _mlp_inputs()
         half, length = w1.shape[0] // 2, x.shape[1] // 2
         recipe = load_recipe("nvfp4")
@@ -126,28 +140,45 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
             mlp = mlps[mode == "sequence"]
             part = slice(rank * length, (rank + 1) * length) if mode == "sequence" else slice(None)
             with torch.no_grad():
-                mlp.linear_fc1.weight.copy_(w1[rank * half:(rank + 1) * half])
-                mlp.linear_fc2.weight.copy_(w2[:, rank * half:(rank + 1) * half])
+                mlp.linear_fc1.weight.copy_(w1[rank * half : (rank + 1) * half])
+                mlp.linear_fc2.weight.copy_(w2[:, rank * half : (rank + 1) * half])
             mlp.zero_grad(set_to_none=True)
             state = QuantState()
             for module, linear in ((mlp.linear_fc1, "fc1"), (mlp.linear_fc2, "fc2")):
                 specs = _rne(recipe.linear_specs(0, 4, linear=linear))
                 tp_amax = "local" if mode == "local" else "group"
                 module.attach(specs, state, linear, linear_shards(module, specs, config, linear, tp_amax))
-            xs = x.transpose(0, 1)[part].clone().requires_grad_()       # megatron's [sequence, batch, hidden]
-            with build_on("cpu"):          # megatron's sequence gather allocates on the "current CUDA device"
+            xs = x.transpose(0, 1)[part].clone().requires_grad_()  # megatron's [sequence, batch, hidden]
+            with build_on("cpu"):  # megatron's sequence gather allocates on the "current CUDA device"
                 y, _ = mlp(xs)
                 y.backward(dy.transpose(0, 1)[part])
-            results[mode] = {"y": y.detach().transpose(0, 1), "dx": xs.grad.transpose(0, 1),
-                             "dw1": mlp.linear_fc1.weight.grad.clone(), "dw2": mlp.linear_fc2.weight.grad.clone(),
-                             "groups": sorted(op for op, shard in mlp.linear_fc1.shards.items() if shard.group),
-                             "groups_fc2": sorted(op for op, shard in mlp.linear_fc2.shards.items() if shard.group)}
+            results[mode] = {
+                "y": y.detach().transpose(0, 1),
+                "dx": xs.grad.transpose(0, 1),
+                "dw1": mlp.linear_fc1.weight.grad.clone(),
+                "dw2": mlp.linear_fc2.weight.grad.clone(),
+                "groups": sorted(op for op, shard in mlp.linear_fc1.shards.items() if shard.group),
+                "groups_fc2": sorted(op for op, shard in mlp.linear_fc2.shards.items() if shard.group),
+            }
         torch.save(results, f"{out}.{rank}")
 
 
-MLP_MODEL = dict(name="mlp", pattern="-", hidden_size=64, vocab_size=64, mlp_hidden_size=128, attn_heads=4,
-                 attn_kv_heads=2, attn_head_dim=16, mamba_heads=8, mamba_head_dim=8, mamba_state_size=16,
-                 mamba_groups=2, mamba_conv_kernel=4, mamba_chunk_size=16)
+MLP_MODEL = dict(
+    name="mlp",
+    pattern="-",
+    hidden_size=64,
+    vocab_size=64,
+    mlp_hidden_size=128,
+    attn_heads=4,
+    attn_kv_heads=2,
+    attn_head_dim=16,
+    mamba_heads=8,
+    mamba_head_dim=8,
+    mamba_state_size=16,
+    mamba_groups=2,
+    mamba_conv_kernel=4,
+    mamba_chunk_size=16,
+)
 
 
 def _mlp_inputs():
@@ -164,8 +195,9 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path)
     from fp4repro.quant.linear import QuantLinear
 
     out = str(tmp_path / "mlp")
-    mp.start_processes(_mlp_at_tensor_size_2, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2,
-                       start_method="spawn", join=True)
+    mp.start_processes(
+        _mlp_at_tensor_size_2, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn", join=True
+    )
     modes = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     w1, w2, x, dy = _mlp_inputs()
     recipe = load_recipe("nvfp4")
@@ -184,17 +216,18 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path)
     assert ranks[0]["groups_fc2"] == ["dgrad.w", "fprop.w", "fprop.x", "wgrad.x"]
     # every quantized operand is the reference's: what differs is the order of FP32 sums
     # (fc2's partial products and the input gradient are all-reduced over the two ranks)
-    for got, want in ((ranks[0]["y"], y), (ranks[0]["dx"], xr.grad), (dw1, fc1.weight.grad),
-                      (dw2, fc2.weight.grad)):
+    for got, want in ((ranks[0]["y"], y), (ranks[0]["dx"], xr.grad), (dw1, fc1.weight.grad), (dw2, fc2.weight.grad)):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
-    assert torch.equal(dw1, fc1.weight.grad)     # fc1's weight gradient: one rank's GEMM, no sum
+    assert torch.equal(dw1, fc1.weight.grad)  # fc1's weight gradient: one rank's GEMM, no sum
     # sequence parallelism: each rank's half of the sequence in and out, the same numbers (the
     # quantized GEMMs see the gathered sequence); BF16-free on CPU, so only FP32 sum order differs
     sequence = [m["sequence"] for m in modes]
-    for got, want in ((torch.cat([r["y"] for r in sequence], dim=1), y),
-                      (torch.cat([r["dx"] for r in sequence], dim=1), xr.grad),
-                      (torch.cat([r["dw1"] for r in sequence]), fc1.weight.grad),
-                      (torch.cat([r["dw2"] for r in sequence], dim=1), fc2.weight.grad)):
+    for got, want in (
+        (torch.cat([r["y"] for r in sequence], dim=1), y),
+        (torch.cat([r["dx"] for r in sequence], dim=1), xr.grad),
+        (torch.cat([r["dw1"] for r in sequence]), fc1.weight.grad),
+        (torch.cat([r["dw2"] for r in sequence], dim=1), fc2.weight.grad),
+    ):
         assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6), (got - want).abs().max()
     local = modes[0]["local"]
     assert local["groups"] == [] and local["groups_fc2"] == []
@@ -208,15 +241,16 @@ def _refresh(rank: int, init: str, out: str) -> None:
     from fp4repro.quant.state import QuantState
 
     with _gloo(rank, init) as dist:
+
         def world_max(value):
             value = value.clone()
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
             return value
 
-        spec = load_recipe("ue5m3").linear_specs(0, 4, linear="fc1").fprop_x        # periodic amax
+        spec = load_recipe("ue5m3").linear_specs(0, 4, linear="fc1").fprop_x  # periodic amax
         state = QuantState()
         state.reduce_max = world_max
-        x = _tensor(rank) * (1 + rank)                       # each rank's own batch: other amaxes
+        x = _tensor(rank) * (1 + rank)  # each rank's own batch: other amaxes
         quantized_operand(x, spec, state, "l", "fprop.x")
         torch.save(state.state_dict()["held"], f"{out}.{rank}")
 
@@ -225,8 +259,7 @@ def test_a_refresh_holds_the_amax_of_every_data_parallel_rank(tmp_path):
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "held")
-    mp.start_processes(_refresh, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn",
-                       join=True)
+    mp.start_processes(_refresh, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn", join=True)
     held = [torch.load(f"{out}.{rank}")["l.fprop.x"] for rank in (0, 1)]
     from fp4repro.reference.block import tensor_amax
 

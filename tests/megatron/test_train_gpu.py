@@ -84,8 +84,9 @@ def test_a_megatron_run_finishes_evaluates_and_resumes_bit_for_bit(prepared, det
     # an evaluation checkpoint is the reference model's state dict; evaluate scores all 12
     last = load_checkpoint(whole / done["checkpoints"][-1])
     NemotronH(study.model, study.recipe("ue5m3")).load_state_dict(last["model"], strict=True)
-    out = evaluate(study, "ue5m3", results=root / "results", data=root / "data", device="cuda",
-                   downstream=False, progress=False)
+    out = evaluate(
+        study, "ue5m3", results=root / "results", data=root / "data", device="cuda", downstream=False, progress=False
+    )
     nll = pd.read_parquet(out / "nll.parquet")
     assert nll["step"].nunique() == 12 and nll["nll"].notna().all()
 
@@ -100,7 +101,7 @@ def test_a_megatron_run_finishes_evaluates_and_resumes_bit_for_bit(prepared, det
     assert (attempts.loc[:30] == 0).all() and (attempts.loc[31:] == 1).all()
     again = _losses(resumed)
     assert again.index.tolist() == losses.index.tolist()
-    assert again.loc[31:35].tolist() == losses.loc[31:35].tolist()          # bit for bit
+    assert again.loc[31:35].tolist() == losses.loc[31:35].tolist()  # bit for bit
     assert again.tolist() == losses.tolist()
 
 
@@ -110,11 +111,17 @@ def test_megatron_and_reference_runs_quantize_the_same_operands_from_the_same_st
     for backend, study in studies.items():
         outs[backend] = root / f"operands_{backend}"
         train(study, "ue5m3", root / "data", outs[backend], progress=False, stop_after=10)
-    parts = {b: pd.concat(pd.read_parquet(p) for p in sorted((o / "runs").glob("*/telemetry/upto_*.parquet")))
-             for b, o in outs.items()}
+    parts = {
+        b: pd.concat(pd.read_parquet(p) for p in sorted((o / "runs").glob("*/telemetry/upto_*.parquet")))
+        for b, o in outs.items()
+    }
     keys = {b: set(zip(t["layer"], t["operand"])) for b, t in parts.items()}
     assert keys["megatron"] == keys["reference"] and len(keys["megatron"]) > 10
-    first = {b: pd.concat(pd.read_parquet(p) for p in sorted((o / "runs").glob("*/metrics/upto_*.parquet")))
-             .set_index("step")["loss"] for b, o in outs.items()}
+    first = {
+        b: pd.concat(pd.read_parquet(p) for p in sorted((o / "runs").glob("*/metrics/upto_*.parquet"))).set_index(
+            "step"
+        )["loss"]
+        for b, o in outs.items()
+    }
     # the same initial weights and the first batch: the first losses differ by BF16 rounding only
     assert abs(first["megatron"].loc[1] - first["reference"].loc[1]) < 1e-2 * first["reference"].loc[1]

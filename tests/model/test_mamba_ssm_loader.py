@@ -36,5 +36,6 @@ def test_the_scan_kernels_keep_their_autotuning_on_disk(monkeypatch):
     _mamba_ssm.load_mamba_ssm_kernels.cache_clear()
     assert _mamba_ssm.load_mamba_ssm_kernels() is not None
     from mamba_ssm.ops.triton.ssd_chunk_state import _chunk_cumsum_fwd_kernel
+
     assert _chunk_cumsum_fwd_kernel.cache_results
     _mamba_ssm.load_mamba_ssm_kernels.cache_clear()

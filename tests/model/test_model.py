@@ -74,9 +74,18 @@ def test_without_recipe_every_linear_is_plain_and_bf16(make_config):
     model = NemotronH(make_config())
     description = model.describe()
     assert list(description) == [
-        "layers.0.mixer.in_proj", "layers.0.mixer.out_proj", "layers.1.mixer.fc1", "layers.1.mixer.fc2",
-        "layers.2.mixer.in_proj", "layers.2.mixer.out_proj", "layers.3.mixer.qkv_proj",
-        "layers.3.mixer.o_proj", "layers.4.mixer.fc1", "layers.4.mixer.fc2", "lm_head"]
+        "layers.0.mixer.in_proj",
+        "layers.0.mixer.out_proj",
+        "layers.1.mixer.fc1",
+        "layers.1.mixer.fc2",
+        "layers.2.mixer.in_proj",
+        "layers.2.mixer.out_proj",
+        "layers.3.mixer.qkv_proj",
+        "layers.3.mixer.o_proj",
+        "layers.4.mixer.fc1",
+        "layers.4.mixer.fc2",
+        "lm_head",
+    ]
     assert all(ops == {op: "bf16" for op in OPERANDS} for ops in description.values())
     assert all(type(module) is nn.Linear and module.bias is None for _, module in model.linears())
     assert type(model.embedding) is nn.Embedding
@@ -114,12 +123,17 @@ def test_mamba_mixer_matches_step_by_step_definition(make_config):
     u = torch.randn(2, 11, config.hidden_size, dtype=torch.float64)
     with torch.no_grad():
         out = mixer(u)
-        d_inner, gn, h, p, n = config.mamba_d_inner, config.mamba_groups * config.mamba_state_size, \
-            config.mamba_heads, config.mamba_head_dim, config.mamba_state_size
+        d_inner, gn, h, p, n = (
+            config.mamba_d_inner,
+            config.mamba_groups * config.mamba_state_size,
+            config.mamba_heads,
+            config.mamba_head_dim,
+            config.mamba_state_size,
+        )
         z, xBC, dt = mixer.in_proj(u).split([d_inner, d_inner + 2 * gn, h], -1)
         w, k = mixer.conv1d.weight[:, 0], config.mamba_conv_kernel
         padded = F.pad(xBC, (0, 0, k - 1, 0))
-        xBC = F.silu(torch.stack([(padded[:, t:t + k] * w.T).sum(1) for t in range(11)], 1) + mixer.conv1d.bias)
+        xBC = F.silu(torch.stack([(padded[:, t : t + k] * w.T).sum(1) for t in range(11)], 1) + mixer.conv1d.bias)
         x, B, C = xBC.split([d_inner, gn, gn], -1)
         x, B, C = x.view(2, 11, h, p), B.view(2, 11, -1, n), C.view(2, 11, -1, n)
         dt = F.softplus(dt + mixer.dt_bias)
@@ -128,8 +142,10 @@ def test_mamba_mixer_matches_step_by_step_definition(make_config):
         state = torch.zeros(2, h, p, n, dtype=torch.float64)
         ys = []
         for t in range(11):
-            state = torch.exp(dt[:, t] * A)[..., None, None] * state \
+            state = (
+                torch.exp(dt[:, t] * A)[..., None, None] * state
                 + dt[:, t, :, None, None] * x[:, t, :, :, None] * B[:, t, group, None, :]
+            )
             ys.append((state * C[:, t, group, None, :]).sum(-1) + mixer.D[:, None] * x[:, t])
         y = torch.stack(ys, 1).reshape(2, 11, d_inner)
         expected = mixer.out_proj(mixer.norm(y, z))
@@ -146,7 +162,7 @@ def test_attention_matches_explicit_grouped_query_softmax(make_config):
         q = q.view(2, 9, 4, 8).transpose(1, 2)
         k = k.view(2, 9, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)  # KV head j serves q heads 2j, 2j+1
         v = v.view(2, 9, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+        scores = (q @ k.transpose(-1, -2)) / 8**0.5
         scores = scores.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), float("-inf"))
         expected = attn.o_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, 32))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
@@ -158,10 +174,18 @@ def test_triton_kernels_match_torch_ssd_on_cuda(make_config):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
+
     if load_mamba_ssm_kernels() is None:
         pytest.skip("mamba-ssm's Triton kernels are not importable")
-    config = make_config(pattern="M", hidden_size=256, mamba_heads=16, mamba_head_dim=32,
-                         mamba_state_size=64, mamba_groups=2, mamba_chunk_size=64)
+    config = make_config(
+        pattern="M",
+        hidden_size=256,
+        mamba_heads=16,
+        mamba_head_dim=32,
+        mamba_state_size=64,
+        mamba_groups=2,
+        mamba_chunk_size=64,
+    )
     mixer = NemotronH(config).layers[0].mixer.cuda()
     u = torch.randn(2, 300, config.hidden_size, device="cuda", requires_grad=True)
     outputs, grads = [], []
@@ -180,6 +204,7 @@ def test_triton_kernels_match_torch_ssd_on_cuda(make_config):
 
 def test_rope_scores_depend_only_on_relative_position():
     from fp4repro.model.layers import apply_rope
+
     q = torch.randn(1, 1, 1, 16, dtype=torch.float64).expand(1, 1, 10, 16)
     k = torch.randn(1, 1, 1, 16, dtype=torch.float64).expand(1, 1, 10, 16)
     q_rot, k_rot = apply_rope(q, k, theta=10000.0)

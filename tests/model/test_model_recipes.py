@@ -83,16 +83,19 @@ def _bf16_layers(model: NemotronH) -> list[int]:
     return [i for i, quantized in sorted(by_layer.items()) if quantized == {False}]
 
 
-@pytest.mark.parametrize("recipe, config, expected", [
-    ("nvfp4", "nemotron_h_8b", [48, 49, 50, 51]),     # the 8B's 4 final layers of 52
-    ("nvfp4", "small", [15]),                          # 16 x 4/52 = 1.2 -> 1
-    ("nvfp4", "tiny", [4]),                            # 5 x 4/52 = 0.4 -> at least one
-    ("nvfp4_no_rht", "tiny", [4]),
-    ("nvfp4_no_bf16_tail", "small", []),
-    ("nvfp4_first_last_bf16", "nemotron_h_8b", [0, 51]),
-    ("nvfp4_first_last_bf16", "tiny", [0, 4]),
-    ("ue5m3_w1x16", "small", []),
-])
+@pytest.mark.parametrize(
+    "recipe, config, expected",
+    [
+        ("nvfp4", "nemotron_h_8b", [48, 49, 50, 51]),  # the 8B's 4 final layers of 52
+        ("nvfp4", "small", [15]),  # 16 x 4/52 = 1.2 -> 1
+        ("nvfp4", "tiny", [4]),  # 5 x 4/52 = 0.4 -> at least one
+        ("nvfp4_no_rht", "tiny", [4]),
+        ("nvfp4_no_bf16_tail", "small", []),
+        ("nvfp4_first_last_bf16", "nemotron_h_8b", [0, 51]),
+        ("nvfp4_first_last_bf16", "tiny", [0, 4]),
+        ("ue5m3_w1x16", "small", []),
+    ],
+)
 def test_bf16_layers_as_the_model_builds_them(recipe, config, expected):
     model = build(recipe, config, device="meta")
     assert _bf16_layers(model) == expected
@@ -102,16 +105,23 @@ def test_bf16_layers_as_the_model_builds_them(recipe, config, expected):
 def test_the_config_knows_the_linears_of_each_layer():
     model = build("ue5m3", "tiny", device="meta")
     assert model.config.layer_linears == tuple(tuple(layer.mixer.LINEARS) for layer in model.layers)
-    assert model.config.layer_linears == (("in_proj", "out_proj"), ("fc1", "fc2"), ("in_proj", "out_proj"),
-                                          ("qkv_proj", "o_proj"), ("fc1", "fc2"))
+    assert model.config.layer_linears == (
+        ("in_proj", "out_proj"),
+        ("fc1", "fc2"),
+        ("in_proj", "out_proj"),
+        ("qkv_proj", "o_proj"),
+        ("fc1", "fc2"),
+    )
 
 
 def test_ue5m3_w1x16_quantizes_weights_in_1x16_blocks():
     described = build("ue5m3_w1x16", "tiny", device="meta").describe()
     assert described["layers.0.mixer.in_proj"]["fprop.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50)"
     assert described["layers.3.mixer.o_proj"]["dgrad.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50)"
-    assert build("ue5m3", "tiny", device="meta").describe()["layers.0.mixer.in_proj"]["fprop.w"] == \
-        "e2m1/ue5m3 16x16 T=448 RNE periodic(50)"
+    assert (
+        build("ue5m3", "tiny", device="meta").describe()["layers.0.mixer.in_proj"]["fprop.w"]
+        == "e2m1/ue5m3 16x16 T=448 RNE periodic(50)"
+    )
 
 
 def test_ue5m3_quantizes_every_operand_of_every_internal_linear():
@@ -119,8 +129,7 @@ def test_ue5m3_quantizes_every_operand_of_every_internal_linear():
     for name, ops in quantized_operands(model).items():
         assert ops == (set() if name == "lm_head" else set(OPERANDS)), name
     assert_embedding_and_lm_head_plain(model)
-    assert all("ue5m3" in spec for name, ops in model.describe().items() if name != "lm_head"
-               for spec in ops.values())
+    assert all("ue5m3" in spec for name, ops in model.describe().items() if name != "lm_head" for spec in ops.values())
 
 
 def test_quantized_tiny_model_trains_on_cpu():

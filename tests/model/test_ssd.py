@@ -43,8 +43,9 @@ def test_heads_use_their_groups_B_and_C():
     for head in range(4):
         group = head // 2
         sl = slice(head, head + 1)
-        y_head, _ = ssd_sequential(x[:, :, sl], dt[:, :, sl], A[sl], B[:, :, group:group + 1],
-                                   C[:, :, group:group + 1], D[sl])
+        y_head, _ = ssd_sequential(
+            x[:, :, sl], dt[:, :, sl], A[sl], B[:, :, group : group + 1], C[:, :, group : group + 1], D[sl]
+        )
         torch.testing.assert_close(y[:, :, sl], y_head, rtol=1e-10, atol=1e-10)
 
 

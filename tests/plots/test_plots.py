@@ -23,11 +23,11 @@ from fp4repro.train.loop import METRICS, TELEMETRY
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECIPES = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048")
 OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
-HELD = ("fprop.x", "dgrad.dy", "wgrad.dy")       # operands with a held amax (periodic scaling), refreshed every 5
+HELD = ("fprop.x", "dgrad.dy", "wgrad.dy")  # operands with a held amax (periodic scaling), refreshed every 5
 STEPS, TOKENS_PER_STEP, CHECKPOINTS, REFRESH = 40, 256, (20, 40), 5
 # loss offset of each recipe: ue5m3 is nvfp4 − 0.1 at every step of every seed (no noise of its own)
 OFFSET = {"bf16": -0.05, "nvfp4": 0.0, "ue5m3": -0.1, "ue5m3_t2048": 0.03}
-NOISY = {"bf16", "ue5m3_t2048"}                  # recipes with noise of their own on top of the seed's
+NOISY = {"bf16", "ue5m3_t2048"}  # recipes with noise of their own on top of the seed's
 BLEND = {"prose": 0.4, "code": 0.6}
 DOCUMENTS, ITEMS = 30, 20
 AGGREGATES = {"prose_next_line": ["fp4repro_prose_next_line"], "cloze": ["fp4repro_prose_cloze", "fp4repro_code_cloze"]}
@@ -38,29 +38,52 @@ def _rng(*key) -> np.random.Generator:
 
 
 def _metrics(recipe: str, seed: int) -> list[dict]:
-    shared = _rng("loss", seed).normal(0, 0.05, STEPS)            # the seed's batches: shared by every recipe
+    shared = _rng("loss", seed).normal(0, 0.05, STEPS)  # the seed's batches: shared by every recipe
     own = _rng("loss", recipe, seed).normal(0, 0.03, STEPS) if recipe in NOISY else np.zeros(STEPS)
-    return [{"step": s, "tokens": s * TOKENS_PER_STEP, "stage": "stage1" if s <= 30 else "stage2",
-             "loss": 7.0 - 2.5 * s / STEPS + OFFSET[recipe] + shared[s - 1] + own[s - 1], "lr": 1e-3,
-             "grad_norm": 1.0, "tokens_per_s": 1000.0, "attempt": 0} for s in range(1, STEPS + 1)]
+    return [
+        {
+            "step": s,
+            "tokens": s * TOKENS_PER_STEP,
+            "stage": "stage1" if s <= 30 else "stage2",
+            "loss": 7.0 - 2.5 * s / STEPS + OFFSET[recipe] + shared[s - 1] + own[s - 1],
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0,
+            "attempt": 0,
+        }
+        for s in range(1, STEPS + 1)
+    ]
 
 
 def _telemetry(recipe: str, seed: int) -> list[dict]:
     if recipe == "bf16":
         return []
     rows = []
-    for step in range(0, STEPS, 3):                               # coprime with the refresh: every phase seen
+    for step in range(0, STEPS, 3):  # coprime with the refresh: every phase seen
         for layer in ("layers.0.mixer.fc1", "layers.0.mixer.fc2"):
             for i, op in enumerate(OPERANDS):
                 phase = step % REFRESH if op in HELD else 0
                 dy = op.endswith(".dy")
                 under = (phase + i + seed) % 3 + (2 * phase if dy and recipe != "ue5m3_t2048" else 0) if dy else 0
-                rows.append({"step": step, "layer": layer, "operand": op, "steps_since_refresh": phase,
-                             "blocks": 1024, "saturated_blocks": 0, "underflow_blocks": under,
-                             "nonzero_elements": 16384, "zeroed_elements": 10,
-                             "clipped_elements": phase + (3 if recipe == "nvfp4" else 1) if op in HELD else 0,
-                             "nonfinite_blocks": 0, "sq_error": 0.1, "sq_norm": 10.0, "amax_ratio": 1.0,
-                             "rel_error": 0.1})
+                rows.append(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "operand": op,
+                        "steps_since_refresh": phase,
+                        "blocks": 1024,
+                        "saturated_blocks": 0,
+                        "underflow_blocks": under,
+                        "nonzero_elements": 16384,
+                        "zeroed_elements": 10,
+                        "clipped_elements": phase + (3 if recipe == "nvfp4" else 1) if op in HELD else 0,
+                        "nonfinite_blocks": 0,
+                        "sq_error": 0.1,
+                        "sq_norm": 10.0,
+                        "amax_ratio": 1.0,
+                        "rel_error": 0.1,
+                    }
+                )
     return rows
 
 
@@ -79,8 +102,12 @@ def _lm_eval_results(recipe: str, seed: int, step: int) -> dict:
             results[name] = {"alias": name, "acc,none": score, "acc_stderr,none": 0.1}
         results[group_name(agg)] = {"alias": agg, "acc,none": float(np.mean(scores)), "acc_stderr,none": 0.08}
         subtasks[group_name(agg)] = names
-    return {"results": results, "group_subtasks": subtasks, "samples": samples,
-            "n-samples": {n: {"effective": ITEMS} for names in AGGREGATES.values() for n in names}}
+    return {
+        "results": results,
+        "group_subtasks": subtasks,
+        "samples": samples,
+        "n-samples": {n: {"effective": ITEMS} for names in AGGREGATES.values() for n in names},
+    }
 
 
 def _nll(recipe: str, seed: int) -> tuple[list[dict], list[dict]]:
@@ -93,13 +120,28 @@ def _nll(recipe: str, seed: int) -> tuple[list[dict], list[dict]]:
             per_source = {}
             for source, level in (("prose", 6.0), ("code", 5.0)):
                 predicted = 50 + np.arange(DOCUMENTS) % 7 * 10
-                per_token = (level - 0.02 * step + 0.01 * k + _rng("doc", source, seed).normal(0, 0.3, DOCUMENTS)
-                             + _rng("doc", recipe, source, seed, step, policy).normal(0, 0.05, DOCUMENTS))
-                documents += [{**meta, "source": source, "document": d, "nll_sum": float(per_token[d] * predicted[d]),
-                               "predicted": int(predicted[d])} for d in range(DOCUMENTS)]
+                per_token = (
+                    level
+                    - 0.02 * step
+                    + 0.01 * k
+                    + _rng("doc", source, seed).normal(0, 0.3, DOCUMENTS)
+                    + _rng("doc", recipe, source, seed, step, policy).normal(0, 0.05, DOCUMENTS)
+                )
+                documents += [
+                    {
+                        **meta,
+                        "source": source,
+                        "document": d,
+                        "nll_sum": float(per_token[d] * predicted[d]),
+                        "predicted": int(predicted[d]),
+                    }
+                    for d in range(DOCUMENTS)
+                ]
                 per_source[source] = (float((per_token * predicted).sum() / predicted.sum()), int(predicted.sum()))
-            per_source["blend"] = (sum(w * per_source[s][0] for s, w in BLEND.items()),
-                                   sum(per_source[s][1] for s in BLEND))
+            per_source["blend"] = (
+                sum(w * per_source[s][0] for s, w in BLEND.items()),
+                sum(per_source[s][1] for s in BLEND),
+            )
             nll += [{**meta, "source": s, "nll": v, "tokens_evaluated": n} for s, (v, n) in per_source.items()]
     return nll, documents
 
@@ -113,26 +155,38 @@ def write_results(root: Path, seeds) -> Path:
             train.mkdir(parents=True)
             ev.mkdir(parents=True)
             pd.DataFrame(_metrics(recipe, seed), columns=METRICS).to_parquet(train / "metrics.parquet", index=False)
-            pd.DataFrame(_telemetry(recipe, seed), columns=TELEMETRY).to_parquet(train / "telemetry.parquet",
-                                                                                  index=False)
-            summary = {"experiment": "toy", "recipe": recipe, "seed": seed,
-                       **final_window_loss(train / "metrics.parquet", 0.25)}
+            pd.DataFrame(_telemetry(recipe, seed), columns=TELEMETRY).to_parquet(
+                train / "telemetry.parquet", index=False
+            )
+            summary = {
+                "experiment": "toy",
+                "recipe": recipe,
+                "seed": seed,
+                **final_window_loss(train / "metrics.parquet", 0.25),
+            }
             (ev / "final_loss.json").write_text(json.dumps(summary))
             nll, documents = _nll(recipe, seed)
             pd.DataFrame(nll, columns=list(NLL_COLUMNS)).to_parquet(ev / "nll.parquet", index=False)
-            pd.DataFrame(documents, columns=list(NLL_DOCUMENT_COLUMNS)).to_parquet(ev / "nll_documents.parquet",
-                                                                                   index=False)
+            pd.DataFrame(documents, columns=list(NLL_DOCUMENT_COLUMNS)).to_parquet(
+                ev / "nll_documents.parquet", index=False
+            )
             down, items = [], []
             for step in CHECKPOINTS:
                 for policy in ("bf16", "quantized"):
-                    meta = {"recipe": recipe, "seed": seed, "step": step, "tokens": step * TOKENS_PER_STEP,
-                            "policy": policy}
+                    meta = {
+                        "recipe": recipe,
+                        "seed": seed,
+                        "step": step,
+                        "tokens": step * TOKENS_PER_STEP,
+                        "policy": policy,
+                    }
                     lm_eval = _lm_eval_results(recipe, seed, step)
                     down += result_rows(lm_eval, meta)
                     items += item_rows(lm_eval, meta)
             pd.DataFrame(down, columns=list(DOWNSTREAM_COLUMNS)).to_parquet(ev / "downstream.parquet", index=False)
-            pd.DataFrame(items, columns=list(DOWNSTREAM_ITEM_COLUMNS)).to_parquet(ev / "downstream_items.parquet",
-                                                                                  index=False)
+            pd.DataFrame(items, columns=list(DOWNSTREAM_ITEM_COLUMNS)).to_parquet(
+                ev / "downstream_items.parquet", index=False
+            )
     return exp
 
 
@@ -156,11 +210,13 @@ def low_dpi(monkeypatch):
     monkeypatch.setattr(fp4repro.plots.common, "PNG_DPI", 50)
 
 
-FILES = {"loss": ["train/{r}/seed{s}/metrics.parquet", "eval/{r}/seed{s}/final_loss.json"],
-         "nll": ["eval/{r}/seed{s}/nll.parquet", "eval/{r}/seed{s}/nll_documents.parquet"],
-         "downstream": ["eval/{r}/seed{s}/downstream.parquet", "eval/{r}/seed{s}/downstream_items.parquet"],
-         "telemetry": ["train/{r}/seed{s}/telemetry.parquet"],
-         "target": ["train/{r}/seed{s}/telemetry.parquet"]}
+FILES = {
+    "loss": ["train/{r}/seed{s}/metrics.parquet", "eval/{r}/seed{s}/final_loss.json"],
+    "nll": ["eval/{r}/seed{s}/nll.parquet", "eval/{r}/seed{s}/nll_documents.parquet"],
+    "downstream": ["eval/{r}/seed{s}/downstream.parquet", "eval/{r}/seed{s}/downstream_items.parquet"],
+    "telemetry": ["train/{r}/seed{s}/telemetry.parquet"],
+    "target": ["train/{r}/seed{s}/telemetry.parquet"],
+}
 # what a figure needs besides its files here: the toy experiment has no config to read the blend from
 EXTRA = {"nll": {"blend": BLEND}}
 
@@ -174,7 +230,7 @@ def assert_figure(png: Path) -> None:
     assert png.read_bytes()[:8] == PNG_MAGIC
     assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
     assert png.stat().st_size > 5_000
-    assert not [p for p in png.parent.iterdir() if p.name.endswith(".tmp")]   # atomic: no temp files left
+    assert not [p for p in png.parent.iterdir() if p.name.endswith(".tmp")]  # atomic: no temp files left
 
 
 def rendered(fig):
@@ -196,13 +252,13 @@ def artist(ax, gid: str):
     return found[0]
 
 
-RUN_FIGURES = sorted(set(FIGURES) - {"throughput"})     # figures of runs' tables (throughput: a benchmark's)
+RUN_FIGURES = sorted(set(FIGURES) - {"throughput"})  # figures of runs' tables (throughput: a benchmark's)
 
 
 @pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_figure_writes_png_and_pdf(results, tmp_path, figure):
     out = tmp_path / "figs" / f"{figure}.png"
-    done = results / "train" / "ue5m3" / "seed0" / "done.json"     # a workflow may list it: accepted, ignored
+    done = results / "train" / "ue5m3" / "seed0" / "done.json"  # a workflow may list it: accepted, ignored
     done.write_text("{}")
     plot_figure(figure, inputs_of(results, figure) + [done], out, **EXTRA.get(figure, {}))
     assert_figure(out)
@@ -210,8 +266,8 @@ def test_figure_writes_png_and_pdf(results, tmp_path, figure):
 
 @pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_figure_from_several_seeds_draws_the_mean(results_seeds, figure):
-    fig = rendered(draw_figure(figure, inputs_of(results_seeds, figure)))   # several seeds: no blend needed
-    if figure == "loss":      # the bold line is the mean over seeds of the smoothed per-seed curves
+    fig = rendered(draw_figure(figure, inputs_of(results_seeds, figure)))  # several seeds: no blend needed
+    if figure == "loss":  # the bold line is the mean over seeds of the smoothed per-seed curves
         from fp4repro.plots.loss import smooth, smoothing_window
 
         curves = [pd.DataFrame(_metrics("ue5m3_t2048", s)).set_index("step")["loss"] for s in (0, 1, 2)]
@@ -220,7 +276,7 @@ def test_figure_from_several_seeds_draws_the_mean(results_seeds, figure):
 
 
 def test_a_path_outside_the_seed_layout_is_named(results, tmp_path):
-    old = tmp_path / "results" / "toy" / "eval" / "ue5m3" / "nll.parquet"    # the layout before seeds
+    old = tmp_path / "results" / "toy" / "eval" / "ue5m3" / "nll.parquet"  # the layout before seeds
     old.parent.mkdir(parents=True)
     old.write_bytes((results / "eval/ue5m3/seed0/nll.parquet").read_bytes())
     with pytest.raises(PlotError) as err:
@@ -247,14 +303,15 @@ def test_loss_difference_is_the_paired_per_step_difference(results):
     np.testing.assert_allclose(line.get_ydata(), -0.1, atol=1e-9)
     np.testing.assert_array_equal(line.get_xdata(), np.arange(1, STEPS + 1) * TOKENS_PER_STEP)
     assert "batch means" in ax.get_title() and "nvfp4" in ax.get_title()
-    assert {a.get_gid() for a in ax.lines if a.get_gid()} == {f"difference:{r}" for r in ("bf16", "ue5m3",
-                                                                                           "ue5m3_t2048")}
+    assert {a.get_gid() for a in ax.lines if a.get_gid()} == {
+        f"difference:{r}" for r in ("bf16", "ue5m3", "ue5m3_t2048")
+    }
     window = [s for s in range(1, STEPS + 1) if s * TOKENS_PER_STEP > 0.75 * STEPS * TOKENS_PER_STEP]
     a, b = (pd.DataFrame(_metrics(r, 0)).set_index("step").loc[window, "loss"] for r in ("ue5m3_t2048", "nvfp4"))
     expected = step_difference(a, b)
     box = artist(ax, "final:ue5m3_t2048")
     assert box.get_y() == pytest.approx(expected.low) and box.get_y() + box.get_height() == pytest.approx(expected.high)
-    assert expected.high - expected.low > 0.01      # a real interval, not a degenerate one
+    assert expected.high - expected.low > 0.01  # a real interval, not a degenerate one
 
 
 def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds):
@@ -262,9 +319,14 @@ def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds):
 
     fig = draw_figure("loss", inputs_of(results_seeds, "loss"))
     band = artist(axis(fig, "difference"), "band:ue5m3_t2048")
-    per_seed = [smooth(pd.DataFrame(_metrics("ue5m3_t2048", s)).set_index("step")["loss"]
-                       - pd.DataFrame(_metrics("nvfp4", s)).set_index("step")["loss"], smoothing_window(STEPS))
-                for s in (0, 1, 2)]
+    per_seed = [
+        smooth(
+            pd.DataFrame(_metrics("ue5m3_t2048", s)).set_index("step")["loss"]
+            - pd.DataFrame(_metrics("nvfp4", s)).set_index("step")["loss"],
+            smoothing_window(STEPS),
+        )
+        for s in (0, 1, 2)
+    ]
     vertices = band.get_paths()[0].vertices
     for step in (5, 20, 40):
         expected = seed_level([d.loc[step] for d in per_seed])
@@ -276,32 +338,36 @@ def test_loss_band_over_seeds_is_the_t_interval_per_step(results_seeds):
 def test_final_window_panel_marks_each_seed(results_seeds):
     fig = draw_figure("loss", inputs_of(results_seeds, "loss"))
     for recipe in ("nvfp4", "ue5m3"):
-        losses = [json.loads((results_seeds / f"eval/{recipe}/seed{s}/final_loss.json").read_text())["loss"]
-                  for s in (0, 1, 2)]
+        losses = [
+            json.loads((results_seeds / f"eval/{recipe}/seed{s}/final_loss.json").read_text())["loss"]
+            for s in (0, 1, 2)
+        ]
         assert sorted(artist(axis(fig, "final"), f"seeds:{recipe}").get_xdata()) == pytest.approx(sorted(losses))
 
 
-
 def test_recipes_read_on_different_seeds_say_so(results_seeds):
-    def mixed(figure):    # ue5m3 with seeds 0-2, every other recipe with seed 0
+    def mixed(figure):  # ue5m3 with seeds 0-2, every other recipe with seed 0
         return [p for p in inputs_of(results_seeds, figure) if "/ue5m3/" in str(p) or "/seed0/" in str(p)]
 
     fig = draw_figure("loss", mixed("loss"))
     assert "mean over seeds (ue5m3: 3; bf16, nvfp4, ue5m3_t2048: 1)" in axis(fig, "loss").get_title()
     labels = [t.get_text() for t in axis(fig, "final").get_yticklabels()]
     assert "ue5m3\n(seeds 0, 1, 2)" in labels and "nvfp4\n(seed 0)" in labels
-    assert "one seed: no interval per step" in axis(fig, "difference").get_title()   # the pairs share seed 0
+    assert "one seed: no interval per step" in axis(fig, "difference").get_title()  # the pairs share seed 0
     fig = draw_figure("telemetry", mixed("telemetry"))
     assert "mean over seeds (ue5m3: 3; nvfp4, ue5m3_t2048: 1)" in fig._suptitle.get_text()
     same = draw_figure("loss", inputs_of(results_seeds, "loss"))
     assert [t.get_text() for t in axis(same, "final").get_yticklabels()] == list(RECIPES)
 
+
 def test_titles_say_whose_mean_is_over_how_many_seeds():
     from fp4repro.plots.common import seed_counts
 
     assert seed_counts({"ue5m3": 3, "nvfp4": 3}) == "3 seeds" and seed_counts({"ue5m3": 1}) == "1 seed"
-    assert seed_counts({"ue5m3_t2048": 1, "ue5m3": 2, "nvfp4": 1, "bf16": 1}) == \
-        "seeds (ue5m3: 2; bf16, nvfp4, ue5m3_t2048: 1)"
+    assert (
+        seed_counts({"ue5m3_t2048": 1, "ue5m3": 2, "nvfp4": 1, "bf16": 1})
+        == "seeds (ue5m3: 2; bf16, nvfp4, ue5m3_t2048: 1)"
+    )
 
 
 def test_baseline_option(results, tmp_path):
@@ -326,25 +392,36 @@ def test_nll_interval_from_one_seed_is_the_document_bootstrap(results):
     for k, step in enumerate(CHECKPOINTS):
         picked = [d[(d["step"] == step) & (d["policy"] == "quantized")] for d in docs.values()]
         # the last checkpoint with the report's resamples (its default), earlier ones with fewer
-        expected = document_difference(*picked, BLEND) if step == CHECKPOINTS[-1] else \
-            document_difference(*picked, BLEND, resamples=500)
+        expected = (
+            document_difference(*picked, BLEND)
+            if step == CHECKPOINTS[-1]
+            else document_difference(*picked, BLEND, resamples=500)
+        )
         assert segments[k][0][0] == step * TOKENS_PER_STEP
         assert (segments[k][0][1], segments[k][1][1]) == pytest.approx((expected.low, expected.high))
         assert points.get_ydata()[k] == pytest.approx(expected.difference)
         assert expected.low < expected.high
     nll = pd.read_parquet(results / "eval/ue5m3/seed0/nll.parquet")
-    assert expected.difference == pytest.approx(     # the bootstrap's full sample is the table's blend difference
+    assert expected.difference == pytest.approx(  # the bootstrap's full sample is the table's blend difference
         nll.query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"].iloc[0]
         - pd.read_parquet(results / "eval/nvfp4/seed0/nll.parquet")
-        .query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"].iloc[0])
+        .query("step == 40 and policy == 'quantized' and source == 'blend'")["nll"]
+        .iloc[0]
+    )
     assert "paired bootstrap over documents\n(2000 resamples at the last checkpoint, 500 before)" in ax.get_title()
 
 
 def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds):
     fig = draw_figure("nll", inputs_of(results_seeds, "nll"))
-    blend = {r: [pd.read_parquet(results_seeds / f"eval/{r}/seed{s}/nll.parquet")
-                 .query("step == 20 and policy == 'bf16' and source == 'blend'")["nll"].iloc[0] for s in (0, 1, 2)]
-             for r in ("bf16", "nvfp4")}
+    blend = {
+        r: [
+            pd.read_parquet(results_seeds / f"eval/{r}/seed{s}/nll.parquet")
+            .query("step == 20 and policy == 'bf16' and source == 'blend'")["nll"]
+            .iloc[0]
+            for s in (0, 1, 2)
+        ]
+        for r in ("bf16", "nvfp4")
+    }
     expected = seed_level(np.array(blend["bf16"]) - np.array(blend["nvfp4"]))
     segment = artist(axis(fig, "difference:bf16"), "interval:bf16:bf16").get_segments()[0]
     assert (segment[0][1], segment[1][1]) == pytest.approx((expected.low, expected.high))
@@ -368,8 +445,10 @@ def test_downstream_interval_from_one_seed_is_the_item_test(results):
     points = artist(ax, "difference:ue5m3:quantized").get_ydata()
     segments = artist(ax, "interval:ue5m3:quantized").get_segments()
     for k, aggregate in enumerate(AGGREGATES):
-        picked = [t[(t["step"] == 40) & (t["policy"] == "quantized") & (t["aggregate"] == aggregate)
-                    & (t["metric"] == "acc")] for t in items.values()]
+        picked = [
+            t[(t["step"] == 40) & (t["policy"] == "quantized") & (t["aggregate"] == aggregate) & (t["metric"] == "acc")]
+            for t in items.values()
+        ]
         expected = item_difference(*picked)
         assert points[k] == pytest.approx(expected.difference)
         assert (segments[k][0][1], segments[k][1][1]) == pytest.approx((expected.low, expected.high))
@@ -396,10 +475,13 @@ def test_telemetry_has_every_event_by_operand_and_phase(results):
 
 
 # a table of each kind without one column the figure needs
-BROKEN = {"loss": ("train/ue5m3/seed0/metrics.parquet", "loss"), "nll": ("eval/ue5m3/seed0/nll.parquet", "nll"),
-          "downstream": ("eval/ue5m3/seed0/downstream.parquet", "stderr"),
-          "telemetry": ("train/ue5m3/seed0/telemetry.parquet", "clipped_elements"),
-          "target": ("train/ue5m3/seed0/telemetry.parquet", "operand")}
+BROKEN = {
+    "loss": ("train/ue5m3/seed0/metrics.parquet", "loss"),
+    "nll": ("eval/ue5m3/seed0/nll.parquet", "nll"),
+    "downstream": ("eval/ue5m3/seed0/downstream.parquet", "stderr"),
+    "telemetry": ("train/ue5m3/seed0/telemetry.parquet", "clipped_elements"),
+    "target": ("train/ue5m3/seed0/telemetry.parquet", "operand"),
+}
 
 
 @pytest.mark.parametrize("figure", RUN_FIGURES)
@@ -444,15 +526,27 @@ def test_bad_inputs_give_clear_errors(results, tmp_path):
 
 def test_cli_plot(results, tmp_path, capsys, monkeypatch):
     out = tmp_path / "t.png"
-    monkeypatch.chdir(tmp_path)          # --out defaults to figures/<experiment>/<figure>.png
-    assert main(["plot", "nll", "--blend", "prose=0.4,code=0.6", "--baseline", "ue5m3",
-                 *map(str, inputs_of(results, "nll"))]) == 0
+    monkeypatch.chdir(tmp_path)  # --out defaults to figures/<experiment>/<figure>.png
+    assert (
+        main(
+            [
+                "plot",
+                "nll",
+                "--blend",
+                "prose=0.4,code=0.6",
+                "--baseline",
+                "ue5m3",
+                *map(str, inputs_of(results, "nll")),
+            ]
+        )
+        == 0
+    )
     assert_figure(tmp_path / "figures" / "toy" / "nll.png")
     capsys.readouterr()
     missing = tmp_path / "missing" / "seed0" / "metrics.parquet"
-    assert main(["plot", "loss", "--out", str(out), str(missing)]) == 1          # an input that is not there
+    assert main(["plot", "loss", "--out", str(out), str(missing)]) == 1  # an input that is not there
     assert f"{missing}: no such file" in capsys.readouterr().err
-    assert main(["plot", "loss", str(results / "train/ue5m3/seed0/metrics.parquet"), str(out)]) == 2   # options
+    assert main(["plot", "loss", str(results / "train/ue5m3/seed0/metrics.parquet"), str(out)]) == 2  # options
     assert "cannot tell the experiment from the input paths" in capsys.readouterr().err
     assert main(["plot", "telemetry", "--baseline", "nvfp4", *map(str, inputs_of(results, "telemetry"))]) == 2
     assert "takes no --baseline" in capsys.readouterr().err
@@ -481,9 +575,15 @@ def auto_t(step: int, layer: int, op: str) -> float:
     """A known T sequence: 448 until the first refresh (step 10), then per layer and operand."""
     if step < 10:
         return 448.0
-    base = {"fprop.x": 4096.0, "wgrad.x": 2048.0, "fprop.w": 8192.0, "dgrad.w": 8192.0,
-            "dgrad.dy": 896.0, "wgrad.dy": 1792.0}[op]
-    return min(8192.0, base * 2 ** layer) if step < 20 else max(448.0, base / 2 ** layer)
+    base = {
+        "fprop.x": 4096.0,
+        "wgrad.x": 2048.0,
+        "fprop.w": 8192.0,
+        "dgrad.w": 8192.0,
+        "dgrad.dy": 896.0,
+        "wgrad.dy": 1792.0,
+    }[op]
+    return min(8192.0, base * 2**layer) if step < 20 else max(448.0, base / 2**layer)
 
 
 def _target_telemetry(recipe: str, with_target: bool = True) -> pd.DataFrame:
@@ -491,11 +591,27 @@ def _target_telemetry(recipe: str, with_target: bool = True) -> pd.DataFrame:
     for step in range(0, 30, 3):
         for k, layer in enumerate(TARGET_LAYERS):
             for op in OPERANDS:
-                t = {"ue5m3_auto": auto_t(step, k, op), "ue5m3_t8192": 8192.0, "ue5m3": 448.0,
-                     "ue5m3_t2048": 2048.0 if op.endswith(".dy") else 448.0, "mxfp4": math.nan}[recipe]
-                rows.append({"step": step, "layer": layer, "operand": op, "steps_since_refresh": step % 10,
-                             "blocks": 64, "saturated_blocks": 0, "underflow_blocks": 1, "nonzero_elements": 1024,
-                             "clipped_elements": 0, "target": t})
+                t = {
+                    "ue5m3_auto": auto_t(step, k, op),
+                    "ue5m3_t8192": 8192.0,
+                    "ue5m3": 448.0,
+                    "ue5m3_t2048": 2048.0 if op.endswith(".dy") else 448.0,
+                    "mxfp4": math.nan,
+                }[recipe]
+                rows.append(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "operand": op,
+                        "steps_since_refresh": step % 10,
+                        "blocks": 64,
+                        "saturated_blocks": 0,
+                        "underflow_blocks": 1,
+                        "nonzero_elements": 1024,
+                        "clipped_elements": 0,
+                        "target": t,
+                    }
+                )
     table = pd.DataFrame(rows, columns=TELEMETRY)
     return table if with_target else table.drop(columns=["target"])
 
@@ -517,8 +633,11 @@ def test_target_draws_the_automatic_T_per_class_with_the_fixed_T_as_references(t
     fig = plot_figure("target", inputs, tmp_path / "target.png")
     assert_figure(tmp_path / "target.png")
     table = _target_telemetry("ue5m3_auto")
-    for cls, ops in {"activations": ("fprop.x", "wgrad.x"), "weights": ("fprop.w", "dgrad.w"),
-                     "gradients": ("dgrad.dy", "wgrad.dy")}.items():
+    for cls, ops in {
+        "activations": ("fprop.x", "wgrad.x"),
+        "weights": ("fprop.w", "dgrad.w"),
+        "gradients": ("dgrad.dy", "wgrad.dy"),
+    }.items():
         ax = axis(fig, f"target:{cls}")
         assert ax.get_yscale() == "log"
         steps = sorted(table["step"].unique())
@@ -535,7 +654,9 @@ def test_target_draws_the_automatic_T_per_class_with_the_fixed_T_as_references(t
         assert artist(ax, f"fixed:{cls}:8192").get_ydata()[0] == 8192
         texts = " ".join(t.get_text() for t in ax.texts)
         assert "T = 448: ue5m3" in texts and "T = 8192: ue5m3_t8192" in texts and "mxfp4" not in texts
-    assert "ue5m3_auto: T 448–8192, last median 4096" in " ".join(t.get_text() for t in axis(fig, "target:weights").texts)
+    assert "ue5m3_auto: T 448–8192, last median 4096" in " ".join(
+        t.get_text() for t in axis(fig, "target:weights").texts
+    )
 
 
 def test_target_without_an_automatic_recipe_says_so(results, tmp_path):
@@ -553,6 +674,7 @@ def test_target_without_an_automatic_recipe_says_so(results, tmp_path):
 
 # ---------------------------------------------------------------------------------- throughput
 
+
 def _throughput_file(path: Path, model: str, device: str = "NVIDIA H200") -> Path:
     """A body-throughput file as ``fp4repro bench throughput`` writes it (recorded numbers)."""
     from fp4repro.bench import throughput
@@ -560,8 +682,11 @@ def _throughput_file(path: Path, model: str, device: str = "NVIDIA H200") -> Pat
     def rows(scale):
         out = {}
         for name, ms in {"bf16": 900.0, "nvfp4": 1000.0, "nvfp4_no_rht_no_bf16_tail": 990.0, "ue5m3": 920.0}.items():
-            out[name] = {**throughput.summarize([ms * scale * f for f in (0.99, 1.0, 1.0, 1.0, 1.01)], 8192),
-                         "peak_mib": 1.0, "kernels": None}
+            out[name] = {
+                **throughput.summarize([ms * scale * f for f in (0.99, 1.0, 1.0, 1.0, 1.01)], 8192),
+                "peak_mib": 1.0,
+                "kernels": None,
+            }
         return out
 
     columns = {}
@@ -569,8 +694,16 @@ def _throughput_file(path: Path, model: str, device: str = "NVIDIA H200") -> Pat
         r = rows(scale)
         columns[column] = {"recipes": r, "effects": throughput.effects({n: v["ms"] for n, v in r.items()})}
     columns["fp8_analogue"]["cast"] = "saturating"
-    entry = {"model": model, "seq_len": 8192, "batch": 1, "steps": 5, "warmup": 1, "device": device,
-             "columns": columns, "not_measured": dict(throughput.NOT_MEASURED)}
+    entry = {
+        "model": model,
+        "seq_len": 8192,
+        "batch": 1,
+        "steps": 5,
+        "warmup": 1,
+        "device": device,
+        "columns": columns,
+        "not_measured": dict(throughput.NOT_MEASURED),
+    }
     throughput.record(path, entry, "cpu")
     return path
 
@@ -582,24 +715,25 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
         plot_figure("throughput", inputs, tmp_path / "t.png")
     fig = plot_figure("throughput", inputs, tmp_path / "t.png", model="nemotron_h_8b")
     assert_figure(tmp_path / "t.png")
-    emulated, analogue, projection, native = (axis(fig, f"throughput:{c}") for c in
-                                              ("emulated", "fp8_analogue", "projection", "native"))
+    emulated, analogue, projection, native = (
+        axis(fig, f"throughput:{c}") for c in ("emulated", "fp8_analogue", "projection", "native")
+    )
     widths = [p.get_width() for p in emulated.patches]
-    assert widths == pytest.approx([8192 / 0.9, 8192 / 1.0, 8192 / 0.99, 8192 / 0.92])   # bf16 first
+    assert widths == pytest.approx([8192 / 0.9, 8192 / 1.0, 8192 / 0.99, 8192 / 0.92])  # bf16 first
     assert [t.get_text() for t in emulated.get_yticklabels()] == ["bf16", "nvfp4", "nvfp4_no_rht_no_bf16_tail", "ue5m3"]
     assert [p.get_width() for p in analogue.patches] == pytest.approx([w / 0.95 for w in widths])
     assert "x1.010 [1.010, 1.010]" in emulated.get_title()
     assert "8,192  (1.111x BF16 time)" in [t.get_text() for t in emulated.texts]
     assert "compute capability >= 10.0" in " ".join(native.texts[0].get_text().split())
     assert "not made yet" in projection.texts[0].get_text()
-    assert emulated.get_ylabel().endswith("median of 5 steps")               # recorded without a timing: eager
+    assert emulated.get_ylabel().endswith("median of 5 steps")  # recorded without a timing: eager
     data = json.loads(inputs[0].read_text())
     for column in data["shapes"]["small"]["columns"].values():
         column["timing"] = "cuda_graph"
     inputs[0].write_text(json.dumps(data))
     fig = rendered(draw_figure("throughput", inputs, model="small"))
     assert axis(fig, "throughput:emulated").get_ylabel().endswith("median of 5 graph replays")
-    fig = draw_figure("throughput", inputs, model="tiny")     # the measured ones, said
+    fig = draw_figure("throughput", inputs, model="tiny")  # the measured ones, said
     assert fig._suptitle.get_text().startswith("tiny's shapes not measured; shown: nemotron_h_8b, small's")
     assert len(fig.axes) == 8
     # an analogue measured before its cast clamped (no cast record) is void, said in its panel
@@ -608,23 +742,31 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     (tmp_path / "void").mkdir()
     (tmp_path / "void" / "throughput_h200.json").write_text(json.dumps(void))
     fig = rendered(draw_figure("throughput", [tmp_path / "void"], model="nemotron_h_8b"))
-    assert "void: made before the FP8 cast clamped" in " ".join(axis(fig, "throughput:fp8_analogue").texts[0].get_text().split())
+    assert "void: made before the FP8 cast clamped" in " ".join(
+        axis(fig, "throughput:fp8_analogue").texts[0].get_text().split()
+    )
     assert not axis(fig, "throughput:fp8_analogue").patches
     # a projected GPU is a panel of its own: bars at the central time, whiskers over the band
     projected = json.loads(inputs[0].read_text())
     entry = projected["shapes"]["nemotron_h_8b"]
     entry["columns"]["projection_b200"] = {
-        "kind": "projection", "target": "NVIDIA B200",
-        "recipes": {n: {"median_ms": ms, "low_ms": ms * 0.8, "high_ms": ms * 1.25, "tokens_per_s": 8192 / ms * 1e3}
-                    for n, ms in {"bf16": 500.0, "nvfp4": 400.0, "nvfp4_no_rht_no_bf16_tail": 390.0}.items()},
-        "effects": {"both": {"versus": "nvfp4_no_rht_no_bf16_tail", "speedup": 400 / 390, "ci_low": 1.01, "ci_high": 1.04}}}
+        "kind": "projection",
+        "target": "NVIDIA B200",
+        "recipes": {
+            n: {"median_ms": ms, "low_ms": ms * 0.8, "high_ms": ms * 1.25, "tokens_per_s": 8192 / ms * 1e3}
+            for n, ms in {"bf16": 500.0, "nvfp4": 400.0, "nvfp4_no_rht_no_bf16_tail": 390.0}.items()
+        },
+        "effects": {
+            "both": {"versus": "nvfp4_no_rht_no_bf16_tail", "speedup": 400 / 390, "ci_low": 1.01, "ci_high": 1.04}
+        },
+    }
     entry["projection_check"] = {"bound": 0.1, "worst_error": 0.05, "within": True}
     (tmp_path / "projected").mkdir()
     (tmp_path / "projected" / "throughput_h200.json").write_text(json.dumps(projected))
     fig = rendered(draw_figure("throughput", [tmp_path / "projected"], model="nemotron_h_8b"))
     b200 = axis(fig, "throughput:projection_b200")
     assert [p.get_width() for p in b200.patches] == pytest.approx([8192 / 0.5, 8192 / 0.4, 8192 / 0.39])
-    whiskers = b200.containers[0][2][0].get_segments()     # the error bars: the band's ends in tokens/s
+    whiskers = b200.containers[0][2][0].get_segments()  # the error bars: the band's ends in tokens/s
     assert [tuple(seg[:, 0]) for seg in whiskers][0] == pytest.approx((8192 / 0.625, 8192 / 0.4))
     title = " ".join(b200.get_title().split())
     assert "NVIDIA B200 projection" in title and "H200 check 5.0% <= 10%" in title and "[1.010, 1.040]" in title

@@ -25,8 +25,12 @@ from fp4repro.quant.linear import quantized_operand, transposable_weight_spec
 from fp4repro.quant.state import QuantState
 from fp4repro.reference.block import scaled_operand_reference
 
-SPEC = QuantSpec(scale="ue5m3", target=448.0, tensor_scaling=TensorScaling("periodic", 2),
-                 auto_target=AutoTarget(min=448.0, max=8192.0, safety=4.0, window=2))
+SPEC = QuantSpec(
+    scale="ue5m3",
+    target=448.0,
+    tensor_scaling=TensorScaling("periodic", 2),
+    auto_target=AutoTarget(min=448.0, max=8192.0, safety=4.0, window=2),
+)
 LIVE = [10.0, 1.0, 0.5, 100.0]
 EXPECTED_T = [448.0, 114688 / 40, 114688 / 40, 8192.0, 448.0]
 KEY = "layers.0.fc1.wgrad.dy"
@@ -57,7 +61,7 @@ def test_t_follows_the_formula_through_the_window_and_the_bounds():
     results = run(QuantState(), range(9))
     chosen = [results[step][0] for step in (0, 2, 4, 6, 8)]
     assert chosen == EXPECTED_T
-    assert [results[step][0] for step in (1, 3, 5, 7)] == EXPECTED_T[:4]      # held between refreshes
+    assert [results[step][0] for step in (1, 3, 5, 7)] == EXPECTED_T[:4]  # held between refreshes
 
 
 def test_each_quantization_uses_the_chosen_t():
@@ -68,7 +72,7 @@ def test_each_quantization_uses_the_chosen_t():
     for step in (2, 3):
         expected = scaled_operand_reference(x, replace(SPEC, target=114688 / 40, auto_target=None), amax=1.0).qs
         assert torch.equal(results[step][1], expected)
-    first = scaled_operand_reference(x, replace(SPEC, auto_target=None)).qs           # step 0: T = 448
+    first = scaled_operand_reference(x, replace(SPEC, auto_target=None)).qs  # step 0: T = 448
     assert torch.equal(results[0][1], first)
     assert not torch.equal(results[2][1], first)
 
@@ -112,17 +116,21 @@ def test_a_fixed_target_ignores_the_growth_and_the_weight_is_not_shared_between_
     from fp4repro.config.spec import LinearSpecs
 
     tile = replace(SPEC, block=(16, 16))
-    assert transposable_weight_spec(LinearSpecs(fprop_w=replace(tile, auto_target=None),
-                                                dgrad_w=replace(tile, auto_target=None)))
+    assert transposable_weight_spec(
+        LinearSpecs(fprop_w=replace(tile, auto_target=None), dgrad_w=replace(tile, auto_target=None))
+    )
     assert not transposable_weight_spec(LinearSpecs(fprop_w=tile, dgrad_w=tile))
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("max", 100.0, "auto_target.max"),              # below min
-    ("max", 200000.0, "auto_target.max"),           # above UE5M3's largest scale
-    ("safety", 0.0, "auto_target.safety"),
-    ("window", 0, "auto_target.window"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("max", 100.0, "auto_target.max"),  # below min
+        ("max", 200000.0, "auto_target.max"),  # above UE5M3's largest scale
+        ("safety", 0.0, "auto_target.safety"),
+        ("window", 0, "auto_target.window"),
+    ],
+)
 def test_invalid_automatic_targets_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         replace(SPEC, auto_target=replace(SPEC.auto_target, **{field: value}))
@@ -134,6 +142,7 @@ def test_an_automatic_target_needs_periodic_scaling():
 
 
 # ------------------------------------------------------------------------------ two ranks
+
 
 def _rank(rank: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
@@ -161,7 +170,7 @@ def test_two_ranks_choose_the_same_t_from_the_reduced_growth():
         mp.start_processes(_rank, args=(init, out), nprocs=2, start_method="spawn", join=True)
         chosen = [torch.load(f"{out}.{rank}").tolist() for rank in (0, 1)]
     assert chosen[0] == chosen[1]
-    assert [chosen[0][step] for step in (0, 2, 4, 6, 8)] == EXPECTED_T     # rank 0's 10x growth counts
+    assert [chosen[0][step] for step in (0, 2, 4, 6, 8)] == EXPECTED_T  # rank 0's 10x growth counts
 
 
 def test_inference_quantizes_an_automatic_target_with_no_growth_to_cover():

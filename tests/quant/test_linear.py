@@ -28,6 +28,7 @@ def test_bf16_recipe_is_exactly_f_linear():
 
 def _rne(specs: LinearSpecs) -> LinearSpecs:
     from dataclasses import replace
+
     return LinearSpecs.from_operands({n: (replace(s, rounding="rne") if s else None) for n, s in specs.items()})
 
 
@@ -90,7 +91,9 @@ def test_periodic_scaling_and_telemetry_flow_through_the_layer():
     assert {r["operand"] for r in rows} == {"fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x"}
     assert all(r["layer"] == "blk0.fc1" and r["blocks"] > 0 for r in rows)
     held = state.state_dict()["held"]
-    assert set(held) == {f"blk0.fc1.{op}" for op in ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")}
+    assert set(held) == {
+        f"blk0.fc1.{op}" for op in ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
+    }
     # a second call before the refresh uses the held amax: a 10x larger input is clamped
     state.advance()
     lin(x * 10).sum().backward()
@@ -131,8 +134,13 @@ def test_cuda_bf16_matches_cpu_reference(recipe):
 @pytest.mark.gpu
 def test_cuda_quantizer_equals_cpu_reference():
     x = torch.randn(256, 512) * torch.exp(2 * torch.randn(256, 512))
-    for spec in (QuantSpec(), QuantSpec(block=(16, 16)), QuantSpec(rht=True), QuantSpec(scale="ue5m3"),
-                 QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up")):
+    for spec in (
+        QuantSpec(),
+        QuantSpec(block=(16, 16)),
+        QuantSpec(rht=True),
+        QuantSpec(scale="ue5m3"),
+        QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"),
+    ):
         assert torch.equal(quantize_dequantize(x.cuda(), spec).cpu(), quantize_dequantize(x, spec)), str(spec)
 
 
@@ -153,9 +161,12 @@ def test_host_decode_scale_equals_the_kernels_and_float32_arithmetic(amax, targe
     from fp4repro.kernels import quantize_2d
     from fp4repro.quant.linear import host_decode_scale
 
-    spec = QuantSpec(scale="ue5m3", target=target) if target is not None else \
-        QuantSpec(scale="ue8m0", block=(1, 32), target=None)
-    device = "cuda" if torch.cuda.is_available() else "cpu"      # compiled on a GPU, interpreted on a CPU
+    spec = (
+        QuantSpec(scale="ue5m3", target=target)
+        if target is not None
+        else QuantSpec(scale="ue8m0", block=(1, 32), target=None)
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted on a CPU
     held = torch.tensor(amax, dtype=torch.float32)
     kernel_d = float(quantize_2d(torch.ones(1, 32, device=device), spec, amax=held.to(device))["decode_scale"])
     assert host_decode_scale(float(held), 6.0, target) == kernel_d == _decode_scale_by_numpy(float(held), target)
@@ -167,9 +178,9 @@ def test_periodic_state_reads_the_held_amax_back_once_per_sample():
     state, scaling = QuantState(), TensorScaling("periodic", 2)
     state.hold("k", torch.tensor(3.5), scaling)
     assert state.held_amax_value("k") == 3.5
-    state._held["k"] = torch.tensor(7.0)          # a cached value is not read again ...
+    state._held["k"] = torch.tensor(7.0)  # a cached value is not read again ...
     assert state.held_amax_value("k") == 3.5
-    state.hold("k", torch.tensor(5.0), scaling)   # ... until the next sample replaces it
+    state.hold("k", torch.tensor(5.0), scaling)  # ... until the next sample replaces it
     assert state.held_amax_value("k") == 5.0
 
 
@@ -182,11 +193,15 @@ def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randint(-8, 9, (512, 1024), device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randint(-8, 9, (768, 1024), device="cuda", generator=g).to(torch.bfloat16)
-    for da, db in ((0.37109375 / 3, 1 / 2688.0), (1.0, 1.0), (1e-3, None), (2.0 ** -20, 3.3e-5)):
+    for da, db in ((0.37109375 / 3, 1 / 2688.0), (1.0, 1.0), (1e-3, None), (2.0**-20, 3.3e-5)):
         host = emulated_gemm(a, da, b, db, torch.bfloat16)
-        dev = emulated_gemm(a, torch.tensor(float(torch.tensor(da)), device="cuda"), b,
-                            None if db is None else torch.tensor(float(torch.tensor(db)), device="cuda"),
-                            torch.bfloat16)
+        dev = emulated_gemm(
+            a,
+            torch.tensor(float(torch.tensor(da)), device="cuda"),
+            b,
+            None if db is None else torch.tensor(float(torch.tensor(db)), device="cuda"),
+            torch.bfloat16,
+        )
         assert host.dtype == dev.dtype == torch.bfloat16
         assert torch.equal(host, dev), (da, db)
 
@@ -227,7 +242,7 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
     reused, fresh = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(reused[0], fresh[0]))
     assert fresh[1] == 3
-    assert reused[1] == (1 if recipe == "ue5m3" else 0)   # ue5m3 samples dgrad.w's amax on step 0
+    assert reused[1] == (1 if recipe == "ue5m3" else 0)  # ue5m3 samples dgrad.w's amax on step 0
 
 
 def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_forwards_choice():

@@ -45,9 +45,13 @@ def test_reference_only_holds_for_this_thread_only(unforced):
 
 @pytest.mark.parametrize("value, forced", [("1", True), ("0", False), ("", False)])
 def test_environment_variable_forces_the_reference(value, forced):
-    out = subprocess.run([sys.executable, "-c", "from fp4repro.quant.ops import _force_reference; "
-                          "print(_force_reference.get())"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "FP4REPRO_REFERENCE": value}).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", "from fp4repro.quant.ops import _force_reference; print(_force_reference.get())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "FP4REPRO_REFERENCE": value},
+    ).stdout.strip()
     assert out == str(forced)
 
 

@@ -75,10 +75,15 @@ def _batch(count: int = 3):
     return x, lengths
 
 
-@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32),
-                                           pytest.param("cuda", torch.float32, marks=pytest.mark.gpu),
-                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("count", [3, linear.KERNEL_GROUPS_MAX + 1])   # on CUDA: kernel launches, grouped reference
+@pytest.mark.parametrize(
+    "device, dtype",
+    [
+        ("cpu", torch.float32),
+        pytest.param("cuda", torch.float32, marks=pytest.mark.gpu),
+        pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu),
+    ],
+)
+@pytest.mark.parametrize("count", [3, linear.KERNEL_GROUPS_MAX + 1])  # on CUDA: kernel launches, grouped reference
 @pytest.mark.parametrize("name", ["ue5m3", "nvfp4", "nvfp4_rht", "nvfp4_tiles"])
 def test_sequence_operand_by_groups_equals_one_quantization_per_sequence(name, count, device, dtype):
     """Each sequence's rows equal that sequence quantized alone (on CUDA: by the kernels, whether
@@ -118,10 +123,10 @@ def test_a_sequences_output_is_its_output_alone(recipe):
         y = lin(x)
         for b, n in enumerate(lengths):
             lin.state.lengths = (n,)
-            assert torch.equal(y[b, :n], lin(x[b:b + 1, :n])[0]), b     # bit for bit
-        lin.state.lengths = None                                         # one tensor: the training path
+            assert torch.equal(y[b, :n], lin(x[b : b + 1, :n])[0]), b  # bit for bit
+        lin.state.lengths = None  # one tensor: the training path
         y_whole = lin(x)
-    if recipe == "mxfp4":                       # no tensor scale: rows never depended on each other
+    if recipe == "mxfp4":  # no tensor scale: rows never depended on each other
         assert torch.equal(y_whole, y)
     else:
         assert not torch.equal(y_whole[0, :10], y[0, :10])
@@ -138,4 +143,3 @@ def test_training_quantizes_the_activation_as_one_tensor():
         qw, dw = linear.quantized_operand(lin.weight, lin.specs.fprop_w, None, "l", "fprop.w")
         gemm = gemm_function(lin.specs, "fprop")
         assert torch.equal(lin(x).reshape(-1, 48), gemm(qx, dx, qw, dw, torch.float32))
-

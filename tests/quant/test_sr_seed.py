@@ -20,9 +20,9 @@ def _x(seed: int) -> torch.Tensor:
 def test_an_operand_rounds_the_same_whatever_ran_before_it():
     alone = quantized_operand(_x(1), SR, QuantState(seed=3), "layers.2.mixer.fc1", "wgrad.dy")[0]
     state = QuantState(seed=3)
-    for layer in ("layers.0.mixer.in_proj", "layers.1.mixer.fc2"):        # other operands first
+    for layer in ("layers.0.mixer.in_proj", "layers.1.mixer.fc2"):  # other operands first
         quantized_operand(_x(2), SR, state, layer, "wgrad.dy")
-    torch.manual_seed(99)                                                  # and another global RNG state
+    torch.manual_seed(99)  # and another global RNG state
     after = quantized_operand(_x(1), SR, state, "layers.2.mixer.fc1", "wgrad.dy")[0]
     assert torch.equal(alone, after)
 
@@ -33,7 +33,7 @@ def test_the_seed_names_run_key_step_and_draw():
     assert first == zlib.crc32(b"7/a.wgrad.dy/0/0") and second == zlib.crc32(b"7/a.wgrad.dy/0/1")
     assert state.sr_seed("b.wgrad.dy") == zlib.crc32(b"7/b.wgrad.dy/0/0")
     state.advance()
-    assert state.sr_seed("a.wgrad.dy") == zlib.crc32(b"7/a.wgrad.dy/1/0")        # the count restarts
+    assert state.sr_seed("a.wgrad.dy") == zlib.crc32(b"7/a.wgrad.dy/1/0")  # the count restarts
     assert QuantState(seed=8).sr_seed("a.wgrad.dy") != first
 
 
@@ -41,10 +41,11 @@ def test_different_draws_round_differently_and_a_resumed_state_draws_the_same():
     state = QuantState(seed=5)
     x = _x(4)
     a = quantized_operand(x, SR, state, "l", "wgrad.dy")[0]
-    b = quantized_operand(x, SR, state, "l", "wgrad.dy")[0]          # the same tensor twice in one step
+    b = quantized_operand(x, SR, state, "l", "wgrad.dy")[0]  # the same tensor twice in one step
     assert not torch.equal(a, b)
     state.advance()
     resumed = QuantState()
     resumed.load_state_dict(state.state_dict())
-    assert torch.equal(quantized_operand(x, SR, state, "l", "wgrad.dy")[0],
-                       quantized_operand(x, SR, resumed, "l", "wgrad.dy")[0])
+    assert torch.equal(
+        quantized_operand(x, SR, state, "l", "wgrad.dy")[0], quantized_operand(x, SR, resumed, "l", "wgrad.dy")[0]
+    )

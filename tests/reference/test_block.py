@@ -16,8 +16,15 @@ SIGNS = torch.tensor([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1],
 def ref_e2m1(v: torch.Tensor) -> torch.Tensor:
     """RNE to E2M1 by decision thresholds (ties to the even mantissa), v already in [-6, 6]."""
     a = v.abs()
-    grid = [(0.25, 0.0, True), (0.75, 0.5, False), (1.25, 1.0, True), (1.75, 1.5, False),
-            (2.5, 2.0, True), (3.5, 3.0, False), (5.0, 4.0, True)]
+    grid = [
+        (0.25, 0.0, True),
+        (0.75, 0.5, False),
+        (1.25, 1.0, True),
+        (1.75, 1.5, False),
+        (2.5, 2.0, True),
+        (3.5, 3.0, False),
+        (5.0, 4.0, True),
+    ]
     out = torch.full_like(a, 6.0)
     for edge, value, inclusive in reversed(grid):
         out = torch.where((a <= edge) if inclusive else (a < edge), torch.full_like(a, value), out)
@@ -181,7 +188,7 @@ def test_given_uniforms_reproduce_generator_draws():
     given = quantize_dequantize_reference(x, spec, rand=(k.to(torch.float32) + 0.5) / 256)
     assert torch.equal(drawn, given)
     other = quantize_dequantize_reference(x, spec, generator=torch.Generator().manual_seed(4))
-    assert not torch.equal(drawn, other)                  # the draws matter: a different seed rounds differently
+    assert not torch.equal(drawn, other)  # the draws matter: a different seed rounds differently
 
 
 def test_sr_rounds_up_for_small_uniforms_and_down_for_large():
@@ -195,7 +202,7 @@ def test_sr_rounds_up_for_small_uniforms_and_down_for_large():
     assert torch.equal(up.scale_codes, nearest.scale_codes) and torch.equal(down.scale_codes, nearest.scale_codes)
     q_up, q_down, q = up.elements().abs(), down.elements().abs(), nearest.elements().abs()
     assert (q_down <= q).all() and (q <= q_up).all()
-    assert (q_down < q_up).sum() > 256          # most elements lie between two grid points
+    assert (q_down < q_up).sum() > 256  # most elements lie between two grid points
 
 
 # ------------------------------------------------------------------ the paper's mechanism
@@ -210,7 +217,7 @@ def test_growth_between_refreshes_saturates_e4m3_but_not_ue5m3():
         state = QuantState()
         saturated = 0
         for step in range(50):
-            grow = 100.0 ** (step / 49)          # the tensor grows 100x before the next refresh
+            grow = 100.0 ** (step / 49)  # the tensor grows 100x before the next refresh
             held = state.held_amax("w", spec.tensor_scaling)
             bq = quantize_reference(base * grow, spec, amax=held, stats=True)
             if held is None:
@@ -249,20 +256,22 @@ def test_higher_target_reduces_underflow_of_small_gradient_blocks():
 HELD = 6.0 * 448.0
 CLIP_BLOCKS = [
     # v (in units of q), s_b / q, clipped with RNE, clipped with SR, what it shows
-    ([8.4, -7.5, 7.0, 6.9, -6.5, 3.0, 1.0], 1, 3, 5,
-     "subnormal scale 1.4 q rounded down to q: x·e_b = 8.4, 7.5, 7 (the tie), 6.9, 6.5, ..."),
-    ([14.4, 13.0, -12.0, 11.0, 2.0], 2, 1, 2,
-     "2.4 q rounded to 2 q: x·e_b = 7.2, 6.5, 6 (not above 6), 5.5, 1"),
-    ([26.4, 25.0, -20.0], 4, 0, 2,
-     "4.4 q rounded to 4 q: x·e_b = 6.6, 6.25, 5: only SR counts"),
-    ([2.9, -2.0, 1.0], 0, 0, 0,
-     "0.48 q flushes to zero: underflow, not clipped (x·e_b would be x · FLT_MAX)"),
+    (
+        [8.4, -7.5, 7.0, 6.9, -6.5, 3.0, 1.0],
+        1,
+        3,
+        5,
+        "subnormal scale 1.4 q rounded down to q: x·e_b = 8.4, 7.5, 7 (the tie), 6.9, 6.5, ...",
+    ),
+    ([14.4, 13.0, -12.0, 11.0, 2.0], 2, 1, 2, "2.4 q rounded to 2 q: x·e_b = 7.2, 6.5, 6 (not above 6), 5.5, 1"),
+    ([26.4, 25.0, -20.0], 4, 0, 2, "4.4 q rounded to 4 q: x·e_b = 6.6, 6.25, 5: only SR counts"),
+    ([2.9, -2.0, 1.0], 0, 0, 0, "0.48 q flushes to zero: underflow, not clipped (x·e_b would be x · FLT_MAX)"),
 ]
 # normal-range scales round by at most 2^-4 (3 mantissa bits): x·e_b <= 6 · 1.0625 < 7, RNE never clips
 NORMAL_BLOCKS = [
     # x · 2^3, s_b · 2^3, RNE, SR
-    ([6.0, -5.9, 4.0], 1.0, 0, 0),          # s_b = amax_b / 6 = 2^-3 exactly: x·e_b = 6, 5.9, 4
-    ([6.36, 6.1, -5.0], 1.0, 0, 2),         # 1.06 · 2^-3 rounds down to 2^-3: x·e_b = 6.36, 6.1, 5
+    ([6.0, -5.9, 4.0], 1.0, 0, 0),  # s_b = amax_b / 6 = 2^-3 exactly: x·e_b = 6, 5.9, 4
+    ([6.36, 6.1, -5.0], 1.0, 0, 2),  # 1.06 · 2^-3 rounds down to 2^-3: x·e_b = 6.36, 6.1, 5
 ]
 
 
@@ -285,12 +294,16 @@ def test_clipped_elements_of_blocks_with_subnormal_scales(scale, quantum, roundi
     x, scales = _clip_tensor(quantum)
     column = 2 if rounding == "rne" else 3
     expected = [b[column] for b in CLIP_BLOCKS + NORMAL_BLOCKS]
-    rand = torch.full(x.shape, 0.5)                  # the count does not depend on the draws
+    rand = torch.full(x.shape, 0.5)  # the count does not depend on the draws
     bq = quantize_reference(x, spec, amax=HELD, rand=rand if rounding == "sr" else None, stats=True)
-    assert bq.scales[:, 0].tolist() == scales        # the scales the hand counts assume
+    assert bq.scales[:, 0].tolist() == scales  # the scales the hand counts assume
     assert bq.stats.underflow_blocks == 1 and bq.stats.saturated_blocks == 0
-    per_block = [quantize_reference(x[i:i + 1], spec, amax=HELD, rand=rand[i:i + 1] if rounding == "sr" else None,
-                          stats=True).stats.clipped_elements for i in range(len(x))]
+    per_block = [
+        quantize_reference(
+            x[i : i + 1], spec, amax=HELD, rand=rand[i : i + 1] if rounding == "sr" else None, stats=True
+        ).stats.clipped_elements
+        for i in range(len(x))
+    ]
     assert per_block == expected
     assert bq.stats.clipped_elements == {"rne": 3 + 1, "sr": 5 + 2 + 2 + 2}[rounding]
     # a NaN in the first block makes it non-finite (it dequantizes to NaN): its elements drop out
@@ -325,12 +338,13 @@ def test_clipped_elements_exclude_rht_padding():
     x[0, 0], x[0, 1] = 30.0 * q, 3.6 * q
     for rounding, real in (("rne", 4), ("sr", 8)):
         spec = QuantSpec(scale="ue5m3", rounding=rounding, rht=True)
-        stats = quantize_reference(x, spec, amax=HELD, rand=torch.full((1, 16), 0.5) if rounding == "sr" else None,
-                         stats=True).stats
-        assert stats.clipped_elements == real         # the padded copies would double it
+        stats = quantize_reference(
+            x, spec, amax=HELD, rand=torch.full((1, 16), 0.5) if rounding == "sr" else None, stats=True
+        ).stats
+        assert stats.clipped_elements == real  # the padded copies would double it
     # padding rows and columns of zeros (no RHT) never clip; the real elements beside them do
     x = torch.zeros(3, 24)
-    x[2, 16:20] = torch.tensor([8.4, 7.5, 1.0, 0.5]) * q   # a block half padding, 1.4 q -> q
+    x[2, 16:20] = torch.tensor([8.4, 7.5, 1.0, 0.5]) * q  # a block half padding, 1.4 q -> q
     stats = quantize_reference(x, QuantSpec(scale="ue5m3", block=(16, 16)), amax=HELD, stats=True).stats
     assert stats.clipped_elements == 2
 
@@ -340,7 +354,7 @@ def test_clip_threshold_is_where_an_unbounded_grid_passes_the_max():
     from fp4repro.reference.block import clip_threshold
 
     e2m1 = get_format("e2m1")
-    assert clip_threshold(e2m1, "rne") == 7.0                              # 7 rounds to 8, not 6
+    assert clip_threshold(e2m1, "rne") == 7.0  # 7 rounds to 8, not 6
     assert clip_threshold(e2m1, "sr") == float(torch.nextafter(torch.tensor(6.0), torch.tensor(7.0)))
     # E4M3 as an element format: 448 = 1.110b · 2^8 has the even significand, so the tie at 464
     # rounds to 448 and the count starts just above it
@@ -360,7 +374,7 @@ def test_live_amax_with_a_held_amax_is_the_tensors_current_amax(case, rht_on):
     gen = torch.Generator().manual_seed(zlib.crc32(f"live {case} {rht_on}".encode()))
     x = torch.randn(32, 64, generator=gen)
     if case == "nan_block_with_the_largest_finite":
-        x[4, 0], x[4, 1] = float("nan"), 50.0      # the largest finite value shares a block with NaN
+        x[4, 0], x[4, 1] = float("nan"), 50.0  # the largest finite value shares a block with NaN
     elif case == "inf":
         x[7, 9] = float("inf")
     elif case == "zeros":
@@ -375,4 +389,4 @@ def test_live_amax_with_a_held_amax_is_the_tensors_current_amax(case, rht_on):
     assert got.dtype == torch.float32 and torch.equal(got, expected)
     if case == "zeros":
         assert float(got) == 0.0
-    assert scaled_operand_reference(x, spec, amax=1.0).live is None           # only when asked
+    assert scaled_operand_reference(x, spec, amax=1.0).live is None  # only when asked

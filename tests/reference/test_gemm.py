@@ -16,7 +16,7 @@ import torch
 from fp4repro.config.spec import GemmModel
 from fp4repro.reference.gemm import add_toward_zero, group_partials, probe_matched_gemm_reference, round_to_lattice
 
-MODEL = GemmModel("probe_matched", group=64, lattice=2.0 ** -10)
+MODEL = GemmModel("probe_matched", group=64, lattice=2.0**-10)
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
@@ -40,7 +40,7 @@ def even(x: np.float32) -> bool:
 
 
 def oracle_rn32(q: Fraction) -> float:
-    if abs(q) > Fraction(float(np.finfo(np.float32).max)) + Fraction(2) ** 103:   # past max + half an ulp
+    if abs(q) > Fraction(float(np.finfo(np.float32).max)) + Fraction(2) ** 103:  # past max + half an ulp
         return float(np.inf) if q > 0 else float(-np.inf)
     lo, hi = neighbours(q)
     if Fraction(float(lo)) == q:
@@ -51,7 +51,7 @@ def oracle_rn32(q: Fraction) -> float:
 
 def oracle_rz32(q: Fraction) -> float:
     top = float(np.finfo(np.float32).max)
-    if abs(q) > Fraction(top):                        # toward zero from past the largest float
+    if abs(q) > Fraction(top):  # toward zero from past the largest float
         return top if q > 0 else -top
     lo, hi = neighbours(q)
     if Fraction(float(lo)) == q:
@@ -68,11 +68,13 @@ def oracle(a: torch.Tensor, b: torch.Tensor, group: int, lattice: float | None, 
         for n, col in enumerate(b64):
             acc = 0.0
             for start in range(0, k, group):
-                exact = sum(Fraction(x) * Fraction(y) for x, y in zip(row[start:start + group], col[start:start + group]))
+                exact = sum(
+                    Fraction(x) * Fraction(y) for x, y in zip(row[start : start + group], col[start : start + group])
+                )
                 acc = oracle_rz32(Fraction(acc) + Fraction(oracle_rn32(exact)))
-            if lattice is not None and abs(acc) < 2 ** 24 * lattice:
+            if lattice is not None and abs(acc) < 2**24 * lattice:
                 steps = Fraction(acc) / Fraction(lattice)
-                acc = float(round(steps) * Fraction(lattice))            # round(): half to even
+                acc = float(round(steps) * Fraction(lattice))  # round(): half to even
             out[m, n] = np.float32(acc) * np.float32(alpha)
     return out
 
@@ -96,14 +98,14 @@ def encoded(rows: int, k: int, name: str, scale_exponents: tuple[int, int] = (-6
 def test_encoded_operands_equal_the_rational_oracle(k):
     a, b = encoded(3, k, f"a{k}"), encoded(4, k, f"b{k}")
     got = probe_matched_gemm_reference(a, 0.25, b, 0.5, torch.float32, MODEL)
-    np.testing.assert_array_equal(got.numpy(), oracle(a, b, 64, 2.0 ** -10, 0.125))
+    np.testing.assert_array_equal(got.numpy(), oracle(a, b, 64, 2.0**-10, 0.125))
 
 
 def test_wide_block_scales_need_several_slices_and_stay_exact():
     # block scales from 2^-17 to 2^15 in one row: more than one integer slice per group
     a, b = encoded(2, 128, "wa", (-17, 15)), encoded(3, 128, "wb", (-17, 15))
     got = probe_matched_gemm_reference(a, None, b, None, torch.float32, MODEL)
-    np.testing.assert_array_equal(got.numpy(), oracle(a, b, 64, 2.0 ** -10, 1.0))
+    np.testing.assert_array_equal(got.numpy(), oracle(a, b, 64, 2.0**-10, 1.0))
 
 
 def test_lattice_none_and_a_coarser_group():
@@ -117,24 +119,24 @@ def test_lattice_none_and_a_coarser_group():
 def test_group_sum_is_exact_before_its_one_rounding():
     # 1 + 2^-24 + 2^-60: a float64 running sum drops 2^-60 and lands on FP32's tie at 1 + 2^-24
     # (ties to even: 1); the exact sum lies above the tie and rounds up to 1 + 2^-23
-    a = torch.tensor([[1.0, 2.0 ** -24, 2.0 ** -60]])
+    a = torch.tensor([[1.0, 2.0**-24, 2.0**-60]])
     b = torch.ones(1, 3)
-    assert group_partials(a, b, 64)[0, 0, 0].item() == 1 + 2.0 ** -23
+    assert group_partials(a, b, 64)[0, 0, 0].item() == 1 + 2.0**-23
     assert group_partials(a[:, :2], b[:, :2], 64)[0, 0, 0].item() == 1.0
 
 
 def test_group_sum_survives_cancellation():
     # 2^40 - 2^40 + 3·2^-30: the small term is the whole answer
-    a = torch.tensor([[2.0 ** 40, -(2.0 ** 40), 3 * 2.0 ** -30]])
-    assert group_partials(a, torch.ones(1, 3), 64)[0, 0, 0].item() == 3 * 2.0 ** -30
+    a = torch.tensor([[2.0**40, -(2.0**40), 3 * 2.0**-30]])
+    assert group_partials(a, torch.ones(1, 3), 64)[0, 0, 0].item() == 3 * 2.0**-30
 
 
 def test_a_short_last_group_sums_what_is_left():
     # K = 65: group 0 holds terms 0..63, group 1 term 64 alone
     a = torch.zeros(1, 65)
-    a[0, 63], a[0, 64] = 1.0, 2.0 ** -30
+    a[0, 63], a[0, 64] = 1.0, 2.0**-30
     p = group_partials(a, torch.ones(1, 65), 64)
-    assert p.shape == (2, 1, 1) and p[0].item() == 1.0 and p[1].item() == 2.0 ** -30
+    assert p.shape == (2, 1, 1) and p[0].item() == 1.0 and p[1].item() == 2.0**-30
 
 
 def test_non_finite_operands_give_the_ieee_result_of_their_group():
@@ -144,9 +146,20 @@ def test_non_finite_operands_give_the_ieee_result_of_their_group():
 
 
 # ----------------------------------------------------------------------------- adds toward zero
-@pytest.mark.parametrize("x, y", [(1.0, -(2.0 ** -30)), (1.0, 2.0 ** -25), (-1.0, 2.0 ** -30), (3.0, 2.0 ** -22),
-                                  (2.0 ** 100, -(2.0 ** -100)), (3.4e38, 3.4e38), (-3.4e38, -3.4e38),
-                                  (1e-45, -1e-45), (0.1, 0.2)])
+@pytest.mark.parametrize(
+    "x, y",
+    [
+        (1.0, -(2.0**-30)),
+        (1.0, 2.0**-25),
+        (-1.0, 2.0**-30),
+        (3.0, 2.0**-22),
+        (2.0**100, -(2.0**-100)),
+        (3.4e38, 3.4e38),
+        (-3.4e38, -3.4e38),
+        (1e-45, -1e-45),
+        (0.1, 0.2),
+    ],
+)
 def test_adds_round_toward_zero(x, y):
     a, b = torch.tensor([x], dtype=torch.float32), torch.tensor([y], dtype=torch.float32)
     expected = oracle_rz32(Fraction(float(a)) + Fraction(float(b)))
@@ -157,7 +170,7 @@ def test_adds_round_toward_zero(x, y):
 def test_round_toward_zero_is_not_round_to_nearest_on_the_accumulator():
     # partials 1 and -2^-30 (K = 128, one term per group): RZ gives the float below 1, RN gives 1
     a = torch.zeros(1, 128)
-    a[0, 0], a[0, 64] = 1.0, -(2.0 ** -30)
+    a[0, 0], a[0, 64] = 1.0, -(2.0**-30)
     model = GemmModel("probe_matched", group=64, lattice=None)
     got = probe_matched_gemm_reference(a, None, torch.ones(1, 128), None, torch.float32, model)
     assert got.item() == float(np.nextafter(np.float32(1), np.float32(0)))
@@ -165,19 +178,20 @@ def test_round_toward_zero_is_not_round_to_nearest_on_the_accumulator():
 
 # ----------------------------------------------------------------------------- the lattice
 def test_lattice_rounds_to_nearest_even_multiples_of_its_step():
-    acc = torch.tensor([3 / 2048, 5 / 2048, -3 / 2048, 1 / 4096, 2.0 ** 14 + 2.0 ** -9, 3e38, 7 / 4096],
-                       dtype=torch.float32)
-    got = round_to_lattice(acc, 2.0 ** -10).tolist()
-    assert got == [2 / 1024, 2 / 1024, -2 / 1024, 0.0, 2.0 ** 14 + 2.0 ** -9, float(np.float32(3e38)), 2 / 1024]
+    acc = torch.tensor(
+        [3 / 2048, 5 / 2048, -3 / 2048, 1 / 4096, 2.0**14 + 2.0**-9, 3e38, 7 / 4096], dtype=torch.float32
+    )
+    got = round_to_lattice(acc, 2.0**-10).tolist()
+    assert got == [2 / 1024, 2 / 1024, -2 / 1024, 0.0, 2.0**14 + 2.0**-9, float(np.float32(3e38)), 2 / 1024]
     assert round_to_lattice(acc, None).tolist() == acc.tolist()
 
 
 def test_lattice_is_applied_to_the_encoded_result_before_the_decode_scales():
     # encoded result 3 + 2^-12: the lattice takes it to 3, then d = 2^-20 decodes; rounding after
     # the decode would have flushed everything to zero
-    a = torch.tensor([[3.0, 2.0 ** -12]])
-    got = probe_matched_gemm_reference(a, 2.0 ** -20, torch.ones(1, 2), 1.0, torch.float32, MODEL)
-    assert got.item() == 3 * 2.0 ** -20
+    a = torch.tensor([[3.0, 2.0**-12]])
+    got = probe_matched_gemm_reference(a, 2.0**-20, torch.ones(1, 2), 1.0, torch.float32, MODEL)
+    assert got.item() == 3 * 2.0**-20
 
 
 def test_decode_multiplies_by_the_float32_product_of_the_decode_scales():
@@ -188,8 +202,14 @@ def test_decode_multiplies_by_the_float32_product_of_the_decode_scales():
     twice = np.float32(np.float32(r * da) * db)
     assert once != twice
     a = torch.tensor([[float(r)]])
-    got = probe_matched_gemm_reference(a, torch.tensor(float(da)), torch.ones(1, 1), torch.tensor(float(db)),
-                                       torch.float32, GemmModel("probe_matched", lattice=None))
+    got = probe_matched_gemm_reference(
+        a,
+        torch.tensor(float(da)),
+        torch.ones(1, 1),
+        torch.tensor(float(db)),
+        torch.float32,
+        GemmModel("probe_matched", lattice=None),
+    )
     assert got.item() == float(once)
 
 

@@ -20,9 +20,9 @@ from fp4repro.report import load_claims, measure
 from fp4repro.results import eval_dir, run_dir
 
 CLAIMS = PACKAGED / "claims.yaml"
-STEPS = 40                    # training steps; the final window is the last 10
-DOCS = 60                     # held-out documents per source
-ITEMS = 50                    # items per downstream task
+STEPS = 40  # training steps; the final window is the last 10
+DOCS = 60  # held-out documents per source
+ITEMS = 50  # items per downstream task
 BLEND = {"prose": 0.4, "code": 0.6}
 
 
@@ -31,8 +31,17 @@ def rng(*key) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
-def write_run(results: Path, recipe: str, seed: int, loss: float = 0.0, nll: float = 0.0, correct: int = 25,
-              underflow: float = 0.0, clipped: float = 0.0, own_noise: float = 0.002) -> None:
+def write_run(
+    results: Path,
+    recipe: str,
+    seed: int,
+    loss: float = 0.0,
+    nll: float = 0.0,
+    correct: int = 25,
+    underflow: float = 0.0,
+    clipped: float = 0.0,
+    own_noise: float = 0.002,
+) -> None:
     """One run (recipe, seed) of experiment `tiny`: loss and NLL offset by ``loss`` and ``nll`` from
     a curve shared by every recipe of the seed, ``correct`` of ITEMS items right per task (the
     first ones), events at the given per-step rates."""
@@ -40,21 +49,40 @@ def write_run(results: Path, recipe: str, seed: int, loss: float = 0.0, nll: flo
     train.mkdir(parents=True)
     ev.mkdir(parents=True)
     steps = np.arange(1, STEPS + 1)
-    shared = rng("loss", seed).normal(0, 0.05, STEPS)          # the batch's difficulty: same for every recipe
+    shared = rng("loss", seed).normal(0, 0.05, STEPS)  # the batch's difficulty: same for every recipe
     losses = 3.0 - 0.01 * steps + shared + loss + rng("own", recipe, seed).normal(0, own_noise, STEPS)
     pd.DataFrame({"step": steps, "tokens": steps * 100, "stage": "s1", "loss": losses}).to_parquet(
-        train / "metrics.parquet")
-    (ev / "final_loss.json").write_text(json.dumps({"final_window": 0.25, "loss": float(losses[-10:].mean()),
-                                                    "first_step": STEPS - 9, "last_step": STEPS,
-                                                    "tokens_from": 3000, "tokens_to": 4000}))
+        train / "metrics.parquet"
+    )
+    (ev / "final_loss.json").write_text(
+        json.dumps(
+            {
+                "final_window": 0.25,
+                "loss": float(losses[-10:].mean()),
+                "first_step": STEPS - 9,
+                "last_step": STEPS,
+                "tokens_from": 3000,
+                "tokens_to": 4000,
+            }
+        )
+    )
     meta = {"recipe": recipe, "seed": seed, "tokens": 4000, "policy": "quantized"}
     docs = []
     for source in BLEND:
         predicted = rng("predicted", source).integers(20, 200, DOCS)
-        base = 3.0 + rng("doc", source, seed).normal(0, 0.5, DOCS)   # per document, shared by recipes
+        base = 3.0 + rng("doc", source, seed).normal(0, 0.5, DOCS)  # per document, shared by recipes
         for step, later in ((20, 0.5), (40, 0.0)):
-            docs += [{**meta, "step": step, "source": source, "document": d, "predicted": int(n),
-                      "nll_sum": float(n * (base[d] + later + nll))} for d, n in enumerate(predicted)]
+            docs += [
+                {
+                    **meta,
+                    "step": step,
+                    "source": source,
+                    "document": d,
+                    "predicted": int(n),
+                    "nll_sum": float(n * (base[d] + later + nll)),
+                }
+                for d, n in enumerate(predicted)
+            ]
     docs = pd.DataFrame(docs)
     docs.to_parquet(ev / "nll_documents.parquet")
     nll_rows = []
@@ -66,12 +94,44 @@ def write_run(results: Path, recipe: str, seed: int, loss: float = 0.0, nll: flo
     pd.DataFrame(nll_rows).to_parquet(ev / "nll.parquet")
     items, aggregates = [], []
     for task in ("t1", "t2"):
-        items += [{**meta, "step": 40, "aggregate": "agg", "task": task, "doc_id": i, "metric": "acc",
-                   "value": float(i < correct)} for i in range(ITEMS)]
-        aggregates.append({**meta, "step": 40, "aggregate": "agg", "task": task, "level": "task", "metric": "acc",
-                           "value": correct / ITEMS, "stderr": 0.07, "n": ITEMS})
-    aggregates.append({**meta, "step": 40, "aggregate": "agg", "task": "agg", "level": "aggregate", "metric": "acc",
-                       "value": correct / ITEMS, "stderr": 0.05, "n": 2 * ITEMS})
+        items += [
+            {
+                **meta,
+                "step": 40,
+                "aggregate": "agg",
+                "task": task,
+                "doc_id": i,
+                "metric": "acc",
+                "value": float(i < correct),
+            }
+            for i in range(ITEMS)
+        ]
+        aggregates.append(
+            {
+                **meta,
+                "step": 40,
+                "aggregate": "agg",
+                "task": task,
+                "level": "task",
+                "metric": "acc",
+                "value": correct / ITEMS,
+                "stderr": 0.07,
+                "n": ITEMS,
+            }
+        )
+    aggregates.append(
+        {
+            **meta,
+            "step": 40,
+            "aggregate": "agg",
+            "task": "agg",
+            "level": "aggregate",
+            "metric": "acc",
+            "value": correct / ITEMS,
+            "stderr": 0.05,
+            "n": 2 * ITEMS,
+        }
+    )
     pd.DataFrame(items).to_parquet(ev / "downstream_items.parquet")
     pd.DataFrame(aggregates).to_parquet(ev / "downstream.parquet")
     telemetry = []
@@ -79,11 +139,19 @@ def write_run(results: Path, recipe: str, seed: int, loss: float = 0.0, nll: flo
         for operand in ("dgrad.dy", "wgrad.dy", "fprop.x"):
             wiggle = rng("events", recipe, seed, step, operand).uniform(0.8, 1.2)
             small = operand != "fprop.x"
-            telemetry.append({"step": step, "layer": "layers.0.mixer.in_proj", "operand": operand,
-                              "steps_since_refresh": step % 3, "blocks": 10_000, "saturated_blocks": 0,
-                              "underflow_blocks": round(10_000 * underflow * wiggle) if small else 7,
-                              "nonzero_elements": 100_000,
-                              "clipped_elements": round(100_000 * clipped * wiggle) if small else 3})
+            telemetry.append(
+                {
+                    "step": step,
+                    "layer": "layers.0.mixer.in_proj",
+                    "operand": operand,
+                    "steps_since_refresh": step % 3,
+                    "blocks": 10_000,
+                    "saturated_blocks": 0,
+                    "underflow_blocks": round(10_000 * underflow * wiggle) if small else 7,
+                    "nonzero_elements": 100_000,
+                    "clipped_elements": round(100_000 * clipped * wiggle) if small else 3,
+                }
+            )
     pd.DataFrame(telemetry).to_parquet(train / "telemetry.parquet")
 
 

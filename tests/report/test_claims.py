@@ -15,7 +15,12 @@ def test_the_packaged_claims_file_is_valid_and_a_local_one_comes_first(tmp_path,
     assert claims_path() == CLAIMS
     paper, claims = load_claims(CLAIMS)
     assert "UE5M3" in paper["title"] and {c.measure for c in claims} == {
-        "final_loss", "heldout_nll", "downstream", "telemetry", "throughput"}
+        "final_loss",
+        "heldout_nll",
+        "downstream",
+        "telemetry",
+        "throughput",
+    }
     assert {c.event for c in claims if c.measure == "telemetry"} == {"underflow", "saturation", "clipping"}
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "claims.yaml").write_text(CLAIMS.read_text())

@@ -16,6 +16,7 @@ from fp4repro.statistics import OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
 # ------------------------------------------------------------------------------- final-window loss
 
+
 def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
     row = one_seed(tmp_path, "final_loss", loss=-0.1)
     k = row.comparison
@@ -24,7 +25,7 @@ def test_one_seed_loss_is_paired_by_step_and_at_most_suggestive(tmp_path):
     assert k.difference == pytest.approx(-0.1, abs=0.005) and k.high < 0
     assert k.test.startswith("batch means: 10 steps") and k.units == 10
     assert k.high - k.low < 0.02
-    assert row.verdict == SUGGESTIVE                      # one seed: an outcome of training is capped
+    assert row.verdict == SUGGESTIVE  # one seed: an outcome of training is capped
 
 
 def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
@@ -36,9 +37,13 @@ def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
     (row,) = measure(claim, results / "tiny", {"nvfp4": (0, 1, 2), "ue5m3": (2,)}, BLEND)
     assert row.comparison.difference == pytest.approx(-0.1, abs=0.005) and "1 seed(s)" in row.note
     (apart,) = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (2,)}, BLEND)
-    assert apart.comparison is None and apart.note == "not measured: ue5m3 (seeds [2]) and nvfp4 (seeds [0, 1]) share no seed"
+    assert (
+        apart.comparison is None
+        and apart.note == "not measured: ue5m3 (seeds [2]) and nvfp4 (seeds [0, 1]) share no seed"
+    )
     assert runs_text({"nvfp4": (0, 1, 2), "ue5m3": (2,)}, {"nvfp4": (0, 1, 2), "ue5m3": (0, 1, 2)}) == (
-        "seeds nvfp4 0, 1, 2; ue5m3 2 (4 of 6 planned runs; not there yet: ue5m3 seed 0, ue5m3 seed 1)")
+        "seeds nvfp4 0, 1, 2; ue5m3 2 (4 of 6 planned runs; not there yet: ue5m3 seed 0, ue5m3 seed 1)"
+    )
 
 
 def test_one_seed_loss_in_the_other_direction(tmp_path):
@@ -56,8 +61,10 @@ def test_seeds_give_a_seed_level_test_that_can_reproduce(tmp_path):
     assert k.test == "paired t over 3 seeds" and k.units == 3
     assert k.difference == pytest.approx(-0.1, abs=0.005)
     assert row.verdict == REPRODUCED
-    finals = {r: [json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
-                  for s in (0, 1, 2)] for r in ("ue5m3", "nvfp4")}
+    finals = {
+        r: [json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"] for s in (0, 1, 2)]
+        for r in ("ue5m3", "nvfp4")
+    }
     assert row.recipe_value == pytest.approx(np.mean(finals["ue5m3"]))
     assert row.baseline_value == pytest.approx(np.mean(finals["nvfp4"]))
 
@@ -70,8 +77,11 @@ def test_two_seeds_give_the_t_interval_of_their_differences(tmp_path):
         write_run(results, "nvfp4", seed, own_noise=0.3)
         write_run(results, "ue5m3", seed, loss=-0.01, own_noise=0.3)
     (row,) = rows_of("final_loss", results, seeds=(0, 1))
-    final = {(r, s): json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
-             for r in ("ue5m3", "nvfp4") for s in (0, 1)}
+    final = {
+        (r, s): json.loads((eval_dir(results, "tiny", r, s) / "final_loss.json").read_text())["loss"]
+        for r in ("ue5m3", "nvfp4")
+        for s in (0, 1)
+    }
     d = [final["ue5m3", s] - final["nvfp4", s] for s in (0, 1)]
     half = 12.7062047 * abs(d[0] - d[1]) / 2
     k = row.comparison
@@ -81,6 +91,7 @@ def test_two_seeds_give_the_t_interval_of_their_differences(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ held-out NLL
+
 
 def test_one_seed_nll_bootstraps_documents_at_the_last_checkpoint(tmp_path):
     row = one_seed(tmp_path, "heldout_nll", nll=-0.02)
@@ -122,6 +133,7 @@ def test_a_missing_document_table_is_not_measured_and_named(tmp_path):
 
 # -------------------------------------------------------------------------------------- downstream
 
+
 def test_one_seed_downstream_is_a_paired_item_test(tmp_path):
     results = tmp_path / "results"
     write_run(results, "nvfp4", 0, correct=20)
@@ -150,6 +162,7 @@ def test_downstream_with_seeds_uses_the_aggregate_per_seed(tmp_path):
 
 # ---------------------------------------------------------------------------------------- telemetry
 
+
 def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
     results = tmp_path / "results"
     write_run(results, "ue5m3", 0, underflow=0.004, clipped=0.001)
@@ -173,6 +186,7 @@ def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
 
 # ---------------------------------------------------------------- what is not measured or paired
 
+
 def test_unmeasured_claims_say_why(tmp_path):
     results = tmp_path / "results"
     write_run(results, "nvfp4", 0)
@@ -181,8 +195,7 @@ def test_unmeasured_claims_say_why(tmp_path):
     assert absent.note == "not measured: no run of ue5m3_t2048 in this experiment"
     (missing,) = rows_of("final_loss", results, seeds=(0, 1))
     assert missing.note.startswith("not measured") and "seed1" in missing.note
-    (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results,
-                            recipes=("nvfp4", "nvfp4_no_rht_no_bf16_tail"))
+    (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results, recipes=("nvfp4", "nvfp4_no_rht_no_bf16_tail"))
     assert throughput.note.startswith("not measured: no body-throughput file")
 
 

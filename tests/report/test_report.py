@@ -27,7 +27,10 @@ def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, m
     assert "Mechanism: an element clipped at ±6" in text
     # beyond the paper (ue5m3 and ue5m3_t2048 are studied): after the claims, before the figures
     assert text.index("## Claims") < text.index("## Beyond the paper: an automatic target T") < text.index("## Figures")
-    assert "| ue5m3_t2048 |" in text and "- ue5m3_auto has no results here (not among the recipes, or not run yet): no comparison." in text
+    assert (
+        "| ue5m3_t2048 |" in text
+        and "- ue5m3_auto has no results here (not among the recipes, or not run yet): no comparison." in text
+    )
 
 
 def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
@@ -46,5 +49,10 @@ def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
 
 
 def measure_all(results: Path) -> list:
-    return [row for c in load_claims(CLAIMS)[1]
-            for row in measure(c, results / "tiny", dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,)), BLEND)]
+    return [
+        row
+        for c in load_claims(CLAIMS)[1]
+        for row in measure(
+            c, results / "tiny", dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,)), BLEND
+        )
+    ]

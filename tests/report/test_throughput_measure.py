@@ -14,12 +14,23 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     from fp4repro.bench import throughput
 
     results = tmp_path / "results"
-    rows = {"nvfp4": [1000.0, 1010.0, 1000.0, 1005.0, 1000.0], "nvfp4_no_rht_no_bf16_tail": [990.0, 1000.0, 990.0, 995.0, 990.0]}
+    rows = {
+        "nvfp4": [1000.0, 1010.0, 1000.0, 1005.0, 1000.0],
+        "nvfp4_no_rht_no_bf16_tail": [990.0, 1000.0, 990.0, 995.0, 990.0],
+    }
     slower = {"nvfp4": rows["nvfp4"], "nvfp4_no_rht_no_bf16_tail": [1010.0, 1020.0, 1010.0, 1015.0, 1010.0]}
-    entry = {"model": "nemotron_h_8b", "seq_len": 8192, "batch": 1, "steps": 5, "device": "NVIDIA H200",
-             "not_measured": dict(throughput.NOT_MEASURED),
-             "columns": {"emulated": {"recipes": {}, "effects": throughput.effects(rows)},
-                         "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower), "cast": "clamped"}}}
+    entry = {
+        "model": "nemotron_h_8b",
+        "seq_len": 8192,
+        "batch": 1,
+        "steps": 5,
+        "device": "NVIDIA H200",
+        "not_measured": dict(throughput.NOT_MEASURED),
+        "columns": {
+            "emulated": {"recipes": {}, "effects": throughput.effects(rows)},
+            "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower), "cast": "clamped"},
+        },
+    }
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
     (row,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
@@ -29,31 +40,61 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     assert "NVIDIA H200 fp8 analogue: -1.0%" in row.note and "(lowers tokens/s" in row.note
     assert "direction check at FP8's smaller GEMM ratio: against the paper" in row.note
     noisy = {"nvfp4": [1000.0, 1100.0, 900.0, 1050.0, 950.0], "nvfp4_no_rht_no_bf16_tail": [1000.0] * 5}
-    unresolved = {**entry, "columns": {**entry["columns"], "fp8_analogue": {
-        "recipes": {}, "effects": throughput.effects(noisy), "cast": "clamped"}}}
+    unresolved = {
+        **entry,
+        "columns": {
+            **entry["columns"],
+            "fp8_analogue": {"recipes": {}, "effects": throughput.effects(noisy), "cast": "clamped"},
+        },
+    }
     throughput.record(results / "bench" / "throughput_h200.json", unresolved, "cpu")
     (open_row,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert "(does not resolve tokens/s; direction check at FP8's smaller GEMM ratio: not resolved)" in open_row.note
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     assert "compute capability >= 10.0" in row.note
     # a projection: its band against the paper's +21.2%
-    projected = {**entry, "columns": {**entry["columns"], **{f"projection_{k}": {
-        "kind": "projection", "target": f"NVIDIA {k.upper()}", "recipes": {}, "effects": {"both": {
-            "versus": "nvfp4_no_rht_no_bf16_tail", "speedup": mid, "ci_low": low, "ci_high": high,
-            "speedup_without_other": 1.105, "without_other_low": 1.05, "without_other_high": 1.146}}}
-        for k, (low, mid, high) in
-        {"b200": (1.018, 1.029, 1.044), "b300": (1.15, 1.2, 1.25)}.items()}}}
+    projected = {
+        **entry,
+        "columns": {
+            **entry["columns"],
+            **{
+                f"projection_{k}": {
+                    "kind": "projection",
+                    "target": f"NVIDIA {k.upper()}",
+                    "recipes": {},
+                    "effects": {
+                        "both": {
+                            "versus": "nvfp4_no_rht_no_bf16_tail",
+                            "speedup": mid,
+                            "ci_low": low,
+                            "ci_high": high,
+                            "speedup_without_other": 1.105,
+                            "without_other_low": 1.05,
+                            "without_other_high": 1.146,
+                        }
+                    },
+                }
+                for k, (low, mid, high) in {"b200": (1.018, 1.029, 1.044), "b300": (1.15, 1.2, 1.25)}.items()
+            },
+        },
+    }
     throughput.record(results / "bench" / "throughput_h200.json", projected, "cpu")
     (band,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
-    assert ("NVIDIA B200 projected from NVIDIA H200: +2.9% [+1.8%, +4.4%] (band over the projection's parameters; "
-            "with no non-GEMM time +10.5% [+5.0%, +14.6%]); the paper's +21.2% is not consistent (outside the band)") in band.note
+    assert (
+        "NVIDIA B200 projected from NVIDIA H200: +2.9% [+1.8%, +4.4%] (band over the projection's parameters; "
+        "with no non-GEMM time +10.5% [+5.0%, +14.6%]); the paper's +21.2% is not consistent (outside the band)"
+    ) in band.note
     assert "NVIDIA B300 projected from NVIDIA H200: +20.0% [+15.0%, +25.0%]" in band.note
     assert "the paper's +21.2% is consistent (inside the band)" in band.note
-    assert band.verdict == "not measured natively"      # a projection decides nothing
+    assert band.verdict == "not measured natively"  # a projection decides nothing
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     # a device with FP4 tensor cores: its native column decides
-    native = {**entry, "device": "NVIDIA B200", "not_measured": {"projection": "not built"},
-              "columns": {**entry["columns"], "native": {"recipes": {}, "effects": throughput.effects(rows)}}}
+    native = {
+        **entry,
+        "device": "NVIDIA B200",
+        "not_measured": {"projection": "not built"},
+        "columns": {**entry["columns"], "native": {"recipes": {}, "effects": throughput.effects(rows)}},
+    }
     throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
     (decided,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
     assert decided.verdict == "reproduced" and "native FP4 on 1 device(s)" in decided.note

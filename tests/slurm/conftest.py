@@ -100,9 +100,7 @@ class SlurmCluster:
     # -- commands -----------------------------------------------------------------------------
     def run(self, *args: str, check: bool = True, timeout: float = 60, **kwargs):
         """Runs a Slurm client command with the cluster's environment; returns CompletedProcess."""
-        proc = subprocess.run(
-            list(args), env=self.env, capture_output=True, text=True, timeout=timeout, **kwargs
-        )
+        proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout, **kwargs)
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"{' '.join(args)} exited {proc.returncode}\nstdout: {proc.stdout}\n"
@@ -328,9 +326,11 @@ def slurm_cluster(request):
         root = Path(tempfile.mkdtemp(prefix="fp4repro-slurm-"))
         # Keep the logs of a session with failures; say where they are.
         stack.callback(
-            lambda: shutil.rmtree(root, ignore_errors=True)
-            if request.session.testsfailed == 0
-            else print(f"\nslurm_cluster: logs kept in {root}")
+            lambda: (
+                shutil.rmtree(root, ignore_errors=True)
+                if request.session.testsfailed == 0
+                else print(f"\nslurm_cluster: logs kept in {root}")
+            )
         )
         munge_dir, log_dir = root / "munge", root / "log"
         for sub in ("state", "spool", "log", "munge"):

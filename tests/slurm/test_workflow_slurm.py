@@ -24,8 +24,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 # what a cluster without accounting needs (documented in the profile), and faster polling than a
 # real cluster wants (the defaults wait 40 s before the first status check and 10 s between)
-NO_ACCOUNTING = ("--slurm-no-account", "--slurm-status-command", "squeue",
-                 "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2")
+NO_ACCOUNTING = (
+    "--slurm-no-account",
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-init-seconds-before-status-checks",
+    "1",
+    "--seconds-between-status-checks",
+    "2",
+)
 # The plugin waits 10 s longer after each status check that finds no job ended (up to 3 minutes,
 # with no option to change it): on this cluster that left every job's end unnoticed for up to 20 s,
 # a third of the tests' time. Snakemake starts here with the plugin's wait between checks held at
@@ -56,8 +63,9 @@ def slurm_profile_env(slurm_cluster, tmp_path_factory):
     home = tmp_path_factory.mktemp("xdg")
     env = {**slurm_cluster.env, "XDG_CONFIG_HOME": str(home)}
     subprocess.run(["make", "-s", "-C", str(REPO), "slurm-profile"], env=env, check=True, capture_output=True)
-    assert (home / "snakemake" / "slurm" / "config.yaml").read_text() == \
-        (REPO / "workflow/profiles/slurm/config.yaml").read_text()
+    assert (home / "snakemake" / "slurm" / "config.yaml").read_text() == (
+        REPO / "workflow/profiles/slurm/config.yaml"
+    ).read_text()
     return env
 
 
@@ -86,8 +94,9 @@ def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, slurm_snakemak
     workdir = tmp_path_factory.mktemp("smoke-slurm")
     first = next_job_id(slurm_cluster)
     targets = [f"results/smoke/eval/{recipe}/seed0/final_loss.json" for recipe in RECIPES]
-    proc = slurm_snakemake(workdir, *targets, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke",
-                           env=slurm_profile_env)
+    proc = slurm_snakemake(
+        workdir, *targets, "--profile", "slurm", *NO_ACCOUNTING, "--config", "experiment=smoke", env=slurm_profile_env
+    )
     return workdir, rule_jobs(slurm_cluster, first), proc
 
 
@@ -108,27 +117,32 @@ def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, sl
 def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
     workdir, _, _ = slurm_run
     for recipe in RECIPES:
-        for table, drop in (("train/{}/seed0/metrics.parquet", ["tokens_per_s"]),
-                            ("train/{}/seed0/telemetry.parquet", []), ("eval/{}/seed0/nll.parquet", []),
-                            ("eval/{}/seed0/nll_documents.parquet", []), ("eval/{}/seed0/downstream.parquet", [])):
+        for table, drop in (
+            ("train/{}/seed0/metrics.parquet", ["tokens_per_s"]),
+            ("train/{}/seed0/telemetry.parquet", []),
+            ("eval/{}/seed0/nll.parquet", []),
+            ("eval/{}/seed0/nll_documents.parquet", []),
+            ("eval/{}/seed0/downstream.parquet", []),
+        ):
             rel = Path("results/smoke") / table.format(recipe)
             a = pd.read_parquet(workdir / rel).drop(columns=drop)
             b = pd.read_parquet(smoke_run / rel).drop(columns=drop)
             pd.testing.assert_frame_equal(a, b, check_exact=True, obj=str(rel))
         rel = Path(f"results/smoke/eval/{recipe}/seed0/final_loss.json")
         a, b = (json.loads((root / rel).read_text()) for root in (workdir, smoke_run))
-        assert a.pop("provenance")["created"] and b.pop("provenance")    # when and where differ
+        assert a.pop("provenance")["created"] and b.pop("provenance")  # when and where differ
         assert a == b
 
 
-def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster, slurm_profile_env, tmp_path,
-                                                       slurm_snakemake):
+def test_cancelled_training_fails_and_the_rerun_resumes(
+    slurm_run, slurm_cluster, slurm_profile_env, tmp_path, slurm_snakemake
+):
     """scancel a training job mid-run: Snakemake reports it failed; the rerun continues from the
     newest resume checkpoint (not from step 0) and finishes every step."""
     workdir, _, _ = slurm_run
     text = (PACKAGED / "experiment/smoke.yaml").read_text()
     longer = text.replace("tokens: 4096", "tokens: 20480").replace("resume_every: 4", "resume_every: 5")
-    exp = tmp_path / "smoke.yaml"                    # same name: reuses the prepared data of the run above
+    exp = tmp_path / "smoke.yaml"  # same name: reuses the prepared data of the run above
     exp.write_text(longer)
     target = "results/smoke/train/bf16/seed0/done.json"
     run_dir = tmp_path / "run"
@@ -138,8 +152,12 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
 
     first = next_job_id(slurm_cluster)
     proc = subprocess.Popen(
-        slurm_snakemake.command(run_dir, *args), env={**slurm_profile_env, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        slurm_snakemake.command(run_dir, *args),
+        env={**slurm_profile_env, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_folder = run_dir / "results/smoke/train/bf16/seed0"
     try:
         deadline = time.monotonic() + 180
@@ -161,4 +179,4 @@ def test_cancelled_training_fails_and_the_rerun_resumes(slurm_run, slurm_cluster
     assert resumed >= 5 and resumed % 5 == 0
     metrics = pd.read_parquet(run_dir / "results/smoke/train/bf16/seed0/metrics.parquet")
     assert metrics["step"].tolist() == list(range(1, 89))
-    assert (metrics["attempt"] == (metrics["step"] > resumed).astype(int)).all()   # only the rest ran again
+    assert (metrics["attempt"] == (metrics["step"] > resumed).astype(int)).all()  # only the rest ran again

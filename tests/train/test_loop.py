@@ -58,8 +58,22 @@ def prepared(tmp_path_factory):
 
 
 def _cli(path, recipe, root, out, *extra):
-    return [sys.executable, "-m", "fp4repro.cli", "train", "--experiment", str(path), "--recipe", recipe,
-            "--data", str(root / "data"), "--out", str(out), "--quiet", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "fp4repro.cli",
+        "train",
+        "--experiment",
+        str(path),
+        "--recipe",
+        recipe,
+        "--data",
+        str(root / "data"),
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
 
 
 def _run_folder(out) -> Path:
@@ -74,8 +88,11 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
     _, path, root = prepared
     # half the steps of the module's experiment (the same data): a kill after step 10 of 30
     path = root / "sigkill.yaml"
-    path.write_text(EXPERIMENT.replace("name: smalltest", "name: sigkill")
-                    .replace("tokens: 5120,", "tokens: 2560,").replace("tokens: 10240,", "tokens: 5120,"))
+    path.write_text(
+        EXPERIMENT.replace("name: smalltest", "name: sigkill")
+        .replace("tokens: 5120,", "tokens: 2560,")
+        .replace("tokens: 10240,", "tokens: 5120,")
+    )
     study = load_study(path)
     # The uninterrupted run goes on beside the killed run and its resumption, so that the test takes
     # the time of one run, not of two: one thread each, two processes on two cores (every process
@@ -87,29 +104,34 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
         killed = root / "killed"
         proc = subprocess.Popen(_cli(path, "ue5m3", root, killed), env=env, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
-        while proc.poll() is None and time.time() < deadline and not \
-                any(killed.glob("runs/*/resume/resume_00000010.pt.sha256")):
+        while (
+            proc.poll() is None
+            and time.time() < deadline
+            and not any(killed.glob("runs/*/resume/resume_00000010.pt.sha256"))
+        ):
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         assert not (killed / "done.json").exists(), "the run finished before it could be killed"
         run = _run_folder(killed)
-        complete = [int(p.name[7:15]) for p in resume_checkpoints(run.resume)          # resume_<step>.pt
-                    if p.with_name(p.name + ".sha256").is_file()]                      # with its digest
-        second = subprocess.run(_cli(path, "ue5m3", root, killed), check=True, env=env, capture_output=True,
-                                text=True)
+        complete = [
+            int(p.name[7:15])
+            for p in resume_checkpoints(run.resume)  # resume_<step>.pt
+            if p.with_name(p.name + ".sha256").is_file()
+        ]  # with its digest
+        second = subprocess.run(_cli(path, "ue5m3", root, killed), check=True, env=env, capture_output=True, text=True)
         assert uninterrupted.wait(timeout=300) == 0
     finally:
         uninterrupted.kill()
     newest = int(re.search(r"resuming from step (\d+) of 30", second.stderr).group(1))
-    assert newest == max(complete) and newest >= 10              # the newest checkpoint that was complete
+    assert newest == max(complete) and newest >= 10  # the newest checkpoint that was complete
     a = pd.read_parquet(full / "metrics.parquet")
     b = pd.read_parquet(killed / "metrics.parquet")
     assert len(a) == study.experiment.train.total_steps == 30
     assert b["step"].tolist() == list(range(1, 31))
     # steps 1..newest come from the killed process, only the later ones were computed again
     assert (b["attempt"] == (b["step"] > newest).astype(int)).all()
-    assert np.array_equal(a["loss"].to_numpy(), b["loss"].to_numpy())          # bit for bit
+    assert np.array_equal(a["loss"].to_numpy(), b["loss"].to_numpy())  # bit for bit
     assert np.array_equal(a["grad_norm"].to_numpy(), b["grad_norm"].to_numpy())
     ta, tb = pd.read_parquet(full / "telemetry.parquet"), pd.read_parquet(killed / "telemetry.parquet")
     assert ta.equals(tb)
@@ -117,8 +139,9 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
     # the same command without resume/ starts again from step 0 (its first 5 steps: the same losses)
     shutil.rmtree(run.resume)
     (killed / "done.json").unlink()
-    third = subprocess.run(_cli(path, "ue5m3", root, killed, "--stop-after", "5"), check=True, env=env,
-                           capture_output=True, text=True)
+    third = subprocess.run(
+        _cli(path, "ue5m3", root, killed, "--stop-after", "5"), check=True, env=env, capture_output=True, text=True
+    )
     assert "starting at step 0 of 30" in third.stderr and "resuming" not in third.stderr
     c = run.assemble("metrics", ["step", "loss", "attempt"])
     assert c["step"].tolist() == [1, 2, 3, 4, 5] and (c["attempt"] == 2).all()
@@ -134,20 +157,20 @@ def test_outputs_of_a_finished_run(prepared):
     ckpts = sorted(run.ckpt.glob("step_*.pt"))
     assert len(ckpts) == 12 and done["checkpoints"] == [f"runs/{run.fingerprint}/ckpt/{p.name}" for p in ckpts]
     assert done["fingerprint"] == run.fingerprint and done["provenance"]["device"].startswith("cpu")
-    [recipe_file] = done["recipe_files"]                   # committed tables name no machine's path
+    [recipe_file] = done["recipe_files"]  # committed tables name no machine's path
     assert recipe_file == "fp4repro/configs/recipes/nvfp4.yaml"
     assert table_provenance(out / "metrics.parquet")["packages"]["torch"] == torch.__version__
     m = pd.read_parquet(out / "metrics.parquet")
     assert list(m.columns) == ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
     assert m["stage"].tolist() == ["s1"] * 40 + ["s2"] * 20
-    assert m["loss"].iloc[-5:].mean() < m["loss"].iloc[:5].mean()             # it learns
+    assert m["loss"].iloc[-5:].mean() < m["loss"].iloc[:5].mean()  # it learns
     t = pd.read_parquet(out / "telemetry.parquet")
     assert set(t["step"]) == set(range(60)) and (t["blocks"] > 0).all()
-    assert set(t["layer"].str.split(".").str[1].astype(int)) == {0, 1, 2, 3}   # nvfp4: the last of 5 layers BF16
+    assert set(t["layer"].str.split(".").str[1].astype(int)) == {0, 1, 2, 3}  # nvfp4: the last of 5 layers BF16
     assert list(t.columns) == TELEMETRY
     clipped = t["clipped_elements"]
     assert pd.api.types.is_integer_dtype(clipped) and (clipped >= 0).all()
-    assert (clipped <= t["nonzero_elements"]).all()     # a clipped element is a non-zero one
+    assert (clipped <= t["nonzero_elements"]).all()  # a clipped element is a non-zero one
     # nvfp4 rounds dY stochastically, and SR counts each element above 6 as clipped: every block
     # max whose E4M3 scale rounded down
     sr = t["operand"].str.startswith(("dgrad.dy", "wgrad.dy"))
@@ -159,9 +182,9 @@ def test_periodic_amax_is_held_between_refreshes(prepared):
     out = root / "ue5m3"
     train(study, "ue5m3", root / "data", out, device="cpu", progress=False, stop_after=20)
     t = _run_folder(out).assemble("telemetry", ["step", "operand", "steps_since_refresh", "amax_ratio"])
-    assert (t["steps_since_refresh"] == t["step"] % 50).all()          # the phase of the 50-step refresh
-    assert (t.loc[t["step"] == 0, "amax_ratio"] == 1.0).all()          # sampled at the first step
-    assert (t.loc[t["step"] > 0, "amax_ratio"] != 1.0).any()           # held afterwards
+    assert (t["steps_since_refresh"] == t["step"] % 50).all()  # the phase of the 50-step refresh
+    assert (t.loc[t["step"] == 0, "amax_ratio"] == 1.0).all()  # sampled at the first step
+    assert (t.loc[t["step"] > 0, "amax_ratio"] != 1.0).any()  # held afterwards
     assert not (out / "done.json").exists()
 
 
@@ -179,18 +202,27 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
     done = json.loads((out / "done.json").read_text())
     step = done["diverged"]["step"]
     assert 1 < step < 60 and done["steps"] == step - 1
-    assert done["diverged"]["reason"].startswith(f"step {step}: non-finite") and \
-        "worst operands: layers." in done["diverged"]["reason"]
+    assert (
+        done["diverged"]["reason"].startswith(f"step {step}: non-finite")
+        and "worst operands: layers." in done["diverged"]["reason"]
+    )
     assert all(int(c[-11:-3]) < step for c in done["checkpoints"])
     m = pd.read_parquet(out / "metrics.parquet")
     assert np.isfinite(m["loss"]).all() and m["step"].max() == step - 1
     t = pd.read_parquet(out / "telemetry.parquet")
-    failing = t[t["step"] == step - 1]                      # telemetry steps count from 0
+    failing = t[t["step"] == step - 1]  # telemetry steps count from 0
     assert len(failing) and (failing["nonfinite_blocks"] > 0).any()
     assert sorted(set(t["step"])) == list(range(step))
     # evaluation scores what checkpoints there are and carries the divergence to the report
-    ev = evaluate(study_bad, "ue5m3", results=tmp_path / "results", data=root / "data", device="cpu",
-                  downstream=False, progress=False)
+    ev = evaluate(
+        study_bad,
+        "ue5m3",
+        results=tmp_path / "results",
+        data=root / "data",
+        device="cpu",
+        downstream=False,
+        progress=False,
+    )
     assert json.loads((ev / "final_loss.json").read_text())["diverged"]["step"] == step
     assert pd.read_parquet(ev / "nll.parquet")["step"].nunique() == len(done["checkpoints"])
 
@@ -203,12 +235,14 @@ def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared
 
     study, path, root = prepared
     out = tmp_path / "run"
-    train(study, "bf16", root / "data", out, device="cpu", progress=False)          # a finished run
+    train(study, "bf16", root / "data", out, device="cpu", progress=False)  # a finished run
     assert (out / "done.json").is_file()
     (old,) = list_runs(out)
     old_files = sorted(p.name for p in old.path.rglob("*"))
-    changed = dataclasses.replace(study, experiment=dataclasses.replace(
-        study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)))
+    changed = dataclasses.replace(
+        study,
+        experiment=dataclasses.replace(study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)),
+    )
     capsys.readouterr()
     train(changed, "bf16", root / "data", out, device="cpu", progress=False, stop_after=20)
     err = capsys.readouterr().err
@@ -217,7 +251,7 @@ def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared
     assert "done.json and the tables of the finished run of another config were removed" in err
     assert not (out / "done.json").exists() and not (out / "metrics.parquet").exists()
     assert {r.fingerprint for r in list_runs(out)} == {old.fingerprint, _new_fingerprint(out, old)}
-    assert sorted(p.name for p in old.path.rglob("*")) == old_files           # nothing of the old run touched
+    assert sorted(p.name for p in old.path.rglob("*")) == old_files  # nothing of the old run touched
     fresh = tmp_path / "fresh"
     train(changed, "bf16", root / "data", fresh, device="cpu", progress=False, stop_after=20)
     new_run = next(r for r in list_runs(out) if r.fingerprint != old.fingerprint)
@@ -237,8 +271,12 @@ def test_a_change_of_what_is_recorded_resumes(prepared, tmp_path, capsys):
     study, path, root = prepared
     out = tmp_path / "run"
     train(study, "ue5m3", root / "data", out, device="cpu", progress=False, stop_after=20)
-    recorded = dataclasses.replace(study, experiment=dataclasses.replace(
-        study.experiment, train=dataclasses.replace(study.experiment.train, telemetry_every=7, resume_every=3)))
+    recorded = dataclasses.replace(
+        study,
+        experiment=dataclasses.replace(
+            study.experiment, train=dataclasses.replace(study.experiment.train, telemetry_every=7, resume_every=3)
+        ),
+    )
     capsys.readouterr()
     train(recorded, "ue5m3", root / "data", out, device="cpu", progress=False)
     assert "resuming from step 20 of 60" in capsys.readouterr().err
@@ -255,19 +293,30 @@ def test_runs_lists_every_run_and_prune_removes_only_other_configs(prepared, tmp
     study, path, root = prepared
     results = tmp_path / "results"
     out = run_dir(results, study.name, "bf16", 0)
-    other = dataclasses.replace(study, experiment=dataclasses.replace(
-        study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)))
+    other = dataclasses.replace(
+        study,
+        experiment=dataclasses.replace(study.experiment, train=dataclasses.replace(study.experiment.train, lr=1.0e-3)),
+    )
     train(other, "bf16", root / "data", out, device="cpu", progress=False, stop_after=3)
     train(study, "bf16", root / "data", out, device="cpu", progress=False, stop_after=3)
     assert len(list_runs(out)) == 2
     capsys.readouterr()
-    args = ["runs", "--experiment", str(path), "--recipe", "bf16", "--results", str(results),
-            "--data", str(root / "data")]
+    args = [
+        "runs",
+        "--experiment",
+        str(path),
+        "--recipe",
+        "bf16",
+        "--results",
+        str(results),
+        "--data",
+        str(root / "data"),
+    ]
     assert main(args) == 0
     listing = capsys.readouterr().out
     states = [line.rsplit("  ", 1)[-1] for line in listing.splitlines()[1:3]]
     assert sorted(states) == ["current config", "other config"]
-    assert "`fp4repro runs --prune` deletes them" in listing and len(list_runs(out)) == 2   # listing deletes nothing
+    assert "`fp4repro runs --prune` deletes them" in listing and len(list_runs(out)) == 2  # listing deletes nothing
     assert main([*args, "--prune"]) == 0
     (kept,) = list_runs(out)
     assert kept.record()["numerics"]["train"]["lr"] == study.experiment.train.lr
@@ -308,7 +357,9 @@ def test_a_checkpoint_of_another_model_is_refused_before_training(prepared, tmp_
     study, path, root = prepared
     bad = tmp_path / "other.pt"
     save_checkpoint({"model": {}, "model_config": "small", "step": 1}, bad)
-    with pytest.raises(FP4ReproError, match="written for model config 'small', but experiment 'smalltest' trains 'tiny'"):
+    with pytest.raises(
+        FP4ReproError, match="written for model config 'small', but experiment 'smalltest' trains 'tiny'"
+    ):
         train(study, "bf16", root / "data", tmp_path / "run", device="cpu", progress=False, init_from=bad)
     assert not (tmp_path / "run").exists()
 
@@ -323,7 +374,9 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused_naming_the_tensor(prep
     weights["embedding.weight"] = weights["embedding.weight"][:-1]
     bad = tmp_path / "cut.pt"
     save_checkpoint({"model": weights, "model_config": "tiny", "step": 1}, bad)
-    with pytest.raises(FP4ReproError, match=r"do not fit model 'tiny'.*embedding.weight: shape \(2047, 128\) in the checkpoint"):
+    with pytest.raises(
+        FP4ReproError, match=r"do not fit model 'tiny'.*embedding.weight: shape \(2047, 128\) in the checkpoint"
+    ):
         train(study, "bf16", root / "data", tmp_path / "run", device="cpu", progress=False, init_from=bad)
     assert not (tmp_path / "run").exists()
 

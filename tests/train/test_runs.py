@@ -20,6 +20,6 @@ def test_the_tensor_size_enters_the_fingerprint_only_with_local_amaxes():
 
     one = fingerprint(tensor=1, sequence_parallel=False)
     assert fingerprint() == one == fingerprint(tensor=4)
-    assert fingerprint(tp_amax="local", tensor=1, sequence_parallel=False) == one      # local = group at size 1
+    assert fingerprint(tp_amax="local", tensor=1, sequence_parallel=False) == one  # local = group at size 1
     local = {tp: fingerprint(tp_amax="local", tensor=tp) for tp in (2, 4)}
     assert local[2] != one and local[2] != local[4]

@@ -7,8 +7,8 @@ from fp4repro.train.checkpoint import CheckpointError, load_latest_resume, prune
 
 def test_wsd_schedule():
     s = WSDSchedule.from_fractions(1.0, total_steps=100, warmup_fraction=0.1, decay_fraction=0.2, min_lr_ratio=0.1)
-    assert s(0) == 0.1 and s(9) == 1.0            # linear warmup over 10 steps
-    assert s(10) == 1.0 and s(79) == 1.0          # stable
+    assert s(0) == 0.1 and s(9) == 1.0  # linear warmup over 10 steps
+    assert s(10) == 1.0 and s(79) == 1.0  # stable
     assert s(80) == 1.0 and abs(s(90) - 0.55) < 1e-12 and abs(s(99) - 0.145) < 1e-12  # decay to 0.1
     assert all(s(i) >= s(i + 1) for i in range(10, 99))
 
@@ -16,7 +16,7 @@ def test_wsd_schedule():
 def test_twelve_checkpoints_evenly_spaced_in_tokens():
     steps = eval_checkpoint_steps(192, 12)
     assert steps == [16 * i for i in range(1, 13)]
-    assert eval_checkpoint_steps(7, 12) == [1, 2, 3, 4, 5, 6, 7]   # fewer steps than checkpoints
+    assert eval_checkpoint_steps(7, 12) == [1, 2, 3, 4, 5, 6, 7]  # fewer steps than checkpoints
 
 
 def test_checkpoint_round_trip_and_corruption(tmp_path, capsys):
@@ -27,10 +27,10 @@ def test_checkpoint_round_trip_and_corruption(tmp_path, capsys):
     assert sorted(p.name for p in folder.glob("*.pt")) == ["resume_00000020.pt", "resume_00000030.pt"]
     assert load_latest_resume(folder)["step"] == 30
     newest = folder / "resume_00000030.pt"
-    newest.write_bytes(newest.read_bytes()[:100])          # truncated by a crash
-    assert load_latest_resume(folder)["step"] == 20         # the previous one is used
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated by a crash
+    assert load_latest_resume(folder)["step"] == 20  # the previous one is used
     assert "truncated or corrupt" in capsys.readouterr().err
-    (folder / "resume_00000020.pt.sha256").unlink()          # a write that never finished
+    (folder / "resume_00000020.pt.sha256").unlink()  # a write that never finished
     assert load_latest_resume(folder) is None
     with pytest.raises(CheckpointError, match=r"resume_00000030\.pt: sha256 .* truncated or corrupt"):
         load_checkpoint(newest)
@@ -44,6 +44,6 @@ def test_checkpoints_are_read_without_running_code_from_them(tmp_path):
     ckpt = tmp_path / "resume_00000001.pt"
     save_checkpoint({"step": 1, "w": torch.ones(2), "numpy_like": (3, "x", None)}, ckpt)
     assert load_checkpoint(ckpt)["numpy_like"] == (3, "x", None)
-    save_checkpoint({"step": 1, "payload": _NotATensor()}, ckpt)        # digest fine, content refused
+    save_checkpoint({"step": 1, "payload": _NotATensor()}, ckpt)  # digest fine, content refused
     with pytest.raises(CheckpointError, match="holds test_schedule_checkpoint._NotATensor, not only tensors"):
         load_checkpoint(ckpt)

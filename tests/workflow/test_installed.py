@@ -25,8 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*cmd, cwd=None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=cwd, timeout=900,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=900,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -35,7 +41,7 @@ def run(*cmd, cwd=None) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory) -> Path:
     """A virtual environment with the fp4repro wheel installed (its python)."""
     root = tmp_path_factory.mktemp("installed")
-    source = root / "source"                  # built from a copy: a build leaves nothing in the checkout
+    source = root / "source"  # built from a copy: a build leaves nothing in the checkout
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
@@ -55,8 +61,9 @@ def test_the_wheel_is_what_runs_and_ships_the_default_configs(installed):
     venv = installed.parents[1]
     assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(REPO)
     shipped = Path(where).parent / "configs"
-    assert sorted(p.name for p in (shipped / "recipes").glob("*.yaml")) == \
-        sorted(p.name for p in (PACKAGED / "recipes").glob("*.yaml"))
+    assert sorted(p.name for p in (shipped / "recipes").glob("*.yaml")) == sorted(
+        p.name for p in (PACKAGED / "recipes").glob("*.yaml")
+    )
     assert (shipped / "claims.yaml").is_file() and (Path(where).parent / "config/schemas/recipe.schema.json").is_file()
 
 
@@ -79,8 +86,8 @@ def test_a_copied_workflow_runs_with_the_recipe_edited_in_its_folder(installed, 
 
     results = work / "results" / "smoke"
     done = json.loads((results / "train/ue5m3/seed0/done.json").read_text())
-    assert done["recipe_files"] == ["configs/recipes/ue5m3.yaml"]      # the user's, from the working directory
-    assert done["provenance"]["git_commit"] is None          # an installed wheel, not a checkout
+    assert done["recipe_files"] == ["configs/recipes/ue5m3.yaml"]  # the user's, from the working directory
+    assert done["provenance"]["git_commit"] is None  # an installed wheel, not a checkout
     chained = json.loads((results / "train/ue5m3_t2048/seed0/done.json").read_text())
     # ue5m3_t2048 is not in ./configs: the installed package's file, then the edited base from ./configs
     assert chained["recipe_files"] == ["fp4repro/configs/recipes/ue5m3_t2048.yaml", "configs/recipes/ue5m3.yaml"]

@@ -18,27 +18,46 @@ from fp4repro.train import train as run_training
 
 REPO = Path(__file__).resolve().parents[2]
 FIGURES = ["loss", "nll", "downstream", "telemetry", "target", "throughput"]
-CHAIN = {"train": 1, "evaluate": 1, "figure_loss": 1, "figure_nll": 1, "figure_downstream": 1,
-         "figure_telemetry": 1, "figure_target": 1, "report": 1, "all": 1}
+CHAIN = {
+    "train": 1,
+    "evaluate": 1,
+    "figure_loss": 1,
+    "figure_nll": 1,
+    "figure_downstream": 1,
+    "figure_telemetry": 1,
+    "figure_target": 1,
+    "report": 1,
+    "all": 1,
+}
 
 
 @pytest.mark.parametrize("experiment, runs", [("tiny", 5), ("paper8b", 5 * 3), ("smoke", 4)])
 def test_dry_run_plans_the_whole_study(tmp_path, experiment, runs, snakemake):
     """One training and one evaluation job per recipe and seed (paper8b: 5 recipes × 3 seeds)."""
     jobs = snakemake.planned_jobs(snakemake(tmp_path, "-n", "--config", f"experiment={experiment}"))
-    assert jobs == {"prepare_data": 1, "train": runs, "evaluate": runs, "figure_loss": 1, "figure_nll": 1,
-                    "figure_downstream": 1, "figure_telemetry": 1, "figure_target": 1, "figure_throughput": 1,
-                    "report": 1, "all": 1}
+    assert jobs == {
+        "prepare_data": 1,
+        "train": runs,
+        "evaluate": runs,
+        "figure_loss": 1,
+        "figure_nll": 1,
+        "figure_downstream": 1,
+        "figure_telemetry": 1,
+        "figure_target": 1,
+        "figure_throughput": 1,
+        "report": 1,
+        "all": 1,
+    }
 
 
 def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
     out = snakemake(tmp_path, "-n", "-p", "--config", "experiment=paper8b").stdout
-    train = out[out.index("rule train:"):]
-    resources = train[train.index("resources:"):].splitlines()[0]
+    train = out[out.index("rule train:") :]
+    resources = train[train.index("resources:") :].splitlines()[0]
     for expected in ("nodes=32", "tasks=256", "gres=gpu:8", "runtime=20160", "mem_mb=1800000", "mpi=srun"):
         assert expected in resources
     # the megatron backend: srun starts the allocation's tasks, torchrun one process per GPU elsewhere
-    command = train[train.index("Shell command:"):].splitlines()[0]
+    command = train[train.index("Shell command:") :].splitlines()[0]
     assert '[ -n "${SLURM_JOB_ID:-}" ] && echo "srun --kill-on-bad-exit=1"' in command
     assert 'echo "torchrun --standalone --nproc-per-node=8 --no-python" ) fp4repro train' in command
 
@@ -46,21 +65,27 @@ def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
 def test_paper8b_training_stops_before_any_compute_without_gpus_or_with_pipeline_stages(tmp_path):
     # no data has been prepared: the refusals come before the data is looked for
     def train(experiment):
-        return subprocess.run([sys.executable, "-m", "fp4repro.cli", "train", "--experiment", str(experiment),
-                               "--recipe", "ue5m3"], capture_output=True, text=True, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, "-m", "fp4repro.cli", "train", "--experiment", str(experiment), "--recipe", "ue5m3"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
 
-    proc = train("paper8b")                     # tensor parallelism trains, on GPUs
+    proc = train("paper8b")  # tensor parallelism trains, on GPUs
     assert proc.returncode == 1 and "backend megatron trains on CUDA GPUs" in proc.stderr, proc.stderr
     staged = tmp_path / "paper8b.yaml"
     staged.write_text((PACKAGED / "experiment/paper8b.yaml").read_text().replace("pipeline: 1", "pipeline: 2"))
-    with pytest.raises(ConfigError, match="field 'parallel.pipeline': value 2: training through megatron-core runs "
-                                          "without pipeline parallelism"):
+    with pytest.raises(
+        ConfigError,
+        match="field 'parallel.pipeline': value 2: training through megatron-core runs without pipeline parallelism",
+    ):
         run_training(load_study(staged), "ue5m3", tmp_path / "data", tmp_path / "out", progress=False)
 
 
 def test_broken_experiment_fails_the_dry_run_naming_file_and_field(tmp_path, snakemake):
     text, replaced = re.subn(r"batch_size: \d+", "batch_size: -3", (PACKAGED / "experiment/tiny.yaml").read_text())
-    assert replaced == 1                  # the file still has the field this test breaks
+    assert replaced == 1  # the file still has the field this test breaks
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     proc = snakemake(tmp_path, "-n", "--config", f"experiment={bad}", check=False)
@@ -87,6 +112,7 @@ def test_unknown_workflow_option_fails_the_dry_run(tmp_path, snakemake):
 
 # ------------------------------------------------------------------------ the reduced study, run
 
+
 @pytest.mark.slow
 def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
     for name in FIGURES:
@@ -108,10 +134,12 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
 def test_one_figure_reruns_only_its_rule(smoke_run, snakemake):
     target = "figures/smoke/nll.png"
     forced = snakemake(smoke_run, target, "-n", "-f", "--config", "experiment=smoke")
-    assert snakemake.planned_jobs(forced) == {"figure_nll": 1}          # redraw an existing figure
+    assert snakemake.planned_jobs(forced) == {"figure_nll": 1}  # redraw an existing figure
     before = {p: p.stat().st_mtime_ns for p in (smoke_run / "figures/smoke").iterdir()}
     (smoke_run / target).unlink()
-    assert snakemake.planned_jobs(snakemake(smoke_run, target, "-n", "--config", "experiment=smoke")) == {"figure_nll": 1}
+    assert snakemake.planned_jobs(snakemake(smoke_run, target, "-n", "--config", "experiment=smoke")) == {
+        "figure_nll": 1
+    }
     snakemake(smoke_run, target, "--cores", "1", "--config", "experiment=smoke")
     after = {p: p.stat().st_mtime_ns for p in (smoke_run / "figures/smoke").iterdir()}
     changed = sorted(p.name for p in after if after[p] != before.get(p))
@@ -145,9 +173,8 @@ def test_editing_a_recipe_reruns_exactly_its_chain_and_a_touch_nothing(smoke_run
     assert done["recipe_files"] == ["fp4repro/configs/recipes/ue5m3_t2048.yaml", "configs/recipes/ue5m3.yaml"]
     local.touch()
     assert snakemake.planned_jobs(snakemake(work, "-n", *trained, "--config", "experiment=smoke")) == {}
-    local.write_text(local.read_text().replace("interval: 50", "interval: 5"))   # the numbers change
-    assert snakemake.planned_jobs(snakemake(work, "-n", *trained, "--config", "experiment=smoke")) == \
-        {"train": 2}
+    local.write_text(local.read_text().replace("interval: 50", "interval: 5"))  # the numbers change
+    assert snakemake.planned_jobs(snakemake(work, "-n", *trained, "--config", "experiment=smoke")) == {"train": 2}
 
 
 @pytest.mark.slow
@@ -155,7 +182,8 @@ def test_an_added_recipe_joins_the_study_from_the_command_line(smoke_run, snakem
     work = _copy(smoke_run, tmp_path / "work")
     (work / "configs" / "recipes").mkdir(parents=True)
     (work / "configs" / "recipes" / "ue5m3_k5.yaml").write_text(
-        "name: ue5m3_k5\nbase: ue5m3\ndefaults: {tensor_scaling: {kind: periodic, interval: 5}}\n")
+        "name: ue5m3_k5\nbase: ue5m3\ndefaults: {tensor_scaling: {kind: periodic, interval: 5}}\n"
+    )
     plan = snakemake(work, "-n", "--config", "experiment=smoke", "add_recipes=[ue5m3_k5]")
     assert snakemake.planned_jobs(plan) == CHAIN
     assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3_k5"}
@@ -169,20 +197,25 @@ def test_data_sources_are_inputs_of_data_preparation(tmp_path, snakemake):
     for i in range(3):
         (tmp_path / "corpus" / f"doc{i}.txt").write_text(f"document {i}: " + "some words of text " * 40 + "\n")
     exp = tmp_path / "texts.yaml"
-    model = tmp_path / "tiny300.yaml"      # a vocabulary that three short documents can train
+    model = tmp_path / "tiny300.yaml"  # a vocabulary that three short documents can train
     model.write_text((PACKAGED / "models/tiny.yaml").read_text().replace("vocab_size: 2048", "vocab_size: 300"))
-    exp.write_text((PACKAGED / "experiment/smoke.yaml").read_text()
-                   .replace("prose: {kind: stdlib_prose}", f"prose: {{kind: text, paths: ['{tmp_path}/corpus/*.txt']}}")
-                   .replace("code: {kind: stdlib_code}", f"code: {{kind: text, paths: ['{tmp_path}/corpus/doc0.txt']}}")
-                   .replace("vocab_size: 2048", "vocab_size: 300").replace("model: tiny", f"model: {model}"))
+    exp.write_text(
+        (PACKAGED / "experiment/smoke.yaml")
+        .read_text()
+        .replace("prose: {kind: stdlib_prose}", f"prose: {{kind: text, paths: ['{tmp_path}/corpus/*.txt']}}")
+        .replace("code: {kind: stdlib_code}", f"code: {{kind: text, paths: ['{tmp_path}/corpus/doc0.txt']}}")
+        .replace("vocab_size: 2048", "vocab_size: 300")
+        .replace("model: tiny", f"model: {model}")
+    )
     target = "results/smoke/data/manifest.json"
     snakemake(tmp_path, target, "--cores", "1", "--config", f"experiment={exp}")
     (tmp_path / "corpus" / "doc1.txt").touch()
     assert snakemake.planned_jobs(snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")) == {}
     (tmp_path / "corpus" / "doc1.txt").write_text("an edited document " * 30 + "\n")
-    assert snakemake.planned_jobs(snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")) == \
-        {"prepare_data": 1}
-    (tmp_path / "corpus" / "doc3.txt").write_text("a new document " * 30 + "\n")     # the glob matches one more
+    assert snakemake.planned_jobs(snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")) == {
+        "prepare_data": 1
+    }
+    (tmp_path / "corpus" / "doc3.txt").write_text("a new document " * 30 + "\n")  # the glob matches one more
     plan = snakemake(tmp_path, target, "-n", "--config", f"experiment={exp}")
     assert snakemake.planned_jobs(plan) == {"prepare_data": 1} and "doc3.txt" in plan.stdout
 
@@ -192,9 +225,14 @@ def test_snakemake_report_shows_figures_with_captions_and_the_claims(smoke_run, 
     out = tmp_path / "report.html"
     snakemake(smoke_run, "--report", str(out), "--config", "experiment=smoke")
     html = out.read_text()
-    for caption in ("Training loss against tokens for each recipe", "Held-out negative log-likelihood",
-                    "Downstream aggregates (lm-eval groups", "Quantization events per recipe", "Model-body throughput",
-                    "The claims report: each claim of the paper"):
+    for caption in (
+        "Training loss against tokens for each recipe",
+        "Held-out negative log-likelihood",
+        "Downstream aggregates (lm-eval groups",
+        "Quantization events per recipe",
+        "Model-body throughput",
+        "The claims report: each claim of the paper",
+    ):
         assert caption in html
     for name in FIGURES:
         assert f"{name}.png" in html
@@ -208,13 +246,18 @@ def test_lint_finds_nothing_but_software_deployment(tmp_path, snakemake):
     assert findings == {"Specify a conda environment or container for each rule."}, text[-3000:]
 
 
-IMPORTED_TABLES = ("train/*/seed*/metrics.parquet", "train/*/seed*/telemetry.parquet", "eval/*/seed*/*.parquet",
-                   "eval/*/seed*/*.json")
+IMPORTED_TABLES = (
+    "train/*/seed*/metrics.parquet",
+    "train/*/seed*/telemetry.parquet",
+    "eval/*/seed*/*.parquet",
+    "eval/*/seed*/*.json",
+)
 
 
 @pytest.mark.slow
-def test_imported_results_rebuild_figures_and_report_without_data_training_or_evaluation(smoke_run, snakemake,
-                                                                                       tmp_path):
+def test_imported_results_rebuild_figures_and_report_without_data_training_or_evaluation(
+    smoke_run, snakemake, tmp_path
+):
     # the tables of runs made elsewhere, in a fresh folder with no data, checkpoints or Snakemake records
     work = tmp_path / "imported"
     for pattern in IMPORTED_TABLES:
@@ -226,13 +269,23 @@ def test_imported_results_rebuild_figures_and_report_without_data_training_or_ev
     local.parent.mkdir(parents=True)
     local.write_text((PACKAGED / "experiment/smoke.yaml").read_text() + "imported: true\n")
     plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=smoke"))
-    assert plan == {"figure_loss": 1, "figure_nll": 1, "figure_downstream": 1, "figure_telemetry": 1,
-                    "figure_target": 1, "figure_throughput": 1, "report": 1, "all": 1}
+    assert plan == {
+        "figure_loss": 1,
+        "figure_nll": 1,
+        "figure_downstream": 1,
+        "figure_telemetry": 1,
+        "figure_target": 1,
+        "figure_throughput": 1,
+        "report": 1,
+        "all": 1,
+    }
     snakemake(work, "--cores", "2", "--config", "experiment=smoke")
     for name in FIGURES:
         assert (work / f"figures/smoke/{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [line for line in (work / "paper/smoke/report.md").read_text().splitlines() if line.startswith("| ")]
-    original = [line for line in (smoke_run / "paper/smoke/report.md").read_text().splitlines() if line.startswith("| ")]
+    original = [
+        line for line in (smoke_run / "paper/smoke/report.md").read_text().splitlines() if line.startswith("| ")
+    ]
     assert rows == original and len(rows) > 10
     assert not (work / "results/smoke/data").exists()
     # a missing table is named, not trained for
@@ -251,12 +304,33 @@ def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, 
     shutil.copytree(REPO / "results/small", work / "results/small")
     shutil.copytree(REPO / "results/bench", work / "results/bench")
     plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=small"))
-    assert plan == {"figure_loss": 1, "figure_nll": 1, "figure_downstream": 1, "figure_telemetry": 1,
-                    "figure_target": 1, "figure_throughput": 1, "report": 1, "all": 1}
-    assert main(["inventory", "--experiment", "small", "--results", str(work / "results"),
-                 "--out", str(tmp_path / "runs.json")]) == 0
+    assert plan == {
+        "figure_loss": 1,
+        "figure_nll": 1,
+        "figure_downstream": 1,
+        "figure_telemetry": 1,
+        "figure_target": 1,
+        "figure_throughput": 1,
+        "report": 1,
+        "all": 1,
+    }
+    assert (
+        main(
+            [
+                "inventory",
+                "--experiment",
+                "small",
+                "--results",
+                str(work / "results"),
+                "--out",
+                str(tmp_path / "runs.json"),
+            ]
+        )
+        == 0
+    )
     listed = json.loads((REPO / "results/small/runs.json").read_text())
     found = json.loads((tmp_path / "runs.json").read_text())
-    assert [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in found["runs"]] == \
-           [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in listed["runs"]]
+    assert [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in found["runs"]] == [
+        (r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in listed["runs"]
+    ]
     assert len(found["corpora"]) == 1 and found["runs"]

@@ -30,11 +30,11 @@ from fp4repro.quant.linear import transposable_weight_spec
 @dataclass(frozen=True)
 class GemmWork:
     linear: str
-    gemm: str                  # fprop | dgrad | wgrad
+    gemm: str  # fprop | dgrad | wgrad
     m: int
     n: int
     k: int
-    precision: str             # fp4 | bf16
+    precision: str  # fp4 | bf16
 
     @property
     def flops(self) -> int:
@@ -45,11 +45,11 @@ class GemmWork:
 class QuantWork:
     linear: str
     operand: str
-    rows: int                  # the matrix the kernel quantizes along its rows (OPERAND_MATRIX)
+    rows: int  # the matrix the kernel quantizes along its rows (OPERAND_MATRIX)
     cols: int
     spec: QuantSpec
-    columnwise: bool           # a transposed view of its tensor (Wᵀ, dYᵀ, Xᵀ)
-    amax_pass: bool            # current amax: one more read of the tensor
+    columnwise: bool  # a transposed view of its tensor (Wᵀ, dYᵀ, Xᵀ)
+    amax_pass: bool  # current amax: one more read of the tensor
 
     @property
     def elements(self) -> int:
@@ -65,7 +65,8 @@ def kernel_case(spec: QuantSpec, columnwise: bool) -> str:
     """The quantization kernel case of an operand: block, element rounding and RHT, row- or
     column-wise (the names of ``fp4repro bench kernels``' cases, without the amax)."""
     rounding = {(True, True): "RHT+SR", (True, False): "RHT", (False, True): "SR", (False, False): "RNE"}[
-        (spec.rht, spec.rounding == "sr")]
+        (spec.rht, spec.rounding == "sr")
+    ]
     name = f"{spec.block[0]}x{spec.block[1]} {rounding}"
     if spec.target is None:
         name += f" {spec.scale.upper()}"
@@ -90,8 +91,11 @@ def body_work(config: ModelConfig, recipe: Recipe, tokens: int) -> tuple[list[Ge
         specs = recipe.linear_specs(layer, config.n_layers, linear=linear)
         quantized = specs is not None and specs.any_quantized
         precision = "fp4" if quantized else "bf16"
-        gemms += [GemmWork(name, "fprop", tokens, n, k, precision), GemmWork(name, "dgrad", tokens, k, n, precision),
-                  GemmWork(name, "wgrad", n, k, tokens, precision)]
+        gemms += [
+            GemmWork(name, "fprop", tokens, n, k, precision),
+            GemmWork(name, "dgrad", tokens, k, n, precision),
+            GemmWork(name, "wgrad", n, k, tokens, precision),
+        ]
         if not quantized:
             continue
         size = {"tokens": tokens, "K": k, "N": n}
@@ -99,8 +103,17 @@ def body_work(config: ModelConfig, recipe: Recipe, tokens: int) -> tuple[list[Ge
             if spec is None or (operand == "dgrad.w" and transposable_weight_spec(specs)):
                 continue
             rows, cols = OPERAND_MATRIX[operand]
-            quants.append(QuantWork(name, operand, size[rows], size[cols], spec, transposed_operand(operand),
-                                    spec.target is not None and spec.tensor_scaling.kind == "current"))
+            quants.append(
+                QuantWork(
+                    name,
+                    operand,
+                    size[rows],
+                    size[cols],
+                    spec,
+                    transposed_operand(operand),
+                    spec.target is not None and spec.tensor_scaling.kind == "current",
+                )
+            )
     return gemms, quants
 
 
@@ -112,5 +125,8 @@ def summary(gemms: list[GemmWork], quants: list[QuantWork]) -> dict:
     cases = Counter()
     for q in quants:
         cases[q.case] += q.elements
-    return {"gemm_flops": dict(flops), "quantized_elements": dict(cases),
-            "amax_elements": sum(q.elements for q in quants if q.amax_pass)}
+    return {
+        "gemm_flops": dict(flops),
+        "quantized_elements": dict(cases),
+        "amax_elements": sum(q.elements for q in quants if q.amax_pass),
+    }

@@ -29,8 +29,9 @@ def visible_gpu() -> str | None:
         return None
     select = ["-i", visible.split(",")[0].strip()] if visible else []
     try:
-        out = subprocess.run([exe, *select, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            [exe, *select, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()]

@@ -34,8 +34,10 @@ def _scale(d, device: torch.device) -> torch.Tensor:
     if d is None or isinstance(d, float):
         return _host_scale(1.0 if d is None else d, device)
     if d.numel() != 1:
-        raise ValueError(f"fp8_timing_gemm takes per-tensor decode scales, got one of shape {tuple(d.shape)} "
-                         "(per-sequence scales are an inference policy; the throughput benchmark trains)")
+        raise ValueError(
+            f"fp8_timing_gemm takes per-tensor decode scales, got one of shape {tuple(d.shape)} "
+            "(per-sequence scales are an inference policy; the throughput benchmark trains)"
+        )
     return d.reshape(()).to(torch.float32)
 
 
@@ -54,5 +56,4 @@ def fp8_timing_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.d
     """(a · bᵀ) · d_a · d_b on E4M3 tensor cores: a (M, K), b (N, K), the signature of
     ``fp4repro.quant.gemm.emulated_gemm``."""
     a8, b8 = e4m3(a), e4m3(b)
-    return torch._scaled_mm(a8, b8.t(), scale_a=_scale(da, a.device), scale_b=_scale(db, a.device),
-                            out_dtype=out_dtype)
+    return torch._scaled_mm(a8, b8.t(), scale_a=_scale(da, a.device), scale_b=_scale(db, a.device), out_dtype=out_dtype)

@@ -32,10 +32,12 @@ from fp4repro.provenance import provenance
 from fp4repro.results import write_json
 
 #: (name, M, N, K, a column-major, b column-major) of the 8B's fc1 GEMMs at 8192 tokens
-SHAPES = (("fc1 fprop", 8192, 21504, 4096, False, False),
-          ("fc1 dgrad", 8192, 4096, 21504, False, True),
-          ("fc1 wgrad", 21504, 4096, 8192, True, True))
-MODEL = GemmModel("probe_matched", 64, 2.0 ** -10)
+SHAPES = (
+    ("fc1 fprop", 8192, 21504, 4096, False, False),
+    ("fc1 dgrad", 8192, 4096, 21504, False, True),
+    ("fc1 wgrad", 21504, 4096, 8192, True, True),
+)
+MODEL = GemmModel("probe_matched", 64, 2.0**-10)
 
 
 def encoded_operand(rows: int, cols: int, column_major: bool, seed: int) -> torch.Tensor:
@@ -60,13 +62,20 @@ def _compiled_info(groups: int) -> dict:
     ``groups`` groups along K."""
     from fp4repro.kernels import _probe_matched_gemm_launcher
 
-    compiled = [c for key, (c, _) in _probe_matched_gemm_launcher()._compiled.items()
-                if dict(key[2])["GROUPS"] == groups and not dict(key[2])["MMA_ACCUMULATES"]]
+    compiled = [
+        c
+        for key, (c, _) in _probe_matched_gemm_launcher()._compiled.items()
+        if dict(key[2])["GROUPS"] == groups and not dict(key[2])["MMA_ACCUMULATES"]
+    ]
     if not compiled:
         return {}
     kernel = compiled[0]
-    return {"registers_per_thread": int(kernel.n_regs), "spills": int(kernel.n_spills),
-            "shared_bytes": int(kernel.metadata.shared), "num_warps": int(kernel.metadata.num_warps)}
+    return {
+        "registers_per_thread": int(kernel.n_regs),
+        "spills": int(kernel.n_spills),
+        "shared_bytes": int(kernel.metadata.shared),
+        "num_warps": int(kernel.metadata.num_warps),
+    }
 
 
 def _time_shape(a: torch.Tensor, b: torch.Tensor, rounds: int) -> dict[str, float]:
@@ -75,10 +84,13 @@ def _time_shape(a: torch.Tensor, b: torch.Tensor, rounds: int) -> dict[str, floa
     from fp4repro.kernels import probe_matched_gemm_triton
 
     da, db = 2.0**-9, 3.0 * 2.0**-10
-    runs = {"cublas_bf16_ms": lambda: torch.mm(a, b.t()),
-            "probe_matched_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL),
-            "mma_accumulates_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL,
-                                                                    mma_accumulates=True)}
+    runs = {
+        "cublas_bf16_ms": lambda: torch.mm(a, b.t()),
+        "probe_matched_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL),
+        "mma_accumulates_ms": lambda: probe_matched_gemm_triton(
+            a, da, b, db, torch.bfloat16, MODEL, mma_accumulates=True
+        ),
+    }
     times: dict[str, list[float]] = {key: [] for key in runs}
     for _ in range(rounds):
         for key, fn in runs.items():
@@ -93,17 +105,30 @@ def bench_gemm(out: str | Path, rounds: int = 3) -> dict:
     rows = []
     for name, m, n, k, a_cols, b_cols in SHAPES:
         times = _time_shape(encoded_operand(m, k, a_cols, 1), encoded_operand(n, k, b_cols, 2), rounds)
-        row = {"name": name, "m": m, "n": n, "k": k, "tiles": list(_gemm_tiles(m, n)[:2]), **times,
-               "kernel": _compiled_info(-(-k // 64))}
+        row = {
+            "name": name,
+            "m": m,
+            "n": n,
+            "k": k,
+            "tiles": list(_gemm_tiles(m, n)[:2]),
+            **times,
+            "kernel": _compiled_info(-(-k // 64)),
+        }
         flops = 2.0 * m * n * k
         row["ratio_to_cublas"] = row["cublas_bf16_ms"] / row["probe_matched_ms"]
         row["tflops"] = {key[:-3]: flops / (times[key] * 1e-3) / 1e12 for key in times}
         rows.append(row)
-    result = {"device": torch.cuda.get_device_name(), "model": str(MODEL),
-              "timing": f"CUDA-graph replays, median of {rounds} interleaved rounds", "shapes": rows}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "model": str(MODEL),
+        "timing": f"CUDA-graph replays, median of {rounds} interleaved rounds",
+        "shapes": rows,
+    }
     print(f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}")
     for r in rows:
-        print(f"{r['name']:10} {r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['cublas_bf16_ms']:>10.3f} "
-              f"{r['probe_matched_ms']:>9.3f} {r['mma_accumulates_ms']:>10.3f} {r['ratio_to_cublas']:>6.2f}")
+        print(
+            f"{r['name']:10} {r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['cublas_bf16_ms']:>10.3f} "
+            f"{r['probe_matched_ms']:>9.3f} {r['mma_accumulates_ms']:>10.3f} {r['ratio_to_cublas']:>6.2f}"
+        )
     write_json(Path(out), result, provenance("cuda"))
     return result

@@ -40,7 +40,7 @@ CASES = {
     "16x16 RNE, held amax": (QuantSpec(block=(16, 16)), True, False),
     "1x32 MX (UE8M0)": (QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"), True, False),
     "1x16 RNE, column-wise (wgrad)": (QuantSpec(), True, True),
-    "1x16 SR, column-wise (wgrad)": (QuantSpec(rounding="sr"), True, True),   # ue5m3's wgrad dY
+    "1x16 SR, column-wise (wgrad)": (QuantSpec(rounding="sr"), True, True),  # ue5m3's wgrad dY
     "1x16 RHT+SR, column-wise (wgrad)": (QuantSpec(rht=True, rounding="sr"), True, True),
 }
 
@@ -93,14 +93,28 @@ def bench_quantize(shapes=((8192, 8192), (16384, 8192))) -> list[dict]:
         y = torch.empty_like(x)
         copy_ms = _graph_time_ms(lambda: y.copy_(x))
         nbytes = 4 * x.numel()
-        rows.append({"case": "BF16 copy (ceiling)", "shape": list(shape), "ms": copy_ms,
-                     "gb_per_s": nbytes / copy_ms / 1e6, "fraction_of_copy": 1.0})
+        rows.append(
+            {
+                "case": "BF16 copy (ceiling)",
+                "shape": list(shape),
+                "ms": copy_ms,
+                "gb_per_s": nbytes / copy_ms / 1e6,
+                "fraction_of_copy": 1.0,
+            }
+        )
         for name, (spec, held, columnwise) in CASES.items():
-            src = x.t().contiguous().t() if columnwise else x   # a transposed view, as wgrad sees it
+            src = x.t().contiguous().t() if columnwise else x  # a transposed view, as wgrad sees it
             amax = src.float().abs().max() if held and spec.target is not None else None
             ms = _graph_time_ms(lambda: quantize_2d(src, spec, amax=amax, seed=1))
-            rows.append({"case": name, "shape": list(shape), "ms": ms, "gb_per_s": nbytes / ms / 1e6,
-                         "fraction_of_copy": copy_ms / ms})
+            rows.append(
+                {
+                    "case": name,
+                    "shape": list(shape),
+                    "ms": ms,
+                    "gb_per_s": nbytes / ms / 1e6,
+                    "fraction_of_copy": copy_ms / ms,
+                }
+            )
     return rows
 
 
@@ -116,17 +130,28 @@ def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int 
         F.linear(x, weight).backward(dy)
 
     def row(layer: str, step, base: dict | None) -> dict:
-        times = _eager_times_ms(step)   # also warms the held amaxes, so the capture does not sample
+        times = _eager_times_ms(step)  # also warms the held amaxes, so the capture does not sample
         times["graph_ms"] = _graph_time_ms(step)
         base = base or times
-        return {"layer": layer, "shape": [tokens, in_features, out_features], **times,
-                **{key.replace("ms", "ratio"): times[key] / base[key] for key in ("ms", "one_step_ms", "graph_ms")}}
+        return {
+            "layer": layer,
+            "shape": [tokens, in_features, out_features],
+            **times,
+            **{key.replace("ms", "ratio"): times[key] / base[key] for key in ("ms", "one_step_ms", "graph_ms")},
+        }
 
     rows = [row("F.linear BF16", step_bf16, None)]
     for recipe in ("ue5m3", "nvfp4", "mxfp4"):
         specs = load_recipe(recipe).linear_specs(0, 52)
-        lin = QuantLinear(in_features, out_features, specs=specs, state=QuantState(), name="bench",
-                          device="cuda", dtype=torch.bfloat16)
+        lin = QuantLinear(
+            in_features,
+            out_features,
+            specs=specs,
+            state=QuantState(),
+            name="bench",
+            device="cuda",
+            dtype=torch.bfloat16,
+        )
         lin.weight = weight
 
         def step():
@@ -137,8 +162,12 @@ def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int 
 
 
 def run(out: Path | None = None) -> dict:
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "quantize": bench_quantize(), "linear": bench_linear()}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "quantize": bench_quantize(),
+        "linear": bench_linear(),
+    }
     import triton
 
     result["triton"] = triton.__version__
@@ -151,11 +180,17 @@ def print_table(result: dict) -> None:
     print(f"{result['device']}, torch {result['torch']}, triton {result['triton']}")
     print(f"{'case':34} {'shape':>11} {'ms':>8} {'GB/s':>7} {'of copy':>8}")
     for r in result["quantize"]:
-        print(f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['ms']:>8.4f} {r['gb_per_s']:>7.0f} "
-              f"{r['fraction_of_copy']:>8.2f}")
-    print(f"\n{'layer fwd+bwd':24} {'tokens x in x out':>17} {'eager ms':>9} {'vs BF16':>8} "
-          f"{'one step':>9} {'vs BF16':>8} {'graph ms':>9} {'vs BF16':>8} {'host ms':>8}")
+        print(
+            f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['ms']:>8.4f} {r['gb_per_s']:>7.0f} "
+            f"{r['fraction_of_copy']:>8.2f}"
+        )
+    print(
+        f"\n{'layer fwd+bwd':24} {'tokens x in x out':>17} {'eager ms':>9} {'vs BF16':>8} "
+        f"{'one step':>9} {'vs BF16':>8} {'graph ms':>9} {'vs BF16':>8} {'host ms':>8}"
+    )
     for r in result["linear"]:
-        print(f"{r['layer']:24} {'x'.join(map(str, r['shape'])):>17} {r['ms']:>9.3f} {r['ratio']:>8.2f} "
-              f"{r['one_step_ms']:>9.3f} {r['one_step_ratio']:>8.2f} {r['graph_ms']:>9.3f} "
-              f"{r['graph_ratio']:>8.2f} {r['host_ms']:>8.3f}")
+        print(
+            f"{r['layer']:24} {'x'.join(map(str, r['shape'])):>17} {r['ms']:>9.3f} {r['ratio']:>8.2f} "
+            f"{r['one_step_ms']:>9.3f} {r['one_step_ratio']:>8.2f} {r['graph_ms']:>9.3f} "
+            f"{r['graph_ratio']:>8.2f} {r['host_ms']:>8.3f}"
+        )

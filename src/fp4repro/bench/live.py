@@ -37,8 +37,9 @@ def live_cases() -> dict:
     tensor scale (formats without a tensor scale, MX, have no target T to adapt)."""
     from fp4repro.bench.kernels import CASES
 
-    return {name: (spec, columnwise) for name, (spec, held, columnwise) in CASES.items()
-            if held and spec.target is not None}
+    return {
+        name: (spec, columnwise) for name, (spec, held, columnwise) in CASES.items() if held and spec.target is not None
+    }
 
 
 def paired_log_ratio(a, b, level: float = 0.95) -> dict:
@@ -56,8 +57,15 @@ def paired_log_ratio(a, b, level: float = 0.95) -> dict:
     n = len(logs)
     mean, se = float(logs.mean()), float(logs.std(ddof=1) / math.sqrt(n))
     half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * se
-    return {"n": n, "plain_ms": float(np.median(a)), "live_ms": float(np.median(b)), "ratio": math.exp(mean),
-            "ci_low": math.exp(mean - half), "ci_high": math.exp(mean + half), "level": level}
+    return {
+        "n": n,
+        "plain_ms": float(np.median(a)),
+        "live_ms": float(np.median(b)),
+        "ratio": math.exp(mean),
+        "ci_low": math.exp(mean - half),
+        "ci_high": math.exp(mean + half),
+        "level": level,
+    }
 
 
 def _time_ms(fn, inner: int, start, end) -> float:
@@ -73,20 +81,20 @@ def bench_case(spec, columnwise: bool, shape=SHAPE, pairs: int = 50, inner: int 
     from fp4repro.kernels import live_slots, live_slots_amax, operand_amax_triton, quantize_2d
 
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    src = x.t().contiguous().t() if columnwise else x        # a transposed view, as wgrad sees it
-    amax = src.float().abs().max()                            # held: one launch per quantization
+    src = x.t().contiguous().t() if columnwise else x  # a transposed view, as wgrad sees it
+    amax = src.float().abs().max()  # held: one launch per quantization
 
     def plain():
         quantize_2d(src, spec, amax=amax, seed=1)
 
-    slots = live_slots(src.device)      # as an operand's interval keeps them: made once, folded into by every call
+    slots = live_slots(src.device)  # as an operand's interval keeps them: made once, folded into by every call
 
     def live():
         quantize_2d(src, spec, amax=amax, seed=1, live=slots)
 
     live()
     got, want = live_slots_amax(slots), operand_amax_triton(src, spec)
-    if not torch.equal(got, want):                            # after the RHT when spec.rht
+    if not torch.equal(got, want):  # after the RHT when spec.rht
         raise RuntimeError(f"live amax {float(got)!r} != the amax pass's {float(want)!r}")
     for _ in range(warmup):
         plain()
@@ -94,7 +102,7 @@ def bench_case(spec, columnwise: bool, shape=SHAPE, pairs: int = 50, inner: int 
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a, b = [], []
-    for _ in range(pairs):                                    # A, B, A, B, ...
+    for _ in range(pairs):  # A, B, A, B, ...
         a.append(_time_ms(plain, inner, start, end))
         b.append(_time_ms(live, inner, start, end))
     return {**paired_log_ratio(a, b), "inner": inner, "plain_samples_ms": a, "live_samples_ms": b}
@@ -109,20 +117,30 @@ def run(out: Path | None = None, pairs: int = 50, inner: int = 10, shape=SHAPE) 
     rows = []
     for name, (spec, columnwise) in live_cases().items():
         rows.append({"case": name, "shape": list(shape), **bench_case(spec, columnwise, shape, pairs, inner)})
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "method": "interleaved pairs (plain, live) of CUDA-event timings of `inner` back-to-back eager "
-                        "calls; ratio = geometric mean of per-pair live/plain ratios, 95% Student t-interval "
-                        "on their logs",
-              "pairs": pairs, "inner": inner, "cases": rows}
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "method": "interleaved pairs (plain, live) of CUDA-event timings of `inner` back-to-back eager "
+        "calls; ratio = geometric mean of per-pair live/plain ratios, 95% Student t-interval "
+        "on their logs",
+        "pairs": pairs,
+        "inner": inner,
+        "cases": rows,
+    }
     if out is not None:
         write_json(out, result, provenance("cuda"))
     return result
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['device']}, torch {result['torch']}, triton {result['triton']}; "
-          f"{result['pairs']} interleaved pairs of {result['inner']} calls")
+    print(
+        f"{result['device']}, torch {result['torch']}, triton {result['triton']}; "
+        f"{result['pairs']} interleaved pairs of {result['inner']} calls"
+    )
     print(f"{'case':34} {'shape':>11} {'plain ms':>9} {'live ms':>9} {'live/plain':>10} {'95% CI':>17}")
     for r in result["cases"]:
-        print(f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['plain_ms']:>9.4f} {r['live_ms']:>9.4f} "
-              f"{r['ratio']:>10.4f} {'[' + format(r['ci_low'], '.4f') + ', ' + format(r['ci_high'], '.4f') + ']':>17}")
+        print(
+            f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['plain_ms']:>9.4f} {r['live_ms']:>9.4f} "
+            f"{r['ratio']:>10.4f} {'[' + format(r['ci_low'], '.4f') + ', ' + format(r['ci_high'], '.4f') + ']':>17}"
+        )

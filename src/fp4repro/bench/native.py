@@ -52,32 +52,45 @@ class NoTEEquivalent(ValueError):
     """A recipe Transformer Engine's NVFP4BlockScaling cannot compute; the message says why."""
 
 
-def te_specs(disable_rht: bool = False, disable_stochastic_rounding: bool = False,
-             disable_2d_quantization: bool = False) -> LinearSpecs:
+def te_specs(
+    disable_rht: bool = False, disable_stochastic_rounding: bool = False, disable_2d_quantization: bool = False
+) -> LinearSpecs:
     """The operand specs ``NVFP4BlockScaling`` with these flags gives every quantized linear (the
     module docstring's table, in this suite's operands)."""
-    x = QuantSpec(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rounding="rne",
-                  tensor_scaling=TensorScaling())
+    x = QuantSpec(
+        element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rounding="rne", tensor_scaling=TensorScaling()
+    )
     w = replace(x, block=(1, 16) if disable_2d_quantization else (16, 16))
     dy = replace(x, rounding="rne" if disable_stochastic_rounding else "sr")
-    return LinearSpecs.from_operands({"fprop.x": x, "fprop.w": w, "dgrad.w": w, "dgrad.dy": dy,
-                                      "wgrad.dy": replace(dy, rht=not disable_rht),
-                                      "wgrad.x": replace(x, rht=not disable_rht)})
+    return LinearSpecs.from_operands(
+        {
+            "fprop.x": x,
+            "fprop.w": w,
+            "dgrad.w": w,
+            "dgrad.dy": dy,
+            "wgrad.dy": replace(dy, rht=not disable_rht),
+            "wgrad.x": replace(x, rht=not disable_rht),
+        }
+    )
 
 
 def te_mapping(recipe: Recipe, config: ModelConfig) -> TEMapping:
     """The ``NVFP4BlockScaling`` arguments and BF16 layers that compute ``recipe`` on ``config``'s
     model; ``NoTEEquivalent`` naming the first linear that differs when none do."""
     n = config.n_layers
-    specs = {(i, name): recipe.linear_specs(i, n, linear=name)
-             for i in range(n) for name in config.layer_linears[i]}
+    specs = {(i, name): recipe.linear_specs(i, n, linear=name) for i in range(n) for name in config.layer_linears[i]}
     quantized = {key: s for key, s in specs.items() if s is not None and s.any_quantized}
     bf16_layers = tuple(i for i in range(n) if all((i, name) not in quantized for name in config.layer_linears[i]))
-    partial = [i for i in range(n) if 0 < sum((i, name) in quantized for name in config.layer_linears[i])
-               < len(config.layer_linears[i])]
+    partial = [
+        i
+        for i in range(n)
+        if 0 < sum((i, name) in quantized for name in config.layer_linears[i]) < len(config.layer_linears[i])
+    ]
     if partial:
-        raise NoTEEquivalent(f"{recipe.name}: layer {partial[0]} is partly quantized; Transformer Engine's recipe is "
-                             "per autocast region, whole layers here")
+        raise NoTEEquivalent(
+            f"{recipe.name}: layer {partial[0]} is partly quantized; Transformer Engine's recipe is "
+            "per autocast region, whole layers here"
+        )
     if not quantized:
         return TEMapping(None, bf16_layers)
     for flags in itertools.product((False, True), repeat=len(FLAGS)):
@@ -87,10 +100,12 @@ def te_mapping(recipe: Recipe, config: ModelConfig) -> TEMapping:
             return TEMapping(dict(zip(FLAGS, flags)), bf16_layers)
     (i, name), first = next(iter(quantized.items()))
     differs = [op for op, spec in first.items() if spec != te_specs()[op] and spec != te_specs(True, True, True)[op]]
-    raise NoTEEquivalent(f"{recipe.name}: layers.{i}.mixer.{name} quantizes {', '.join(differs) or 'its operands'} "
-                         f"as {first[differs[0]] if differs else first}; NVFP4BlockScaling offers E2M1 with E4M3 "
-                         "block scales, the current amax, T = 448, RNE except SR on dY, RHT on the wgrad operands only, "
-                         "16x16 or 1x16 weights")
+    raise NoTEEquivalent(
+        f"{recipe.name}: layers.{i}.mixer.{name} quantizes {', '.join(differs) or 'its operands'} "
+        f"as {first[differs[0]] if differs else first}; NVFP4BlockScaling offers E2M1 with E4M3 "
+        "block scales, the current amax, T = 448, RNE except SR on dY, RHT on the wgrad operands only, "
+        "16x16 or 1x16 weights"
+    )
 
 
 def native_available() -> tuple[bool, str]:
@@ -105,8 +120,10 @@ def native_available() -> tuple[bool, str]:
     except ImportError as err:
         return False, f"not run: Transformer Engine does not import ({err})"
     if not (hasattr(te, "autocast") and hasattr(te, "is_nvfp4_available")):
-        return False, ("not run: this Transformer Engine has no te.autocast / te.is_nvfp4_available (they came "
-                       "after NVFP4BlockScaling, with v2.9)")
+        return False, (
+            "not run: this Transformer Engine has no te.autocast / te.is_nvfp4_available (they came "
+            "after NVFP4BlockScaling, with v2.9)"
+        )
     available, reason = te.is_nvfp4_available(return_reason=True)
     return bool(available), "" if available else f"not run: {reason}"
 
@@ -134,8 +151,9 @@ def te_body(model):
     for layer in model.layers:
         for name in layer.mixer.LINEARS:
             old = getattr(layer.mixer, name)
-            new = te.Linear(old.in_features, old.out_features, bias=False, params_dtype=torch.bfloat16,
-                            device=old.weight.device)
+            new = te.Linear(
+                old.in_features, old.out_features, bias=False, params_dtype=torch.bfloat16, device=old.weight.device
+            )
             with torch.no_grad():
                 new.weight.copy_(old.weight)
             setattr(layer.mixer, name, new)

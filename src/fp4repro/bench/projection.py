@@ -71,8 +71,10 @@ class ProjectionError(FP4ReproError):
 
 def _component(table: dict, key: str, what: str) -> dict:
     if key not in table:
-        raise ProjectionError(f"the components file has no {what} {key}: time the components of these shapes "
-                              "(fp4repro bench components --experiment <experiment>)")
+        raise ProjectionError(
+            f"the components file has no {what} {key}: time the components of these shapes "
+            "(fp4repro bench components --experiment <experiment>)"
+        )
     return table[key]
 
 
@@ -107,20 +109,29 @@ def native_step(work, components: dict, bf16_other_ms: float, h200: dict, target
     parameters -> number (the module docstring's formulas)."""
     gemms, quants = work
     bw = h200["hbm"] / target["hbm"]
-    parts = {"other_ms": bf16_other_ms * (p["other_bandwidth_bound"] * bw + 1 - p["other_bandwidth_bound"]),
-             "gemm_ms": 0.0, "quantize_ms": 0.0, "amax_ms": 0.0}
+    parts = {
+        "other_ms": bf16_other_ms * (p["other_bandwidth_bound"] * bw + 1 - p["other_bandwidth_bound"]),
+        "gemm_ms": 0.0,
+        "quantize_ms": 0.0,
+        "amax_ms": 0.0,
+    }
     for g in gemms:
         c = components["gemms"][gemm_key(g.m, g.n, g.k)]
         if g.precision == "fp4":
-            parts["gemm_ms"] += c["fp8_ms"] * h200["fp8"] / (target["fp4"] * p["efficiency_transfer"]
-                                                            * p["fp4_efficiency_vs_fp8"])
+            parts["gemm_ms"] += (
+                c["fp8_ms"] * h200["fp8"] / (target["fp4"] * p["efficiency_transfer"] * p["fp4_efficiency_vs_fp8"])
+            )
         else:
             parts["gemm_ms"] += c["bf16_ms"] * h200["bf16"] / (target["bf16"] * p["efficiency_transfer"])
     for q in quants:
         c = components["quantizations"][quant_key(q.rows, q.cols, q.case)]
-        plain = components["quantizations"].get(
-            quant_key(q.rows, q.cols, kernel_case(dataclasses.replace(q.spec, rht=False), q.columnwise))) \
-            if q.spec.rht else None
+        plain = (
+            components["quantizations"].get(
+                quant_key(q.rows, q.cols, kernel_case(dataclasses.replace(q.spec, rht=False), q.columnwise))
+            )
+            if q.spec.rht
+            else None
+        )
 
         def hidden(part: str) -> float:
             """A part's time with the RHT's extra share hidden (charged whole without a plain case)."""
@@ -136,8 +147,10 @@ def native_step(work, components: dict, bf16_other_ms: float, h200: dict, target
 def _census(entry: dict, column: str, name: str) -> dict:
     census = entry["columns"][column]["recipes"][name]["kernels"]
     if "other_ms" not in census:
-        raise ProjectionError(f"{entry['model']}: the {column} census of {name} has no other_ms (measured before "
-                              "the census split its kernels): measure again with fp4repro bench throughput")
+        raise ProjectionError(
+            f"{entry['model']}: the {column} census of {name} has no other_ms (measured before "
+            "the census split its kernels): measure again with fp4repro bench throughput"
+        )
     return census
 
 
@@ -164,10 +177,19 @@ def check(entry: dict, components: dict) -> dict:
             error = parts["ms"] / row["median_ms"] - 1
             errors.append(abs(error))
             # each part timed alone against the same part in the profiled step (not bounded)
-            versus = {part: parts[f"{part}_ms"] / census[f"{part}_ms"] - 1
-                      for part in ("gemm", "quantize", "amax", "cast") if census.get(f"{part}_ms", 0) > 0}
-            rows[name] = {"predicted_ms": parts["ms"], "measured_ms": row["median_ms"], "error": error, "parts": parts,
-                          "parts_vs_step": versus, "gpu_idle": 1 - census["kernel_ms"] / row["median_ms"]}
+            versus = {
+                part: parts[f"{part}_ms"] / census[f"{part}_ms"] - 1
+                for part in ("gemm", "quantize", "amax", "cast")
+                if census.get(f"{part}_ms", 0) > 0
+            }
+            rows[name] = {
+                "predicted_ms": parts["ms"],
+                "measured_ms": row["median_ms"],
+                "error": error,
+                "parts": parts,
+                "parts_vs_step": versus,
+                "gpu_idle": 1 - census["kernel_ms"] / row["median_ms"],
+            }
         out["columns"][column] = rows
     if not errors:
         raise ProjectionError(f"{entry['model']}: no measured emulated or FP8-analogue column to check against")
@@ -212,8 +234,9 @@ def project(entry: dict, components: dict, devices: Devices, target_key: str) ->
         raise ProjectionError(f"{devices.path}: devices.{target_key}: no fp4 peak to project onto")
     emulated = entry["columns"]["emulated"]["recipes"]
     if "bf16" not in emulated:
-        raise ProjectionError(f"{entry['model']}: the projection takes its non-GEMM time from bf16's census; "
-                              "bf16 was not timed")
+        raise ProjectionError(
+            f"{entry['model']}: the projection takes its non-GEMM time from bf16's census; bf16 was not timed"
+        )
     bf16_other = _census(entry, "emulated", "bf16")["other_ms"]
     works = _works(entry, emulated)
     values = _corner_values(devices, target)
@@ -228,28 +251,48 @@ def project(entry: dict, components: dict, devices: Devices, target_key: str) ->
     recipes = {}
     for name, parts in central.items():
         low, high = min(s[name]["ms"] for s in spread), max(s[name]["ms"] for s in spread)
-        recipes[name] = {"median_ms": parts["ms"], "low_ms": low, "high_ms": high,
-                         "tokens_per_s": tokens / (parts["ms"] / 1e3), "parts": parts}
+        recipes[name] = {
+            "median_ms": parts["ms"],
+            "low_ms": low,
+            "high_ms": high,
+            "tokens_per_s": tokens / (parts["ms"] / 1e3),
+            "parts": parts,
+        }
         scales = {q.spec.scale for q in works[name][1]}
         if scales - set(NATIVE_SCALES):
-            recipes[name]["note"] = (f"hypothetical: {', '.join(sorted(scales - set(NATIVE_SCALES)))} block scales are "
-                                     "not taken by Blackwell's FP4 tensor cores (E4M3 or UE8M0)")
+            recipes[name]["note"] = (
+                f"hypothetical: {', '.join(sorted(scales - set(NATIVE_SCALES)))} block scales are "
+                "not taken by Blackwell's FP4 tensor cores (E4M3 or UE8M0)"
+            )
     effects = {}
     for effect, variant in EFFECTS.items():
         if "nvfp4" in central and variant in central:
             ratios = [s["nvfp4"]["ms"] / s[variant]["ms"] for s in spread]
+
             # what the effect would be if the body had no non-GEMM time at all (the most faster
             # GEMMs and quantizers can give), centrally and over the band
             def without_other(t):
                 return (t["nvfp4"]["ms"] - t["nvfp4"]["other_ms"]) / (t[variant]["ms"] - t[variant]["other_ms"])
 
             bare = [without_other(t) for t in spread]
-            effects[effect] = {"versus": variant, "speedup": central["nvfp4"]["ms"] / central[variant]["ms"],
-                               "ci_low": min(ratios), "ci_high": max(ratios), "interval": "band over the parameters",
-                               "speedup_without_other": without_other(central),
-                               "without_other_low": min(bare), "without_other_high": max(bare)}
-    return {"recipes": recipes, "effects": effects, "kind": "projection", "target": target.name,
-            "calibrated_on": components["device"], "corners": len(spread)}
+            effects[effect] = {
+                "versus": variant,
+                "speedup": central["nvfp4"]["ms"] / central[variant]["ms"],
+                "ci_low": min(ratios),
+                "ci_high": max(ratios),
+                "interval": "band over the parameters",
+                "speedup_without_other": without_other(central),
+                "without_other_low": min(bare),
+                "without_other_high": max(bare),
+            }
+    return {
+        "recipes": recipes,
+        "effects": effects,
+        "kind": "projection",
+        "target": target.name,
+        "calibrated_on": components["device"],
+        "corners": len(spread),
+    }
 
 
 def attach(entry: dict, components: dict, devices: Devices) -> dict:
@@ -257,14 +300,20 @@ def attach(entry: dict, components: dict, devices: Devices) -> dict:
     projection column per Blackwell target (``projection_<target>``); when it does not, the
     projection is withheld and ``not_measured`` says why."""
     if components["model"] != entry["model"] or components["tokens"] != entry["batch"] * entry["seq_len"]:
-        raise ProjectionError(f"the components were timed for {components['model']} at {components['tokens']} tokens, "
-                              f"the body for {entry['model']} at {entry['batch'] * entry['seq_len']}")
+        raise ProjectionError(
+            f"the components were timed for {components['model']} at {components['tokens']} tokens, "
+            f"the body for {entry['model']} at {entry['batch'] * entry['seq_len']}"
+        )
     tags = {device_tag(components["device"]), device_tag(entry.get("device"))}
     if tags != {CALIBRATION_DEVICE}:
-        raise ProjectionError(f"the projection is calibrated on the {CALIBRATION_DEVICE} of configs/devices.yaml: the "
-                              f"body was measured on {entry.get('device', 'cpu')}, its components timed on "
-                              f"{components['device']}")
-    entry = {key: value for key, value in entry.items() if key not in ("projection_parameters", "projection_provenance")}
+        raise ProjectionError(
+            f"the projection is calibrated on the {CALIBRATION_DEVICE} of configs/devices.yaml: the "
+            f"body was measured on {entry.get('device', 'cpu')}, its components timed on "
+            f"{components['device']}"
+        )
+    entry = {
+        key: value for key, value in entry.items() if key not in ("projection_parameters", "projection_provenance")
+    }
     entry["columns"] = {c: m for c, m in entry["columns"].items() if not c.startswith("projection")}
     entry["projection_provenance"] = provenance("cpu")
     entry["projection_check"] = check(entry, components)
@@ -272,15 +321,18 @@ def attach(entry: dict, components: dict, devices: Devices) -> dict:
     if entry["projection_check"]["within"]:
         for target in TARGETS:
             entry["columns"][f"projection_{target}"] = project(entry, components, devices, target)
-        entry["projection_parameters"] = {"devices_file": devices.shown_path,
-                                          "parameters": {k: [v.low, v.high] for k, v in devices.parameters.items()},
-                                          "why": devices.why,
-                                          "sources": {k: list(devices.devices[k].sources)
-                                                      for k in (CALIBRATION_DEVICE, *TARGETS)}}
+        entry["projection_parameters"] = {
+            "devices_file": devices.shown_path,
+            "parameters": {k: [v.low, v.high] for k, v in devices.parameters.items()},
+            "why": devices.why,
+            "sources": {k: list(devices.devices[k].sources) for k in (CALIBRATION_DEVICE, *TARGETS)},
+        }
     else:
-        not_measured["projection"] = (f"withheld: the H200 parts predict the measured steps within "
-                                      f"{entry['projection_check']['worst_error']:.1%} at worst, beyond the "
-                                      f"{CHECK_BOUND:.0%} bound")
+        not_measured["projection"] = (
+            f"withheld: the H200 parts predict the measured steps within "
+            f"{entry['projection_check']['worst_error']:.1%} at worst, beyond the "
+            f"{CHECK_BOUND:.0%} bound"
+        )
     entry["not_measured"] = not_measured
     return entry
 
@@ -289,32 +341,44 @@ def table(entry: dict) -> str:
     """The H200 check (predicted against measured, per column and recipe) and each projection
     column (step time with its band, tokens/s, the effects with their bands)."""
     chk = entry["projection_check"]
-    lines = [f"{entry['model']}: H200 check, the parts timed alone against the measured median step "
-             f"(bound {chk['bound']:.0%}; worst {chk['worst_error']:.1%}: {'within' if chk['within'] else 'NOT within'})",
-             f"{'recipe':28} {'column':13} {'predicted ms':>12} {'measured ms':>12} {'error':>8}"]
+    lines = [
+        f"{entry['model']}: H200 check, the parts timed alone against the measured median step "
+        f"(bound {chk['bound']:.0%}; worst {chk['worst_error']:.1%}: {'within' if chk['within'] else 'NOT within'})",
+        f"{'recipe':28} {'column':13} {'predicted ms':>12} {'measured ms':>12} {'error':>8}",
+    ]
     for column, rows in chk["columns"].items():
         for name, r in rows.items():
-            lines.append(f"{name:28} {column:13} {r['predicted_ms']:>12.1f} {r['measured_ms']:>12.1f} {r['error']:>+8.1%}")
+            lines.append(
+                f"{name:28} {column:13} {r['predicted_ms']:>12.1f} {r['measured_ms']:>12.1f} {r['error']:>+8.1%}"
+            )
     for column, rows in chk["columns"].items():
         spans = {}
         for r in rows.values():
             for part, v in r["parts_vs_step"].items():
                 spans.setdefault(part, []).append(v)
-        lines.append(f"{column}: parts timed alone vs in the step: " + ", ".join(
-            f"{part} {min(v):+.0%} to {max(v):+.0%}" for part, v in spans.items())
-            + f"; GPU idle {min(r['gpu_idle'] for r in rows.values()):.1%} to {max(r['gpu_idle'] for r in rows.values()):.1%} of the step")
+        lines.append(
+            f"{column}: parts timed alone vs in the step: "
+            + ", ".join(f"{part} {min(v):+.0%} to {max(v):+.0%}" for part, v in spans.items())
+            + f"; GPU idle {min(r['gpu_idle'] for r in rows.values()):.1%} to {max(r['gpu_idle'] for r in rows.values()):.1%} of the step"
+        )
     for c in entry["columns"].values():
         if c.get("kind") != "projection":
             continue
-        lines += [f"{c['target']}: projected from {c['calibrated_on']}, band over {c['corners']} corners of the parameters",
-                  f"  {'recipe':28} {'ms':>8} {'band ms':>17} {'tok/s':>9}"]
+        lines += [
+            f"{c['target']}: projected from {c['calibrated_on']}, band over {c['corners']} corners of the parameters",
+            f"  {'recipe':28} {'ms':>8} {'band ms':>17} {'tok/s':>9}",
+        ]
         for name, r in c["recipes"].items():
-            lines.append(f"  {name:28} {r['median_ms']:>8.1f} [{r['low_ms']:>6.1f}, {r['high_ms']:>6.1f}] "
-                         f"{r['tokens_per_s']:>9,.0f}" + (f"  ({r['note']})" if "note" in r else ""))
+            lines.append(
+                f"  {name:28} {r['median_ms']:>8.1f} [{r['low_ms']:>6.1f}, {r['high_ms']:>6.1f}] "
+                f"{r['tokens_per_s']:>9,.0f}" + (f"  ({r['note']})" if "note" in r else "")
+            )
         for effect, e in c["effects"].items():
-            lines.append(f"  removing {effect:9} x{e['speedup']:.3f} band [{e['ci_low']:.3f}, {e['ci_high']:.3f}]; "
-                         f"with no non-GEMM time x{e['speedup_without_other']:.3f} "
-                         f"[{e['without_other_low']:.3f}, {e['without_other_high']:.3f}]")
+            lines.append(
+                f"  removing {effect:9} x{e['speedup']:.3f} band [{e['ci_low']:.3f}, {e['ci_high']:.3f}]; "
+                f"with no non-GEMM time x{e['speedup_without_other']:.3f} "
+                f"[{e['without_other_low']:.3f}, {e['without_other_high']:.3f}]"
+            )
     if "projection" in entry.get("not_measured", {}):
         lines.append(f"projection {entry['not_measured']['projection']}")
     return "\n".join(lines)

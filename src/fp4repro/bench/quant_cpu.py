@@ -37,11 +37,17 @@ def run(size: int = 4096, repeats: int = 5, out: Path | None = None) -> list[dic
             quantize_dequantize(x, spec, amax=amax)
             times.append(time.perf_counter() - t0)
         median = sorted(times)[len(times) // 2]
-        rows.append({"spec": name, "shape": [size, size], "median_s": median,
-                     "melem_per_s": size * size / median / 1e6})
-    result = {"benchmark": "quantize_dequantize (torch reference, float32, CPU)",
-              "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "cpu_count": os.cpu_count(), "machine": platform.machine(), "rows": rows}
+        rows.append(
+            {"spec": name, "shape": [size, size], "median_s": median, "melem_per_s": size * size / median / 1e6}
+        )
+    result = {
+        "benchmark": "quantize_dequantize (torch reference, float32, CPU)",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "rows": rows,
+    }
     if out is not None:
         write_json(out, result, provenance("cpu"))
     return rows

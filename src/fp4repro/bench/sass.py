@@ -43,12 +43,14 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90,
     from fp4repro.kernels.launch import COMPILE_OPTIONS
 
     if quantize.INTERPRETED:
-        raise RuntimeError("TRITON_INTERPRET is set: the kernels were defined for Triton's interpreter "
-                           "(no inline PTX); unset it to count what the GPU runs")
+        raise RuntimeError(
+            "TRITON_INTERPRET is set: the kernels were defined for Triton's interpreter "
+            "(no inline PTX); unset it to count what the GPU runs"
+        )
     rows, cols = shape
     x = torch.empty((cols, rows) if columnwise else shape, dtype=torch.bfloat16, device="meta")
     x = x.t() if columnwise else x
-    amax = torch.empty((), dtype=torch.float32, device="meta")   # held: no reduction pass
+    amax = torch.empty((), dtype=torch.float32, device="meta")  # held: no reduction pass
     slots = live_slots("meta") if live else None
     (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1, live=slots)
     fn = quantize._quantize_kernel
@@ -67,7 +69,7 @@ def count_instructions(sass: str) -> dict:
     opcodes = [m.group(1) for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
     if "EXIT" not in opcodes:
         raise ValueError("no EXIT in the SASS: not a kernel listing")
-    main = opcodes[:opcodes.index("EXIT") + 1]
+    main = opcodes[: opcodes.index("EXIT") + 1]
     return {"main": len(main), "total": len(opcodes), "mix": dict(collections.Counter(main).most_common())}
 
 
@@ -78,8 +80,12 @@ def registers(cubin: bytes) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", str(path)],
-                               capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
@@ -93,9 +99,16 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
             continue
         kernel, elements = compile_case(spec, shape, columnwise, arch)
         counts = count_instructions(kernel.asm["sass"])
-        rows.append({"case": name, "elements_per_thread": elements, "registers": registers(kernel.asm["cubin"]),
-                     "per_element": counts["main"] / elements, "fp_fusion": bool(kernel.metadata.enable_fp_fusion),
-                     **counts})
+        rows.append(
+            {
+                "case": name,
+                "elements_per_thread": elements,
+                "registers": registers(kernel.asm["cubin"]),
+                "per_element": counts["main"] / elements,
+                "fp_fusion": bool(kernel.metadata.enable_fp_fusion),
+                **counts,
+            }
+        )
     result = {"arch": f"sm_{arch}", "shape": list(shape), "cases": rows}
     if out is not None:
         write_json(out, result, provenance(None))

@@ -69,7 +69,7 @@ COLUMNS = ("emulated", "fp8_analogue")
 NOT_MEASURED = {
     "projection": "not made yet: fp4repro bench components on this GPU, then fp4repro bench project",
     "native": "not run: needs FP4 tensor cores (compute capability >= 10.0) and Transformer Engine",
-}   # the native column replaces its entry by what ``native.native_available`` says here, or runs
+}  # the native column replaces its entry by what ``native.native_available`` says here, or runs
 
 
 def build_body(config: ModelConfig, recipe: Recipe, device: str) -> NemotronH:
@@ -122,10 +122,10 @@ def graph_timing(recipes: int, step_mib: float, free_mib: float) -> tuple[bool, 
     at rest) within 80% of the free memory, and why."""
     need = recipes * step_mib
     if need <= 0.8 * free_mib:
-        return True, (f"CUDA-graph replays: {recipes} graphs of {step_mib:,.0f} MiB fit in "
-                      f"{free_mib:,.0f} MiB free")
-    return False, (f"eager steps: {recipes} graphs of {step_mib:,.0f} MiB would need {need:,.0f} MiB, "
-                   f"{free_mib:,.0f} MiB free")
+        return True, (f"CUDA-graph replays: {recipes} graphs of {step_mib:,.0f} MiB fit in {free_mib:,.0f} MiB free")
+    return False, (
+        f"eager steps: {recipes} graphs of {step_mib:,.0f} MiB would need {need:,.0f} MiB, {free_mib:,.0f} MiB free"
+    )
 
 
 def captured(step, device: torch.device):
@@ -173,8 +173,17 @@ def kernel_census(step, device: torch.device) -> dict:
         step()
         if cuda:
             torch.cuda.synchronize()
-    census = {"quantize_launches": 0, "quantize_ms": 0.0, "amax_ms": 0.0, "cast_ms": 0.0, "fp8_gemm_calls": 0,
-              "gemm_calls": 0, "gemm_ms": 0.0, "kernel_launches": 0, "kernel_ms": 0.0}
+    census = {
+        "quantize_launches": 0,
+        "quantize_ms": 0.0,
+        "amax_ms": 0.0,
+        "cast_ms": 0.0,
+        "fp8_gemm_calls": 0,
+        "gemm_calls": 0,
+        "gemm_ms": 0.0,
+        "kernel_launches": 0,
+        "kernel_ms": 0.0,
+    }
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             census["fp8_gemm_calls"] += event.name == "aten::_scaled_mm"
@@ -192,8 +201,9 @@ def kernel_census(step, device: torch.device) -> dict:
         census["cast_ms"] += ms if "_saturating_e4m3_kernel" in event.name else 0.0
     # what is neither a GEMM nor a quantization, amax pass or FP8 cast: the scan, the attention
     # core, norms, elementwise work (the projection's measured non-GEMM time)
-    census["other_ms"] = census["kernel_ms"] - census["gemm_ms"] - census["quantize_ms"] - census["amax_ms"] \
-        - census["cast_ms"]
+    census["other_ms"] = (
+        census["kernel_ms"] - census["gemm_ms"] - census["quantize_ms"] - census["amax_ms"] - census["cast_ms"]
+    )
     return census
 
 
@@ -201,8 +211,13 @@ def summarize(times_ms, tokens: int) -> dict:
     """Median and quartiles of a recipe's step times, and body tokens/s at the median."""
     t = np.asarray(times_ms, dtype=np.float64)
     q1, median, q3 = np.percentile(t, [25, 50, 75])
-    return {"ms": [float(v) for v in t], "median_ms": float(median), "q1_ms": float(q1), "q3_ms": float(q3),
-            "tokens_per_s": tokens / (median / 1e3)}
+    return {
+        "ms": [float(v) for v in t],
+        "median_ms": float(median),
+        "q1_ms": float(q1),
+        "q3_ms": float(q3),
+        "tokens_per_s": tokens / (median / 1e3),
+    }
 
 
 def effects(times: dict[str, list[float]]) -> dict:
@@ -212,13 +227,26 @@ def effects(times: dict[str, list[float]]) -> dict:
     for effect, variant in EFFECTS.items():
         if "nvfp4" in times and variant in times:
             r = paired_log_ratio(times[variant], times["nvfp4"])
-            out[effect] = {"versus": variant, "speedup": r["ratio"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
-                           "n": r["n"]}
+            out[effect] = {
+                "versus": variant,
+                "speedup": r["ratio"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+                "n": r["n"],
+            }
     return out
 
 
-def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: int, column: str,
-                progress=print, interleave: bool = True) -> dict:
+def time_column(
+    step_of,
+    names: list[str],
+    x: torch.Tensor,
+    steps: int,
+    warmup: int,
+    column: str,
+    progress=print,
+    interleave: bool = True,
+) -> dict:
     """Every recipe's step times in one column; ``step_of(name)`` readies the model for recipe
     ``name`` and returns its step. Every recipe's warm-up first; then, interleaved, ``steps``
     rounds of one step of each recipe, the order rotated by one each round (no recipe always
@@ -238,15 +266,16 @@ def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: 
         progress(f"{column}: {name} warmed up")
     graphs, timing = False, "eager steps: no CUDA device" if not x.is_cuda else "eager steps: one block per recipe"
     if x.is_cuda and interleave:
-        graphs, timing = graph_timing(len(names), (torch.cuda.max_memory_allocated() - rest) / 2 ** 20,
-                                      torch.cuda.mem_get_info()[0] / 2 ** 20)
+        graphs, timing = graph_timing(
+            len(names), (torch.cuda.max_memory_allocated() - rest) / 2**20, torch.cuda.mem_get_info()[0] / 2**20
+        )
         progress(f"{column}: {timing}")
     if x.is_cuda:
         torch.cuda.reset_peak_memory_stats()
     if interleave:
         replay = {name: captured(step_of(name), x.device) for name in names} if graphs else None
         for r in range(steps):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(clock.time(replay[name] if graphs else step_of(name)))
             progress(f"{column}: round {r + 1}/{steps}")
     else:
@@ -256,15 +285,22 @@ def time_column(step_of, names: list[str], x: torch.Tensor, steps: int, warmup: 
                 step()
             times[name] = [clock.time(step) for _ in range(steps)]
             progress(f"{column}: {name} timed")
-    peak = torch.cuda.max_memory_allocated() / 2 ** 20 if x.is_cuda else None
+    peak = torch.cuda.max_memory_allocated() / 2**20 if x.is_cuda else None
     census = {name: kernel_census(step_of(name), x.device) for name in names}
     rows = {name: {**summarize(times[name], tokens), "kernels": census[name]} for name in names}
-    return {"recipes": rows, "effects": effects(times), "peak_mib": peak, "interleaved": interleave,
-            "timing": "cuda_graph" if graphs else "eager", "timing_reason": timing}
+    return {
+        "recipes": rows,
+        "effects": effects(times),
+        "peak_mib": peak,
+        "interleaved": interleave,
+        "timing": "cuda_graph" if graphs else "eager",
+        "timing_reason": timing,
+    }
 
 
-def suite_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int, column: str,
-                 progress=print) -> dict:
+def suite_column(
+    model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int, column: str, progress=print
+) -> dict:
     """The emulated or the FP8-analogue column: this suite's quantized linears, each recipe
     attached in turn with a QuantState of its own."""
     states = {name: QuantState() for name in recipes}
@@ -281,8 +317,7 @@ def suite_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int
     return {**timed, "cast": "saturating E4M3 (clamped to ±448, fp4repro.kernels.saturating_e4m3)"}
 
 
-def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int,
-                  progress=print) -> dict:
+def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: int, warmup: int, progress=print) -> dict:
     """Transformer Engine's NVFP4 on FP4 tensor cores (``fp4repro.bench.native``) for the recipes
     it can compute; the others are listed with the reason. Replaces the model's linears by
     Transformer Engine's (run it last)."""
@@ -295,15 +330,36 @@ def native_column(model: NemotronH, recipes: dict[str, Recipe], x, dy, steps: in
     body = native.te_body(model)
     # Transformer Engine rebuilds a module's quantizers whenever the autocast recipe changes: each
     # recipe's steps in one block, after its own warm-up
-    timed = time_column(lambda name: native.native_step(body, mappings[name], x, dy), list(mappings), x, steps,
-                        warmup, "native", progress, interleave=False)
-    return {**timed, "mappings": {n: {"arguments": m.arguments, "bf16_layers": list(m.bf16_layers)}
-                                  for n, m in mappings.items()}, "no_equivalent": without}
+    timed = time_column(
+        lambda name: native.native_step(body, mappings[name], x, dy),
+        list(mappings),
+        x,
+        steps,
+        warmup,
+        "native",
+        progress,
+        interleave=False,
+    )
+    return {
+        **timed,
+        "mappings": {n: {"arguments": m.arguments, "bf16_layers": list(m.bf16_layers)} for n, m in mappings.items()},
+        "no_equivalent": without,
+    }
 
 
-def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: int = 1, steps: int = 7,
-        warmup: int = 2, columns=COLUMNS, device: str | None = None, seed: int = 0, progress=print,
-        on_column=None) -> dict:
+def run(
+    config: ModelConfig,
+    recipes: dict[str, Recipe],
+    seq_len: int,
+    batch: int = 1,
+    steps: int = 7,
+    warmup: int = 2,
+    columns=COLUMNS,
+    device: str | None = None,
+    seed: int = 0,
+    progress=print,
+    on_column=None,
+) -> dict:
     """Body tokens/s of every recipe in every column of one model's shapes (``record`` files it);
     ``on_column(result)`` is called with the result so far after each column. The native column
     runs where ``fp4repro.bench.native.native_available`` says it can, after the others."""
@@ -314,11 +370,15 @@ def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: in
     if unknown:
         raise ConfigError(f"bench throughput --columns: {unknown} unknown; measured columns are {list(COLUMNS)}")
     if "fp8_analogue" in columns and (device == "cpu" or torch.cuda.get_device_capability() < (8, 9)):
-        raise ConfigError("bench throughput --columns: fp8_analogue needs a GPU with FP8 tensor cores (compute "
-                          "capability >= 8.9); here, emulated only")
+        raise ConfigError(
+            "bench throughput --columns: fp8_analogue needs a GPU with FP8 tensor cores (compute "
+            "capability >= 8.9); here, emulated only"
+        )
     if (batch * seq_len) % 16:
-        raise ConfigError(f"bench throughput: batch x sequence = {batch * seq_len} tokens; the GEMMs' dimensions "
-                          "must be multiples of 16 (FP8 and FP4 tensor cores, 16-element blocks)")
+        raise ConfigError(
+            f"bench throughput: batch x sequence = {batch * seq_len} tokens; the GEMMs' dimensions "
+            "must be multiples of 16 (FP8 and FP4 tensor cores, 16-element blocks)"
+        )
     torch.manual_seed(seed)
     model = build_body(config, next(iter(recipes.values())), device)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -326,10 +386,17 @@ def run(config: ModelConfig, recipes: dict[str, Recipe], seq_len: int, batch: in
     x.requires_grad_(True)
     dy = torch.randn(batch, seq_len, config.hidden_size, device=device, generator=g, dtype=torch.bfloat16)
     native_ok, native_reason = native.native_available() if device == "cuda" else (False, "not run: no CUDA device")
-    result = {"model": config.name, "seq_len": seq_len, "batch": batch, "steps": steps, "warmup": warmup,
-              "parameters_bf16": True, "columns": {},
-              "work": {name: summary_of_work(*body_work(config, r, batch * seq_len)) for name, r in recipes.items()},
-              "not_measured": {**NOT_MEASURED, **({} if native_ok else {"native": native_reason})}}
+    result = {
+        "model": config.name,
+        "seq_len": seq_len,
+        "batch": batch,
+        "steps": steps,
+        "warmup": warmup,
+        "parameters_bf16": True,
+        "columns": {},
+        "work": {name: summary_of_work(*body_work(config, r, batch * seq_len)) for name, r in recipes.items()},
+        "not_measured": {**NOT_MEASURED, **({} if native_ok else {"native": native_reason})},
+    }
     if device == "cuda":
         result["device"] = torch.cuda.get_device_name()
         result["compute_capability"] = list(torch.cuda.get_device_capability())
@@ -354,14 +421,24 @@ def agreement(previous: dict, current: dict) -> dict:
         before, now = previous.get("columns", {}).get(column), current["columns"].get(column)
         if before is None or now is None:
             continue
-        columns[column] = {name: {"previous_ms": before["recipes"][name]["median_ms"], "ms": row["median_ms"],
-                                  "difference": row["median_ms"] / before["recipes"][name]["median_ms"] - 1}
-                           for name, row in now["recipes"].items() if name in before["recipes"]}
+        columns[column] = {
+            name: {
+                "previous_ms": before["recipes"][name]["median_ms"],
+                "ms": row["median_ms"],
+                "difference": row["median_ms"] / before["recipes"][name]["median_ms"] - 1,
+            }
+            for name, row in now["recipes"].items()
+            if name in before["recipes"]
+        }
     differences = [abs(r["difference"]) for rows in columns.values() for r in rows.values()]
     timings = {c: [column_timing(previous["columns"][c]), column_timing(current["columns"][c])] for c in columns}
-    return {"columns": columns, "worst": max(differences) if differences else None,
-            "previous_device": previous.get("device"), "previous_steps": previous.get("steps"),
-            "timings": timings}   # [previous, now] per column: eager steps and graph replays differ by the host
+    return {
+        "columns": columns,
+        "worst": max(differences) if differences else None,
+        "previous_device": previous.get("device"),
+        "previous_steps": previous.get("steps"),
+        "timings": timings,
+    }  # [previous, now] per column: eager steps and graph replays differ by the host
 
 
 def record(out: Path, result: dict, device: str) -> dict:
@@ -373,18 +450,28 @@ def record(out: Path, result: dict, device: str) -> dict:
 def table(result: dict) -> str:
     """Body tokens/s per recipe and column, then the effects."""
     columns = list(result["columns"])
-    lines = [f"{result['model']}: body of {result['batch']} x {result['seq_len']} tokens, "
-             f"median of {result['steps']} steps" + (f" on {result['device']}" if "device" in result else "")
-             + "; " + ", ".join(f"{c}: {column_timing(result['columns'][c])}" for c in columns),
-             f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns)]
+    lines = [
+        f"{result['model']}: body of {result['batch']} x {result['seq_len']} tokens, "
+        f"median of {result['steps']} steps"
+        + (f" on {result['device']}" if "device" in result else "")
+        + "; "
+        + ", ".join(f"{c}: {column_timing(result['columns'][c])}" for c in columns),
+        f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns),
+    ]
     recipes = list(result["columns"][columns[0]]["recipes"])
     for name in recipes:
-        cells = "".join(f" {result['columns'][c]['recipes'][name]['tokens_per_s']:>20,.0f} "
-                        f"{result['columns'][c]['recipes'][name]['median_ms']:>8.1f}"
-                        if name in result["columns"][c]["recipes"] else f" {'-':>20} {'-':>8}" for c in columns)
+        cells = "".join(
+            f" {result['columns'][c]['recipes'][name]['tokens_per_s']:>20,.0f} "
+            f"{result['columns'][c]['recipes'][name]['median_ms']:>8.1f}"
+            if name in result["columns"][c]["recipes"]
+            else f" {'-':>20} {'-':>8}"
+            for c in columns
+        )
         lines.append(f"{name:28}{cells}")
     for c in columns:
         for effect, e in result["columns"][c]["effects"].items():
-            lines.append(f"{c}: removing {effect:9} x{e['speedup']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}] "
-                         f"(nvfp4 / {e['versus']})")
+            lines.append(
+                f"{c}: removing {effect:9} x{e['speedup']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}] "
+                f"(nvfp4 / {e['versus']})"
+            )
     return "\n".join(lines)

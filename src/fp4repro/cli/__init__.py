@@ -23,15 +23,34 @@ recipe's scale format and q the E2M1 element (see README, "Numerics").
 
 #: The order `fp4repro --help` lists the commands in. It crosses the groups, so it is kept here, in
 #: one place, rather than following the order the group modules are imported in.
-ORDER = ("formats", "recipe", "experiment", "prepare-data", "train", "evaluate", "model", "explain", "plot",
-         "bench", "report", "parity", "parity-curves", "inventory", "runs")
+ORDER = (
+    "formats",
+    "recipe",
+    "experiment",
+    "prepare-data",
+    "train",
+    "evaluate",
+    "model",
+    "explain",
+    "plot",
+    "bench",
+    "report",
+    "parity",
+    "parity-curves",
+    "inventory",
+    "runs",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fp4repro", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--debug", action="store_true", help="show the traceback of every error (by default, errors "
-                                                          "in configs and inputs print one line)")
+    p = argparse.ArgumentParser(
+        prog="fp4repro", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of every error (by default, errors in configs and inputs print one line)",
+    )
     sub = p.add_subparsers(dest="command", metavar="<command>")
     adders = {}
     for group in (configs, runs, evaluate, figures, bench, parity):

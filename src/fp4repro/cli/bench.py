@@ -80,8 +80,9 @@ def _bench_throughput(args) -> int:
     study, names = _ablation_study(args)
     cuda = torch.cuda.is_available()
     columns = args.columns or (list(throughput.COLUMNS) if cuda else ["emulated"])
-    out = Path(args.out or "results/bench/throughput_"
-               f"{device_tag(torch.cuda.get_device_name() if cuda else None)}.json")
+    out = Path(
+        args.out or f"results/bench/throughput_{device_tag(torch.cuda.get_device_name() if cuda else None)}.json"
+    )
     # a measurement replacing one of the same shapes says how far it agrees with it
     previous = read_throughput(out, FP4ReproError).get(study.model.name) if out.is_file() else None
 
@@ -90,15 +91,23 @@ def _bench_throughput(args) -> int:
             result["repeat"] = throughput.agreement(previous, result)
         throughput.record(out, result, "cuda" if cuda else "cpu")
 
-    result = throughput.run(study.model, {n: study.recipe(n) for n in names},
-                            seq_len=args.seq_len or study.experiment.train.seq_len, batch=args.batch,
-                            steps=args.steps, warmup=args.warmup, columns=columns,
-                            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
-                            on_column=record)
+    result = throughput.run(
+        study.model,
+        {n: study.recipe(n) for n in names},
+        seq_len=args.seq_len or study.experiment.train.seq_len,
+        batch=args.batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        columns=columns,
+        progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+        on_column=record,
+    )
     print(throughput.table(result))
     if previous is not None:
-        print(f"agreement with the measurement it replaced: worst |difference| of a median step "
-              f"{result['repeat']['worst']:.1%}")
+        print(
+            f"agreement with the measurement it replaced: worst |difference| of a median step "
+            f"{result['repeat']['worst']:.1%}"
+        )
     print(f"wrote {out} (shapes: {result['model']})")
     return 0
 
@@ -114,8 +123,12 @@ def _bench_components(args) -> int:
     study, names = _ablation_study(args)
     tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
     out = Path(args.out or f"results/bench/components_{device_tag(torch.cuda.get_device_name())}.json")
-    result = components.run(study.model, {n: study.recipe(n) for n in names}, tokens,
-                            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)))
+    result = components.run(
+        study.model,
+        {n: study.recipe(n) for n in names},
+        tokens,
+        progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+    )
     components.record(out, result)
     print(components.table(result))
     print(f"wrote {out} (shapes: {result['model']})")
@@ -135,8 +148,11 @@ def _bench_project(args) -> int:
     measured, timed = read_throughput(out, FP4ReproError), read_components(parts, FP4ReproError)
     models = [m for m in measured if m in timed]
     if not models:
-        print(f"fp4repro bench project: no model is in both {out} ({', '.join(measured) or 'none'}) and {parts} "
-              f"({', '.join(timed) or 'none'})", file=sys.stderr)
+        print(
+            f"fp4repro bench project: no model is in both {out} ({', '.join(measured) or 'none'}) and {parts} "
+            f"({', '.join(timed) or 'none'})",
+            file=sys.stderr,
+        )
         return 2
     devices = load_devices(args.devices)
     content = json.loads(out.read_text())
@@ -150,70 +166,96 @@ def _bench_project(args) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="benchmarks (print a table, write JSON under results/bench/)",
-                       description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
-                                   "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
-                                   "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
-                                   "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
-                                   "against BF16 F.linear for 8192x4096x4096 (default output "
-                                   "results/bench/kernels.json). sass (no GPU needed): the instructions each "
-                                   "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
-                                   "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
-                                   "held amax (default output results/bench/kernels_sass_smARCH.json). live "
-                                   "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
-                                   "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
-                                   "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
-                                   "with a 95% confidence interval (default output "
-                                   "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
-                                   "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
-                                   "the experiment's model under the paper's ablation recipes and the "
-                                   "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
-                                   "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
-                                   "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
-                                   "both; each step a replay of its CUDA graph where every recipe's graph fits "
-                                   "in memory (small shapes: eager steps there are bound by the host's launches), "
-                                   "else eager (8B) (fp4repro.bench.throughput); filed per model in "
-                                   "results/bench/throughput_<device>.json. components (CUDA): the parts of "
-                                   "those body steps timed alone on the GPU, the projection's calibration: each "
-                                   "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
-                                   "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
-                                   "results/bench/components_<device>.json). project (no GPU needed): the "
-                                   "Blackwell projection of a throughput file from its components: first the "
-                                   "H200 check (the measured parts must predict every measured step within 10%), "
-                                   "then, only if it holds, a column per Blackwell GPU with its band over the "
-                                   "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
-                                   "written into the throughput file given by --out). gemm (CUDA): the "
-                                   "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
-                                   "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
-                                   "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json).")
-    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project",
-                                    "gemm"])
-    b.add_argument("--experiment", default="tiny",
-                   help="throughput, components: the experiment whose model shapes and recipes are timed, with the paper's "
-                        "ablation recipes (default tiny)")
-    b.add_argument("--add-recipe", action="append", metavar="RECIPE",
-                   help="throughput: another recipe (name or YAML path) to time; repeatable")
+    b = sub.add_parser(
+        "bench",
+        help="benchmarks (print a table, write JSON under results/bench/)",
+        description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
+        "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
+        "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
+        "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
+        "against BF16 F.linear for 8192x4096x4096 (default output "
+        "results/bench/kernels.json). sass (no GPU needed): the instructions each "
+        "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
+        "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
+        "held amax (default output results/bench/kernels_sass_smARCH.json). live "
+        "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
+        "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
+        "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
+        "with a 95% confidence interval (default output "
+        "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
+        "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
+        "the experiment's model under the paper's ablation recipes and the "
+        "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
+        "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
+        "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
+        "both; each step a replay of its CUDA graph where every recipe's graph fits "
+        "in memory (small shapes: eager steps there are bound by the host's launches), "
+        "else eager (8B) (fp4repro.bench.throughput); filed per model in "
+        "results/bench/throughput_<device>.json. components (CUDA): the parts of "
+        "those body steps timed alone on the GPU, the projection's calibration: each "
+        "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
+        "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
+        "results/bench/components_<device>.json). project (no GPU needed): the "
+        "Blackwell projection of a throughput file from its components: first the "
+        "H200 check (the measured parts must predict every measured step within 10%), "
+        "then, only if it holds, a column per Blackwell GPU with its band over the "
+        "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
+        "written into the throughput file given by --out). gemm (CUDA): the "
+        "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
+        "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
+        "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json).",
+    )
+    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project", "gemm"])
+    b.add_argument(
+        "--experiment",
+        default="tiny",
+        help="throughput, components: the experiment whose model shapes and recipes are timed, with the paper's "
+        "ablation recipes (default tiny)",
+    )
+    b.add_argument(
+        "--add-recipe",
+        action="append",
+        metavar="RECIPE",
+        help="throughput: another recipe (name or YAML path) to time; repeatable",
+    )
     b.add_argument("--seq-len", type=int, help="throughput: tokens per sequence (default: the experiment's)")
     b.add_argument("--batch", type=int, default=1, help="throughput: sequences per step (default 1)")
     b.add_argument("--steps", type=int, default=7, help="throughput: timed steps per recipe (at least 5)")
     b.add_argument("--warmup", type=int, default=2, help="throughput: untimed steps per recipe first")
-    b.add_argument("--columns", nargs="+", choices=["emulated", "fp8_analogue"],
-                   help="throughput: what to measure (default both on a GPU, emulated on CPU)")
+    b.add_argument(
+        "--columns",
+        nargs="+",
+        choices=["emulated", "fp8_analogue"],
+        help="throughput: what to measure (default both on a GPU, emulated on CPU)",
+    )
     b.add_argument("--quiet", action="store_true", help="throughput: no progress lines")
-    b.add_argument("--components", default="results/bench/components_h200.json",
-                   help="project: the components file the projection is calibrated on (default "
-                        "results/bench/components_h200.json)")
-    b.add_argument("--devices", default="devices",
-                   help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)")
+    b.add_argument(
+        "--components",
+        default="results/bench/components_h200.json",
+        help="project: the components file the projection is calibrated on (default "
+        "results/bench/components_h200.json)",
+    )
+    b.add_argument(
+        "--devices",
+        default="devices",
+        help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)",
+    )
     b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
     b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
     b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")
-    b.add_argument("--arch", type=int, default=90, help="sass: the CUDA compute capability to compile for "
-                                                         "(90: H100/H200; 100: B200)")
-    b.add_argument("--out", default=None,
-                   help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json, "
-                        "live_amax.json, throughput_<device>.json, components_<device>.json or gemm.json); project: the "
-                        "throughput file to project and write back (default results/bench/throughput_h200.json)")
+    b.add_argument(
+        "--arch",
+        type=int,
+        default=90,
+        help="sass: the CUDA compute capability to compile for (90: H100/H200; 100: B200)",
+    )
+    b.add_argument(
+        "--out",
+        default=None,
+        help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json, "
+        "live_amax.json, throughput_<device>.json, components_<device>.json or gemm.json); project: the "
+        "throughput file to project and write back (default results/bench/throughput_h200.json)",
+    )
     b.set_defaults(func=_cmd_bench)
 
 

@@ -31,14 +31,21 @@ def _recipe_name(study, reference: str) -> str:
 def _experiment_arguments(p: argparse.ArgumentParser, recipe: bool = False, quiet: bool = True) -> None:
     """The options every step of a study shares: which experiment (and recipe), where its prepared
     data is, which device, and whether to show progress."""
-    p.add_argument("--experiment", default="tiny",
-                   help="experiment name (./configs/experiment/<name>.yaml, else the packaged one) or YAML path "
-                        "(default tiny)")
-    p.add_argument("--add-recipe", action="append", metavar="RECIPE",
-                   help="a recipe (name or YAML path) studied in this run besides the experiment's own; repeatable")
+    p.add_argument(
+        "--experiment",
+        default="tiny",
+        help="experiment name (./configs/experiment/<name>.yaml, else the packaged one) or YAML path (default tiny)",
+    )
+    p.add_argument(
+        "--add-recipe",
+        action="append",
+        metavar="RECIPE",
+        help="a recipe (name or YAML path) studied in this run besides the experiment's own; repeatable",
+    )
     if recipe:
-        p.add_argument("--recipe", required=True,
-                       help="the recipe (name or YAML path); one outside the experiment joins the study")
+        p.add_argument(
+            "--recipe", required=True, help="the recipe (name or YAML path); one outside the experiment joins the study"
+        )
         p.add_argument("--seed", type=int, help="the run's seed (default: the experiment's first, train.seeds)")
         p.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
         p.add_argument("--device", help="cpu or cuda (default: cuda when available)")

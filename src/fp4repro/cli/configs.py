@@ -14,14 +14,18 @@ def _cmd_formats(args) -> int:
     from fp4repro.formats import FORMAT_NAMES, get_format
 
     names = args.names or list(FORMAT_NAMES)
-    print(f"{'format':8} {'bits':>4} {'signed':>6} {'specials':>8} {'max':>12} {'min normal':>12} {'min subnormal':>14}")
+    print(
+        f"{'format':8} {'bits':>4} {'signed':>6} {'specials':>8} {'max':>12} {'min normal':>12} {'min subnormal':>14}"
+    )
     for name in names:
         try:
             f = get_format(name)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        print(f"{f.name:8} {f.bits:>4} {str(f.signed):>6} {f.specials:>8} {f.max:>12.6g} "
-              f"{f.min_normal:>12.6g} {f.min_subnormal:>14.6g}")
+        print(
+            f"{f.name:8} {f.bits:>4} {str(f.signed):>6} {f.specials:>8} {f.max:>12.6g} "
+            f"{f.min_normal:>12.6g} {f.min_subnormal:>14.6g}"
+        )
     return 0
 
 
@@ -68,8 +72,15 @@ def _print_sources(recipe) -> None:
 
     print("\nsources:" if recipe.sources else "\nsources: none given")
     for entry in recipe.sources:
-        print(textwrap.fill(f"{entry['choice']} ({entry['kind']}): {entry['source']}", width=100,
-                            initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
+        print(
+            textwrap.fill(
+                f"{entry['choice']} ({entry['kind']}): {entry['source']}",
+                width=100,
+                initial_indent="  ",
+                subsequent_indent="      ",
+                break_on_hyphens=False,
+            )
+        )
     uncited = recipe.uncited_choices()
     if uncited:
         print(f"not cited: {', '.join(uncited)}")
@@ -103,22 +114,34 @@ def _cmd_experiment(args) -> int:
         return 0
     t = exp.train
     print(f"{exp.name} ({exp.path}): model {exp.model}, backend {exp.backend}, recipes {', '.join(study.recipes)}")
-    print(f"data: {', '.join(f'{s.name} ({s.kind})' for s in exp.data.sources)}; tokenizer "
-          f"{exp.data.tokenizer_path or f'BPE {exp.data.vocab_size}'}")
-    print(f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.total_tokens:,} tokens, "
-          f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints")
+    print(
+        f"data: {', '.join(f'{s.name} ({s.kind})' for s in exp.data.sources)}; tokenizer "
+        f"{exp.data.tokenizer_path or f'BPE {exp.data.vocab_size}'}"
+    )
+    print(
+        f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.total_tokens:,} tokens, "
+        f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints"
+    )
     for stage, steps in zip(t.stages, t.stage_steps()):
         blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)
         print(f"  {stage.name}: {stage.tokens:,} tokens ({steps} steps), blend {blend}")
     runs = study.runs
-    print(f"runs: {sum(map(len, runs.values()))}, seeds " + "; ".join(f"{r} {', '.join(map(str, s))}" for r, s in runs.items())
-          + (" (imported: made elsewhere, tables under results/; the workflow draws figures and the report)"
-             if exp.imported else ""))
+    print(
+        f"runs: {sum(map(len, runs.values()))}, seeds "
+        + "; ".join(f"{r} {', '.join(map(str, s))}" for r, s in runs.items())
+        + (
+            " (imported: made elsewhere, tables under results/; the workflow draws figures and the report)"
+            if exp.imported
+            else ""
+        )
+    )
     p = exp.parallel
     if exp.backend != "reference":
-        print(f"parallel: tensor {p.tensor}{' with sequence parallelism' if p.sequence_parallel else ''}, pipeline "
-              f"{p.pipeline}, micro-batch {p.micro_batch or 'the whole per-rank batch'}, amaxes of split operands "
-              f"{'reduced over the tensor group' if p.tp_amax == 'group' else 'per shard (local)'}")
+        print(
+            f"parallel: tensor {p.tensor}{' with sequence parallelism' if p.sequence_parallel else ''}, pipeline "
+            f"{p.pipeline}, micro-batch {p.micro_batch or 'the whole per-rank batch'}, amaxes of split operands "
+            f"{'reduced over the tensor group' if p.tp_amax == 'group' else 'per shard (local)'}"
+        )
     n = study.model.n_layers
     print(f"BF16 layers per recipe on {exp.model} ({n} layers; embedding and LM head are BF16 in every recipe):")
     for name in study.recipes:
@@ -140,16 +163,21 @@ def _cmd_model(args) -> int:
     with torch.device("meta"):  # shapes only: the 8B model costs no memory
         model = NemotronH(config, recipe)
     print(f"{args.config}: {config.n_layers} layers, pattern {config.pattern}")
-    print(f"parameters: {model.num_parameters():,} "
-          f"({model.num_parameters(include_embeddings=False):,} without embedding and LM head)")
+    print(
+        f"parameters: {model.num_parameters():,} "
+        f"({model.num_parameters(include_embeddings=False):,} without embedding and LM head)"
+    )
     if recipe is None:
         return 0
     print(f"recipe {recipe.name}: operand specs per linear")
     described = model.describe()
     width = max(len(name) for name in described)
     for name, ops in described.items():
-        cells = "  ".join(f"{op}={spec}" for op, spec in ops.items()) if len(set(ops.values())) > 1 \
+        cells = (
+            "  ".join(f"{op}={spec}" for op, spec in ops.items())
+            if len(set(ops.values())) > 1
             else f"all operands {next(iter(ops.values()))}"
+        )
         print(f"  {name:{width}}  {cells}")
     return 0
 
@@ -176,63 +204,86 @@ def _cmd_explain(args) -> int:
     print(f"A = {float(bq.amax):.6g} ({'held' if amax is not None else 'current'} amax)")
     print(f"g = Emax*T/A = 6*{spec.target:g}/{float(bq.amax):.6g} = {float(g):.6g}")
     for b in range(2):
-        print(f"block {b}: amax_b = {float(x[b].abs().max()):.6g}  s_b = {float(bq.scales[b, 0]):.6g}"
-              f" (code 0x{int(bq.scale_codes[b, 0]):02x})")
+        print(
+            f"block {b}: amax_b = {float(x[b].abs().max()):.6g}  s_b = {float(bq.scales[b, 0]):.6g}"
+            f" (code 0x{int(bq.scale_codes[b, 0]):02x})"
+        )
         print(f"  x  = {x[b]}")
         print(f"  q  = {bq.elements()[b]}")
         print(f"  x̂  = {bq.dequantize()[b]}")
     s = bq.stats
-    print(f"saturated blocks {s.saturated_blocks}, underflowed blocks {s.underflow_blocks}, "
-          f"zeroed elements {s.zeroed_elements}/{s.nonzero_elements}, relative error {s.rel_error:.4f}")
+    print(
+        f"saturated blocks {s.saturated_blocks}, underflowed blocks {s.underflow_blocks}, "
+        f"zeroed elements {s.zeroed_elements}/{s.nonzero_elements}, relative error {s.rel_error:.4f}"
+    )
     return 0
 
 
 def _add_formats(sub: argparse._SubParsersAction) -> None:
-    f = sub.add_parser("formats", help="list minifloat formats and their ranges",
-                       description="Print bits, range and special values of minifloat formats "
-                                   "(registered names or generic eXmY / ueXmY).")
+    f = sub.add_parser(
+        "formats",
+        help="list minifloat formats and their ranges",
+        description="Print bits, range and special values of minifloat formats "
+        "(registered names or generic eXmY / ueXmY).",
+    )
     f.add_argument("names", nargs="*", help="formats to show (default: all registered)")
     f.set_defaults(func=_cmd_formats)
 
 
 def _add_recipe(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("recipe", help="validate a recipe and show each operand's numerics",
-                       description="Load a recipe (name in configs/recipes/ or a YAML path), validate it "
-                                   "and print the QuantSpec of each GEMM operand per group of layers, then "
-                                   "the source of each of its choices (quotation or reading). "
-                                   "Without an argument, list the available recipes.")
+    r = sub.add_parser(
+        "recipe",
+        help="validate a recipe and show each operand's numerics",
+        description="Load a recipe (name in configs/recipes/ or a YAML path), validate it "
+        "and print the QuantSpec of each GEMM operand per group of layers, then "
+        "the source of each of its choices (quotation or reading). "
+        "Without an argument, list the available recipes.",
+    )
     r.add_argument("recipe", nargs="?", help="recipe name or path to a YAML file")
     r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
     r.set_defaults(func=_cmd_recipe)
 
 
 def _add_experiment(sub: argparse._SubParsersAction) -> None:
-    ex = sub.add_parser("experiment", help="validate an experiment config and summarize it",
-                        description="Load and validate an experiment (name in configs/experiment/ or a YAML path) "
-                                    "and print its model, data, stages and recipes, and how many of the model's "
-                                    "layers each recipe keeps in BF16. Without an argument, list "
-                                    "the available experiments.")
+    ex = sub.add_parser(
+        "experiment",
+        help="validate an experiment config and summarize it",
+        description="Load and validate an experiment (name in configs/experiment/ or a YAML path) "
+        "and print its model, data, stages and recipes, and how many of the model's "
+        "layers each recipe keeps in BF16. Without an argument, list "
+        "the available experiments.",
+    )
     ex.add_argument("experiment", nargs="?", help="experiment name or YAML path")
-    ex.add_argument("--add-recipe", action="append", metavar="RECIPE", help="a recipe studied besides the "
-                                                                            "experiment's own; repeatable")
+    ex.add_argument(
+        "--add-recipe",
+        action="append",
+        metavar="RECIPE",
+        help="a recipe studied besides the experiment's own; repeatable",
+    )
     ex.add_argument("--recipes", action="store_true", help="print only the recipe names")
     ex.set_defaults(func=_cmd_experiment)
 
 
 def _add_model(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("model", help="show a model config's size and, with a recipe, each linear's numerics",
-                       description="Build a model config (name in configs/models/ or a YAML path) on the meta "
-                                   "device, print its parameter count and, with --recipe, the spec of every "
-                                   "GEMM operand of every linear (embedding and LM head are always BF16).")
+    m = sub.add_parser(
+        "model",
+        help="show a model config's size and, with a recipe, each linear's numerics",
+        description="Build a model config (name in configs/models/ or a YAML path) on the meta "
+        "device, print its parameter count and, with --recipe, the spec of every "
+        "GEMM operand of every linear (embedding and LM head are always BF16).",
+    )
     m.add_argument("config", help="model config name (tiny, small, nemotron_h_8b) or path")
     m.add_argument("--recipe", help="recipe name or path")
     m.set_defaults(func=_cmd_model)
 
 
 def _add_explain(sub: argparse._SubParsersAction) -> None:
-    e = sub.add_parser("explain", help="walk two 16-element blocks through the two-level quantizer",
-                       description="Quantize one ordinary and one 1000x smaller block of 16 random values and "
-                                   "print A, g, s_b, q and x̂: the numerics contract, step by step.")
+    e = sub.add_parser(
+        "explain",
+        help="walk two 16-element blocks through the two-level quantizer",
+        description="Quantize one ordinary and one 1000x smaller block of 16 random values and "
+        "print A, g, s_b, q and x̂: the numerics contract, step by step.",
+    )
     e.add_argument("--scale", default="ue5m3", help="block-scale format (default ue5m3)")
     e.add_argument("--target", type=float, default=448.0, help="target T (default 448)")
     e.add_argument("--amax", type=float, default=None, help="a held amax instead of the current one")

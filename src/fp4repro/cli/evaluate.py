@@ -11,19 +11,31 @@ def _cmd_evaluate(args) -> int:
     from fp4repro.eval.run import evaluate
 
     study = _study(args)
-    evaluate(study, _recipe_name(study, args.recipe), seed=args.seed, results=args.results, data=args.data,
-             device=args.device, nll=not args.no_nll, downstream=not args.no_downstream, progress=not args.quiet)
+    evaluate(
+        study,
+        _recipe_name(study, args.recipe),
+        seed=args.seed,
+        results=args.results,
+        data=args.data,
+        device=args.device,
+        nll=not args.no_nll,
+        downstream=not args.no_downstream,
+        progress=not args.quiet,
+    )
     return 0
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("evaluate", help="evaluate every checkpoint of a training run (held-out NLL, lm-eval tasks)",
-                        description="Evaluate every checkpoint that done.json lists under each policy of the "
-                                    "experiment's eval config (bf16: no quantization; quantized: the recipe's forward "
-                                    "quantization with current amaxes): held-out NLL per source and for the final "
-                                    "blend, lm-eval tasks and aggregates with standard errors, and the final-window "
-                                    "training loss. Writes results/<experiment>/eval/<recipe>/seed<seed>/{nll,downstream}.parquet "
-                                    "and final_loss.json; rerunning skips checkpoint x policy rows already there.")
+    ev = sub.add_parser(
+        "evaluate",
+        help="evaluate every checkpoint of a training run (held-out NLL, lm-eval tasks)",
+        description="Evaluate every checkpoint that done.json lists under each policy of the "
+        "experiment's eval config (bf16: no quantization; quantized: the recipe's forward "
+        "quantization with current amaxes): held-out NLL per source and for the final "
+        "blend, lm-eval tasks and aggregates with standard errors, and the final-window "
+        "training loss. Writes results/<experiment>/eval/<recipe>/seed<seed>/{nll,downstream}.parquet "
+        "and final_loss.json; rerunning skips checkpoint x policy rows already there.",
+    )
     _experiment_arguments(ev, recipe=True)
     ev.add_argument("--results", default="results", help="results root (default results)")
     ev.add_argument("--no-nll", action="store_true", help="skip held-out NLL")

@@ -22,8 +22,9 @@ def _blend_option(text: str) -> dict[str, float]:
         except ValueError:
             weights[source.strip()] = float("nan")
         if not source.strip() or not weights[source.strip()] >= 0:
-            raise ConfigError(f"--blend {text!r}: expected SOURCE=WEIGHT,... with weights >= 0, "
-                              "e.g. prose=0.4,code=0.6")
+            raise ConfigError(
+                f"--blend {text!r}: expected SOURCE=WEIGHT,... with weights >= 0, e.g. prose=0.4,code=0.6"
+            )
     return weights
 
 
@@ -36,12 +37,18 @@ def _cmd_plot(args) -> int:
     if out is None:
         experiments = {experiment_of(Path(p)) for p in args.inputs}
         if len(experiments) != 1 or None in experiments:
-            raise ConfigError("cannot tell the experiment from the input paths (expected "
-                              "results/<experiment>/<train|eval>/<recipe>/seed<seed>/...); "
-                              "pass --out figures/<experiment>/<figure>.png")
+            raise ConfigError(
+                "cannot tell the experiment from the input paths (expected "
+                "results/<experiment>/<train|eval>/<recipe>/seed<seed>/...); "
+                "pass --out figures/<experiment>/<figure>.png"
+            )
         out = f"figures/{experiments.pop()}/{args.figure}.png"
-    given = {"final_window": args.final_window, "baseline": args.baseline, "model": args.model,
-             "blend": _blend_option(args.blend) if args.blend is not None else None}
+    given = {
+        "final_window": args.final_window,
+        "baseline": args.baseline,
+        "model": args.model,
+        "blend": _blend_option(args.blend) if args.blend is not None else None,
+    }
     given = {k: v for k, v in given.items() if v is not None}
     extra = [k for k in given if k not in OPTIONS[args.figure]]
     if extra:
@@ -59,50 +66,78 @@ def _cmd_report(args) -> int:
     rows = write_report(study, args.claims, out, results=args.results, figures=args.figures)
     if not args.quiet:
         verdicts = Counter(r.verdict for r in rows if r.measured)
-        print(f"wrote {out}: {len(rows)} lines, {sum(verdicts.values())} measured"
-              + "".join(f", {n} {verdict}" for verdict, n in sorted(verdicts.items())))
+        print(
+            f"wrote {out}: {len(rows)} lines, {sum(verdicts.values())} measured"
+            + "".join(f", {n} {verdict}" for verdict, n in sorted(verdicts.items()))
+        )
     return 0
 
 
 def _add_plot(sub: argparse._SubParsersAction) -> None:
     from fp4repro.plots.catalog import FIGURE_INPUTS, figure_help  # text only: no matplotlib
 
-    pl = sub.add_parser("plot", help="draw one figure (PNG and PDF) from results files",
-                        description="Draw one figure of the study from files of the results layout (the recipe\n"
-                                    "and seed of an input are those of its folders, <recipe>/seed<s>/) and write it\n"
-                                    "as PNG and, beside it, PDF, each atomically. Figures and the inputs each\n"
-                                    "takes:\n\n" + figure_help(),
-                        epilog="example: fp4repro plot loss --out figures/tiny/loss.png "
-                               "results/tiny/train/*/seed*/metrics.parquet results/tiny/eval/*/seed*/final_loss.json",
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl = sub.add_parser(
+        "plot",
+        help="draw one figure (PNG and PDF) from results files",
+        description="Draw one figure of the study from files of the results layout (the recipe\n"
+        "and seed of an input are those of its folders, <recipe>/seed<s>/) and write it\n"
+        "as PNG and, beside it, PDF, each atomically. Figures and the inputs each\n"
+        "takes:\n\n" + figure_help(),
+        epilog="example: fp4repro plot loss --out figures/tiny/loss.png "
+        "results/tiny/train/*/seed*/metrics.parquet results/tiny/eval/*/seed*/final_loss.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     pl.add_argument("figure", choices=list(FIGURE_INPUTS), help="which figure")
     pl.add_argument("inputs", nargs="+", metavar="INPUT", help="input files (see above)")
-    pl.add_argument("--out", help="output PNG; the PDF goes beside it (default figures/<experiment>/<figure>.png, "
-                                  "the experiment read from the input paths)")
-    pl.add_argument("--final-window", type=float, default=None,
-                    help="loss only: fraction W of training tokens in the final window, for recipes without "
-                         "final_loss.json (default: a given final_loss.json's W, else the experiment config's)")
-    pl.add_argument("--baseline", default=None, metavar="RECIPE",
-                    help="loss, nll, downstream: the recipe the paired differences are taken from (default: nvfp4 "
-                         "when among the inputs, else the first recipe of the study's order present)")
-    pl.add_argument("--blend", default=None, metavar="SOURCE=W,...",
-                    help="nll only: the final stage's blend weights for the one-seed document bootstrap, e.g. "
-                         "prose=0.4,code=0.6 (default: the experiment config's)")
-    pl.add_argument("--model", default=None, metavar="MODEL",
-                    help="throughput only: the model whose shapes to draw (default: the only one in the inputs)")
+    pl.add_argument(
+        "--out",
+        help="output PNG; the PDF goes beside it (default figures/<experiment>/<figure>.png, "
+        "the experiment read from the input paths)",
+    )
+    pl.add_argument(
+        "--final-window",
+        type=float,
+        default=None,
+        help="loss only: fraction W of training tokens in the final window, for recipes without "
+        "final_loss.json (default: a given final_loss.json's W, else the experiment config's)",
+    )
+    pl.add_argument(
+        "--baseline",
+        default=None,
+        metavar="RECIPE",
+        help="loss, nll, downstream: the recipe the paired differences are taken from (default: nvfp4 "
+        "when among the inputs, else the first recipe of the study's order present)",
+    )
+    pl.add_argument(
+        "--blend",
+        default=None,
+        metavar="SOURCE=W,...",
+        help="nll only: the final stage's blend weights for the one-seed document bootstrap, e.g. "
+        "prose=0.4,code=0.6 (default: the experiment config's)",
+    )
+    pl.add_argument(
+        "--model",
+        default=None,
+        metavar="MODEL",
+        help="throughput only: the model whose shapes to draw (default: the only one in the inputs)",
+    )
     pl.set_defaults(func=_cmd_plot)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
-    rp = sub.add_parser("report", help="set each paper claim beside what an experiment measured (Markdown)",
-                        description="Read the claims file (configs/claims.yaml) and an experiment's results (final-window loss, "
-                                    "held-out NLL, downstream aggregates, block-scale telemetry) and write a "
-                                    "Markdown report: per claim the paper's value, ours, whether the direction "
-                                    "reproduced, whether the difference exceeds twice its standard error, and "
-                                    "the scale of both. Claims the experiment cannot measure say why.")
+    rp = sub.add_parser(
+        "report",
+        help="set each paper claim beside what an experiment measured (Markdown)",
+        description="Read the claims file (configs/claims.yaml) and an experiment's results (final-window loss, "
+        "held-out NLL, downstream aggregates, block-scale telemetry) and write a "
+        "Markdown report: per claim the paper's value, ours, whether the direction "
+        "reproduced, whether the difference exceeds twice its standard error, and "
+        "the scale of both. Claims the experiment cannot measure say why.",
+    )
     _experiment_arguments(rp)
-    rp.add_argument("--claims", default="claims",
-                    help="claims YAML (default: ./configs/claims.yaml, else the packaged claims)")
+    rp.add_argument(
+        "--claims", default="claims", help="claims YAML (default: ./configs/claims.yaml, else the packaged claims)"
+    )
     rp.add_argument("--results", default="results", help="results root (default results)")
     rp.add_argument("--out", help="report to write (default paper/<experiment>/report.md)")
     rp.add_argument("figures", nargs="*", help="figure files to embed (links relative to the report)")

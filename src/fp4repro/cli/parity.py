@@ -67,17 +67,20 @@ def _cmd_parity_curves(args) -> int:
 
 
 def _add_parity(sub: argparse._SubParsersAction) -> None:
-    pa = sub.add_parser("parity", help="the megatron backend against the reference model, first step (one GPU)",
-                        description="Build the reference model and megatron-core's model of a model config with "
-                                    "the same weights (the reference's initialization, converted), feed both one "
-                                    "random token batch and compare the loss and every parameter's gradient, in "
-                                    "FP32 and under BF16 autocast, per recipe; beside each difference, the "
-                                    "reference against itself with its torch SSD scan (the same math rounded "
-                                    "differently) and under BF16 autocast against itself in FP32 (the BF16 effect), "
-                                    "and each row's verdict: the BF16 recipe within the BF16-rounding bounds, a "
-                                    "quantized recipe's every linear within sqrt(2) times its BF16 effect "
-                                    "(fp4repro.megatron.parity). Writes JSON (default "
-                                    "results/megatron/first_step_<model>.json); exit 1 if a row is outside.")
+    pa = sub.add_parser(
+        "parity",
+        help="the megatron backend against the reference model, first step (one GPU)",
+        description="Build the reference model and megatron-core's model of a model config with "
+        "the same weights (the reference's initialization, converted), feed both one "
+        "random token batch and compare the loss and every parameter's gradient, in "
+        "FP32 and under BF16 autocast, per recipe; beside each difference, the "
+        "reference against itself with its torch SSD scan (the same math rounded "
+        "differently) and under BF16 autocast against itself in FP32 (the BF16 effect), "
+        "and each row's verdict: the BF16 recipe within the BF16-rounding bounds, a "
+        "quantized recipe's every linear within sqrt(2) times its BF16 effect "
+        "(fp4repro.megatron.parity). Writes JSON (default "
+        "results/megatron/first_step_<model>.json); exit 1 if a row is outside.",
+    )
     pa.add_argument("--model", default="tiny", help="model config name or path (default tiny)")
     pa.add_argument("--recipes", nargs="+", default=["bf16", "ue5m3", "nvfp4"], help="recipe names or paths")
     pa.add_argument("--batch", type=int, default=4, help="sequences (default 4)")
@@ -88,15 +91,17 @@ def _add_parity(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_parity_curves(sub: argparse._SubParsersAction) -> None:
-    pc = sub.add_parser("parity-curves", help="the megatron backend against the reference over the first steps "
-                                              "of training (one GPU)",
-                        description="Train the reference engine twice, the reference with its torch SSD scan, and "
-                                    "the megatron engine for --steps optimizer steps from the same initial weights "
-                                    "on the experiment's first batches (its data must be prepared), per recipe, and "
-                                    "compare each loss curve with the reference's: the megatron curve must stay "
-                                    "within 3x the larger drift of the two reference variants "
-                                    "(fp4repro.train.backend_curves). Writes JSON (default "
-                                    "results/megatron/curves_<experiment>.json); exit 1 if a recipe is outside.")
+    pc = sub.add_parser(
+        "parity-curves",
+        help="the megatron backend against the reference over the first steps of training (one GPU)",
+        description="Train the reference engine twice, the reference with its torch SSD scan, and "
+        "the megatron engine for --steps optimizer steps from the same initial weights "
+        "on the experiment's first batches (its data must be prepared), per recipe, and "
+        "compare each loss curve with the reference's: the megatron curve must stay "
+        "within 3x the larger drift of the two reference variants "
+        "(fp4repro.train.backend_curves). Writes JSON (default "
+        "results/megatron/curves_<experiment>.json); exit 1 if a recipe is outside.",
+    )
     _experiment_arguments(pc, quiet=False)
     pc.add_argument("--recipes", nargs="+", help="recipe names or paths (default: the experiment's)")
     pc.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")

@@ -34,8 +34,18 @@ def _cmd_train(args) -> int:
     seed = study.seeds_of(recipe)[0] if args.seed is None else args.seed
     data = Path(args.data or f"results/{exp.name}/data")
     out = Path(args.out or run_dir("results", exp.name, recipe, seed))
-    train(study, recipe, data, out, seed=seed, device=args.device, progress=not args.quiet,
-          stop_after=args.stop_after, deterministic=args.deterministic, init_from=args.init_from)
+    train(
+        study,
+        recipe,
+        data,
+        out,
+        seed=seed,
+        device=args.device,
+        progress=not args.quiet,
+        stop_after=args.stop_after,
+        deterministic=args.deterministic,
+        init_from=args.init_from,
+    )
     return 0
 
 
@@ -49,12 +59,16 @@ def _cmd_inventory(args) -> int:
     found = inventory(Path(args.results), study.name, study.runs, t.total_steps, t.tokens_per_step)
     out = Path(args.out or Path(args.results) / study.name / "runs.json")
     write_json(out, found, provenance())
-    print(f"{'recipe':16} {'seed':>4} {'steps':>7} {'tokens':>13} {'done':>5} {'train s':>8} {'evaluated':>9} "
-          f"{'final loss':>10}  device")
+    print(
+        f"{'recipe':16} {'seed':>4} {'steps':>7} {'tokens':>13} {'done':>5} {'train s':>8} {'evaluated':>9} "
+        f"{'final loss':>10}  device"
+    )
     for r in found["runs"]:
         loss = f"{r['final_loss']:.4f}" if r["final_loss"] is not None else "-"
-        print(f"{r['recipe']:16} {r['seed']:>4} {r['steps']:>7} {r['tokens']:>13,} {'yes' if r['finished'] else 'no':>5} "
-              f"{r['train_seconds'] or 0:>8.0f} {len(r['evaluation']):>9} {loss:>10}  {r['device']}")
+        print(
+            f"{r['recipe']:16} {r['seed']:>4} {r['steps']:>7} {r['tokens']:>13,} {'yes' if r['finished'] else 'no':>5} "
+            f"{r['train_seconds'] or 0:>8.0f} {len(r['evaluation']):>9} {loss:>10}  {r['device']}"
+        )
     for m in found["missing"]:
         print(f"{m['recipe']:16} {m['seed']:>4}  missing")
     print(f"corpora: {', '.join(found['corpora']) or 'not recorded'}; wrote {out}")
@@ -80,8 +94,11 @@ def _cmd_runs(args) -> int:
     removable = []
     print(f"{'recipe':22} {'seed':>4} {'run':22} {'steps':>7} {'attempts':>8} {'MB':>8}  state")
     for recipe in recipes:
-        on_disk = {int(m.group(1)) for p in (Path(args.results) / study.name / "train" / recipe).glob("seed*")
-                   if (m := SEED_FOLDER.match(p.name))}
+        on_disk = {
+            int(m.group(1))
+            for p in (Path(args.results) / study.name / "train" / recipe).glob("seed*")
+            if (m := SEED_FOLDER.match(p.name))
+        }
         for seed in sorted(set(study.seeds_of(recipe)) | on_disk):
             out = run_dir(args.results, study.name, recipe, seed)
             done = json.loads((out / "done.json").read_text()) if (out / "done.json").is_file() else {}
@@ -102,59 +119,78 @@ def _list_runs(out: Path, recipe: str, seed: int, current: str | None, finished:
 
     other = []
     for run in list_runs(out):
-        states = [name for name, fingerprint in (("current config", current), ("finished (done.json)", finished))
-                  if run.fingerprint == fingerprint]
+        states = [
+            name
+            for name, fingerprint in (("current config", current), ("finished (done.json)", finished))
+            if run.fingerprint == fingerprint
+        ]
         if not states:
             other.append(run)
-        print(f"{recipe:22} {seed:>4} {run.relative(run.path):22} {run.resume_step():>7} "
-              f"{len((run.record() or {}).get('attempts', [])):>8} {folder_bytes(run.path) / 1e6:>8.1f}  "
-              f"{', '.join(states) or 'other config'}")
+        print(
+            f"{recipe:22} {seed:>4} {run.relative(run.path):22} {run.resume_step():>7} "
+            f"{len((run.record() or {}).get('attempts', [])):>8} {folder_bytes(run.path) / 1e6:>8.1f}  "
+            f"{', '.join(states) or 'other config'}"
+        )
     return other
 
 
 def _add_prepare_data(sub: argparse._SubParsersAction) -> None:
-    pd_ = sub.add_parser("prepare-data", help="build corpora, tokenizer and Megatron indexed datasets",
-                         description="Read the experiment's sources (offline default: prose and code from the "
-                                     "standard library), deduplicate, split by document hash, train or load the "
-                                     "tokenizer and write one Megatron indexed dataset per source and split, then "
-                                     "manifest.json. Deterministic and idempotent.")
+    pd_ = sub.add_parser(
+        "prepare-data",
+        help="build corpora, tokenizer and Megatron indexed datasets",
+        description="Read the experiment's sources (offline default: prose and code from the "
+        "standard library), deduplicate, split by document hash, train or load the "
+        "tokenizer and write one Megatron indexed dataset per source and split, then "
+        "manifest.json. Deterministic and idempotent.",
+    )
     _experiment_arguments(pd_)
     pd_.add_argument("--out", help="output folder (default results/<experiment>/data)")
     pd_.set_defaults(func=_cmd_prepare_data)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    tr = sub.add_parser("train", help="train one recipe of an experiment (resumes where it stopped)",
-                        description="Train the experiment's model under one recipe and one seed over all stages of "
-                                    "the experiment (a seed sets initialisation and data order: the same seed gives "
-                                    "every recipe the same batches), with the experiment's backend: the reference "
-                                    "model in this process, or megatron-core's (backend: megatron; one process per "
-                                    "GPU: start it with torchrun --nproc-per-node N for data parallelism). "
-                                    "Rerunning the same command resumes from the newest valid resume checkpoint, bit "
-                                    "for bit on CPU and, with --deterministic, on a GPU. Writes metrics.parquet, "
-                                    "telemetry.parquet and done.json at the end; checkpoints live in "
-                                    "runs/<fingerprint>/ (see `fp4repro runs`).")
+    tr = sub.add_parser(
+        "train",
+        help="train one recipe of an experiment (resumes where it stopped)",
+        description="Train the experiment's model under one recipe and one seed over all stages of "
+        "the experiment (a seed sets initialisation and data order: the same seed gives "
+        "every recipe the same batches), with the experiment's backend: the reference "
+        "model in this process, or megatron-core's (backend: megatron; one process per "
+        "GPU: start it with torchrun --nproc-per-node N for data parallelism). "
+        "Rerunning the same command resumes from the newest valid resume checkpoint, bit "
+        "for bit on CPU and, with --deterministic, on a GPU. Writes metrics.parquet, "
+        "telemetry.parquet and done.json at the end; checkpoints live in "
+        "runs/<fingerprint>/ (see `fp4repro runs`).",
+    )
     _experiment_arguments(tr, recipe=True)
     tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>/seed<seed>)")
     tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
-    tr.add_argument("--init-from", metavar="CHECKPOINT",
-                    help="start from the weights of this evaluation checkpoint (runs/<fingerprint>/ckpt/step_N.pt "
-                         "of a run of either backend) instead of the seed's initialization; another run "
-                         "(fingerprint) than the one from the seed")
-    tr.add_argument("--deterministic", action="store_true",
-                    help="deterministic GPU algorithms only (slower), so a resumed run repeats an uninterrupted one "
-                         "bit for bit")
+    tr.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start from the weights of this evaluation checkpoint (runs/<fingerprint>/ckpt/step_N.pt "
+        "of a run of either backend) instead of the seed's initialization; another run "
+        "(fingerprint) than the one from the seed",
+    )
+    tr.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic GPU algorithms only (slower), so a resumed run repeats an uninterrupted one bit for bit",
+    )
     tr.set_defaults(func=_cmd_train)
 
 
 def _add_inventory(sub: argparse._SubParsersAction) -> None:
-    iv = sub.add_parser("inventory", help="list an experiment's runs from their result tables and write runs.json",
-                        description="The inventory of an experiment's results folder, from the tables alone "
-                                    "(fp4repro.inventory): per recipe and seed the steps and tokens reached, "
-                                    "whether the run finished, its corpus digest, device, commit, training wall "
-                                    "time, which evaluation tables exist and the final-window loss; and the runs "
-                                    "missing. Writes <results>/<experiment>/runs.json (the manifest committed "
-                                    "with imported results).")
+    iv = sub.add_parser(
+        "inventory",
+        help="list an experiment's runs from their result tables and write runs.json",
+        description="The inventory of an experiment's results folder, from the tables alone "
+        "(fp4repro.inventory): per recipe and seed the steps and tokens reached, "
+        "whether the run finished, its corpus digest, device, commit, training wall "
+        "time, which evaluation tables exist and the final-window loss; and the runs "
+        "missing. Writes <results>/<experiment>/runs.json (the manifest committed "
+        "with imported results).",
+    )
     _experiment_arguments(iv, quiet=False)
     iv.add_argument("--results", default="results", help="results root (default results)")
     iv.add_argument("--out", help="JSON output (default <results>/<experiment>/runs.json)")
@@ -162,18 +198,24 @@ def _add_inventory(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_runs(sub: argparse._SubParsersAction) -> None:
-    ru = sub.add_parser("runs", help="list a study's training runs (one per config fingerprint); --prune removes old ones",
-                        description="A recipe's training keeps one run folder per fingerprint of what changes its "
-                                    "numbers (model, recipe numerics, data, optimizer, schedule, batch, seed): a "
-                                    "changed config starts a new run beside the old one and never deletes it. List "
-                                    "them with their resume step, attempts and size; --prune deletes every run that "
-                                    "is neither the current config's nor its recipe's finished run (done.json), "
-                                    "checkpoints included.")
+    ru = sub.add_parser(
+        "runs",
+        help="list a study's training runs (one per config fingerprint); --prune removes old ones",
+        description="A recipe's training keeps one run folder per fingerprint of what changes its "
+        "numbers (model, recipe numerics, data, optimizer, schedule, batch, seed): a "
+        "changed config starts a new run beside the old one and never deletes it. List "
+        "them with their resume step, attempts and size; --prune deletes every run that "
+        "is neither the current config's nor its recipe's finished run (done.json), "
+        "checkpoints included.",
+    )
     _experiment_arguments(ru, quiet=False)
     ru.add_argument("--recipe", help="only this recipe (default: every recipe of the study)")
     ru.add_argument("--results", default="results", help="results root (default results)")
-    ru.add_argument("--data", help="prepared data folder (default <results>/<experiment>/data): the current "
-                                   "config's fingerprint includes the data")
+    ru.add_argument(
+        "--data",
+        help="prepared data folder (default <results>/<experiment>/data): the current "
+        "config's fingerprint includes the data",
+    )
     ru.add_argument("--prune", action="store_true", help="delete the runs listed as 'other config'")
     ru.set_defaults(func=_cmd_runs)
 

@@ -10,14 +10,14 @@ A name resolves in ``./configs/<kind>/`` first, then in the packaged defaults (`
 
 from fp4repro.config.eval import POLICIES, Aggregate, EvalConfig, EvalConfigError
 from fp4repro.config.experiment import (
-                                        DataConfig,
-                                        ExperimentConfig,
-                                        ExperimentError,
-                                        Source,
-                                        Stage,
-                                        TrainConfig,
-                                        available_experiments,
-                                        load_experiment,
+    DataConfig,
+    ExperimentConfig,
+    ExperimentError,
+    Source,
+    Stage,
+    TrainConfig,
+    available_experiments,
+    load_experiment,
 )
 from fp4repro.config.files import available, find_config
 from fp4repro.config.model import ModelConfig, ModelConfigError, load_model_config
@@ -25,8 +25,33 @@ from fp4repro.config.recipe import Recipe, RecipeError, load_recipe, recipe_chai
 from fp4repro.config.spec import GEMMS, OPERANDS, LinearSpecs, QuantSpec, TensorScaling
 from fp4repro.config.study import Study, load_study
 
-__all__ = ["POLICIES", "Aggregate", "EvalConfig", "EvalConfigError", "DataConfig", "ExperimentConfig",
-           "ExperimentError", "Source", "Stage", "TrainConfig", "available_experiments", "load_experiment",
-           "available", "find_config", "ModelConfig", "ModelConfigError", "load_model_config", "Recipe",
-           "RecipeError", "load_recipe", "recipe_chain", "GEMMS", "OPERANDS", "LinearSpecs", "QuantSpec",
-           "TensorScaling", "Study", "load_study"]
+__all__ = [
+    "POLICIES",
+    "Aggregate",
+    "EvalConfig",
+    "EvalConfigError",
+    "DataConfig",
+    "ExperimentConfig",
+    "ExperimentError",
+    "Source",
+    "Stage",
+    "TrainConfig",
+    "available_experiments",
+    "load_experiment",
+    "available",
+    "find_config",
+    "ModelConfig",
+    "ModelConfigError",
+    "load_model_config",
+    "Recipe",
+    "RecipeError",
+    "load_recipe",
+    "recipe_chain",
+    "GEMMS",
+    "OPERANDS",
+    "LinearSpecs",
+    "QuantSpec",
+    "TensorScaling",
+    "Study",
+    "load_study",
+]

@@ -38,7 +38,7 @@ class Value:
 class Device:
     key: str
     name: str
-    peak_tflops: dict[str, Value]      # bf16, fp8, fp4: dense tensor-core peaks
+    peak_tflops: dict[str, Value]  # bf16, fp8, fp4: dense tensor-core peaks
     hbm_tb_per_s: Value
     sources: tuple[str, ...]
 
@@ -46,7 +46,7 @@ class Device:
 @dataclass(frozen=True)
 class Devices:
     devices: dict[str, Device]
-    parameters: dict[str, Value]       # efficiency_transfer, fp4_efficiency_vs_fp8, other_bandwidth_bound, rht_hidden
+    parameters: dict[str, Value]  # efficiency_transfer, fp4_efficiency_vs_fp8, other_bandwidth_bound, rht_hidden
     why: dict[str, str]
     path: str
 
@@ -67,15 +67,32 @@ def load_devices(name_or_path: str | Path = "devices") -> Devices:
     error = schema_error(raw, "devices.schema.json")
     if error is not None:
         raise ConfigError(f"{path}: field '{schema_field(error)}': value {error.instance!r}: {error.message}")
-    bad = [f"{key}.{part}" for key, d in raw["devices"].items()
-           for part, v in [*d["peak_tflops"].items(), ("hbm_tb_per_s", d["hbm_tb_per_s"])]
-           if isinstance(v, list) and not 0 < v[0] <= v[1]]
-    bad += [f"projection.{key}" for key, p in raw["projection"].items()
-            if isinstance(p["value"], list) and not p["value"][0] <= p["value"][1]]
+    bad = [
+        f"{key}.{part}"
+        for key, d in raw["devices"].items()
+        for part, v in [*d["peak_tflops"].items(), ("hbm_tb_per_s", d["hbm_tb_per_s"])]
+        if isinstance(v, list) and not 0 < v[0] <= v[1]
+    ]
+    bad += [
+        f"projection.{key}"
+        for key, p in raw["projection"].items()
+        if isinstance(p["value"], list) and not p["value"][0] <= p["value"][1]
+    ]
     if bad:
         raise ConfigError(f"{path}: field '{bad[0]}': a range must be [low, high] with 0 < low <= high")
-    devices = {key: Device(key, d["name"], {p: Value.of(v) for p, v in d["peak_tflops"].items()},
-                           Value.of(d["hbm_tb_per_s"]), tuple(d["sources"]))
-               for key, d in raw["devices"].items()}
-    return Devices(devices, {k: Value.of(p["value"]) for k, p in raw["projection"].items()},
-                   {k: p["why"] for k, p in raw["projection"].items()}, str(path))
+    devices = {
+        key: Device(
+            key,
+            d["name"],
+            {p: Value.of(v) for p, v in d["peak_tflops"].items()},
+            Value.of(d["hbm_tb_per_s"]),
+            tuple(d["sources"]),
+        )
+        for key, d in raw["devices"].items()
+    }
+    return Devices(
+        devices,
+        {k: Value.of(p["value"]) for k, p in raw["projection"].items()},
+        {k: p["why"] for k, p in raw["projection"].items()},
+        str(path),
+    )

@@ -34,8 +34,17 @@ POLICIES = ("bf16", "quantized")
 #: The offline tasks ``fp4repro.eval.tasks`` builds from held-out data (no download) start with this.
 OFFLINE_PREFIX = "fp4repro_"
 
-FIELDS = ("policies", "batch_size", "nll_max_tokens", "n_items", "seed", "num_fewshot", "limit", "include_path",
-          "tasks")
+FIELDS = (
+    "policies",
+    "batch_size",
+    "nll_max_tokens",
+    "n_items",
+    "seed",
+    "num_fewshot",
+    "limit",
+    "include_path",
+    "tasks",
+)
 AGGREGATE_FIELDS = ("tasks", "metric", "weight_by_size")
 
 
@@ -130,8 +139,12 @@ def parse_eval_config(raw, where: str, sources: list[str], default_batch_size: i
     if extra:
         raise EvalConfigError(f"{where}: field 'eval': unknown field(s) {extra}; allowed fields: {list(FIELDS)}")
     policies = raw.get("policies", list(POLICIES))
-    if not isinstance(policies, list) or not policies or any(p not in POLICIES for p in policies) \
-            or len(set(policies)) != len(policies):
+    if (
+        not isinstance(policies, list)
+        or not policies
+        or any(p not in POLICIES for p in policies)
+        or len(set(policies)) != len(policies)
+    ):
         _fail(where, "policies", policies, f"a non-empty list of distinct policies from {list(POLICIES)}")
     include = raw.get("include_path", [])
     include = [include] if isinstance(include, str) else include
@@ -151,7 +164,8 @@ def parse_eval_config(raw, where: str, sources: list[str], default_batch_size: i
         num_fewshot=_int(where, raw, "num_fewshot", None, 0, nullable=True),
         limit=_int(where, raw, "limit", None, 1, nullable=True),
         include_path=tuple(include),
-        aggregates=aggregates)
+        aggregates=aggregates,
+    )
 
 
 def _check_disjoint(where: str, aggregates: tuple[Aggregate, ...]) -> None:

@@ -25,17 +25,17 @@ class ExperimentError(ConfigError):
     """An experiment config that cannot be used (file, field, value, what is allowed)."""
 
 
-STDLIB_KINDS = ("stdlib_prose", "stdlib_code")   # the running interpreter's standard library
-PACKAGE_KINDS = ("packages_prose", "packages_code")   # the Python packages installed beside it
+STDLIB_KINDS = ("stdlib_prose", "stdlib_code")  # the running interpreter's standard library
+PACKAGE_KINDS = ("packages_prose", "packages_code")  # the Python packages installed beside it
 PYTHON_KINDS = STDLIB_KINDS + PACKAGE_KINDS
-FILE_KINDS = ("jsonl", "parquet", "text")          # files matched by path globs
-TEXT_KINDS = PYTHON_KINDS + FILE_KINDS             # sources that are tokenized (not `indexed`)
+FILE_KINDS = ("jsonl", "parquet", "text")  # files matched by path globs
+TEXT_KINDS = PYTHON_KINDS + FILE_KINDS  # sources that are tokenized (not `indexed`)
 
 
 @dataclass(frozen=True)
 class Source:
     name: str
-    kind: str                                   # stdlib_/packages_ prose | code, jsonl | parquet | text | indexed
+    kind: str  # stdlib_/packages_ prose | code, jsonl | parquet | text | indexed
     paths: tuple[str, ...] = ()
     field: str = "text"
     prefixes: tuple[tuple[str, str], ...] = ()  # indexed: (split, .bin/.idx prefix)
@@ -44,12 +44,12 @@ class Source:
 @dataclass(frozen=True)
 class DataConfig:
     sources: tuple[Source, ...]
-    vocab_size: int | None = None               # train a byte-level BPE of this size ...
-    tokenizer_path: str | None = None           # ... or use this tokenizer.json
+    vocab_size: int | None = None  # train a byte-level BPE of this size ...
+    tokenizer_path: str | None = None  # ... or use this tokenizer.json
     valid_fraction: float = 0.01
     test_fraction: float = 0.01
     seed: int = 1234
-    max_files: int | None = None                # read an evenly spread subset of this many files per source
+    max_files: int | None = None  # read an evenly spread subset of this many files per source
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
@@ -90,7 +90,7 @@ class DataConfig:
 class Stage:
     name: str
     tokens: int
-    blend: tuple[tuple[str, float], ...]        # (source, weight), weights sum to 1
+    blend: tuple[tuple[str, float], ...]  # (source, weight), weights sum to 1
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,8 @@ class TrainConfig:
     seq_len: int
     batch_size: int
     stages: tuple[Stage, ...]
-    seeds: tuple[int, ...] = (0,)               # one run per seed; a run's seed sets init and data order
-    recipe_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()   # (recipe as listed, its fewer seeds)
+    seeds: tuple[int, ...] = (0,)  # one run per seed; a run's seed sets init and data order
+    recipe_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (recipe as listed, its fewer seeds)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_fraction: float = 0.02
@@ -108,7 +108,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     checkpoints: int = 12
-    telemetry_every: int | None = None          # None: the study chooses one that sees every phase
+    telemetry_every: int | None = None  # None: the study chooses one that sees every phase
     resume_every: int = 50
     final_window: float = 0.1
 
@@ -116,8 +116,19 @@ class TrainConfig:
     #: other seeds, how often to record telemetry or save a resume checkpoint, the final-window
     #: share that evaluation reads) only change what is recorded, so a run resumes across them. ``checkpoints`` is here because a run
     #: resumed under another spacing would miss evaluation checkpoints it has already passed.
-    NUMERIC_FIELDS = ("seq_len", "batch_size", "stages", "lr", "min_lr_ratio", "warmup_fraction",
-                      "decay_fraction", "betas", "weight_decay", "grad_clip", "checkpoints")
+    NUMERIC_FIELDS = (
+        "seq_len",
+        "batch_size",
+        "stages",
+        "lr",
+        "min_lr_ratio",
+        "warmup_fraction",
+        "decay_fraction",
+        "betas",
+        "weight_decay",
+        "grad_clip",
+        "checkpoints",
+    )
 
     def numerics(self) -> dict:
         """The fields in ``NUMERIC_FIELDS`` by name."""
@@ -151,9 +162,9 @@ class ExperimentConfig:
     eval: EvalConfig
     backend: str = "reference"
     parallel: ParallelConfig = ParallelConfig()
-    imported: bool = False     # runs made elsewhere: the workflow only draws figures and the report
+    imported: bool = False  # runs made elsewhere: the workflow only draws figures and the report
     description: str = ""
-    resources: dict = field(default_factory=dict, hash=False, compare=False)   # rule -> workflow resources
+    resources: dict = field(default_factory=dict, hash=False, compare=False)  # rule -> workflow resources
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
@@ -190,22 +201,38 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
 
     d = raw["data"]
     sources = tuple(
-        Source(name=n, kind=s["kind"], paths=tuple(s.get("paths", ())), field=s.get("field", "text"),
-               prefixes=tuple(sorted(s.get("prefixes", {}).items())))
-        for n, s in d["sources"].items())
+        Source(
+            name=n,
+            kind=s["kind"],
+            paths=tuple(s.get("paths", ())),
+            field=s.get("field", "text"),
+            prefixes=tuple(sorted(s.get("prefixes", {}).items())),
+        )
+        for n, s in d["sources"].items()
+    )
     for s in sources:
         if s.kind in ("jsonl", "parquet", "text") and not s.paths:
             _fail(path, f"data.sources.{s.name}.paths", [], f"a {s.kind} source needs at least one path glob")
         if s.kind == "indexed" and "train" not in dict(s.prefixes):
-            _fail(path, f"data.sources.{s.name}.prefixes", dict(s.prefixes),
-                  "an indexed source needs at least a 'train' prefix")
+            _fail(
+                path,
+                f"data.sources.{s.name}.prefixes",
+                dict(s.prefixes),
+                "an indexed source needs at least a 'train' prefix",
+            )
     tok = d["tokenizer"]
     if ("vocab_size" in tok) == ("path" in tok):
         _fail(path, "data.tokenizer", tok, "give exactly one of vocab_size (train a BPE) or path (a tokenizer.json)")
     split = d.get("split", {})
-    data = DataConfig(sources=sources, vocab_size=tok.get("vocab_size"), tokenizer_path=tok.get("path"),
-                      valid_fraction=split.get("valid", 0.01), test_fraction=split.get("test", 0.01),
-                      seed=d.get("seed", 1234), max_files=d.get("max_files"))
+    data = DataConfig(
+        sources=sources,
+        vocab_size=tok.get("vocab_size"),
+        tokenizer_path=tok.get("path"),
+        valid_fraction=split.get("valid", 0.01),
+        test_fraction=split.get("test", 0.01),
+        seed=d.get("seed", 1234),
+        max_files=d.get("max_files"),
+    )
 
     t = raw["train"]
     names = {s.name for s in sources}
@@ -224,24 +251,48 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         if recipe not in raw["recipes"]:
             _fail(path, f"train.recipe_seeds.{recipe}", seeds, f"not one of the experiment's recipes {raw['recipes']}")
         if not set(seeds) <= set(kwargs.get("seeds", TrainConfig.seeds)):
-            _fail(path, f"train.recipe_seeds.{recipe}", seeds,
-                  f"a subset of train.seeds {list(kwargs.get('seeds', TrainConfig.seeds))}, so that every run "
-                  "has partners on the same seed")
-    train = TrainConfig(stages=tuple(stages), recipe_seeds=tuple((r, tuple(sorted(s))) for r, s in recipe_seeds.items()),
-                        **kwargs)
+            _fail(
+                path,
+                f"train.recipe_seeds.{recipe}",
+                seeds,
+                f"a subset of train.seeds {list(kwargs.get('seeds', TrainConfig.seeds))}, so that every run "
+                "has partners on the same seed",
+            )
+    train = TrainConfig(
+        stages=tuple(stages), recipe_seeds=tuple((r, tuple(sorted(s))) for r, s in recipe_seeds.items()), **kwargs
+    )
     if train.warmup_fraction + train.decay_fraction > 1:
-        _fail(path, "train.warmup_fraction", train.warmup_fraction,
-              f"warmup_fraction + decay_fraction must be <= 1 (decay_fraction is {train.decay_fraction})")
+        _fail(
+            path,
+            "train.warmup_fraction",
+            train.warmup_fraction,
+            f"warmup_fraction + decay_fraction must be <= 1 (decay_fraction is {train.decay_fraction})",
+        )
 
     if train.seq_len % 16:
-        _fail(path, "train.seq_len", train.seq_len,
-              "a multiple of 16, so that FP4 blocks along tokens never straddle sequences unevenly")
+        _fail(
+            path,
+            "train.seq_len",
+            train.seq_len,
+            "a multiple of 16, so that FP4 blocks along tokens never straddle sequences unevenly",
+        )
     eval_config = parse_eval_config(raw.get("eval", {}), str(path), [s.name for s in sources], train.batch_size)
     backend = raw.get("backend", "reference")
     try:
         parallel = parse_parallel(raw.get("parallel", {}), backend, train.batch_size)
     except ParallelError as err:
         _fail(path, err.field, err.value, err.allowed)
-    return ExperimentConfig(name=raw["name"], path=str(path), model=raw["model"], recipes=tuple(raw["recipes"]),
-                            data=data, train=train, eval=eval_config, backend=backend, parallel=parallel,
-                            imported=bool(raw.get("imported", False)), description=raw.get("description", ""), resources=raw.get("resources", {}))
+    return ExperimentConfig(
+        name=raw["name"],
+        path=str(path),
+        model=raw["model"],
+        recipes=tuple(raw["recipes"]),
+        data=data,
+        train=train,
+        eval=eval_config,
+        backend=backend,
+        parallel=parallel,
+        imported=bool(raw.get("imported", False)),
+        description=raw.get("description", ""),
+        resources=raw.get("resources", {}),
+    )

@@ -25,7 +25,7 @@ from fp4repro.errors import ConfigError
 #: The defaults shipped with the package: configs/{experiment,models,recipes}/*.yaml, claims.yaml.
 PACKAGED = Path(__file__).resolve().parents[1] / "configs"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
-KINDS = ("experiment", "models", "recipes")   # folders; the claims file is configs/claims.yaml
+KINDS = ("experiment", "models", "recipes")  # folders; the claims file is configs/claims.yaml
 
 
 def search_roots() -> tuple[Path, ...]:
@@ -83,8 +83,10 @@ def not_found(kind: str, name_or_path: str | Path) -> str:
     if is_path(name_or_path):
         return f"{name_or_path}: no such file"
     names = ", ".join(available(kind)) or "none"
-    return (f"no {_NOUNS.get(kind, kind)} named {str(name_or_path)!r} in {Path('configs') / kind}/ of the working "
-            f"directory or in the packaged defaults (available: {names})")
+    return (
+        f"no {_NOUNS.get(kind, kind)} named {str(name_or_path)!r} in {Path('configs') / kind}/ of the working "
+        f"directory or in the packaged defaults (available: {names})"
+    )
 
 
 def read_yaml(path: Path, error: type[Exception] = ConfigError):

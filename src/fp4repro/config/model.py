@@ -131,9 +131,20 @@ class ModelConfig:
         if not self.pattern or bad:
             allowed = ", ".join(f"'{c}' ({t})" for c, t in LAYER_TYPES.items())
             out.append(f"pattern = {self.pattern!r}: must be a non-empty string of {allowed}")
-        for name in ("hidden_size", "vocab_size", "mlp_hidden_size", "attn_heads", "attn_kv_heads",
-                     "attn_head_dim", "mamba_heads", "mamba_head_dim", "mamba_state_size",
-                     "mamba_groups", "mamba_conv_kernel", "mamba_chunk_size"):
+        for name in (
+            "hidden_size",
+            "vocab_size",
+            "mlp_hidden_size",
+            "attn_heads",
+            "attn_kv_heads",
+            "attn_head_dim",
+            "mamba_heads",
+            "mamba_head_dim",
+            "mamba_state_size",
+            "mamba_groups",
+            "mamba_conv_kernel",
+            "mamba_chunk_size",
+        ):
             if getattr(self, name) < 1:
                 out.append(f"{name} = {getattr(self, name)}: must be >= 1")
         for name in ("norm_eps", "rope_theta", "init_std"):
@@ -154,8 +165,9 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ModelConfigError(f"model config {name!r}: expected a mapping, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        required = sorted(f.name for f in fields(cls)
-                          if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        required = sorted(
+            f.name for f in fields(cls) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
         unknown = sorted(set(data) - known)
         missing = [k for k in required if k not in data]
         problems = [f"{k}: unknown field" for k in unknown] + [f"{k}: missing (required)" for k in missing]
@@ -171,11 +183,29 @@ class ModelConfig:
 
 
 _FIELD_TYPES = {
-    "pattern": str, "name": str, "rope": bool,
-    "norm_eps": float, "rope_theta": float, "init_std": float,
-    **{f: int for f in ("hidden_size", "vocab_size", "mlp_hidden_size", "attn_heads", "attn_kv_heads",
-                        "attn_head_dim", "mamba_heads", "mamba_head_dim", "mamba_state_size",
-                        "mamba_groups", "mamba_conv_kernel", "mamba_chunk_size")},
+    "pattern": str,
+    "name": str,
+    "rope": bool,
+    "norm_eps": float,
+    "rope_theta": float,
+    "init_std": float,
+    **{
+        f: int
+        for f in (
+            "hidden_size",
+            "vocab_size",
+            "mlp_hidden_size",
+            "attn_heads",
+            "attn_kv_heads",
+            "attn_head_dim",
+            "mamba_heads",
+            "mamba_head_dim",
+            "mamba_state_size",
+            "mamba_groups",
+            "mamba_conv_kernel",
+            "mamba_chunk_size",
+        )
+    },
 }
 
 

@@ -34,7 +34,7 @@ class ParallelConfig:
     tensor: int = 1
     pipeline: int = 1
     sequence_parallel: bool = False
-    micro_batch: int | None = None      # None: the whole per-rank batch in one forward/backward
+    micro_batch: int | None = None  # None: the whole per-rank batch in one forward/backward
     tp_amax: str = "group"
 
 
@@ -44,9 +44,9 @@ class ParallelLayout:
 
     tensor: int
     pipeline: int
-    data: int                 # data-parallel size
-    micro_batch: int          # sequences per micro-batch per data-parallel rank
-    accumulation: int         # micro-batches per optimizer step per data-parallel rank
+    data: int  # data-parallel size
+    micro_batch: int  # sequences per micro-batch per data-parallel rank
+    accumulation: int  # micro-batches per optimizer step per data-parallel rank
 
 
 class ParallelError(ValueError):
@@ -65,13 +65,17 @@ def parse_parallel(raw: dict, backend: str, batch_size: int) -> ParallelConfig:
     if backend == "reference":
         for name in ("tensor", "pipeline"):
             if getattr(p, name) != 1:
-                raise ParallelError(f"parallel.{name}", getattr(p, name),
-                                    "the reference backend runs in one process: 1 (or backend: megatron)")
+                raise ParallelError(
+                    f"parallel.{name}",
+                    getattr(p, name),
+                    "the reference backend runs in one process: 1 (or backend: megatron)",
+                )
     if p.sequence_parallel and p.tensor == 1:
         raise ParallelError("parallel.sequence_parallel", True, "needs tensor > 1 (it splits along the tensor group)")
     if p.micro_batch is not None and batch_size % p.micro_batch:
-        raise ParallelError("parallel.micro_batch", p.micro_batch,
-                            f"must divide the global batch train.batch_size ({batch_size})")
+        raise ParallelError(
+            "parallel.micro_batch", p.micro_batch, f"must divide the global batch train.batch_size ({batch_size})"
+        )
     return p
 
 
@@ -79,8 +83,11 @@ def parallel_problems(p: ParallelConfig, sizes: dict[str, int], n_layers: int) -
     """What the model forbids: every size split over the tensor group (``sizes``: name -> size,
     e.g. attention heads, KV heads, Mamba heads and groups, MLP width) must be a multiple of
     ``tensor``, and there cannot be more pipeline stages than layers."""
-    problems = [ParallelError("parallel.tensor", p.tensor, f"must divide the model's {name} ({size})")
-                for name, size in sizes.items() if size % p.tensor]
+    problems = [
+        ParallelError("parallel.tensor", p.tensor, f"must divide the model's {name} ({size})")
+        for name, size in sizes.items()
+        if size % p.tensor
+    ]
     if p.pipeline > n_layers:
         problems.append(ParallelError("parallel.pipeline", p.pipeline, f"at most the model's {n_layers} layers"))
     return problems
@@ -90,15 +97,22 @@ def layout(p: ParallelConfig, world: int, batch_size: int) -> ParallelLayout:
     """The split of ``world`` processes and a global batch of ``batch_size`` sequences."""
     group = p.tensor * p.pipeline
     if world % group:
-        raise ParallelError("parallel.tensor", p.tensor,
-                            f"tensor · pipeline ({group}) must divide the number of processes ({world})")
+        raise ParallelError(
+            "parallel.tensor", p.tensor, f"tensor · pipeline ({group}) must divide the number of processes ({world})"
+        )
     data = world // group
     if batch_size % data:
-        raise ParallelError("train.batch_size", batch_size,
-                            f"must be a multiple of the data-parallel size {data} ({world} processes / {group})")
+        raise ParallelError(
+            "train.batch_size",
+            batch_size,
+            f"must be a multiple of the data-parallel size {data} ({world} processes / {group})",
+        )
     per_rank = batch_size // data
     micro = p.micro_batch or per_rank
     if per_rank % micro:
-        raise ParallelError("parallel.micro_batch", micro,
-                            f"must divide the {per_rank} sequences per data-parallel rank ({batch_size} / {data})")
+        raise ParallelError(
+            "parallel.micro_batch",
+            micro,
+            f"must divide the {per_rank} sequences per data-parallel rank ({batch_size} / {data})",
+        )
     return ParallelLayout(p.tensor, p.pipeline, data, micro, per_rank // micro)

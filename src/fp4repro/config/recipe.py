@@ -71,18 +71,31 @@ from fp4repro.errors import ConfigError
 
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
 _SHARES = ("last_share", "first_share")
-_LAYERS_ALLOWED = ("a Python slice of layer indices such as '-4:' or '0:2', one index such as '7', or a share "
-                   "of the model's layers: {last_share: s} or {first_share: s} with 0 < s <= 1")
-_SHARE_ALLOWED = ("a share of the model's layers, 0 < s <= 1 (the last or first round(s * n_layers) layers, "
-                  "at least one)")
+_LAYERS_ALLOWED = (
+    "a Python slice of layer indices such as '-4:' or '0:2', one index such as '7', or a share "
+    "of the model's layers: {last_share: s} or {first_share: s} with 0 < s <= 1"
+)
+_SHARE_ALLOWED = (
+    "a share of the model's layers, 0 < s <= 1 (the last or first round(s * n_layers) layers, at least one)"
+)
 _GEMM_ALLOWED = "fp32, probe_matched, or {model: probe_matched, group: 64, lattice: 1/1024 (or none)}"
 _LATTICE = re.compile(r"^\s*1\s*/\s*(\d+)\s*$")
-_SOURCES_ALLOWED = ("a list of {choice: a short name such as 'scale format', kind: quotation or reading, "
-                    "source: the document and its words, or the reasoning}, each text non-empty")
+_SOURCES_ALLOWED = (
+    "a list of {choice: a short name such as 'scale format', kind: quotation or reading, "
+    "source: the document and its words, or the reasoning}, each text non-empty"
+)
 
 #: The choices every packaged recipe cites a source for (``sources:``, see the module docstring).
-REQUIRED_CHOICES = ("element format", "scale format", "block shapes", "target T", "tensor amax", "rounding",
-                    "RHT", "BF16 layers")
+REQUIRED_CHOICES = (
+    "element format",
+    "scale format",
+    "block shapes",
+    "target T",
+    "tensor amax",
+    "rounding",
+    "RHT",
+    "BF16 layers",
+)
 
 
 class RecipeError(ConfigError):
@@ -202,8 +215,9 @@ def gemm_model(value, where: str) -> GemmModel:
     lattice = fields.get("lattice", "1/1024")
     if isinstance(lattice, str):
         match = _LATTICE.match(lattice)
-        lattice = None if lattice.strip() == "none" else 1 / int(match.group(1)) if match and int(match.group(1)) \
-            else lattice
+        lattice = (
+            None if lattice.strip() == "none" else 1 / int(match.group(1)) if match and int(match.group(1)) else lattice
+        )
     kind, group = fields.get("model", "fp32"), fields.get("group", 64)
     for name, bad, allowed in gemm_problems(kind, group, lattice):
         raise RecipeError(f"{where}: field 'gemm.{name}': value {fields.get(name, bad)!r}: {allowed}")
@@ -219,16 +233,16 @@ def share_count(share: float, n_layers: int) -> int:
 def _layer_indices(layers, n_layers: int) -> range:
     """The layer indices an override's ``layers`` (slice string or share mapping) selects."""
     if isinstance(layers, dict):
-        (kind, share), = layers.items()
+        ((kind, share),) = layers.items()
         k = share_count(share, n_layers)
-        return range(n_layers)[n_layers - k:] if kind == "last_share" else range(n_layers)[:k]
+        return range(n_layers)[n_layers - k :] if kind == "last_share" else range(n_layers)[:k]
     m = _SLICE.match(layers)
     start, colon, stop = m.group(1), m.group(2), m.group(3)
     if colon is None:
         i = int(start)
         if not -n_layers <= i < n_layers:
             raise IndexError(i)
-        return range(n_layers)[i:i + 1 if i != -1 else None]
+        return range(n_layers)[i : i + 1 if i != -1 else None]
     return range(n_layers)[slice(int(start) if start else None, int(stop) if stop else None)]
 
 
@@ -240,10 +254,10 @@ class Recipe:
     defaults: object
     operands: dict
     overrides: tuple = ()
-    files: tuple[str, ...] = ()     # the file and its `base:` chain, as read
-    sources: tuple = ()             # {choice, kind, source} mappings, `base:` merged
-    gemm: GemmModel = GemmModel()   # the model of its GEMMs of two quantized operands
-    gemm_config: object = None      # ``gemm:`` as written (None: absent, fp32)
+    files: tuple[str, ...] = ()  # the file and its `base:` chain, as read
+    sources: tuple = ()  # {choice, kind, source} mappings, `base:` merged
+    gemm: GemmModel = GemmModel()  # the model of its GEMMs of two quantized operands
+    gemm_config: object = None  # ``gemm:`` as written (None: absent, fp32)
 
     def numerics(self) -> tuple:
         """What the recipe makes a run compute (not its name, description, files or sources)."""
@@ -253,8 +267,13 @@ class Recipe:
     def config(self) -> dict:
         """The recipe's content with ``base:`` resolved: ``recipe_from_config`` rebuilds it (an
         evaluation checkpoint stores it, so that it says which numerics trained it)."""
-        config = {"name": self.name, "description": self.description, "defaults": self.defaults,
-                  "operands": dict(self.operands), "overrides": list(self.overrides)}
+        config = {
+            "name": self.name,
+            "description": self.description,
+            "defaults": self.defaults,
+            "operands": dict(self.operands),
+            "overrides": list(self.overrides),
+        }
         if self.gemm_config is not None:
             config["gemm"] = self.gemm_config
         if self.sources:
@@ -271,20 +290,28 @@ class Recipe:
         ``linears``: per layer, the names of its linears (``ModelConfig.layer_linears``), so that
         overrides restricted to some linears count; without it a layer counts when the recipe
         leaves it unquantized as a whole (overrides that name ``linears`` aside)."""
-        return [i for i in range(n_layers)
-                if all(self.linear_specs(i, n_layers, lin) is None
-                       for lin in (linears[i] if linears is not None else (None,)))]
+        return [
+            i
+            for i in range(n_layers)
+            if all(
+                self.linear_specs(i, n_layers, lin) is None for lin in (linears[i] if linears is not None else (None,))
+            )
+        ]
 
     # -------------------------------------------------------------------------------- resolve
-    def operand_fields(self, layer_index: int | None = None, n_layers: int | None = None,
-                       linear: str | None = None) -> dict[str, dict | None]:
+    def operand_fields(
+        self, layer_index: int | None = None, n_layers: int | None = None, linear: str | None = None
+    ) -> dict[str, dict | None]:
         """Operand -> QuantSpec fields (None = bf16) for a layer, after overrides."""
         base = None if self.defaults == "bf16" else dict(self.defaults)
         out = {}
         for name in OPERANDS:
             value = self.operands.get(name, {})
-            out[name] = None if value == "bf16" else (None if base is None and name not in self.operands
-                                                       else {**(base or {}), **value})
+            out[name] = (
+                None
+                if value == "bf16"
+                else (None if base is None and name not in self.operands else {**(base or {}), **value})
+            )
         if layer_index is None:
             return out
         for ov in self.overrides:
@@ -313,14 +340,16 @@ def _resolve(recipe: Recipe, layer_index: int, n_layers: int, linear: str | None
     return _build_specs(recipe.operand_fields(layer_index, n_layers, linear), where, gemm=recipe.gemm)
 
 
-def _build_specs(operand_fields: dict, where: str, own: dict | None = None,
-                 gemm: GemmModel = GemmModel()) -> LinearSpecs | None:
+def _build_specs(
+    operand_fields: dict, where: str, own: dict | None = None, gemm: GemmModel = GemmModel()
+) -> LinearSpecs | None:
     """LinearSpecs from resolved operand fields (None if nothing is quantized); ``own`` maps an
     operand to the fields it set itself, so that errors in inherited fields name `defaults`."""
     own = own or {}
-    specs = {name: (None if f is None else
-                    _spec_from_fields(f, f"{where}: field 'operands.{name}", own.get(name)))
-             for name, f in operand_fields.items()}
+    specs = {
+        name: (None if f is None else _spec_from_fields(f, f"{where}: field 'operands.{name}", own.get(name)))
+        for name, f in operand_fields.items()
+    }
     _check_rht_pairs(specs, where)
     result = LinearSpecs.from_operands(specs, gemm)
     return result if result.any_quantized else None
@@ -331,8 +360,10 @@ def _check_rht_pairs(specs: dict, where: str) -> None:
         ra = specs[a] is not None and specs[a].rht
         rb = specs[b] is not None and specs[b].rht
         if ra != rb:
-            raise RecipeError(f"{where}: field 'operands.{a}/{b}.rht': {ra}/{rb}: the RHT must be applied "
-                              f"to both operands of the {gemm} GEMM or to neither (it cancels only in pairs)")
+            raise RecipeError(
+                f"{where}: field 'operands.{a}/{b}.rht': {ra}/{rb}: the RHT must be applied "
+                f"to both operands of the {gemm} GEMM or to neither (it cancels only in pairs)"
+            )
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
@@ -349,24 +380,43 @@ def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> R
     e = schema_error(raw, "recipe.schema.json")
     if e is not None and re.fullmatch(r"overrides\.\d+\.layers(\.\w+)?", schema_field(e)):
         share = schema_field(e).rsplit(".", 1)[1] in _SHARES
-        raise RecipeError(f"{where}: field '{schema_field(e)}': value {e.instance!r}: "
-                          f"{_SHARE_ALLOWED if share else _LAYERS_ALLOWED}")
+        raise RecipeError(
+            f"{where}: field '{schema_field(e)}': value {e.instance!r}: {_SHARE_ALLOWED if share else _LAYERS_ALLOWED}"
+        )
     if e is not None:
         allowed = {
             "enum": lambda: f"allowed: {e.validator_value}",
             "additionalProperties": lambda: f"allowed fields: {sorted(e.schema.get('properties', {}))}",
             "pattern": lambda: f"must match {e.validator_value}",
             "required": lambda: f"missing required field(s): {e.validator_value}",
-        }.get(e.validator, lambda: _SOURCES_ALLOWED if schema_field(e).startswith("sources")
-              else _GEMM_ALLOWED if schema_field(e).startswith("gemm") else e.message)()
-        value = e.instance if e.validator != "additionalProperties" else \
-            sorted(set(e.instance) - set(e.schema.get("properties", {})))
+        }.get(
+            e.validator,
+            lambda: (
+                _SOURCES_ALLOWED
+                if schema_field(e).startswith("sources")
+                else _GEMM_ALLOWED
+                if schema_field(e).startswith("gemm")
+                else e.message
+            ),
+        )()
+        value = (
+            e.instance
+            if e.validator != "additionalProperties"
+            else sorted(set(e.instance) - set(e.schema.get("properties", {})))
+        )
         raise RecipeError(f"{where}: field '{schema_field(e)}': value {value!r}: {allowed}")
-    recipe = Recipe(name=raw["name"], path=where, description=raw.get("description", ""),
-                    defaults=raw["defaults"], operands=dict(raw.get("operands") or {}),
-                    overrides=tuple(raw.get("overrides") or ()), files=tuple(str(f) for f in files),
-                    sources=tuple(raw.get("sources") or ()),
-                    gemm=gemm_model(raw["gemm"], where) if "gemm" in raw else GemmModel(), gemm_config=raw.get("gemm"))
+    recipe = Recipe(
+        name=raw["name"],
+        path=where,
+        description=raw.get("description", ""),
+        defaults=raw["defaults"],
+        operands=dict(raw.get("operands") or {}),
+        overrides=tuple(raw.get("overrides") or ()),
+        files=tuple(str(f) for f in files),
+        sources=tuple(raw.get("sources") or ()),
+        gemm=gemm_model(raw["gemm"], where) if "gemm" in raw else GemmModel(),
+        gemm_config=raw.get("gemm"),
+    )
     _validate_semantics(recipe)
     return recipe
 
@@ -378,16 +428,18 @@ def _validate_semantics(recipe: Recipe) -> None:
     for i, ov in enumerate(recipe.overrides):
         layers = ov["layers"]
         if isinstance(layers, dict):
-            (kind, share), = layers.items()
-            if not 0 < share <= 1:      # the schema's bounds, and NaN, which passes them
-                raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers.{kind}': value {share!r}: "
-                                  f"{_SHARE_ALLOWED}")
+            ((kind, share),) = layers.items()
+            if not 0 < share <= 1:  # the schema's bounds, and NaN, which passes them
+                raise RecipeError(
+                    f"{recipe.path}: field 'overrides.{i}.layers.{kind}': value {share!r}: {_SHARE_ALLOWED}"
+                )
             continue
         try:
             _layer_indices(layers, 1 << 20)
         except IndexError:
-            raise RecipeError(f"{recipe.path}: field 'overrides.{i}.layers': value {layers!r}: "
-                              "not a valid layer index") from None
+            raise RecipeError(
+                f"{recipe.path}: field 'overrides.{i}.layers': value {layers!r}: not a valid layer index"
+            ) from None
     if isinstance(recipe.defaults, dict):
         _spec_from_fields(recipe.defaults, f"{recipe.path}: field 'defaults")
     own = {n: v for n, v in recipe.operands.items() if isinstance(v, dict)}

@@ -25,8 +25,9 @@ from fp4repro.config.recipe import Recipe
 from fp4repro.config.spec import OPERAND_MATRIX
 
 # the operands' block extent along N and K: (operand, which block axis: 0 rows, 1 columns)
-ALONG = {dim: tuple((op, matrix.index(dim)) for op, matrix in OPERAND_MATRIX.items() if dim in matrix)
-         for dim in ("N", "K")}
+ALONG = {
+    dim: tuple((op, matrix.index(dim)) for op, matrix in OPERAND_MATRIX.items() if dim in matrix) for dim in ("N", "K")
+}
 
 
 def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int, str]]]:
@@ -37,19 +38,30 @@ def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int
     d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
     heads, d, width = model.attn_heads, model.attn_head_dim, model.mlp_hidden_size
     qkv = model.attn_qkv_size
-    return {"in_proj": ("N", [("z", d_inner, str(d_inner)), ("x", d_inner, str(d_inner)), ("B", bc, str(bc)),
-                              ("C", bc, str(bc)), ("dt", model.mamba_heads, str(model.mamba_heads))]),
-            "qkv_proj": ("N", [("query, key and value rows", qkv, str(qkv))]),
-            "fc1": ("N", [("width", width, str(width))]), "out_proj": ("K", [("d_inner", d_inner, str(d_inner))]),
-            "o_proj": ("K", [("heads", heads * d, f"{heads} x {d}")]),
-            "fc2": ("K", [("width", width, str(width))])}[linear]
+    return {
+        "in_proj": (
+            "N",
+            [
+                ("z", d_inner, str(d_inner)),
+                ("x", d_inner, str(d_inner)),
+                ("B", bc, str(bc)),
+                ("C", bc, str(bc)),
+                ("dt", model.mamba_heads, str(model.mamba_heads)),
+            ],
+        ),
+        "qkv_proj": ("N", [("query, key and value rows", qkv, str(qkv))]),
+        "fc1": ("N", [("width", width, str(width))]),
+        "out_proj": ("K", [("d_inner", d_inner, str(d_inner))]),
+        "o_proj": ("K", [("heads", heads * d, f"{heads} x {d}")]),
+        "fc2": ("K", [("width", width, str(width))]),
+    }[linear]
 
 
 def rank_parts(model: ModelConfig, linear: str, tp: int) -> tuple[str, dict[str, int]]:
     """(the dimension tensor parallelism splits, the contiguous pieces of one rank's part of it:
     what -> size) of a linear. The model's split sizes divide ``tp`` (``parallel_problems``)."""
     dim, segments = _segments(model, linear)
-    if linear == "qkv_proj":      # whole KV groups per rank, each [its r query heads | key | value]
+    if linear == "qkv_proj":  # whole KV groups per rank, each [its r query heads | key | value]
         r, d = model.attn_heads // model.attn_kv_heads, model.attn_head_dim
         return dim, {f"queries of a KV group ({r} x {d})": r * d, f"key of a KV group ({d})": d}
     return dim, {f"{name} ({reads} / {tp})": size // tp for name, size, reads in segments}
@@ -100,9 +112,13 @@ def shard_problems(model: ModelConfig, recipe: Recipe, parallel: ParallelConfig)
                     key = (linear, what, operand, block)
                     if part % block and key not in seen:
                         seen.add(key)
-                        problems.append(ParallelError(
-                            "parallel.tensor", tp,
-                            f"recipe '{recipe.name}' quantizes {operand} of {linear} (first in layer {index}) in "
-                            f"blocks of {block} along {dim}, and a rank's piece of it, {what} = {part}, is not a whole "
-                            "number of blocks: the split would change the blocks"))
+                        problems.append(
+                            ParallelError(
+                                "parallel.tensor",
+                                tp,
+                                f"recipe '{recipe.name}' quantizes {operand} of {linear} (first in layer {index}) in "
+                                f"blocks of {block} along {dim}, and a rank's piece of it, {what} = {part}, is not a whole "
+                                "number of blocks: the split would change the blocks",
+                            )
+                        )
     return problems

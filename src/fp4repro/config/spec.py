@@ -15,14 +15,22 @@ GEMMS = {"fprop": ("fprop.x", "fprop.w"), "dgrad": ("dgrad.dy", "dgrad.w"), "wgr
 #: dY: tokens × N), its columns along its GEMM's reduction dimension. Where the rows and columns are
 #: the transpose of the tensor the operand comes from (Wᵀ, dYᵀ, Xᵀ), the operand is a transposed view
 #: of it (``transposed_operand``).
-OPERAND_MATRIX = {"fprop.x": ("tokens", "K"), "fprop.w": ("N", "K"), "dgrad.dy": ("tokens", "N"),
-                  "dgrad.w": ("K", "N"), "wgrad.dy": ("N", "tokens"), "wgrad.x": ("K", "tokens")}
+OPERAND_MATRIX = {
+    "fprop.x": ("tokens", "K"),
+    "fprop.w": ("N", "K"),
+    "dgrad.dy": ("tokens", "N"),
+    "dgrad.w": ("K", "N"),
+    "wgrad.dy": ("N", "tokens"),
+    "wgrad.x": ("K", "tokens"),
+}
 TENSOR_MATRIX = {"x": ("tokens", "K"), "w": ("N", "K"), "dy": ("tokens", "N")}
 
 
 def transposed_operand(operand: str) -> bool:
     """Whether an operand is the transpose of the tensor it comes from (dgrad.w, wgrad.dy, wgrad.x)."""
     return OPERAND_MATRIX[operand] != TENSOR_MATRIX[operand.split(".")[1]]
+
+
 BLOCKS = ((1, 16), (16, 16), (1, 32))
 ROUNDINGS = ("rne", "sr")
 SCALE_ROUNDINGS = ("rne", "up")
@@ -105,8 +113,13 @@ class QuantSpec:
 
     def __str__(self) -> str:
         t = "none" if self.target is None else str(self.auto_target) if self.auto_target else f"{self.target:g}"
-        parts = [f"{self.element}/{self.scale}", "x".join(map(str, self.block)), f"T={t}",
-                 self.rounding.upper(), str(self.tensor_scaling)]
+        parts = [
+            f"{self.element}/{self.scale}",
+            "x".join(map(str, self.block)),
+            f"T={t}",
+            self.rounding.upper(),
+            str(self.tensor_scaling),
+        ]
         if self.rht:
             parts.append("RHT")
         if self.scale_rounding != "rne":
@@ -114,16 +127,24 @@ class QuantSpec:
         return " ".join(parts)
 
 
-def spec_problems(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rounding="rne",
-                  scale_rounding="rne", rht=False, tensor_scaling=TensorScaling(),
-                  auto_target=None) -> list[tuple[str, object, str]]:
+def spec_problems(
+    element="e2m1",
+    scale="e4m3",
+    block=(1, 16),
+    target=448.0,
+    rounding="rne",
+    scale_rounding="rne",
+    rht=False,
+    tensor_scaling=TensorScaling(),
+    auto_target=None,
+) -> list[tuple[str, object, str]]:
     """Why these QuantSpec fields are invalid, as (field, value, what is allowed) triples."""
     out = []
     try:
         element_format = get_format(element)
         if not element_format.signed:
             out.append(("element", element, "must be a signed format such as 'e2m1'"))
-        elif not element_format.has_zero:   # q = 0 where s_b == 0, and zero elements stay zero
+        elif not element_format.has_zero:  # q = 0 where s_b == 0, and zero elements stay zero
             out.append(("element", element, "must have a zero (a format with a mantissa bit, such as 'e2m1')"))
     except ValueError as err:
         out.append(("element", element, str(err)))
@@ -139,8 +160,9 @@ def spec_problems(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rou
     if target is not None:
         limit = scale_format.max if scale_format is not None else float("inf")
         if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= limit:
-            out.append(("target", target,
-                        f"must satisfy 0 < T <= {limit:g} (the max of scale format {scale!r}), or null"))
+            out.append(
+                ("target", target, f"must satisfy 0 < T <= {limit:g} (the max of scale format {scale!r}), or null")
+            )
     if rounding not in ROUNDINGS:
         out.append(("rounding", rounding, f"allowed {list(ROUNDINGS)}"))
     if scale_rounding not in SCALE_ROUNDINGS:
@@ -156,8 +178,9 @@ def spec_problems(element="e2m1", scale="e4m3", block=(1, 16), target=448.0, rou
     return out
 
 
-def auto_target_problems(auto: AutoTarget, target, scale_format, scale: str,
-                         tensor_scaling: TensorScaling) -> list[tuple[str, object, str]]:
+def auto_target_problems(
+    auto: AutoTarget, target, scale_format, scale: str, tensor_scaling: TensorScaling
+) -> list[tuple[str, object, str]]:
     """Why an automatic target is invalid: its bounds must be valid targets of the scale format,
     and it needs a held amax to measure growth against."""
     out = []
@@ -165,8 +188,9 @@ def auto_target_problems(auto: AutoTarget, target, scale_format, scale: str,
     for name in ("min", "max"):
         value = getattr(auto, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= limit:
-            out.append((f"auto_target.{name}", value, f"must satisfy 0 < T <= {limit:g} (the max of scale format "
-                                                       f"{scale!r})"))
+            out.append(
+                (f"auto_target.{name}", value, f"must satisfy 0 < T <= {limit:g} (the max of scale format {scale!r})")
+            )
     if not out and auto.max < auto.min:
         out.append(("auto_target.max", auto.max, f"must be >= auto_target.min ({auto.min:g})"))
     if isinstance(auto.safety, bool) or not isinstance(auto.safety, (int, float)) or not auto.safety > 0:
@@ -176,8 +200,7 @@ def auto_target_problems(auto: AutoTarget, target, scale_format, scale: str,
     if target != auto.min:
         out.append(("target", target, f"an automatic target starts at auto_target.min ({auto.min!r})"))
     if tensor_scaling.kind != "periodic":
-        out.append(("auto_target", str(auto), "needs periodic tensor scaling (growth is measured against a "
-                                              "held amax)"))
+        out.append(("auto_target", str(auto), "needs periodic tensor scaling (growth is measured against a held amax)"))
     return out
 
 
@@ -209,7 +232,7 @@ class GemmModel:
 
     kind: str = "fp32"
     group: int = 64
-    lattice: float | None = 2.0 ** -10
+    lattice: float | None = 2.0**-10
 
     def __post_init__(self) -> None:
         for name, value, allowed in gemm_problems(self.kind, self.group, self.lattice):
@@ -218,8 +241,13 @@ class GemmModel:
     def __str__(self) -> str:
         if self.kind == "fp32":
             return "fp32"
-        lattice = "none" if self.lattice is None else f"1/{round(1 / self.lattice)}" if self.lattice < 1 \
+        lattice = (
+            "none"
+            if self.lattice is None
+            else f"1/{round(1 / self.lattice)}"
+            if self.lattice < 1
             else f"{self.lattice:g}"
+        )
         return f"{self.kind}(group {self.group}, lattice {lattice})"
 
 
@@ -230,9 +258,13 @@ def gemm_problems(kind, group, lattice) -> list[tuple[str, object, str]]:
         out.append(("model", kind, f"allowed {list(GEMM_KINDS)}"))
     if isinstance(group, bool) or group not in GEMM_GROUPS:
         out.append(("group", group, f"allowed {list(GEMM_GROUPS)} (terms summed exactly before each FP32 add)"))
-    if lattice is not None and (isinstance(lattice, bool) or not isinstance(lattice, (int, float))
-                                or not lattice > 0 or math.frexp(lattice)[0] != 0.5
-                                or not 2.0 ** -24 <= lattice <= 1):
+    if lattice is not None and (
+        isinstance(lattice, bool)
+        or not isinstance(lattice, (int, float))
+        or not lattice > 0
+        or math.frexp(lattice)[0] != 0.5
+        or not 2.0**-24 <= lattice <= 1
+    ):
         out.append(("lattice", lattice, "a power of two from 2^-24 to 1, such as 1/1024, or none"))
     return out
 

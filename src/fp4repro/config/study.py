@@ -52,8 +52,9 @@ class Study:
     def recipe(self, name: str) -> Recipe:
         """One of the study's recipes by name."""
         if name not in self.recipes:
-            raise ExperimentError(f"{self.experiment.path}: recipe {name!r} is not one of this study's "
-                                  f"({', '.join(self.recipes)})")
+            raise ExperimentError(
+                f"{self.experiment.path}: recipe {name!r} is not one of this study's ({', '.join(self.recipes)})"
+            )
         return self.recipes[name]
 
 
@@ -61,8 +62,11 @@ def _fail(path: str, where: str, value, allowed: str):
     raise ExperimentError(f"{path}: field '{where}': value {value!r}: {allowed}")
 
 
-def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str, ...] | list[str] = (),
-               added_by: str = "the command line") -> Study:
+def load_study(
+    experiment: str | Path | ExperimentConfig,
+    add_recipes: tuple[str, ...] | list[str] = (),
+    added_by: str = "the command line",
+) -> Study:
     """The experiment (a name, path or loaded config) with its model config and recipes, plus
     ``add_recipes`` (recipe names or paths given for this run by ``added_by``); every check
     fails before any compute, naming the file, the field, the value and what is allowed."""
@@ -72,8 +76,12 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
     except ModelConfigError as err:
         _fail(exp.path, "model", exp.model, str(err))
     if exp.data.vocab_size is not None and exp.data.vocab_size != model.vocab_size:
-        _fail(exp.path, "data.tokenizer.vocab_size", exp.data.vocab_size,
-              f"must equal the model's vocab_size ({model.vocab_size} in {exp.model!r})")
+        _fail(
+            exp.path,
+            "data.tokenizer.vocab_size",
+            exp.data.vocab_size,
+            f"must equal the model's vocab_size ({model.vocab_size} in {exp.model!r})",
+        )
     for problem in parallel_problems(exp.parallel, model.tensor_split_sizes, model.n_layers):
         _fail(exp.path, problem.field, problem.value, f"{problem.allowed} in {exp.model!r}")
     recipes: dict[str, Recipe] = {}
@@ -87,8 +95,10 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
             raise ExperimentError(f"{where}: value {reference!r}: {err}") from None
         other = recipes.get(recipe.name)
         if other is not None and Path(other.path).resolve() != Path(recipe.path).resolve():
-            raise ExperimentError(f"{where}: value {reference!r}: recipe name {recipe.name!r} is also the name of "
-                                  f"{other.path}; a recipe's name names its result folders, so names must differ")
+            raise ExperimentError(
+                f"{where}: value {reference!r}: recipe name {recipe.name!r} is also the name of "
+                f"{other.path}; a recipe's name names its result folders, so names must differ"
+            )
         for problem in shard_problems(model, recipe, exp.parallel):
             _fail(exp.path, problem.field, problem.value, f"{problem.allowed} ({where}: {reference!r})")
         recipes.setdefault(recipe.name, recipe)
@@ -99,12 +109,21 @@ def load_study(experiment: str | Path | ExperimentConfig, add_recipes: tuple[str
 
 # ------------------------------------------------------------------------------ telemetry phases
 
+
 def refresh_intervals(recipe: Recipe, model: ModelConfig) -> set[int]:
     """The refresh intervals K of the periodic tensor scaling a recipe uses on this model."""
-    specs = [recipe.linear_specs(layer, model.n_layers, linear)
-             for layer, names in enumerate(model.layer_linears) for linear in names]
-    return {int(spec.tensor_scaling.interval) for linear in specs if linear is not None
-            for _, spec in linear.items() if spec is not None and spec.tensor_scaling.kind == "periodic"}
+    specs = [
+        recipe.linear_specs(layer, model.n_layers, linear)
+        for layer, names in enumerate(model.layer_linears)
+        for linear in names
+    ]
+    return {
+        int(spec.tensor_scaling.interval)
+        for linear in specs
+        if linear is not None
+        for _, spec in linear.items()
+        if spec is not None and spec.tensor_scaling.kind == "periodic"
+    }
 
 
 def phases_missed(total_steps: int, every: int, interval: int) -> list[int]:
@@ -122,8 +141,7 @@ def telemetry_every(total_steps: int, intervals: set[int], given: int | None) ->
     if given is not None:
         return given
     target = max(1, total_steps // 100)
-    return next(n for n in range(target, 0, -1)
-                if not any(phases_missed(total_steps, n, k) for k in intervals))
+    return next(n for n in range(target, 0, -1) if not any(phases_missed(total_steps, n, k) for k in intervals))
 
 
 def _check_telemetry(exp: ExperimentConfig, recipes: dict[str, Recipe], model: ModelConfig) -> ExperimentConfig:
@@ -138,10 +156,15 @@ def _check_telemetry(exp: ExperimentConfig, recipes: dict[str, Recipe], model: M
             if missed:
                 fits = [n for n in range(1, every) if not phases_missed(t.total_steps, n, k)]
                 occurring = min(k, t.total_steps)
-                _fail(exp.path, "train.telemetry_every", every,
-                      f"records {occurring - len(missed)} of the {occurring} phases of the {k}-step amax refresh "
-                      f"of recipe {name!r} that occur in {t.total_steps} steps (never steps since refresh "
-                      f"{', '.join(map(str, missed[:5]))}{', …' if len(missed) > 5 else ''}); telemetry must see "
-                      f"every phase: a cadence coprime with {k} that leaves at least {occurring} records"
-                      + (f", such as {fits[-1]}," if fits else "") + " or null to choose one")
+                _fail(
+                    exp.path,
+                    "train.telemetry_every",
+                    every,
+                    f"records {occurring - len(missed)} of the {occurring} phases of the {k}-step amax refresh "
+                    f"of recipe {name!r} that occur in {t.total_steps} steps (never steps since refresh "
+                    f"{', '.join(map(str, missed[:5]))}{', …' if len(missed) > 5 else ''}); telemetry must see "
+                    f"every phase: a cadence coprime with {k} that leaves at least {occurring} records"
+                    + (f", such as {fits[-1]}," if fits else "")
+                    + " or null to choose one",
+                )
     return replace(exp, train=replace(t, telemetry_every=every))

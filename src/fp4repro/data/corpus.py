@@ -59,8 +59,8 @@ class SplitCorpus:
 
     splits: dict[str, list[str]] = field(default_factory=lambda: {s: [] for s in SPLITS})
     documents_read: int = 0
-    duplicates: int = 0      # documents dropped because an identical one was kept
-    empty: int = 0           # documents dropped because nothing was left after normalization
+    duplicates: int = 0  # documents dropped because an identical one was kept
+    empty: int = 0  # documents dropped because nothing was left after normalization
 
 
 def dedup_and_split(texts: Iterable[str], valid_fraction: float, test_fraction: float, seed: int) -> SplitCorpus:
@@ -85,6 +85,7 @@ def dedup_and_split(texts: Iterable[str], valid_fraction: float, test_fraction: 
 
 # ---- user files -------------------------------------------------------------------------------
 
+
 def expand_paths(source: Source) -> list[Path]:
     """The files matched by a source's path globs (relative globs are relative to the working
     directory; ``**`` recurses), sorted and without repeats. A glob matching no file is an error."""
@@ -93,8 +94,9 @@ def expand_paths(source: Source) -> list[Path]:
         matched = [Path(p) for p in glob.glob(str(Path(pattern).expanduser()), recursive=True)]
         matched = [p for p in matched if p.is_file()]
         if not matched:
-            raise DataError(f"source '{source.name}': path '{pattern}' matches no files "
-                            f"(working directory: {Path.cwd()})")
+            raise DataError(
+                f"source '{source.name}': path '{pattern}' matches no files (working directory: {Path.cwd()})"
+            )
         files.update(p.resolve() for p in matched)
     return sorted(files)
 
@@ -169,13 +171,14 @@ def read_file_source(source: Source, max_files: int | None = None, progress: boo
 
 # ---- all sources ------------------------------------------------------------------------------
 
+
 def read_corpora(data: DataConfig, progress: bool = False) -> dict[str, SplitCorpus]:
     """Every text source of the data config, deduplicated and split (``indexed`` sources are
     used as they are and do not appear here). The standard library, and the installed packages,
     are each read once for both of their sources. ``data.max_files`` reads an evenly spread subset
     of each source's files (quick looks, tests)."""
     max_files = data.max_files
-    python: dict[str, PythonCorpus] = {}          # "stdlib" | "packages" -> read once
+    python: dict[str, PythonCorpus] = {}  # "stdlib" | "packages" -> read once
     corpora = {}
     for source in data.sources:
         if source.kind not in TEXT_KINDS:
@@ -185,8 +188,11 @@ def read_corpora(data: DataConfig, progress: bool = False) -> dict[str, SplitCor
             if tree not in python:
                 python[tree] = (read_stdlib if source.kind in STDLIB_KINDS else read_packages)(max_files, progress)
                 if python[tree].unreadable:
-                    print(f"warning: {len(python[tree].unreadable)} {tree} file(s) skipped: "
-                          + "; ".join(python[tree].unreadable[:3]), file=sys.stderr)
+                    print(
+                        f"warning: {len(python[tree].unreadable)} {tree} file(s) skipped: "
+                        + "; ".join(python[tree].unreadable[:3]),
+                        file=sys.stderr,
+                    )
             texts = python[tree].prose if part == "prose" else python[tree].code
         else:
             texts = read_file_source(source, max_files, progress)

@@ -70,24 +70,31 @@ def write_indexed_dataset(prefix: Path, documents: Iterable[np.ndarray], dtype: 
     finally:
         staged_bin.unlink(missing_ok=True)
         staged_idx.unlink(missing_ok=True)
-    return IndexedStats(documents_written, tokens_written, bin_path(prefix).stat().st_size,
-                        idx_path(prefix).stat().st_size)
+    return IndexedStats(
+        documents_written, tokens_written, bin_path(prefix).stat().st_size, idx_path(prefix).stat().st_size
+    )
 
 
 def read_indexed_stats(prefix: str | Path, source_name: str) -> IndexedStats:
     """Documents and tokens of an existing indexed dataset (read from its index only)."""
     for path in (bin_path(prefix), idx_path(prefix)):
         if not path.is_file():
-            raise DataError(f"source '{source_name}': {path}: no such file (an indexed source needs "
-                            f"both {bin_path(prefix).name} and {idx_path(prefix).name})")
+            raise DataError(
+                f"source '{source_name}': {path}: no such file (an indexed source needs "
+                f"both {bin_path(prefix).name} and {idx_path(prefix).name})"
+            )
     if bin_path(prefix).stat().st_size == 0:
         return IndexedStats(0, 0, 0, idx_path(prefix).stat().st_size)
     try:
         dataset = megatron_datasets().IndexedDataset(str(prefix), mmap=True)
     except (AssertionError, ValueError, OSError) as err:
         raise DataError(f"source '{source_name}': {prefix}: not a Megatron indexed dataset ({err})") from None
-    return IndexedStats(documents=len(dataset.document_indices) - 1, tokens=int(dataset.sequence_lengths.sum()),
-                        bin_bytes=bin_path(prefix).stat().st_size, idx_bytes=idx_path(prefix).stat().st_size)
+    return IndexedStats(
+        documents=len(dataset.document_indices) - 1,
+        tokens=int(dataset.sequence_lengths.sum()),
+        bin_bytes=bin_path(prefix).stat().st_size,
+        idx_bytes=idx_path(prefix).stat().st_size,
+    )
 
 
 def read_token_stream(prefix: str | Path, eod: int) -> np.ndarray:
@@ -97,7 +104,7 @@ def read_token_stream(prefix: str | Path, eod: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     dataset = megatron_datasets().IndexedDataset(str(prefix), mmap=True)
     lengths = dataset.sequence_lengths.astype(np.int64)
-    stream = np.concatenate(dataset[0:len(dataset)]).astype(np.int64) if len(dataset) else np.zeros(0, np.int64)
+    stream = np.concatenate(dataset[0 : len(dataset)]).astype(np.int64) if len(dataset) else np.zeros(0, np.int64)
     # Index (in `stream`) of the last token of each document.
     document_ends = np.cumsum(lengths)[np.asarray(dataset.document_indices[1:], dtype=np.int64) - 1] - 1
     document_ends = np.unique(document_ends[document_ends >= 0])

@@ -26,9 +26,9 @@ class DatasetEntry:
 
     source: str
     split: str
-    prefix: str          # relative to the data folder, or absolute for an indexed source
+    prefix: str  # relative to the data folder, or absolute for an indexed source
     documents: int
-    tokens: int          # EOD tokens included
+    tokens: int  # EOD tokens included
     bin_bytes: int
     idx_bytes: int
 
@@ -58,8 +58,8 @@ class Manifest:
     eod_id: int
     token_dtype: str
     sources: dict[str, SourceEntry]
-    inputs: dict = field(default_factory=dict, compare=False)   # what data_hash was computed from
-    provenance: dict = field(default_factory=dict, compare=False)   # code, packages, device that wrote it
+    inputs: dict = field(default_factory=dict, compare=False)  # what data_hash was computed from
+    provenance: dict = field(default_factory=dict, compare=False)  # code, packages, device that wrote it
 
     # ---- lookups used by training and evaluation
 
@@ -77,8 +77,9 @@ class Manifest:
     def entry(self, source: str, split: str) -> DatasetEntry:
         datasets = self._source(source).datasets
         if split not in datasets:
-            raise DataError(f"source '{source}' has no '{split}' split in {self.root} "
-                            f"(its splits: {', '.join(datasets) or 'none'})")
+            raise DataError(
+                f"source '{source}' has no '{split}' split in {self.root} (its splits: {', '.join(datasets) or 'none'})"
+            )
         return datasets[split]
 
     def prefix(self, source: str, split: str) -> str:
@@ -130,16 +131,33 @@ class Manifest:
         return {
             "format": MANIFEST_FORMAT,
             "data_hash": self.data_hash,
-            "tokenizer": {"path": self.tokenizer_file, "sha256": self.tokenizer_sha256,
-                          "bytes": self.tokenizer_bytes, "vocab_size": self.vocab_size, "eod_id": self.eod_id},
+            "tokenizer": {
+                "path": self.tokenizer_file,
+                "sha256": self.tokenizer_sha256,
+                "bytes": self.tokenizer_bytes,
+                "vocab_size": self.vocab_size,
+                "eod_id": self.eod_id,
+            },
             "token_dtype": self.token_dtype,
             "sources": {
-                s.name: {"kind": s.kind, "documents_read": s.documents_read, "duplicates": s.duplicates,
-                         "empty": s.empty,
-                         "splits": {split: {"prefix": e.prefix, "documents": e.documents, "tokens": e.tokens,
-                                            "bin_bytes": e.bin_bytes, "idx_bytes": e.idx_bytes}
-                                    for split, e in s.datasets.items()}}
-                for s in self.sources.values()},
+                s.name: {
+                    "kind": s.kind,
+                    "documents_read": s.documents_read,
+                    "duplicates": s.duplicates,
+                    "empty": s.empty,
+                    "splits": {
+                        split: {
+                            "prefix": e.prefix,
+                            "documents": e.documents,
+                            "tokens": e.tokens,
+                            "bin_bytes": e.bin_bytes,
+                            "idx_bytes": e.idx_bytes,
+                        }
+                        for split, e in s.datasets.items()
+                    },
+                }
+                for s in self.sources.values()
+            },
             "inputs": self.inputs,
             "provenance": self.provenance,
         }
@@ -148,15 +166,29 @@ class Manifest:
     def from_json(cls, root: Path, raw: dict) -> Manifest:
         tok = raw["tokenizer"]
         sources = {
-            name: SourceEntry(name=name, kind=s["kind"], documents_read=s.get("documents_read"),
-                              duplicates=s.get("duplicates"), empty=s.get("empty"),
-                              datasets={split: DatasetEntry(source=name, split=split, **e)
-                                        for split, e in s["splits"].items()})
-            for name, s in raw["sources"].items()}
-        return cls(root=Path(root), data_hash=raw["data_hash"], tokenizer_file=tok["path"],
-                   tokenizer_sha256=tok["sha256"], tokenizer_bytes=tok["bytes"], vocab_size=tok["vocab_size"],
-                   eod_id=tok["eod_id"], token_dtype=raw["token_dtype"], sources=sources,
-                   inputs=raw.get("inputs", {}), provenance=raw.get("provenance", {}))
+            name: SourceEntry(
+                name=name,
+                kind=s["kind"],
+                documents_read=s.get("documents_read"),
+                duplicates=s.get("duplicates"),
+                empty=s.get("empty"),
+                datasets={split: DatasetEntry(source=name, split=split, **e) for split, e in s["splits"].items()},
+            )
+            for name, s in raw["sources"].items()
+        }
+        return cls(
+            root=Path(root),
+            data_hash=raw["data_hash"],
+            tokenizer_file=tok["path"],
+            tokenizer_sha256=tok["sha256"],
+            tokenizer_bytes=tok["bytes"],
+            vocab_size=tok["vocab_size"],
+            eod_id=tok["eod_id"],
+            token_dtype=raw["token_dtype"],
+            sources=sources,
+            inputs=raw.get("inputs", {}),
+            provenance=raw.get("provenance", {}),
+        )
 
 
 def manifest_path(out_dir: str | Path) -> Path:
@@ -180,12 +212,15 @@ def load_manifest(out_dir: str | Path) -> Manifest:
     """The manifest of a prepared, complete data folder; a clear error otherwise."""
     manifest = read_manifest(out_dir)
     if manifest is None:
-        raise DataError(f"{manifest_path(out_dir)}: missing or unreadable: the data in {out_dir} is not "
-                        "prepared (run `fp4repro prepare-data`)")
+        raise DataError(
+            f"{manifest_path(out_dir)}: missing or unreadable: the data in {out_dir} is not "
+            "prepared (run `fp4repro prepare-data`)"
+        )
     problems = manifest.problems()
     if problems:
-        raise DataError(f"{out_dir}: prepared data is incomplete ({'; '.join(problems[:3])}); "
-                        "run `fp4repro prepare-data` again")
+        raise DataError(
+            f"{out_dir}: prepared data is incomplete ({'; '.join(problems[:3])}); run `fp4repro prepare-data` again"
+        )
     return manifest
 
 

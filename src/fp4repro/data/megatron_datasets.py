@@ -25,7 +25,15 @@ def megatron_datasets() -> SimpleNamespace:
         from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
         from megatron.core.datasets.utils import Split
         from megatron.core.package_info import __version__
-    return SimpleNamespace(BlendedDataset=BlendedDataset, BlendedMegatronDatasetBuilder=BlendedMegatronDatasetBuilder,
-                           GPTDataset=GPTDataset, GPTDatasetConfig=GPTDatasetConfig, DType=DType,
-                           IndexedDataset=IndexedDataset, IndexedDatasetBuilder=IndexedDatasetBuilder, Split=Split,
-                           helpers=helpers, version=__version__)
+    return SimpleNamespace(
+        BlendedDataset=BlendedDataset,
+        BlendedMegatronDatasetBuilder=BlendedMegatronDatasetBuilder,
+        GPTDataset=GPTDataset,
+        GPTDatasetConfig=GPTDatasetConfig,
+        DType=DType,
+        IndexedDataset=IndexedDataset,
+        IndexedDatasetBuilder=IndexedDatasetBuilder,
+        Split=Split,
+        helpers=helpers,
+        version=__version__,
+    )

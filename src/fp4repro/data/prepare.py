@@ -37,11 +37,12 @@ from fp4repro.util import atomic_write_text
 # Bump when normalization, splitting, tokenization or the file layout change: old folders are redone.
 DATA_FORMAT = 1
 TOKENIZER_FILE = "tokenizer.json"
-ENCODE_BATCH = 1024          # documents per tokenizer call (the tokenizer parallelizes inside a call)
+ENCODE_BATCH = 1024  # documents per tokenizer call (the tokenizer parallelizes inside a call)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 # ---- what the outputs depend on ---------------------------------------------------------------
+
 
 def _file_fingerprint(path: Path) -> list:
     stat = path.stat()
@@ -77,13 +78,13 @@ def data_fingerprint(data: DataConfig) -> dict:
     fingerprint = {
         "format": DATA_FORMAT,
         "config": {k: v for k, v in dataclasses.asdict(data).items() if k != "max_files"},
-        "max_files": data.max_files,     # outside "config": experiments without it keep their hash
+        "max_files": data.max_files,  # outside "config": experiments without it keep their hash
         "python": data.stdlib(),
         "tokenizers": tokenizers.__version__,
         "inputs": inputs,
     }
     packages = data.packages()
-    if packages is not None:    # installed distributions, for packages_* sources only (other data keeps its hash)
+    if packages is not None:  # installed distributions, for packages_* sources only (other data keeps its hash)
         fingerprint["packages"] = packages
     return fingerprint
 
@@ -94,11 +95,13 @@ def data_hash(fingerprint: dict) -> str:
 
 # ---- steps ------------------------------------------------------------------------------------
 
+
 def _check_source_names(data: DataConfig) -> None:
     for source in data.sources:
         if not _SAFE_NAME.match(source.name):
-            raise DataError(f"source '{source.name}': a source name becomes a file name; "
-                            "use letters, digits, '_', '-' and '.' only")
+            raise DataError(
+                f"source '{source.name}': a source name becomes a file name; use letters, digits, '_', '-' and '.' only"
+            )
         for split, _ in source.prefixes:
             if split not in SPLITS:
                 raise DataError(f"source '{source.name}': prefix for unknown split '{split}' (splits: {SPLITS})")
@@ -108,13 +111,15 @@ def _write_tokenizer(data: DataConfig, corpora: dict[str, SplitCorpus], out_dir:
     """Train the BPE on the train split of every text source, or copy the given tokenizer.json."""
     path = out_dir / TOKENIZER_FILE
     if data.tokenizer_path is not None:
-        load_tokenizer(data.tokenizer_path)   # fail early on a file that is not a tokenizer
+        load_tokenizer(data.tokenizer_path)  # fail early on a file that is not a tokenizer
         atomic_write_text(path, Path(data.tokenizer_path).expanduser().read_text(encoding="utf-8"))
         return path
     texts = [text for name in corpora for text in corpora[name].splits["train"]]
     if not texts:
-        raise DataError("tokenizer: no text to train on (no train documents in any jsonl, parquet, text "
-                        "or stdlib source); give data.tokenizer.path instead")
+        raise DataError(
+            "tokenizer: no text to train on (no train documents in any jsonl, parquet, text "
+            "or stdlib source); give data.tokenizer.path instead"
+        )
     _say(progress, f"training a byte-level BPE of {data.vocab_size} entries on {len(texts):,} documents")
     atomic_write_text(path, train_bpe(texts, data.vocab_size, progress=False).to_str(pretty=True))
     return path
@@ -122,26 +127,33 @@ def _write_tokenizer(data: DataConfig, corpora: dict[str, SplitCorpus], out_dir:
 
 def _encoded(tokenizer, texts: list[str], eod: int, dtype, bar: tqdm) -> Iterator[np.ndarray]:
     for start in range(0, len(texts), ENCODE_BATCH):
-        batch = encode_documents(tokenizer, texts[start:start + ENCODE_BATCH], eod, dtype)
+        batch = encode_documents(tokenizer, texts[start : start + ENCODE_BATCH], eod, dtype)
         bar.update(len(batch))
         yield from batch
 
 
-def _write_text_source(source: Source, corpus: SplitCorpus, tokenizer, eod: int, dtype, out_dir: Path,
-                       progress: bool) -> SourceEntry:
+def _write_text_source(
+    source: Source, corpus: SplitCorpus, tokenizer, eod: int, dtype, out_dir: Path, progress: bool
+) -> SourceEntry:
     """One indexed dataset per split of a text source: ``<out_dir>/<source>_<split>.bin/.idx``."""
     datasets = {}
     total = sum(len(texts) for texts in corpus.splits.values())
-    with tqdm(total=total, desc=f"tokenize {source.name}", unit="doc", disable=not progress,
-              dynamic_ncols=True) as bar:
+    with tqdm(total=total, desc=f"tokenize {source.name}", unit="doc", disable=not progress, dynamic_ncols=True) as bar:
         for split in SPLITS:
             name = f"{source.name}_{split}"
             texts = corpus.splits[split]
             stats = write_indexed_dataset(out_dir / name, _encoded(tokenizer, texts, eod, dtype, bar), dtype)
-            datasets[split] = DatasetEntry(source.name, split, name, stats.documents, stats.tokens,
-                                           stats.bin_bytes, stats.idx_bytes)
-    return SourceEntry(source.name, source.kind, datasets, documents_read=corpus.documents_read,
-                       duplicates=corpus.duplicates, empty=corpus.empty)
+            datasets[split] = DatasetEntry(
+                source.name, split, name, stats.documents, stats.tokens, stats.bin_bytes, stats.idx_bytes
+            )
+    return SourceEntry(
+        source.name,
+        source.kind,
+        datasets,
+        documents_read=corpus.documents_read,
+        duplicates=corpus.duplicates,
+        empty=corpus.empty,
+    )
 
 
 def _use_indexed_source(source: Source) -> SourceEntry:
@@ -150,8 +162,9 @@ def _use_indexed_source(source: Source) -> SourceEntry:
     for split, prefix in source.prefixes:
         prefix = _indexed_prefix(prefix)
         stats = read_indexed_stats(prefix, source.name)
-        datasets[split] = DatasetEntry(source.name, split, str(prefix), stats.documents, stats.tokens,
-                                       stats.bin_bytes, stats.idx_bytes)
+        datasets[split] = DatasetEntry(
+            source.name, split, str(prefix), stats.documents, stats.tokens, stats.bin_bytes, stats.idx_bytes
+        )
     return SourceEntry(source.name, source.kind, datasets)
 
 
@@ -161,6 +174,7 @@ def _say(progress: bool, message: str) -> None:
 
 
 # ---- entry point ------------------------------------------------------------------------------
+
 
 def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True) -> Manifest:
     """Prepare the experiment's data in ``out_dir`` (tokenizer.json, ``<source>_<split>.bin/.idx``,
@@ -193,32 +207,51 @@ def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True) ->
     sources = {}
     for source in data.sources:
         if source.kind in TEXT_KINDS:
-            sources[source.name] = _write_text_source(source, corpora[source.name], tokenizer, eod, dtype,
-                                                      out_dir, progress)
+            sources[source.name] = _write_text_source(
+                source, corpora[source.name], tokenizer, eod, dtype, out_dir, progress
+            )
         else:
             sources[source.name] = _use_indexed_source(source)
 
-    manifest = Manifest(root=out_dir, data_hash=wanted, tokenizer_file=TOKENIZER_FILE,
-                        tokenizer_sha256=file_sha256(tokenizer_file), tokenizer_bytes=tokenizer_file.stat().st_size,
-                        vocab_size=vocab_size, eod_id=eod, token_dtype=np.dtype(dtype).name, sources=sources,
-                        inputs=fingerprint, provenance=provenance("cpu"))
+    manifest = Manifest(
+        root=out_dir,
+        data_hash=wanted,
+        tokenizer_file=TOKENIZER_FILE,
+        tokenizer_sha256=file_sha256(tokenizer_file),
+        tokenizer_bytes=tokenizer_file.stat().st_size,
+        vocab_size=vocab_size,
+        eod_id=eod,
+        token_dtype=np.dtype(dtype).name,
+        sources=sources,
+        inputs=fingerprint,
+        provenance=provenance("cpu"),
+    )
     write_manifest(manifest)
     return manifest
 
 
 def format_summary(manifest: Manifest) -> str:
     """A table of documents and tokens per (source, split), then the tokenizer and deduplication."""
-    rows = [(name, split, f"{e.documents:,}", f"{e.tokens:,}")
-            for name, source in manifest.sources.items() for split, e in source.datasets.items()]
+    rows = [
+        (name, split, f"{e.documents:,}", f"{e.tokens:,}")
+        for name, source in manifest.sources.items()
+        for split, e in source.datasets.items()
+    ]
     header = ("source", "split", "documents", "tokens")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
-             for r in [header, *rows]]
+    lines = [
+        "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"tokenizer: {manifest.tokenizer_path} (vocabulary {manifest.vocab_size}, EOD id {manifest.eod_id}, "
-                 f"stored as {manifest.token_dtype})")
+    lines.append(
+        f"tokenizer: {manifest.tokenizer_path} (vocabulary {manifest.vocab_size}, EOD id {manifest.eod_id}, "
+        f"stored as {manifest.token_dtype})"
+    )
     for name, source in manifest.sources.items():
         if source.documents_read is not None:
-            lines.append(f"{name}: {source.documents_read:,} documents read, {source.duplicates:,} duplicates "
-                         f"and {source.empty:,} empty removed")
+            lines.append(
+                f"{name}: {source.documents_read:,} documents read, {source.duplicates:,} duplicates "
+                f"and {source.empty:,} empty removed"
+            )
     return "\n".join(lines)

@@ -37,9 +37,9 @@ def blending(weights: list[float], size: int) -> np.ndarray:
     """The source of each of ``size`` samples for normalized ``weights`` (megatron-core's blending)."""
     dataset_index = np.zeros(size, dtype=np.int16)
     dataset_sample_index = np.zeros(size, dtype=np.int64)
-    megatron_datasets().helpers.build_blending_indices(dataset_index, dataset_sample_index,
-                                                       np.asarray(weights, dtype=np.float64), len(weights), size,
-                                                       False)
+    megatron_datasets().helpers.build_blending_indices(
+        dataset_index, dataset_sample_index, np.asarray(weights, dtype=np.float64), len(weights), size, False
+    )
     return dataset_index
 
 
@@ -49,9 +49,9 @@ class Stage:
 
     run: RunSampler
     index: int
-    sources: tuple[str, ...]        # this stage's sources (positive weight), sorted
-    pick: np.ndarray                # the source (position in ``sources``) of each sample
-    within: np.ndarray              # the sample's window in its source's pass
+    sources: tuple[str, ...]  # this stage's sources (positive weight), sorted
+    pick: np.ndarray  # the source (position in ``sources``) of each sample
+    within: np.ndarray  # the sample's window in its source's pass
 
     def __len__(self) -> int:
         return len(self.pick)
@@ -72,8 +72,9 @@ class Stage:
 class RunSampler:
     """The stages of a run (``stages[k]``) from ``(blend, samples)`` per stage, in order."""
 
-    def __init__(self, manifest: Manifest, stages: list[tuple[dict[str, float], int]], seq_len: int, seed: int,
-                 cache_dir=None):
+    def __init__(
+        self, manifest: Manifest, stages: list[tuple[dict[str, float], int]], seq_len: int, seed: int, cache_dir=None
+    ):
         if not stages:
             raise DataError("a run needs at least one stage")
         picks, names = [], []
@@ -93,18 +94,24 @@ class RunSampler:
                 within[mine] = offset + np.arange(int(mine.sum()))
                 counts[name] = offset + int(mine.sum())
             self.stages.append(Stage(self, k, sources, pick, within))
-        self.windows = counts                      # windows each source gives the run
+        self.windows = counts  # windows each source gives the run
         self.seq_len = seq_len
-        self.passes = {name: StageSampler(manifest, {name: 1.0}, seq_len, n, seed=seed, cache_dir=cache_dir)
-                       for name, n in sorted(counts.items())}
+        self.passes = {
+            name: StageSampler(manifest, {name: 1.0}, seq_len, n, seed=seed, cache_dir=cache_dir)
+            for name, n in sorted(counts.items())
+        }
         self.supply = {name: max((manifest.tokens(name, "train") - 1) // seq_len, 1) for name in counts}
 
     @classmethod
     def of_run(cls, manifest: Manifest, train, seed: int, cache_dir=None) -> RunSampler:
         """The samples of a training run (``TrainConfig``: its stages' blends, steps and batch size)."""
-        return cls(manifest, [(dict(stage.blend), steps * train.batch_size)
-                              for stage, steps in zip(train.stages, train.stage_steps())],
-                   train.seq_len, seed, cache_dir=cache_dir)
+        return cls(
+            manifest,
+            [(dict(stage.blend), steps * train.batch_size) for stage, steps in zip(train.stages, train.stage_steps())],
+            train.seq_len,
+            seed,
+            cache_dir=cache_dir,
+        )
 
     def epochs(self) -> dict[str, float]:
         """Passes over each source's training tokens the run makes (above 1: it repeats tokens)."""
@@ -115,6 +122,8 @@ class RunSampler:
         over = {name: e for name, e in self.epochs().items() if e > 1}
         if not over:
             return None
-        return "the run reads " + ", ".join(f"source '{name}' {math.ceil(e)} times ({self.windows[name]:,} windows of "
-                                            f"{self.seq_len} tokens, {self.supply[name]:,} in its training split)"
-                                            for name, e in over.items())
+        return "the run reads " + ", ".join(
+            f"source '{name}' {math.ceil(e)} times ({self.windows[name]:,} windows of "
+            f"{self.seq_len} tokens, {self.supply[name]:,} in its training split)"
+            for name, e in over.items()
+        )

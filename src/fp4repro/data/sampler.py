@@ -55,8 +55,9 @@ def _single_process_builder_class() -> type:
             if cls is mc.BlendedDataset and not torch.distributed.is_initialized():
                 *head, config = args
                 args = (*head, dataclasses.replace(config, path_to_cache=None))
-            return mc.BlendedMegatronDatasetBuilder.build_generic_dataset(cls, is_built_on_rank, synchronize_ranks,
-                                                                          *args)
+            return mc.BlendedMegatronDatasetBuilder.build_generic_dataset(
+                cls, is_built_on_rank, synchronize_ranks, *args
+            )
 
     return SingleProcessBuilder
 
@@ -85,7 +86,7 @@ def active_blend(manifest: Manifest, blend: dict[str, float], split: str) -> tup
     if not blend:
         raise DataError("empty blend: give at least one source with a positive weight")
     for name, weight in blend.items():
-        manifest.entry(name, split)   # unknown source or split -> clear error
+        manifest.entry(name, split)  # unknown source or split -> clear error
         if not weight >= 0:
             raise DataError(f"blend weight of source '{name}' is {weight}; weights must be >= 0")
     names = sorted(name for name, weight in blend.items() if weight > 0)
@@ -93,8 +94,10 @@ def active_blend(manifest: Manifest, blend: dict[str, float], split: str) -> tup
         raise DataError(f"blend {blend} has no source with a positive weight")
     for name in names:
         if manifest.tokens(name, split) == 0:
-            raise DataError(f"source '{name}' has no tokens in split '{split}' of {manifest.root}, "
-                            f"but the blend gives it weight {blend[name]}")
+            raise DataError(
+                f"source '{name}' has no tokens in split '{split}' of {manifest.root}, "
+                f"but the blend gives it weight {blend[name]}"
+            )
     total = sum(blend[name] for name in names)
     return names, [blend[name] / total for name in names]
 
@@ -107,8 +110,16 @@ class StageSampler:
     ``len(sampler) >= num_samples``. ``sampler.source(i)`` names the source sample ``i`` came from.
     """
 
-    def __init__(self, manifest: Manifest, blend: dict[str, float], seq_len: int, num_samples: int, seed: int,
-                 split: str = "train", cache_dir: Path | None = None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        blend: dict[str, float],
+        seq_len: int,
+        num_samples: int,
+        seed: int,
+        split: str = "train",
+        cache_dir: Path | None = None,
+    ):
         if seq_len < 1 or num_samples < 1:
             raise DataError(f"seq_len ({seq_len}) and num_samples ({num_samples}) must be positive")
         if split not in SPLITS:
@@ -127,11 +138,20 @@ class StageSampler:
 
     def _cache_key(self) -> str:
         """Hash of everything the index caches depend on."""
-        datasets = [[name, prefix, self.manifest.documents(name, self.split), self.manifest.tokens(name, self.split)]
-                    for name, prefix in zip(self.sources, self.prefixes)]
-        payload = {"data": self.manifest.data_hash, "split": self.split, "datasets": datasets,
-                   "weights": self.weights, "seq_len": self.seq_len, "seed": self.seed,
-                   "num_samples": self.num_samples, "megatron": megatron_datasets().version}
+        datasets = [
+            [name, prefix, self.manifest.documents(name, self.split), self.manifest.tokens(name, self.split)]
+            for name, prefix in zip(self.sources, self.prefixes)
+        ]
+        payload = {
+            "data": self.manifest.data_hash,
+            "split": self.split,
+            "datasets": datasets,
+            "weights": self.weights,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "megatron": megatron_datasets().version,
+        }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
     def _megatron_config(self, path_to_cache: Path):
@@ -139,19 +159,26 @@ class StageSampler:
         blend_per_split: list = [None] * len(mc.Split)
         blend_per_split[mc.Split[self.split].value] = (self.prefixes, self.weights)
         tokenizer = MegatronTokenizer(self.manifest.tokenizer_path, self.manifest.vocab_size, self.manifest.eod_id)
-        return mc.GPTDatasetConfig(random_seed=self.seed, sequence_length=self.seq_len,
-                                   blend_per_split=blend_per_split, tokenizer=tokenizer,
-                                   path_to_cache=str(path_to_cache),
-                                   reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                                   create_attention_mask=False)
+        return mc.GPTDatasetConfig(
+            random_seed=self.seed,
+            sequence_length=self.seq_len,
+            blend_per_split=blend_per_split,
+            tokenizer=tokenizer,
+            path_to_cache=str(path_to_cache),
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
+            create_attention_mask=False,
+        )
 
     def _build_datasets(self, path_to_cache: Path):
         mc = megatron_datasets()
         split_index = mc.Split[self.split].value
         sizes: list = [None] * len(mc.Split)
         sizes[split_index] = self.num_samples
-        builder = _single_process_builder_class()(mc.GPTDataset, sizes, lambda: True,
-                                                  self._megatron_config(path_to_cache))
+        builder = _single_process_builder_class()(
+            mc.GPTDataset, sizes, lambda: True, self._megatron_config(path_to_cache)
+        )
         with _quiet_megatron_logs():
             return builder.build()[split_index]
 
@@ -164,12 +191,12 @@ class StageSampler:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.cache_dir))
         try:
-            dataset = self._build_datasets(staging)   # a cache miss: indices are built and held in memory
-            staging.chmod(0o755)                      # mkdtemp makes it private; the cache is shared
+            dataset = self._build_datasets(staging)  # a cache miss: indices are built and held in memory
+            staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared
             try:
                 staging.rename(final)
             except OSError:
-                if not final.is_dir():               # not "another process was first": a real failure
+                if not final.is_dir():  # not "another process was first": a real failure
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -76,8 +76,11 @@ def package_files(roots: list[Path] | None = None) -> list[Path]:
     for root in roots or package_roots():
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if d not in EXCLUDED_DIRS]
-            found.extend(Path(dirpath) / name for name in filenames
-                         if name.endswith(".py") and not name.startswith("__editable__"))
+            found.extend(
+                Path(dirpath) / name
+                for name in filenames
+                if name.endswith(".py") and not name.startswith("__editable__")
+            )
     return sorted(found)
 
 
@@ -149,15 +152,15 @@ def strip_docstrings(source: str, tree: ast.Module | None = None) -> str:
     # From the end backwards, so that earlier positions stay valid.
     for doc, needs_pass in sorted(removals, key=lambda r: (r[0].lineno, r[0].col_offset), reverse=True):
         first, last = doc.lineno - 1, doc.end_lineno - 1
-        before = lines[first][:doc.col_offset]
-        after = lines[last][doc.end_col_offset:]
+        before = lines[first][: doc.col_offset]
+        after = lines[last][doc.end_col_offset :]
         owns_its_lines = not before.strip() and (not after.strip() or after.lstrip().startswith(b"#"))
         if owns_its_lines:
-            line_end = lines[last][len(lines[last].rstrip(b"\r\n")):] or b"\n"
+            line_end = lines[last][len(lines[last].rstrip(b"\r\n")) :] or b"\n"
             replacement = [before + b"pass" + line_end] if needs_pass else []
         else:
             replacement = [before + b"pass" + after]
-        lines[first:last + 1] = replacement
+        lines[first : last + 1] = replacement
     return b"".join(lines).decode("utf-8")
 
 
@@ -190,7 +193,7 @@ class PythonCorpus:
     prose: list[str] = field(default_factory=list)
     code: list[str] = field(default_factory=list)
     files: int = 0
-    unreadable: list[str] = field(default_factory=list)   # "path: reason"
+    unreadable: list[str] = field(default_factory=list)  # "path: reason"
 
     def add(self, prose: list[str], code: str | None, unreadable: str | None) -> None:
         """Add one file as ``read_python_file`` read it."""
@@ -223,8 +226,9 @@ class PythonCorpus:
                     bar.update()
 
 
-def read_stdlib(max_files: int | None = None, progress: bool = False, root: Path | None = None,
-                workers: int | None = None) -> PythonCorpus:
+def read_stdlib(
+    max_files: int | None = None, progress: bool = False, root: Path | None = None, workers: int | None = None
+) -> PythonCorpus:
     """Read the standard library (or an evenly spread subset of ``max_files`` files) into prose
     documents (one per docstring, plus one per pydoc topic) and code documents (one per module).
 
@@ -236,14 +240,15 @@ def read_stdlib(max_files: int | None = None, progress: bool = False, root: Path
     corpus = PythonCorpus()
     at = files.index(TOPICS_FILE) if TOPICS_FILE in files else len(files)
     corpus.read_all([(root / f, f) for f in files[:at]], "read stdlib", progress, workers)
-    if at < len(files):   # the topics' prose where the file falls in path order
+    if at < len(files):  # the topics' prose where the file falls in path order
         corpus.add(pydoc_topics(), None, None)
-        corpus.read_all([(root / f, f) for f in files[at + 1:]], "read stdlib", progress, workers)
+        corpus.read_all([(root / f, f) for f in files[at + 1 :]], "read stdlib", progress, workers)
     return corpus
 
 
-def read_packages(max_files: int | None = None, progress: bool = False,
-                  roots: list[Path] | None = None, workers: int | None = None) -> PythonCorpus:
+def read_packages(
+    max_files: int | None = None, progress: bool = False, roots: list[Path] | None = None, workers: int | None = None
+) -> PythonCorpus:
     """Read the installed packages (or an evenly spread subset of ``max_files`` files) as
     ``read_stdlib`` reads the standard library: docstrings as prose, the rest of the source as code."""
     roots = roots or package_roots()

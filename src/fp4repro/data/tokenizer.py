@@ -30,8 +30,12 @@ def train_bpe(texts: Iterable[str], vocab_size: int, progress: bool = False) -> 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=progress,
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
@@ -81,8 +85,12 @@ class MegatronTokenizer:
         self.path = str(path)
         self.vocab_size = vocab_size
         self.eod = eod
-        self.unique_identifiers = {"class": type(self).__name__, "sha256": file_sha256(path),
-                                   "vocab_size": vocab_size, "eod": eod}
+        self.unique_identifiers = {
+            "class": type(self).__name__,
+            "sha256": file_sha256(path),
+            "vocab_size": vocab_size,
+            "eod": eod,
+        }
         self._tokenizer: Tokenizer | None = None
 
     def _hf(self) -> Tokenizer:

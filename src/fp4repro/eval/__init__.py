@@ -17,6 +17,20 @@ from fp4repro.eval.run import evaluate
 from fp4repro.eval.tasks import write_offline_tasks
 from fp4repro.quant.state import CurrentAmaxState  # the quantized policy's state (re-exported)
 
-__all__ = ["EvalError", "final_window_loss", "NLLResult", "DocumentNLL", "blend_nll", "document_nll", "stream_nll", "windows", "CheckpointInfo",
-           "CurrentAmaxState", "build_model", "inspect_checkpoint", "load_eval_model", "evaluate",
-           "write_offline_tasks"]
+__all__ = [
+    "EvalError",
+    "final_window_loss",
+    "NLLResult",
+    "DocumentNLL",
+    "blend_nll",
+    "document_nll",
+    "stream_nll",
+    "windows",
+    "CheckpointInfo",
+    "CurrentAmaxState",
+    "build_model",
+    "inspect_checkpoint",
+    "load_eval_model",
+    "evaluate",
+    "write_offline_tasks",
+]

@@ -44,8 +44,10 @@ def task_manager(include_path: list[str | Path], names: list[str]):
         for name in unknown:
             close = difflib.get_close_matches(name, manager.all_tasks, n=3)
             hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
-        raise EvalError(f"lm-eval does not know task(s) {', '.join(hints)}; searched its built-in tasks"
-                        + (f" and {', '.join(paths)}" if paths else ""))
+        raise EvalError(
+            f"lm-eval does not know task(s) {', '.join(hints)}; searched its built-in tasks"
+            + (f" and {', '.join(paths)}" if paths else "")
+        )
     return manager
 
 
@@ -117,7 +119,7 @@ def _aggregate_of(results: dict) -> dict[str, str]:
 
     for name in children:
         if name.startswith(GROUP_PREFIX):
-            walk(name, name[len(GROUP_PREFIX):])
+            walk(name, name[len(GROUP_PREFIX) :])
     return owner
 
 
@@ -132,8 +134,16 @@ def item_rows(results: dict, meta: dict) -> list[dict]:
             for metric in sample.get("metrics", ()):
                 value = _number(sample.get(metric))
                 if math.isfinite(value):
-                    rows.append({**meta, "aggregate": owner.get(task, ""), "task": task,
-                                 "doc_id": int(sample["doc_id"]), "metric": metric, "value": value})
+                    rows.append(
+                        {
+                            **meta,
+                            "aggregate": owner.get(task, ""),
+                            "task": task,
+                            "doc_id": int(sample["doc_id"]),
+                            "metric": metric,
+                            "value": value,
+                        }
+                    )
     return rows
 
 
@@ -150,7 +160,7 @@ def result_rows(results: dict, meta: dict) -> list[dict]:
     for name, values in results["results"].items():
         aggregate = owner.get(name, "")
         level = "aggregate" if name.startswith(GROUP_PREFIX) else "task"
-        task = name[len(GROUP_PREFIX):] if level == "aggregate" else name
+        task = name[len(GROUP_PREFIX) :] if level == "aggregate" else name
         n = values.get("sample_len", n_samples.get(name, {}).get("effective"))
         for key, value in values.items():
             metric, _, filter_name = key.partition(",")
@@ -158,7 +168,16 @@ def result_rows(results: dict, meta: dict) -> list[dict]:
                 continue
             stderr = values.get(f"{metric}_stderr,{filter_name}")
             suffix = "" if filter_name == "none" else f",{filter_name}"
-            rows.append({**meta, "aggregate": aggregate, "task": task, "level": level, "metric": metric + suffix,
-                         "value": _number(value), "stderr": _number(stderr),
-                         "n": int(n) if n is not None else -1})
+            rows.append(
+                {
+                    **meta,
+                    "aggregate": aggregate,
+                    "task": task,
+                    "level": level,
+                    "metric": metric + suffix,
+                    "value": _number(value),
+                    "stderr": _number(stderr),
+                    "n": int(n) if n is not None else -1,
+                }
+            )
     return rows

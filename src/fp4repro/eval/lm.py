@@ -50,12 +50,21 @@ class FP4ReproLM(LM):
     max_gen_toks: default generation budget of generate_until
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer, eod_id: int, policy: str = "bf16",
-                 max_length: int = 2048, batch_size: int = 16, max_gen_toks: int = 128, progress: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        eod_id: int,
+        policy: str = "bf16",
+        max_length: int = 2048,
+        batch_size: int = 16,
+        max_gen_toks: int = 128,
+        progress: bool = False,
+    ):
         super().__init__()
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.tokenizer.encode_special_tokens = True     # "<|endoftext|>" inside a text is text, as in training
+        self.tokenizer.encode_special_tokens = True  # "<|endoftext|>" inside a text is text, as in training
         self.eod_id = int(eod_id)
         self.policy = check_policy(policy)
         self._max_length = int(max_length)
@@ -66,10 +75,19 @@ class FP4ReproLM(LM):
 
     # ------------------------------------------------------------------------- construction
     @classmethod
-    def from_checkpoint(cls, checkpoint: str | Path, data: str | Path | None = None, tokenizer: str | None = None,
-                        eod_id: int | None = None, policy: str = "bf16", max_length: int | None = None,
-                        batch_size: int | str | None = 16, device: str | None = None, max_gen_toks: int = 128,
-                        progress: bool = False) -> FP4ReproLM:
+    def from_checkpoint(
+        cls,
+        checkpoint: str | Path,
+        data: str | Path | None = None,
+        tokenizer: str | None = None,
+        eod_id: int | None = None,
+        policy: str = "bf16",
+        max_length: int | None = None,
+        batch_size: int | str | None = 16,
+        device: str | None = None,
+        max_gen_toks: int = 128,
+        progress: bool = False,
+    ) -> FP4ReproLM:
         """Load an evaluation checkpoint under ``policy``. The tokenizer and EOD id come from a
         prepared data folder (``data``: its manifest) or from ``tokenizer`` (a tokenizer.json)
         and ``eod_id``; ``max_length`` defaults to the checkpoint's experiment's train.seq_len."""
@@ -81,14 +99,24 @@ class FP4ReproLM(LM):
             manifest = load_manifest(Path(data))
             tokenizer, eod_id = tokenizer or manifest.tokenizer_path, manifest.eod_id if eod_id is None else eod_id
         if tokenizer is None or eod_id is None:
-            raise EvalError("fp4repro LM: give data=<prepared data folder> or tokenizer=<tokenizer.json> and eod_id=<id>")
+            raise EvalError(
+                "fp4repro LM: give data=<prepared data folder> or tokenizer=<tokenizer.json> and eod_id=<id>"
+            )
         if max_length is None:
             max_length = _experiment_seq_len(ckpt, checkpoint)
         size = 16 if batch_size in (None, "auto") or str(batch_size).startswith("auto") else int(batch_size)
         from fp4repro.data.tokenizer import load_tokenizer
 
-        return cls(model, load_tokenizer(tokenizer), int(eod_id), policy=policy, max_length=int(max_length),
-                   batch_size=size, max_gen_toks=int(max_gen_toks), progress=progress)
+        return cls(
+            model,
+            load_tokenizer(tokenizer),
+            int(eod_id),
+            policy=policy,
+            max_length=int(max_length),
+            batch_size=size,
+            max_gen_toks=int(max_gen_toks),
+            progress=progress,
+        )
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> FP4ReproLM:
@@ -129,7 +157,7 @@ class FP4ReproLM(LM):
             return [self.eod_id], self.tok_encode(continuation)
         whole = self.tok_encode(context + continuation)
         context_tokens = self.tok_encode(context)
-        return context_tokens, whole[len(context_tokens):]
+        return context_tokens, whole[len(context_tokens) :]
 
     # ----------------------------------------------------------------------------- scoring
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
@@ -137,10 +165,12 @@ class FP4ReproLM(LM):
         for each (context tokens, continuation tokens) pair."""
         for i, (_, continuation) in enumerate(pairs):
             if not 0 < len(continuation) <= self.max_length:
-                raise EvalError(f"request {i}: continuation of {len(continuation)} tokens; "
-                                f"must be 1..{self.max_length} (max_length)")
+                raise EvalError(
+                    f"request {i}: continuation of {len(continuation)} tokens; "
+                    f"must be 1..{self.max_length} (max_length)"
+                )
         # what the model reads: the last max_length + 1 tokens, the last of them only predicted
-        inputs = [(context + continuation)[-(self.max_length + 1):][:-1] for context, continuation in pairs]
+        inputs = [(context + continuation)[-(self.max_length + 1) :][:-1] for context, continuation in pairs]
         results: list[tuple[float, bool] | None] = [None] * len(pairs)
         batches = self.batches([len(x) for x in inputs])
         for batch in tqdm(batches, disable=not self.progress, desc=f"fp4repro {self.policy}", leave=False):
@@ -164,13 +194,13 @@ class FP4ReproLM(LM):
         width = max(len(x) for x in inputs)
         padded = torch.full((len(inputs), width), self.eod_id, dtype=torch.long)
         for row, x in enumerate(inputs):
-            padded[row, :len(x)] = torch.tensor(x, dtype=torch.long)
+            padded[row, : len(x)] = torch.tensor(x, dtype=torch.long)
         logits = logits_of(self.model, padded, lengths=[len(x) for x in inputs])
         totals, greedy = [], []
         for row, (x, continuation) in enumerate(zip(inputs, continuations)):
             # only the continuation's positions, on the model's device: a (batch, time, vocab)
             # log-softmax copied to the host would be tens of GB for a long-context 8B eval
-            lp = F.log_softmax(logits[row, len(x) - len(continuation):len(x)], dim=-1)
+            lp = F.log_softmax(logits[row, len(x) - len(continuation) : len(x)], dim=-1)
             target = torch.tensor(continuation, dtype=torch.long, device=lp.device)
             totals.append(lp.gather(1, target[:, None]).sum())
             greedy.append((lp.argmax(-1) == target).all())
@@ -189,9 +219,15 @@ class FP4ReproLM(LM):
         out = []
         for r in requests:
             (text,) = r.args
-            pieces = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.eod_id, max_seq_len=self.max_length,
-                context_len=1)]
+            pieces = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(
+                    token_list=self.tok_encode(text),
+                    prefix_token=self.eod_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
             total = sum(lp for lp, _ in self.score(pieces)) if pieces else 0.0
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
             out.append(total)
@@ -216,7 +252,7 @@ class FP4ReproLM(LM):
         generated: list[int] = []
         text = ""
         for _ in range(max_new_tokens):
-            window = torch.tensor([(tokens + generated)[-self.max_length:]], dtype=torch.long)
+            window = torch.tensor([(tokens + generated)[-self.max_length :]], dtype=torch.long)
             next_token = int(logits_of(self.model, window, lengths=[window.shape[1]])[0, -1].argmax())
             if next_token == self.eod_id:
                 break
@@ -225,11 +261,14 @@ class FP4ReproLM(LM):
             if any(stop in text for stop in until):
                 break
         cuts = [text.index(stop) for stop in until if stop in text]
-        return text[:min(cuts)] if cuts else text
+        return text[: min(cuts)] if cuts else text
 
     def get_model_info(self) -> dict:
-        return {"policy": self.policy, "max_length": self.max_length,
-                "tokens_per_forward": self.batch_size * self.max_length}
+        return {
+            "policy": self.policy,
+            "max_length": self.max_length,
+            "tokens_per_forward": self.batch_size * self.max_length,
+        }
 
 
 def _experiment_seq_len(ckpt: dict, checkpoint) -> int:
@@ -239,5 +278,7 @@ def _experiment_seq_len(ckpt: dict, checkpoint) -> int:
     try:
         return load_experiment(ckpt.get("experiment", "")).train.seq_len
     except ConfigError:
-        raise EvalError(f"{checkpoint}: its experiment {ckpt.get('experiment')!r} is not a known experiment; "
-                        "give max_length=<context window in tokens>") from None
+        raise EvalError(
+            f"{checkpoint}: its experiment {ckpt.get('experiment')!r} is not a known experiment; "
+            "give max_length=<context window in tokens>"
+        ) from None

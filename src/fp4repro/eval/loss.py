@@ -33,7 +33,13 @@ def final_window_loss(metrics: pd.DataFrame | str | Path, window: float) -> dict
     losses = tail["loss"].to_numpy(dtype=np.float64)
     stderr = float(losses.std(ddof=1) / math.sqrt(len(losses))) if len(losses) > 1 else math.nan
     before = df.loc[df["tokens"] <= (1.0 - window) * total, "tokens"]
-    return {"final_window": float(window), "loss": float(losses.mean()), "loss_stderr": stderr,
-            "steps": int(len(losses)), "first_step": int(tail["step"].iloc[0]),
-            "last_step": int(tail["step"].iloc[-1]),
-            "tokens_from": int(before.iloc[-1]) if len(before) else 0, "tokens_to": total}
+    return {
+        "final_window": float(window),
+        "loss": float(losses.mean()),
+        "loss_stderr": stderr,
+        "steps": int(len(losses)),
+        "first_step": int(tail["step"].iloc[0]),
+        "last_step": int(tail["step"].iloc[-1]),
+        "tokens_from": int(before.iloc[-1]) if len(before) else 0,
+        "tokens_to": total,
+    }

@@ -54,8 +54,9 @@ class DocumentNLL:
         return NLLResult(float(self.nll_sum.sum()), int(self.predicted.sum()))
 
 
-def windows(stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | None = None
-            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def windows(
+    stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | None = None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(inputs, targets) of each non-overlapping window of a 1-D token stream (see the module
     docstring); ``max_tokens`` caps the predicted tokens (a prefix of the stream)."""
     tokens = torch.as_tensor(np.asarray(stream, dtype=np.int64))
@@ -65,7 +66,7 @@ def windows(stream: np.ndarray | torch.Tensor, seq_len: int, max_tokens: int | N
     out = []
     for start in range(0, max(n_pred, 0), seq_len):
         end = min(start + seq_len, n_pred)
-        out.append((tokens[start:end], tokens[start + 1:end + 1]))
+        out.append((tokens[start:end], tokens[start + 1 : end + 1]))
     return out
 
 
@@ -82,15 +83,26 @@ def logits_of(model: torch.nn.Module, inputs: torch.Tensor, lengths=None) -> tor
         return forward_logits(model, inputs.to(next(model.parameters()).device))
 
 
-def stream_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_len: int, batch_size: int,
-               max_tokens: int | None = None) -> NLLResult:
+def stream_nll(
+    model: torch.nn.Module,
+    stream: np.ndarray | torch.Tensor,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int | None = None,
+) -> NLLResult:
     """Summed cross-entropy of ``model`` over the windows of ``stream``, ``batch_size`` full
     windows per forward pass (the shorter last window on its own)."""
     return document_nll(model, stream, seq_len, batch_size, max_tokens).total()
 
 
-def document_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_len: int, batch_size: int,
-                 max_tokens: int | None = None, eod_id: int | None = None) -> DocumentNLL:
+def document_nll(
+    model: torch.nn.Module,
+    stream: np.ndarray | torch.Tensor,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int | None = None,
+    eod_id: int | None = None,
+) -> DocumentNLL:
     """Per-token cross-entropy of ``model`` over the windows of ``stream`` (as ``stream_nll``),
     summed per document: documents end at each ``eod_id`` (None: the stream is one document)."""
     tokens = np.asarray(stream, dtype=np.int64)
@@ -106,7 +118,7 @@ def document_nll(model: torch.nn.Module, stream: np.ndarray | torch.Tensor, seq_
         losses.append(loss.double().cpu().numpy())
     per_token = np.concatenate(losses) if losses else np.zeros(0)
     # target j (0-based) is stream position j + 1; its document counts the EODs before it
-    ends = tokens[:len(per_token)] == eod_id if eod_id is not None else np.zeros(len(per_token), dtype=bool)
+    ends = tokens[: len(per_token)] == eod_id if eod_id is not None else np.zeros(len(per_token), dtype=bool)
     document = np.cumsum(ends)
     n = int(document[-1]) + 1 if len(document) else 0
     nll_sum = np.bincount(document, weights=per_token, minlength=n)

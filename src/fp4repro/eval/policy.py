@@ -101,16 +101,23 @@ def inspect_checkpoint(path: Path, model_config: str, recipe: str | None = None)
         keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise EvalError(f"{path}: not an evaluation checkpoint (needs keys {list(required)}; has {keys})")
     if ckpt["model_config"] != model_config:
-        raise EvalError(f"{path}: written for model config {ckpt['model_config']!r}, "
-                        f"but the experiment's model is {model_config!r}")
+        raise EvalError(
+            f"{path}: written for model config {ckpt['model_config']!r}, but the experiment's model is {model_config!r}"
+        )
     if recipe is not None and ckpt["recipe"] != recipe:
         raise EvalError(f"{path}: written by recipe {ckpt['recipe']!r}, not {recipe!r}")
     problems = state_dict_mismatch(ckpt["model"], load_model_config(model_config))
     if problems:
         raise EvalError(f"{path}: weights do not match model config {model_config!r}: " + "; ".join(problems))
-    return CheckpointInfo(path=path, step=int(ckpt["step"]), tokens=int(ckpt["tokens"]),
-                          stage=str(ckpt.get("stage", "")), model_config=ckpt["model_config"],
-                          recipe=ckpt["recipe"], experiment=str(ckpt.get("experiment", "")))
+    return CheckpointInfo(
+        path=path,
+        step=int(ckpt["step"]),
+        tokens=int(ckpt["tokens"]),
+        stage=str(ckpt.get("stage", "")),
+        model_config=ckpt["model_config"],
+        recipe=ckpt["recipe"],
+        experiment=str(ckpt.get("experiment", "")),
+    )
 
 
 def checked_checkpoint(path: Path, model_config: str | None = None) -> dict:
@@ -126,8 +133,9 @@ def checked_checkpoint(path: Path, model_config: str | None = None) -> dict:
     return ckpt
 
 
-def load_eval_model(path: Path, policy: str, device: str = "cpu", model_config: str | None = None,
-                    ckpt: dict | None = None) -> tuple[NemotronH, dict]:
+def load_eval_model(
+    path: Path, policy: str, device: str = "cpu", model_config: str | None = None, ckpt: dict | None = None
+) -> tuple[NemotronH, dict]:
     """(model in eval mode on ``device`` with the checkpoint's weights, checkpoint metadata).
 
     The checkpoint is read by ``checked_checkpoint`` unless ``ckpt`` is that already (several

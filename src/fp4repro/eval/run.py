@@ -55,25 +55,34 @@ TASKS_STAMP = "offline_tasks.json"
 #: The tables each measure writes, together.
 MEASURES = {"nll": ("nll", "nll_documents"), "downstream": ("downstream", "downstream_items")}
 #: The tables an evaluation writes (``<name>.parquet`` in its folder) and their columns.
-TABLES = {"nll": NLL_COLUMNS, "nll_documents": NLL_DOCUMENT_COLUMNS, "downstream": DOWNSTREAM_COLUMNS,
-          "downstream_items": DOWNSTREAM_ITEM_COLUMNS}
+TABLES = {
+    "nll": NLL_COLUMNS,
+    "nll_documents": NLL_DOCUMENT_COLUMNS,
+    "downstream": DOWNSTREAM_COLUMNS,
+    "downstream_items": DOWNSTREAM_ITEM_COLUMNS,
+}
 
 
 @dataclass(frozen=True)
 class EvalPaths:
-    run: Path           # results/<exp>/train/<recipe>/seed<seed>
-    data: Path          # results/<exp>/data
-    out: Path           # results/<exp>/eval/<recipe>/seed<seed>
-    tasks: Path         # results/<exp>/eval/tasks
+    run: Path  # results/<exp>/train/<recipe>/seed<seed>
+    data: Path  # results/<exp>/data
+    out: Path  # results/<exp>/eval/<recipe>/seed<seed>
+    tasks: Path  # results/<exp>/eval/tasks
 
     @classmethod
     def of(cls, results: Path, experiment: str, recipe: str, seed: int, data: Path | None = None) -> EvalPaths:
         root = Path(results) / experiment
-        return cls(run=run_dir(results, experiment, recipe, seed), data=Path(data) if data else root / "data",
-                   out=eval_dir(results, experiment, recipe, seed), tasks=root / "eval" / "tasks")
+        return cls(
+            run=run_dir(results, experiment, recipe, seed),
+            data=Path(data) if data else root / "data",
+            out=eval_dir(results, experiment, recipe, seed),
+            tasks=root / "eval" / "tasks",
+        )
 
 
 # ------------------------------------------------------------------------------ preparation
+
 
 def finished_checkpoints(run: Path, model_config: str, recipe: str) -> list[CheckpointInfo]:
     """The checkpoints that done.json lists, each checked against the model config and recipe."""
@@ -98,8 +107,10 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
     counts = write_offline_tasks(manifest, out_dir, n_items=n_items, seed=seed)
     empty = [name for name, n in counts.items() if n == 0]
     if empty:
-        raise EvalError(f"offline task(s) {empty}: no items: the test split of their source is too small "
-                        f"(see {manifest.root}/manifest.json); raise data.split.test or add documents")
+        raise EvalError(
+            f"offline task(s) {empty}: no items: the test split of their source is too small "
+            f"(see {manifest.root}/manifest.json); raise data.split.test or add documents"
+        )
     write_json(stamp, {**wanted, "tasks": counts}, provenance("cpu"))
     return out_dir
 
@@ -117,7 +128,8 @@ def _append(table: pd.DataFrame, rows: list[dict], columns: tuple[str, ...]) -> 
     new = pd.DataFrame(rows, columns=list(columns))
     if not table.empty:
         redone = pd.MultiIndex.from_frame(table[["step", "policy"]]).isin(
-            pd.MultiIndex.from_frame(new[["step", "policy"]]))
+            pd.MultiIndex.from_frame(new[["step", "policy"]])
+        )
         table = table[~redone]
     table = new if table.empty else pd.concat([table, new], ignore_index=True)
     return table.sort_values(["step", "policy"], kind="stable", ignore_index=True)
@@ -129,18 +141,32 @@ def _done_pairs(table: pd.DataFrame) -> set[tuple[int, str]]:
 
 # -------------------------------------------------------------------------------- one model
 
-def nll_rows(model, streams: dict, blend: dict[str, float], seq_len: int, batch_size: int,
-             max_tokens: int | None, eod_id: int, meta: dict) -> dict[str, list[dict]]:
+
+def nll_rows(
+    model,
+    streams: dict,
+    blend: dict[str, float],
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int | None,
+    eod_id: int,
+    meta: dict,
+) -> dict[str, list[dict]]:
     """{"nll": one row per source with validation tokens and one for the blend (final-stage weights),
     "nll_documents": one row per source and document (the paired bootstrap's units)}."""
-    documents = {s: document_nll(model, stream, seq_len, batch_size, max_tokens, eod_id)
-                 for s, stream in streams.items()}
+    documents = {
+        s: document_nll(model, stream, seq_len, batch_size, max_tokens, eod_id) for s, stream in streams.items()
+    }
     per_source = {s: d.total() for s, d in documents.items()}
     results = {**per_source, "blend": blend_nll(per_source, blend)}
-    return {"nll": [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()],
-            "nll_documents": [{**meta, "source": s, "document": int(k), "nll_sum": float(v), "predicted": int(n)}
-                              for s, d in documents.items()
-                              for k, v, n in zip(d.document, d.nll_sum, d.predicted)]}
+    return {
+        "nll": [{**meta, "source": s, "nll": r.nll, "tokens_evaluated": r.tokens} for s, r in results.items()],
+        "nll_documents": [
+            {**meta, "source": s, "document": int(k), "nll_sum": float(v), "predicted": int(n)}
+            for s, d in documents.items()
+            for k, v, n in zip(d.document, d.nll_sum, d.predicted)
+        ],
+    }
 
 
 def _quantizes(model) -> bool:
@@ -184,13 +210,14 @@ def _model_with(models: dict, policy: str, path: Path, ckpt: dict, device: str, 
 
 # ------------------------------------------------------------------------------------ entry
 
+
 def prepare_tasks(cfg: EvalConfig, manifest, paths: EvalPaths):
     """The lm-eval TaskManager for the aggregates: offline tasks written (when named), every task
     name checked, then one group YAML per aggregate."""
     include = [*cfg.include_path]
     if cfg.uses_offline_tasks:
         include.insert(0, str(ensure_offline_tasks(manifest, paths.tasks, cfg.n_items, cfg.seed)))
-    task_manager(include, cfg.task_names)                   # fails on an unknown task name
+    task_manager(include, cfg.task_names)  # fails on an unknown task name
     include.append(str(write_groups(cfg, paths.out / "lm_eval_groups")))
     return task_manager(include, cfg.task_names)
 
@@ -205,9 +232,17 @@ def validation_streams(manifest, blend: dict[str, float]) -> dict:
     return streams
 
 
-def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | Path = "results",
-             data: str | Path | None = None, device: str | None = None, nll: bool = True, downstream: bool = True,
-             progress: bool = True) -> Path:
+def evaluate(
+    study: Study,
+    recipe: str,
+    seed: int | None = None,
+    results: str | Path = "results",
+    data: str | Path | None = None,
+    device: str | None = None,
+    nll: bool = True,
+    downstream: bool = True,
+    progress: bool = True,
+) -> Path:
     """Evaluate every checkpoint of the run of ``recipe`` and ``seed`` (default: the experiment's
     first) under each policy of the experiment's eval config: held-out NLL, lm-eval downstream
     tasks, final-window loss. Returns the output folder; raises EvalError with a clear message
@@ -246,19 +281,30 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
         """Whether any table of ``measure`` lacks this checkpoint × policy."""
         return any((step, policy) not in _done_pairs(tables[t]) for t in MEASURES[measure])
 
-    todo = [(c, p) for c in checkpoints for p in cfg.policies
-            if (nll and missing("nll", c.step, p)) or (downstream and missing("downstream", c.step, p))]
-    bar = tqdm(total=len(todo), disable=not progress, unit="ckpt×policy",
-               desc=f"evaluate {exp.name}/{recipe}/seed{seed}",
-               dynamic_ncols=True, file=sys.stderr)
+    todo = [
+        (c, p)
+        for c in checkpoints
+        for p in cfg.policies
+        if (nll and missing("nll", c.step, p)) or (downstream and missing("downstream", c.step, p))
+    ]
+    bar = tqdm(
+        total=len(todo),
+        disable=not progress,
+        unit="ckpt×policy",
+        desc=f"evaluate {exp.name}/{recipe}/seed{seed}",
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     if progress:
-        bar.write(f"inputs checked, tasks and held-out streams ready in {time.perf_counter() - started:.1f} s",
-                  file=sys.stderr)
+        bar.write(
+            f"inputs checked, tasks and held-out streams ready in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+        )
     ckpt_path = ckpt = None
-    models: dict[str, torch.nn.Module] = {}   # policy -> its model (see _model_with)
-    computed: dict[tuple, dict] = {}   # (step, measure, what the model computes) -> table -> rows
+    models: dict[str, torch.nn.Module] = {}  # policy -> its model (see _model_with)
+    computed: dict[tuple, dict] = {}  # (step, measure, what the model computes) -> table -> rows
     try:
-        for info, policy in todo:   # checkpoint by checkpoint: each is read and verified once
+        for info, policy in todo:  # checkpoint by checkpoint: each is read and verified once
             bar.set_postfix(step=info.step, policy=policy)
             began = time.perf_counter()
             if info.path != ckpt_path:
@@ -271,25 +317,37 @@ def evaluate(study: Study, recipe: str, seed: int | None = None, results: str | 
             computes = policy if _quantizes(model) else "unquantized"
             measures = []
             if nll and missing("nll", info.step, policy):
-                measures.append(("nll", lambda: nll_rows(model, streams, blend, seq_len, cfg.batch_size,
-                                                         cfg.nll_max_tokens, manifest.eod_id, meta)))
+                measures.append(
+                    (
+                        "nll",
+                        lambda: nll_rows(
+                            model, streams, blend, seq_len, cfg.batch_size, cfg.nll_max_tokens, manifest.eod_id, meta
+                        ),
+                    )
+                )
             if downstream and missing("downstream", info.step, policy):
-                measures.append(("downstream", lambda: downstream_rows(model, tokenizer, manifest.eod_id, cfg,
-                                                                       manager, seq_len, meta)))
+                measures.append(
+                    (
+                        "downstream",
+                        lambda: downstream_rows(model, tokenizer, manifest.eod_id, cfg, manager, seq_len, meta),
+                    )
+                )
             for measure, compute in measures:
                 began = time.perf_counter()
                 for table, rows in _rows(computed, (info.step, measure, computes), meta, compute).items():
                     tables[table] = _append(tables[table], rows, TABLES[table])
                     write_table(paths.out / f"{table}.parquet", tables[table], origin)
                 seconds[measure] = time.perf_counter() - began
-            if progress:   # where the time of a long evaluation goes, in its log
-                bar.write(f"step {info.step} {policy}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()),
-                          file=sys.stderr)
+            if progress:  # where the time of a long evaluation goes, in its log
+                bar.write(
+                    f"step {info.step} {policy}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()),
+                    file=sys.stderr,
+                )
             bar.update(1)
     finally:
         bar.close()
     wanted = [t for measure, on in (("nll", nll), ("downstream", downstream)) if on for t in MEASURES[measure]]
-    for table in wanted:                   # a run that diverged before its first checkpoint: empty tables
+    for table in wanted:  # a run that diverged before its first checkpoint: empty tables
         if not (paths.out / f"{table}.parquet").is_file():
             write_table(paths.out / f"{table}.parquet", tables[table], origin)
     return paths.out

@@ -39,16 +39,16 @@ import yaml
 from fp4repro.config.eval import default_aggregates, task_name
 from fp4repro.util import atomic_write_text
 
-TASKS_FORMAT = 1          # bump when item generation changes, so that stored tasks are rebuilt
+TASKS_FORMAT = 1  # bump when item generation changes, so that stored tasks are rebuilt
 N_CHOICES = 4
-CONTEXT_LINES = 4          # at most this many lines before the next line / the cloze line
-CONTEXT_CHARS = 400        # ... and at most this many characters of context
-MIN_LINE_CHARS = 12        # a next line must have this much non-blank text ...
-MAX_LINE_CHARS = 160       # ... and at most this much
-MIN_CLOZE_CONTEXT = 40     # a cloze context has at least this many non-blank characters
+CONTEXT_LINES = 4  # at most this many lines before the next line / the cloze line
+CONTEXT_CHARS = 400  # ... and at most this many characters of context
+MIN_LINE_CHARS = 12  # a next line must have this much non-blank text ...
+MAX_LINE_CHARS = 160  # ... and at most this much
+MIN_CLOZE_CONTEXT = 40  # a cloze context has at least this many non-blank characters
 WORD = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z_][A-Za-z0-9_]{3,}(?![A-Za-z0-9_])")
-FREQUENT_WORDS = 50        # the source's most frequent words are never cloze targets
-LENGTH_NEIGHBOURS = 40     # distractors are drawn from this many candidates nearest in length
+FREQUENT_WORDS = 50  # the source's most frequent words are never cloze targets
+LENGTH_NEIGHBOURS = 40  # distractors are drawn from this many candidates nearest in length
 TASK_KINDS = ("next_line", "cloze")
 
 
@@ -60,6 +60,7 @@ class Item:
 
 
 # ---------------------------------------------------------------------------------- documents
+
 
 def split_documents(stream: np.ndarray, eod_id: int) -> list[np.ndarray]:
     """The documents of a token stream in which every document ends with EOD."""
@@ -88,12 +89,13 @@ def heldout_documents(manifest, split: str = "test") -> dict[str, list[str]]:
 
 # -------------------------------------------------------------------------------- next line
 
+
 def _context_before(lines: list[str], index: int, prefix: str = "") -> str:
     """Up to CONTEXT_LINES lines before ``lines[index]`` (and at most CONTEXT_CHARS characters,
     whole lines only), each ending in a newline, followed by ``prefix``."""
     taken: list[str] = []
     size = len(prefix)
-    for line in reversed(lines[max(0, index - CONTEXT_LINES):index]):
+    for line in reversed(lines[max(0, index - CONTEXT_LINES) : index]):
         if taken and size + len(line) + 1 > CONTEXT_CHARS:
             break
         taken.append(line)
@@ -116,14 +118,15 @@ def _next_line_candidates(docs: list[str]) -> list[tuple[int, int]]:
     return found
 
 
-def _distractors(true: str, pool: list[str], pool_lengths: list[int], exclude: set[str], rng: random.Random,
-                 n: int = N_CHOICES - 1) -> list[str] | None:
+def _distractors(
+    true: str, pool: list[str], pool_lengths: list[int], exclude: set[str], rng: random.Random, n: int = N_CHOICES - 1
+) -> list[str] | None:
     """``n`` distinct strings from ``pool`` (sorted by length) near ``true`` in length, none equal
     to it (ignoring case) or in ``exclude`` (what the item's own document holds); None when the
     pool is too small."""
     centre = bisect.bisect_left(pool_lengths, len(true))
     lo = max(0, centre - LENGTH_NEIGHBOURS // 2)
-    window = pool[lo:lo + LENGTH_NEIGHBOURS]
+    window = pool[lo : lo + LENGTH_NEIGHBOURS]
     options = sorted({p for p in window if p.lower() != true.lower() and p not in exclude})
     if len(options) < n:
         return None
@@ -151,7 +154,7 @@ def next_line_items(docs: list[str], n_items: int, rng: random.Random) -> list[I
     for d, i in rng.sample(candidates, len(candidates)):
         line = split[d][i]
         true = line.strip()
-        indent = line[:len(line) - len(line.lstrip())]
+        indent = line[: len(line) - len(line.lstrip())]
         distractors = _distractors(true, pool, lengths, own_lines[d], rng)
         if distractors is None:
             continue
@@ -164,6 +167,7 @@ def next_line_items(docs: list[str], n_items: int, rng: random.Random) -> list[I
 
 # ------------------------------------------------------------------------------------ cloze
 
+
 def _words(docs: list[str]) -> Counter:
     return Counter(m.group() for doc in docs for m in WORD.finditer(doc))
 
@@ -175,9 +179,13 @@ def cloze_items(docs: list[str], n_items: int, rng: random.Random) -> list[Item]
     frequent = {w for w, _ in counts.most_common(FREQUENT_WORDS)} | set(keyword.kwlist)
     pool, lengths = _sorted_pool(w for w in counts if w not in frequent)
     split = [doc.split("\n") for doc in docs]
-    candidates = [(d, i, m.start(), m.group())
-                  for d, lines in enumerate(split) for i, line in enumerate(lines)
-                  for m in WORD.finditer(line) if m.group() not in frequent]
+    candidates = [
+        (d, i, m.start(), m.group())
+        for d, lines in enumerate(split)
+        for i, line in enumerate(lines)
+        for m in WORD.finditer(line)
+        if m.group() not in frequent
+    ]
     own_words = [set(_words([doc])) for doc in docs]
     items = []
     for d, i, col, word in rng.sample(candidates, len(candidates)):
@@ -217,19 +225,23 @@ def task_yaml(name: str, jsonl: Path, description: str, source: str, n_items: in
         "doc_to_target": "label",
         "target_delimiter": "",
         "num_fewshot": 0,
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
-        "metadata": {"version": 1.0, "description": description, "source": source, "n_items": n_items,
-                     "seed": seed},
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+        "metadata": {"version": 1.0, "description": description, "source": source, "n_items": n_items, "seed": seed},
     }
 
 
 def group_config(name: str, tasks: list, metric: str = "acc", weight_by_size: bool = False) -> dict:
     """An lm-eval group: the mean ``metric`` of its tasks (unweighted by default), with lm-eval's
     standard error of that mean."""
-    return {"group": name, "task": list(tasks),
-            "aggregate_metric_list": [{"metric": metric, "aggregation": "mean", "weight_by_size": weight_by_size}],
-            "metadata": {"version": 1.0}}
+    return {
+        "group": name,
+        "task": list(tasks),
+        "aggregate_metric_list": [{"metric": metric, "aggregation": "mean", "weight_by_size": weight_by_size}],
+        "metadata": {"version": 1.0},
+    }
 
 
 DESCRIPTIONS = {
@@ -238,8 +250,9 @@ DESCRIPTIONS = {
 }
 
 
-def write_offline_tasks(manifest_or_data_dir, out_dir: str | Path, n_items: int = 200, seed: int = 1234,
-                        split: str = "test") -> dict[str, int]:
+def write_offline_tasks(
+    manifest_or_data_dir, out_dir: str | Path, n_items: int = 200, seed: int = 1234, split: str = "test"
+) -> dict[str, int]:
     """Generate the offline tasks from the held-out documents of a prepared data folder (or its
     ``Manifest``) into ``out_dir``; returns {task name: number of items}.
 
@@ -248,8 +261,11 @@ def write_offline_tasks(manifest_or_data_dir, out_dir: str | Path, n_items: int 
     """
     from fp4repro.data import Manifest, load_manifest
 
-    manifest = manifest_or_data_dir if isinstance(manifest_or_data_dir, Manifest) else \
-        load_manifest(Path(manifest_or_data_dir))
+    manifest = (
+        manifest_or_data_dir
+        if isinstance(manifest_or_data_dir, Manifest)
+        else load_manifest(Path(manifest_or_data_dir))
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {}
@@ -258,15 +274,24 @@ def write_offline_tasks(manifest_or_data_dir, out_dir: str | Path, n_items: int 
             name = task_name(source, kind)
             items = make_items(docs, kind, source, n_items, seed)
             jsonl = out_dir / f"{name}.jsonl"
-            atomic_write_text(jsonl, "".join(
-                json.dumps({"id": k, "context": it.context, "choices": list(it.choices), "label": it.label},
-                           ensure_ascii=False) + "\n" for k, it in enumerate(items)))
+            atomic_write_text(
+                jsonl,
+                "".join(
+                    json.dumps(
+                        {"id": k, "context": it.context, "choices": list(it.choices), "label": it.label},
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                    for k, it in enumerate(items)
+                ),
+            )
             description = DESCRIPTIONS[kind].format(source=source, n=N_CHOICES)
             config = task_yaml(name, jsonl, description, source, n_items, seed)
             atomic_write_text(out_dir / f"{name}.yaml", yaml.safe_dump(config, sort_keys=False))
             counts[name] = len(items)
     groups = [group_config(agg, tasks) for agg, tasks in default_aggregates(manifest.source_names).items()]
-    atomic_write_text(out_dir / "fp4repro_offline.yaml",
-                      yaml.safe_dump({"group": "fp4repro_offline", "task": groups, "metadata": {"version": 1.0}},
-                                     sort_keys=False))
+    atomic_write_text(
+        out_dir / "fp4repro_offline.yaml",
+        yaml.safe_dump({"group": "fp4repro_offline", "task": groups, "metadata": {"version": 1.0}}, sort_keys=False),
+    )
     return counts

@@ -58,11 +58,23 @@ def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
 def _launch_args(spec: QuantSpec) -> dict:
     element, scale = get_format(spec.element), get_format(spec.scale)
     return dict(
-        RHT=spec.rht, SIGN_BITS=SIGN_BITS, SR=spec.rounding == "sr", HAS_TARGET=spec.target is not None,
-        E_EMIN=element.emin, E_MAN=element.man_bits, E_MAX=float(element.max), E_BIAS=element.bias,
-        S_EMIN=scale.emin, S_MAN=scale.man_bits, S_MAX=float(scale.max), S_MIN_POS=float(scale.min_positive),
-        S_HAS_ZERO=scale.has_zero, S_BIAS=scale.bias, S_NAN_CODE=scale.nan_code,
-        S_ROUND_UP=spec.scale_rounding == "up", S_OVERFLOW=float(scale.overflow_threshold(spec.scale_rounding)),
+        RHT=spec.rht,
+        SIGN_BITS=SIGN_BITS,
+        SR=spec.rounding == "sr",
+        HAS_TARGET=spec.target is not None,
+        E_EMIN=element.emin,
+        E_MAN=element.man_bits,
+        E_MAX=float(element.max),
+        E_BIAS=element.bias,
+        S_EMIN=scale.emin,
+        S_MAN=scale.man_bits,
+        S_MAX=float(scale.max),
+        S_MIN_POS=float(scale.min_positive),
+        S_HAS_ZERO=scale.has_zero,
+        S_BIAS=scale.bias,
+        S_NAN_CODE=scale.nan_code,
+        S_ROUND_UP=spec.scale_rounding == "up",
+        S_OVERFLOW=float(scale.overflow_threshold(spec.scale_rounding)),
         E_CLIP=clip_threshold(element, spec.rounding),
     )
 
@@ -137,8 +149,8 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-LIVE_SLOTS = 64          # running live-amax maxima the tiles of a launch spread their atomics over
-LIVE_SLOT_STRIDE = 32    # int32s from one slot to the next: one 128-byte line each
+LIVE_SLOTS = 64  # running live-amax maxima the tiles of a launch spread their atomics over
+LIVE_SLOT_STRIDE = 32  # int32s from one slot to the next: one 128-byte line each
 
 
 def live_slots(device) -> torch.Tensor:
@@ -181,8 +193,16 @@ def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, int], write_qs: bool,
-                   codes: bool, stats: bool, live: bool = False, sr_map: int = 0) -> tuple:
+def _quantize_plan(
+    spec: QuantSpec,
+    shape: tuple[int, int],
+    strides: tuple[int, int],
+    write_qs: bool,
+    codes: bool,
+    stats: bool,
+    live: bool = False,
+    sr_map: int = 0,
+) -> tuple:
     """What a quantization of this spec, shape and memory order launches, worked out once:
     (padded shape, column-wise, grid, constexprs, num_warps). The target T is not among the
     constexprs (it is the runtime argument ``emax_t``): specs differing only in T share them."""
@@ -191,10 +211,19 @@ def _quantize_plan(spec: QuantSpec, shape: tuple[int, int], strides: tuple[int, 
     columnwise = _columnwise(shape, strides)
     tile_r, tile_c, warps = _tiles(spec, columnwise)
     tiles, unroll = _live_tiles(spec, columnwise) if live else (1, 1)
-    constexprs = dict(TILE_R=tile_r, TILE_C=tile_c, COLUMNWISE=columnwise, BLOCK_R=spec.block[0],
-                      BLOCK_C=spec.block[1], WRITE_QS=write_qs, WRITE_CODES=codes, STATS=stats,
-                      EVEN=rows % (tile_r * tiles) == 0 and cols % tile_c == 0, **_launch_args(spec))
-    if live:   # absent otherwise: the kernel's defaults, the same compiled kernel as before
+    constexprs = dict(
+        TILE_R=tile_r,
+        TILE_C=tile_c,
+        COLUMNWISE=columnwise,
+        BLOCK_R=spec.block[0],
+        BLOCK_C=spec.block[1],
+        WRITE_QS=write_qs,
+        WRITE_CODES=codes,
+        STATS=stats,
+        EVEN=rows % (tile_r * tiles) == 0 and cols % tile_c == 0,
+        **_launch_args(spec),
+    )
+    if live:  # absent otherwise: the kernel's defaults, the same compiled kernel as before
         constexprs.update(LIVE=True, LIVE_SLOTS=LIVE_SLOTS, LIVE_SLOT_STRIDE=LIVE_SLOT_STRIDE)
     if tiles > 1:
         constexprs.update(LIVE_TILES=tiles, LIVE_UNROLL=unroll)
@@ -211,9 +240,12 @@ def operand_amax_triton(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     columnwise = _columnwise(x.shape, x.stride())
     tile_r, tile_c, warps = _tiles(spec, columnwise)
     bits = torch.zeros(1, dtype=torch.int32, device=x.device)
-    _amax_launcher()((_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
-                     (x, bits, rows, cols, x.stride(0), x.stride(1)),
-                     _amax_constexprs(tile_r, tile_c, spec.rht, columnwise), warps)
+    _amax_launcher()(
+        (_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
+        (x, bits, rows, cols, x.stride(0), x.stride(1)),
+        _amax_constexprs(tile_r, tile_c, spec.rht, columnwise),
+        warps,
+    )
     return bits.view(torch.float32)[0]
 
 
@@ -233,10 +265,10 @@ class ShardPlace(NamedTuple):
     """Where a shard of a tensor split over tensor-parallel ranks sits in the whole tensor, for the
     random stream of stochastic rounding (``shard_place`` builds it)."""
 
-    axis: int                # the axis of M the split runs along: 0 rows, 1 columns
-    map: torch.Tensor        # int64: axis 0, the whole tensor's row of each row; axis 1, its 8-group
-                             # of columns of each 8-group
-    parts: int               # the whole tensor's extent along ``axis`` over the shard's
+    axis: int  # the axis of M the split runs along: 0 rows, 1 columns
+    map: torch.Tensor  # int64: axis 0, the whole tensor's row of each row; axis 1, its 8-group
+    # of columns of each 8-group
+    parts: int  # the whole tensor's extent along ``axis`` over the shard's
 
 
 def shard_place(axis: int, index: Sequence[int], parts: int, device) -> ShardPlace:
@@ -248,8 +280,10 @@ def shard_place(axis: int, index: Sequence[int], parts: int, device) -> ShardPla
     if axis == 1:
         groups = index.reshape(-1, 8) if len(index) % 8 == 0 else None
         if groups is None or (groups[:, 0] % 8 != 0).any() or (groups - groups[:, :1] != torch.arange(8)).any():
-            raise ValueError("a shard split along columns must keep runs of 8 consecutive columns starting at a "
-                             "multiple of 8 (one Philox call serves 8 elements)")
+            raise ValueError(
+                "a shard split along columns must keep runs of 8 consecutive columns starting at a "
+                "multiple of 8 (one Philox call serves 8 elements)"
+            )
         index = groups[:, 0] // 8
     elif axis != 0:
         raise ValueError(f"axis must be 0 (rows) or 1 (columns), got {axis}")
@@ -261,10 +295,19 @@ def _draw_seed() -> int:
     return int(torch.randint(0, 2**31 - 1, (1,)).item())
 
 
-def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
-                rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                codes: bool = False, stats: bool = False, live: torch.Tensor | None = None,
-                place: ShardPlace | None = None) -> dict:
+def quantize_2d(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | None = None,
+    seed: int | None = None,
+    rand_offset: int = 0,
+    out_dtype: torch.dtype | None = None,
+    write_qs: bool = True,
+    codes: bool = False,
+    stats: bool = False,
+    live: torch.Tensor | None = None,
+    place: ShardPlace | None = None,
+) -> dict:
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
     Returns a dict with ``qs`` (q·s_b in x's logical shape, dense: column-major for a column-major
@@ -286,28 +329,39 @@ def quantize_2d(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = No
     return out
 
 
-def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None = None, seed: int | None = None,
-                    rand_offset: int = 0, out_dtype: torch.dtype | None = None, write_qs: bool = True,
-                    codes: bool = False, stats: bool = False,
-                    live: torch.Tensor | None = None, place: ShardPlace | None = None) -> tuple[tuple, dict]:
+def quantize_launch(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | None = None,
+    seed: int | None = None,
+    rand_offset: int = 0,
+    out_dtype: torch.dtype | None = None,
+    write_qs: bool = True,
+    codes: bool = False,
+    stats: bool = False,
+    live: torch.Tensor | None = None,
+    place: ShardPlace | None = None,
+) -> tuple[tuple, dict]:
     """What ``quantize_2d`` launches, without launching: ((grid, args, constexprs, num_warps) of
     ``_quantize_kernel``, the output dict with its buffers allocated on x's device)."""
     if seed is not None and not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in [0, 2^32) (the 32-bit Philox2x32 key), got {seed}")
     if rand_offset % 8:
-        raise ValueError(f"rand_offset must be a multiple of 8 (one Philox call serves 8 elements), "
-                         f"got {rand_offset}")
+        raise ValueError(f"rand_offset must be a multiple of 8 (one Philox call serves 8 elements), got {rand_offset}")
     strides = x.stride()
     if strides[1] != 1 and not _columnwise(x.shape, strides):
         x = x.contiguous()
         strides = x.stride()
     sr_map = 0 if place is None or spec.rounding != "sr" else place.axis + 1
-    (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(spec, x.shape, strides, write_qs,
-                                                                          codes, stats, live is not None, sr_map)
+    (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(
+        spec, x.shape, strides, write_qs, codes, stats, live is not None, sr_map
+    )
     rows, cols = x.shape
     if sr_map and len(place.map) != (rows if place.axis == 0 else cols_p // 8):
-        raise ValueError(f"the shard place maps {len(place.map)} {'rows' if place.axis == 0 else '8-groups'}, "
-                         f"x has {rows} rows and {cols_p // 8} 8-groups of columns")
+        raise ValueError(
+            f"the shard place maps {len(place.map)} {'rows' if place.axis == 0 else '8-groups'}, "
+            f"x has {rows} rows and {cols_p // 8} 8-groups of columns"
+        )
     rand_pitch = cols_p * (place.parts if sr_map == 2 else 1)
     device = x.device
     amax = _amax_arg(amax, x, spec)
@@ -316,28 +370,53 @@ def quantize_launch(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | None 
     out_dtype = out_dtype or (x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32)
     if not write_qs:
         qs = _dummy(device, out_dtype)
-    elif columnwise:   # the kernel stores column-wise tiles down the rows: a dense column-major qs
+    elif columnwise:  # the kernel stores column-wise tiles down the rows: a dense column-major qs
         qs = torch.empty_strided((rows, cols), (1, rows), dtype=out_dtype, device=device)
     else:
         qs = torch.empty((rows, cols), dtype=out_dtype, device=device)
-    code_buf = torch.empty((rows_p, cols_p // 2), dtype=torch.uint8, device=device) if codes \
+    code_buf = (
+        torch.empty((rows_p, cols_p // 2), dtype=torch.uint8, device=device) if codes else _dummy(device, torch.uint8)
+    )
+    scale_buf = (
+        torch.empty((rows_p // spec.block[0], cols_p // spec.block[1]), dtype=torch.uint8, device=device)
+        if codes
         else _dummy(device, torch.uint8)
-    scale_buf = torch.empty((rows_p // spec.block[0], cols_p // spec.block[1]), dtype=torch.uint8,
-                            device=device) if codes else _dummy(device, torch.uint8)
+    )
     # [saturated, underflow, nonzero, zeroed, nonfinite, clipped]: see _quantize_kernel
     counts = torch.zeros(6, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     sums = torch.zeros(2, dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
-    if live is not None and (live.dtype != torch.int32 or live.shape != (LIVE_SLOTS * LIVE_SLOT_STRIDE,)
-                             or live.device != device):
-        raise ValueError(f"live must be the slots of live_slots({device}), got {live.dtype} {tuple(live.shape)} "
-                         f"on {live.device}")
+    if live is not None and (
+        live.dtype != torch.int32 or live.shape != (LIVE_SLOTS * LIVE_SLOT_STRIDE,) or live.device != device
+    ):
+        raise ValueError(
+            f"live must be the slots of live_slots({device}), got {live.dtype} {tuple(live.shape)} on {live.device}"
+        )
     emax_t = emax_target(get_format(spec.element).max, spec.target)
     out_strides = qs.stride() if write_qs else (0, 0)
     live = _dummy(device, torch.int32) if live is None else live
     rand_map = place.map if sr_map else _dummy(device, torch.int64)
-    args = (x, amax, qs, code_buf, scale_buf, counts, sums, d, live, rand_map, rows, cols, cols_p, *strides,
-            *out_strides, seed or 0, rand_offset, rand_pitch, emax_t)
+    args = (
+        x,
+        amax,
+        qs,
+        code_buf,
+        scale_buf,
+        counts,
+        sums,
+        d,
+        live,
+        rand_map,
+        rows,
+        cols,
+        cols_p,
+        *strides,
+        *out_strides,
+        seed or 0,
+        rand_offset,
+        rand_pitch,
+        emax_t,
+    )
     out = {"qs": qs if write_qs else None, "decode_scale": d, "amax": amax, "seed": seed}
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
@@ -356,8 +435,7 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
     """(acc · alpha).to(out_dtype) in one pass (acc float32 contiguous, alpha a float32 scalar)."""
     out = torch.empty_like(acc, dtype=out_dtype)
     n = acc.numel()
-    _scale_cast_launcher()((_cdiv(n, 4096),), (acc, alpha.to(torch.float32).reshape(1), out, n),
-                           (("BLOCK", 4096),), 4)
+    _scale_cast_launcher()((_cdiv(n, 4096),), (acc, alpha.to(torch.float32).reshape(1), out, n), (("BLOCK", 4096),), 4)
     return out
 
 
@@ -366,9 +444,9 @@ def saturating_e4m3(x: torch.Tensor) -> torch.Tensor:
     (``fp4repro.kernels.fp8_cast``)."""
     rows, cols = x.shape
     out = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
-    _saturating_e4m3_launcher()((_cdiv(rows, 64), _cdiv(cols, 64)),
-                                (x, out, rows, cols, x.stride(0), x.stride(1)),
-                                (("BR", 64), ("BC", 64)), 4)
+    _saturating_e4m3_launcher()(
+        (_cdiv(rows, 64), _cdiv(cols, 64)), (x, out, rows, cols, x.stride(0), x.stride(1)), (("BR", 64), ("BC", 64)), 4
+    )
     return out
 
 
@@ -378,8 +456,9 @@ def philox_uniforms(n: int, seed: int, rand_offset: int = 0, device="cuda") -> t
     reference (``rand=``) so that kernel and reference round identically."""
     skip = rand_offset % 8
     out = torch.empty(n + skip, dtype=torch.float32, device=device)
-    _philox_uniform_launcher()((_cdiv(n + skip, 1024),), (out, n + skip, seed, rand_offset - skip),
-                               (("BLOCK", 1024),), 4)
+    _philox_uniform_launcher()(
+        (_cdiv(n + skip, 1024),), (out, n + skip, seed, rand_offset - skip), (("BLOCK", 1024),), 4
+    )
     return out[skip:]
 
 
@@ -396,8 +475,9 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def probe_matched_gemm_triton(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype, model,
-                       mma_accumulates: bool = False) -> torch.Tensor:
+def probe_matched_gemm_triton(
+    a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype, model, mma_accumulates: bool = False
+) -> torch.Tensor:
     """y (M, N) in ``out_dtype``: the probe-matched model of a · bᵀ (``fp4repro.kernels.gemm``; the
     reference is ``fp4repro.reference.gemm.probe_matched_gemm_reference``, same arguments).
 
@@ -430,16 +510,41 @@ def probe_matched_gemm_triton(a: torch.Tensor, da, b: torch.Tensor, db, out_dtyp
     block_m, block_n, warps = _gemm_tiles(m, n)
     lattice = model.lattice if model.lattice is not None else 1.0
 
-    constexprs = (("GROUP", model.group), ("GROUPS", max(1, _cdiv(k, model.group))),
-                  ("HAS_LATTICE", model.lattice is not None), ("INV_LATTICE", 1.0 / lattice), ("LATTICE", lattice),
-                  ("HAS_ALPHA", 1 if alpha_value is not None else 2 if alpha is not None else 0),
-                  ("ASM", not interpreted),
-                  ("BLOCK_M", block_m), ("BLOCK_N", block_n), ("GROUP_M", 8), ("MMA_ACCUMULATES", mma_accumulates))
+    constexprs = (
+        ("GROUP", model.group),
+        ("GROUPS", max(1, _cdiv(k, model.group))),
+        ("HAS_LATTICE", model.lattice is not None),
+        ("INV_LATTICE", 1.0 / lattice),
+        ("LATTICE", lattice),
+        ("HAS_ALPHA", 1 if alpha_value is not None else 2 if alpha is not None else 0),
+        ("ASM", not interpreted),
+        ("BLOCK_M", block_m),
+        ("BLOCK_N", block_n),
+        ("GROUP_M", 8),
+        ("MMA_ACCUMULATES", mma_accumulates),
+    )
     alpha_arg = alpha if alpha is not None else _dummy(a.device, torch.float32)
     alpha_stride = 1 if alpha is not None and alpha.numel() == m and m > 1 else 0
     _probe_matched_gemm_launcher()(
         (_cdiv(m, block_m) * _cdiv(n, block_n),),
-        (a, b, alpha_arg, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-         out.stride(1), alpha_stride, alpha_value if alpha_value is not None else 1.0),
-        constexprs, warps)
+        (
+            a,
+            b,
+            alpha_arg,
+            out,
+            m,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            out.stride(1),
+            alpha_stride,
+            alpha_value if alpha_value is not None else 1.0,
+        ),
+        constexprs,
+        warps,
+    )
     return out.to(out_dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-E4M3_MAX = tl.constexpr(448.0)   # a plain float global is refused by the compiler (not by the interpreter)
+E4M3_MAX = tl.constexpr(448.0)  # a plain float global is refused by the compiler (not by the interpreter)
 
 
 @triton.jit

@@ -43,12 +43,13 @@ TWO_23 = tl.constexpr(8388608.0)
 def _add_toward_zero(a, b, ASM: tl.constexpr):
     """rz32(a + b), elementwise on float32 tensors."""
     if ASM:
-        return tl.inline_asm_elementwise("add.rz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "add.rz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
     s = a + b
     bb = s - a
-    e = (a - (s - bb)) + (b - bb)                     # s + e = a + b exactly (finite s)
-    beyond = (e != 0) & ((e < 0) == (s > 0))          # s lies farther from zero than a + b
+    e = (a - (s - bb)) + (b - bb)  # s + e = a + b exactly (finite s)
+    beyond = (e != 0) & ((e < 0) == (s > 0))  # s lies farther from zero than a + b
     toward = (s.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
     out = tl.where(beyond, toward, s)
     # a finite sum that rounds to ±inf: toward zero it is ±FLT_MAX
@@ -68,13 +69,34 @@ def _round_to_lattice(acc, INV_LATTICE: tl.constexpr, LATTICE: tl.constexpr):
 
 
 @triton.jit
-def _probe_matched_gemm_kernel(a_ptr, b_ptr, alpha_ptr, out_ptr, M, N, K,
-                               stride_am, stride_ak, stride_bn, stride_bk, stride_om, stride_on, stride_alpha,
-                               alpha_value,
-                               GROUP: tl.constexpr, GROUPS: tl.constexpr, HAS_LATTICE: tl.constexpr, INV_LATTICE: tl.constexpr,
-                               LATTICE: tl.constexpr, HAS_ALPHA: tl.constexpr, ASM: tl.constexpr,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-                               MMA_ACCUMULATES: tl.constexpr = False):
+def _probe_matched_gemm_kernel(
+    a_ptr,
+    b_ptr,
+    alpha_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bn,
+    stride_bk,
+    stride_om,
+    stride_on,
+    stride_alpha,
+    alpha_value,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    HAS_LATTICE: tl.constexpr,
+    INV_LATTICE: tl.constexpr,
+    LATTICE: tl.constexpr,
+    HAS_ALPHA: tl.constexpr,
+    ASM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    MMA_ACCUMULATES: tl.constexpr = False,
+):
     # tiles in groups of GROUP_M rows of tiles, so that neighbouring programs share operand tiles in L2
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -93,19 +115,19 @@ def _probe_matched_gemm_kernel(a_ptr, b_ptr, alpha_ptr, out_ptr, M, N, K,
         k = j * GROUP + rk
         a = tl.load(a_rows + k[None, :].to(tl.int64) * stride_ak, mask=(rm[:, None] < M) & (k[None, :] < K), other=0.0)
         b = tl.load(b_cols + k[:, None].to(tl.int64) * stride_bk, mask=(k[:, None] < K) & (rn[None, :] < N), other=0.0)
-        if MMA_ACCUMULATES:   # not the model: the same tiles with one running MMA accumulator
+        if MMA_ACCUMULATES:  # not the model: the same tiles with one running MMA accumulator
             acc = tl.dot(a, b, acc=acc, out_dtype=tl.float32)
         else:
             if ASM:
                 partial = tl.dot(a, b, out_dtype=tl.float32)
-            else:   # the interpreter multiplies BF16 tiles as their bit patterns: in float32 there
+            else:  # the interpreter multiplies BF16 tiles as their bit patterns: in float32 there
                 partial = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
             acc = _add_toward_zero(acc, partial, ASM)
     if HAS_LATTICE:
         acc = _round_to_lattice(acc, INV_LATTICE, LATTICE)
-    if HAS_ALPHA == 1:      # known on the host
+    if HAS_ALPHA == 1:  # known on the host
         acc = acc * alpha_value
-    if HAS_ALPHA == 2:      # on the device: one for all rows (stride 0) or one per row
+    if HAS_ALPHA == 2:  # on the device: one for all rows (stride 0) or one per row
         alpha = tl.load(alpha_ptr + rm.to(tl.int64) * stride_alpha, mask=rm < M, other=1.0)
         acc = acc * alpha[:, None]
     out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :].to(tl.int64) * stride_on

@@ -63,8 +63,11 @@ class Launcher:
 
         self.jit_fn = jit_fn
         self.names = tuple(jit_fn.arg_names)
-        self.defaults = {name: p.default for name, p in inspect.signature(jit_fn.fn).parameters.items()
-                         if p.default is not inspect.Parameter.empty}
+        self.defaults = {
+            name: p.default
+            for name, p in inspect.signature(jit_fn.fn).parameters.items()
+            if p.default is not inspect.Parameter.empty
+        }
         self.direct = triton.__version__.split(".")[0] == "3" and not knobs.runtime.interpret
         self._compiled: dict[tuple, tuple] = {}
 
@@ -75,7 +78,7 @@ class Launcher:
         if not self.direct:
             self.jit_fn[grid](*args, **dict(constexprs), num_warps=num_warps, **dict(COMPILE_OPTIONS))
             return
-        device = driver.active.get_current_device()    # a compiled kernel is loaded per device
+        device = driver.active.get_current_device()  # a compiled kernel is loaded per device
         key = (device, num_warps, constexprs, tuple(map(_arg_key, args)))
         hit = self._compiled.get(key)
         runtime = knobs.runtime
@@ -83,10 +86,23 @@ class Launcher:
             named = dict(constexprs)
             compiled = self.jit_fn[grid](*args, **named, num_warps=num_warps, **dict(COMPILE_OPTIONS))
             if compiled is not None and hasattr(compiled, "run"):
-                self._compiled[key] = (compiled, tuple(named[name] if name in named else self.defaults[name]
-                                                       for name in self.names[len(args):]))
+                self._compiled[key] = (
+                    compiled,
+                    tuple(named[name] if name in named else self.defaults[name] for name in self.names[len(args) :]),
+                )
             return
         compiled, const_values = hit
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *const_values)
+        compiled.run(
+            grid[0],
+            grid[1],
+            grid[2],
+            driver.active.get_current_stream(device),
+            compiled.function,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *const_values,
+        )

@@ -66,7 +66,7 @@ import triton.language as tl
 from triton import knobs
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-INTERPRETED = tl.constexpr(knobs.runtime.interpret)   # Triton's own test: its JIT runs these in its interpreter
+INTERPRETED = tl.constexpr(knobs.runtime.interpret)  # Triton's own test: its JIT runs these in its interpreter
 
 
 @triton.jit
@@ -89,14 +89,21 @@ def _add_up(a, b):
     if INTERPRETED:
         c = a + b
         return tl.where(c - b < a, (c.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), c)
-    return tl.inline_asm_elementwise("add.rp.f32 $0, $1, $2;", "=f,f,f", [a, b],
-                                     dtype=tl.float32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise("add.rp.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
-def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr,
-                MIN_POS: tl.constexpr, HAS_ZERO: tl.constexpr, MODE: tl.constexpr,
-                CLAMPED: tl.constexpr = False):
+def _round_grid(
+    a,
+    rand,
+    EMIN: tl.constexpr,
+    MAN: tl.constexpr,
+    MAX: tl.constexpr,
+    MIN_POS: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    MODE: tl.constexpr,
+    CLAMPED: tl.constexpr = False,
+):
     """Round finite a >= 0 onto a minifloat grid (saturating); MODE 0 RNE, 1 SR, 2 up.
     CLAMPED: a <= MAX is known (then no rounding mode can exceed MAX, which is on the grid),
     which drops both saturating minimums.
@@ -128,11 +135,11 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
     if MODE == 1:
         tl.static_assert(EMIN >= -126, "SR needs a format whose 2^emin is a normal float32")
         D: tl.constexpr = 23 - MAN
-        lift = tl.where(a < 2.0 ** EMIN, 2.0 ** EMIN, 0.0)
+        lift = tl.where(a < 2.0**EMIN, 2.0**EMIN, 0.0)
         b = _add_up(a, lift)
         q = ((b.to(tl.int32, bitcast=True) + rand) & -(1 << D)).to(tl.float32, bitcast=True) - lift
     else:
-        exp_field = a.to(tl.int32, bitcast=True) >> 23             # a >= 0: no sign bit; 0 below 2^-126
+        exp_field = a.to(tl.int32, bitcast=True) >> 23  # a >= 0: no sign bit; 0 below 2^-126
         exp_field = tl.maximum(exp_field, EMIN + 127)
         if MODE == 0:
             c = ((exp_field + (23 - MAN)) << 23).to(tl.float32, bitcast=True)
@@ -140,8 +147,8 @@ def _round_grid(a, rand, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexp
         else:
             ulp_e = exp_field - 127 - MAN
             normal_ulps: tl.constexpr = EMIN - MAN >= -126
-            t = a * _exp2i(-ulp_e, True)                           # a / ulp, exact (-ulp_e <= 127)
-            floor_i = t.to(tl.int32)                               # t >= 0 and t < 2^(MAN+1)
+            t = a * _exp2i(-ulp_e, True)  # a / ulp, exact (-ulp_e <= 127)
+            floor_i = t.to(tl.int32)  # t >= 0 and t < 2^(MAN+1)
             floor = floor_i.to(tl.float32)
             q = (floor + (t > floor).to(tl.float32)) * _exp2i(ulp_e, normal_ulps)
     if not CLAMPED:
@@ -211,8 +218,8 @@ def _butterfly(y):
     return tl.permute(tl.join(a + b, a - b), (0, 3, 1, 2))
 
 
-PHILOX_M = tl.constexpr(0xD256D193)   # Philox2x32 multiplier
-PHILOX_W = tl.constexpr(0x9E3779B9)   # Philox2x32 key increment (golden ratio)
+PHILOX_M = tl.constexpr(0xD256D193)  # Philox2x32 multiplier
+PHILOX_W = tl.constexpr(0x9E3779B9)  # Philox2x32 key increment (golden ratio)
 
 
 @triton.jit
@@ -254,9 +261,21 @@ def _sr_addend(byte, MAN: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
-               TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
-               COLUMNWISE: tl.constexpr, EVEN: tl.constexpr = False):
+def _load_tile(
+    x_ptr,
+    rows,
+    cols,
+    stride_r,
+    stride_c,
+    pid_r,
+    pid_c,
+    TILE_R: tl.constexpr,
+    TILE_C: tl.constexpr,
+    RHT: tl.constexpr,
+    SIGN_BITS: tl.constexpr,
+    COLUMNWISE: tl.constexpr,
+    EVEN: tl.constexpr = False,
+):
     """One tile of M in memory order, float32, RHT applied along M's columns, with the offsets of
     its rows and columns in M and, with the RHT, ``_rht16``'s amax bits of the tile (else 0).
 
@@ -298,11 +317,33 @@ def _tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE: tl.constexpr):
 
 
 @triton.jit
-def _amax_kernel(x_ptr, amax_bits_ptr, rows, cols, stride_r, stride_c,
-                 TILE_R: tl.constexpr, TILE_C: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr,
-                 COLUMNWISE: tl.constexpr):
-    x, _, _, _ = _load_tile(x_ptr, rows, cols, stride_r, stride_c, tl.program_id(0), tl.program_id(1),
-                            TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE)
+def _amax_kernel(
+    x_ptr,
+    amax_bits_ptr,
+    rows,
+    cols,
+    stride_r,
+    stride_c,
+    TILE_R: tl.constexpr,
+    TILE_C: tl.constexpr,
+    RHT: tl.constexpr,
+    SIGN_BITS: tl.constexpr,
+    COLUMNWISE: tl.constexpr,
+):
+    x, _, _, _ = _load_tile(
+        x_ptr,
+        rows,
+        cols,
+        stride_r,
+        stride_c,
+        tl.program_id(0),
+        tl.program_id(1),
+        TILE_R,
+        TILE_C,
+        RHT,
+        SIGN_BITS,
+        COLUMNWISE,
+    )
     a = tl.abs(x)
     a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
     tl.atomic_max(amax_bits_ptr, tl.max(tl.max(a, axis=1), axis=0).to(tl.int32, bitcast=True))
@@ -323,10 +364,22 @@ def _tensor_scale(amax_ptr, emax_t, HAS_TARGET: tl.constexpr):
 
 
 @triton.jit
-def _quantize_blocks(xb, g, d, rand, SR: tl.constexpr,
-                     E_EMIN: tl.constexpr, E_MAN: tl.constexpr, E_MAX: tl.constexpr,
-                     S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
-                     S_HAS_ZERO: tl.constexpr, S_ROUND_UP: tl.constexpr):
+def _quantize_blocks(
+    xb,
+    g,
+    d,
+    rand,
+    SR: tl.constexpr,
+    E_EMIN: tl.constexpr,
+    E_MAN: tl.constexpr,
+    E_MAX: tl.constexpr,
+    S_EMIN: tl.constexpr,
+    S_MAN: tl.constexpr,
+    S_MAX: tl.constexpr,
+    S_MIN_POS: tl.constexpr,
+    S_HAS_ZERO: tl.constexpr,
+    S_ROUND_UP: tl.constexpr,
+):
     """The block math on a 4-D view (P, B1, Q, B2) of float32 elements whose blocks are reduced
     over axes 1 and 3. Returns qk (the element value on the grid, its sign kept only where the
     block is kept: multiplied by s_b it gives +0 where s_b == 0), keep (s_b != 0 and the block
@@ -372,19 +425,60 @@ def _scaled(qk, s, block_bad):
 
 @triton.jit(do_not_specialize=["seed", "rand_offset"])  # one compiled kernel for every seed (and T)
 def _quantize_kernel(
-    x_ptr, amax_ptr, qs_ptr, codes_ptr, scales_ptr, counts_ptr, sums_ptr, d_ptr, live_ptr, rand_map_ptr,
-    rows, cols, cols_padded, stride_r, stride_c, out_stride_r, out_stride_c,
-    seed, rand_offset, rand_pitch, emax_t,
-    TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    COLUMNWISE: tl.constexpr, RHT: tl.constexpr, SIGN_BITS: tl.constexpr, SR: tl.constexpr,
+    x_ptr,
+    amax_ptr,
+    qs_ptr,
+    codes_ptr,
+    scales_ptr,
+    counts_ptr,
+    sums_ptr,
+    d_ptr,
+    live_ptr,
+    rand_map_ptr,
+    rows,
+    cols,
+    cols_padded,
+    stride_r,
+    stride_c,
+    out_stride_r,
+    out_stride_c,
+    seed,
+    rand_offset,
+    rand_pitch,
+    emax_t,
+    TILE_R: tl.constexpr,
+    TILE_C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    COLUMNWISE: tl.constexpr,
+    RHT: tl.constexpr,
+    SIGN_BITS: tl.constexpr,
+    SR: tl.constexpr,
     HAS_TARGET: tl.constexpr,
-    E_EMIN: tl.constexpr, E_MAN: tl.constexpr, E_MAX: tl.constexpr, E_BIAS: tl.constexpr,
-    S_EMIN: tl.constexpr, S_MAN: tl.constexpr, S_MAX: tl.constexpr, S_MIN_POS: tl.constexpr,
-    S_HAS_ZERO: tl.constexpr, S_BIAS: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ROUND_UP: tl.constexpr,
-    S_OVERFLOW: tl.constexpr, E_CLIP: tl.constexpr,
-    WRITE_QS: tl.constexpr, WRITE_CODES: tl.constexpr, STATS: tl.constexpr, EVEN: tl.constexpr,
-    LIVE: tl.constexpr = False, LIVE_SLOTS: tl.constexpr = 1, LIVE_SLOT_STRIDE: tl.constexpr = 1,
-    SR_MAP: tl.constexpr = 0, LIVE_TILES: tl.constexpr = 1, LIVE_UNROLL: tl.constexpr = 1,
+    E_EMIN: tl.constexpr,
+    E_MAN: tl.constexpr,
+    E_MAX: tl.constexpr,
+    E_BIAS: tl.constexpr,
+    S_EMIN: tl.constexpr,
+    S_MAN: tl.constexpr,
+    S_MAX: tl.constexpr,
+    S_MIN_POS: tl.constexpr,
+    S_HAS_ZERO: tl.constexpr,
+    S_BIAS: tl.constexpr,
+    S_NAN_CODE: tl.constexpr,
+    S_ROUND_UP: tl.constexpr,
+    S_OVERFLOW: tl.constexpr,
+    E_CLIP: tl.constexpr,
+    WRITE_QS: tl.constexpr,
+    WRITE_CODES: tl.constexpr,
+    STATS: tl.constexpr,
+    EVEN: tl.constexpr,
+    LIVE: tl.constexpr = False,
+    LIVE_SLOTS: tl.constexpr = 1,
+    LIVE_SLOT_STRIDE: tl.constexpr = 1,
+    SR_MAP: tl.constexpr = 0,
+    LIVE_TILES: tl.constexpr = 1,
+    LIVE_UNROLL: tl.constexpr = 1,
 ):
     pid_c = tl.program_id(1)
     NB_R: tl.constexpr = TILE_R // BLOCK_R
@@ -397,13 +491,13 @@ def _quantize_kernel(
     # (row-wise tiles without the RHT, see kernels._live_tiles) a program quantizes that many row
     # tiles in a row, LIVE_UNROLL of them unrolled, and pays them once.
     slot = (tl.program_id(0) * tl.num_programs(1) + pid_c) % LIVE_SLOTS
-    tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT),
-                     "LIVE_TILES > 1: row-wise tiles without the RHT")
+    tl.static_assert((LIVE_TILES == 1) or not (COLUMNWISE or RHT), "LIVE_TILES > 1: row-wise tiles without the RHT")
     live_acc = tl.zeros((NB_R, NB_C), tl.int32)
-    for t in tl.range(LIVE_TILES, loop_unroll_factor=LIVE_UNROLL):   # a loop only with LIVE_TILES > 1
+    for t in tl.range(LIVE_TILES, loop_unroll_factor=LIVE_UNROLL):  # a loop only with LIVE_TILES > 1
         pid_r = tl.program_id(0) * LIVE_TILES + t
-        x, offs_r, offs_c, rht_amax = _load_tile(x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c,
-                                       TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN)
+        x, offs_r, offs_c, rht_amax = _load_tile(
+            x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c, TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN
+        )
         g, d = _tensor_scale(amax_ptr, emax_t, HAS_TARGET)
         if (pid_r == 0) & (pid_c == 0):
             tl.store(d_ptr, d)
@@ -424,18 +518,19 @@ def _quantize_kernel(
                 at_r = tl.load(rand_map_ptr + offs_r, mask=offs_r < rows, other=0)
             if SR_MAP == 2:
                 grp = tl.load(rand_map_ptr + grp, mask=grp < cols_padded // 8, other=0)
-            if COLUMNWISE:   # (TILE_C // 8, 8, TILE_R): group, byte, M row
-                counter = (rand_offset // 8 + at_r[None, None, :] * (rand_pitch // 8) + grp[:, None, None])
+            if COLUMNWISE:  # (TILE_C // 8, 8, TILE_R): group, byte, M row
+                counter = rand_offset // 8 + at_r[None, None, :] * (rand_pitch // 8) + grp[:, None, None]
                 rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN)
                 rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
-            else:            # (TILE_R, TILE_C // 8, 8): M row, group, byte
-                counter = (rand_offset // 8 + at_r[:, None, None] * (rand_pitch // 8) + grp[None, :, None])
+            else:  # (TILE_R, TILE_C // 8, 8): M row, group, byte
+                counter = rand_offset // 8 + at_r[:, None, None] * (rand_pitch // 8) + grp[None, :, None]
                 rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN)
                 rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
         else:
             rand = 0
         qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
-            xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP)
+            xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP
+        )
         if LIVE:
             # the tile's live amax, max |x| after the RHT with NaN counted as inf (padding is zero),
             # as a by-product: with the RHT, the one _rht16 reduced inside the butterfly; without,
@@ -465,8 +560,7 @@ def _quantize_kernel(
                 out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
                 qs = tl.reshape(qs, (TILE_C, TILE_R))
             else:
-                out = (qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r
-                       + offs_c[None, :].to(tl.int64) * out_stride_c)
+                out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
                 qs = tl.reshape(qs, (TILE_R, TILE_C))
             if EVEN:
                 tl.store(out, qs)
@@ -489,8 +583,7 @@ def _quantize_kernel(
             half_c = pid_c * (TILE_C // 2) + tl.arange(0, TILE_C // 2)
             rows_padded = tl.cdiv(rows, BLOCK_R) * BLOCK_R
             cmask = (offs_r[:, None] < rows_padded) & (half_c[None, :] < cols_padded // 2)
-            tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte,
-                     mask=cmask)
+            tl.store(codes_ptr + offs_r[:, None].to(tl.int64) * (cols_padded // 2) + half_c[None, :], byte, mask=cmask)
             s_code = _encode_grid(s_m, S_BIAS, S_MAN, S_HAS_ZERO)
             s_code = tl.where(bad_m, S_NAN_CODE, s_code).to(tl.uint8)
             br = pid_r * NB_R + tl.arange(0, NB_R)
@@ -526,7 +619,7 @@ def _quantize_kernel(
                     inside = tl.reshape(inside, (NB_R, BLOCK_R, NB_C, BLOCK_C))
                 clipped = clipped & inside
             xhat = q * tl.where(keep, s, 0.0)[:, None, :, None] * d
-            in_sum = finite_b[:, None, :, None]                          # finite blocks only
+            in_sum = finite_b[:, None, :, None]  # finite blocks only
             # float64: exact differences (no FMA contraction can differ from the reference) and squares
             # of 1e30 stay finite
             err = tl.where(in_sum, xhat.to(tl.float64) - xb.to(tl.float64), 0.0)
@@ -550,7 +643,7 @@ def _philox_uniform_kernel(out_ptr, n, seed, rand_offset, BLOCK: tl.constexpr):
     """The uniforms the SR kernels use for offsets rand_offset + 0 .. n - 1 (rand_offset % 8 == 0)."""
     grp = tl.program_id(0) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     byte = _random_bytes8(seed, (rand_offset // 8 + grp.to(tl.int64))[:, None], tl.arange(0, 8)[None, :])
-    u = (511 - byte * 2).to(tl.float32) * 0.001953125   # (255 - byte + 1/2) / 256
+    u = (511 - byte * 2).to(tl.float32) * 0.001953125  # (255 - byte + 1/2) / 256
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.reshape(u, (BLOCK,)), mask=offs < n)
 

@@ -32,8 +32,16 @@ import torch
 from fp4repro.config.model import ModelConfig
 from fp4repro.megatron.names import LAYER_MIXERS, LAYER_NORMS, LINEAR_NAMES
 
-MAMBA_PARAMETERS = ("in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight",
-                    "out_proj.weight")
+MAMBA_PARAMETERS = (
+    "in_proj.weight",
+    "conv1d.weight",
+    "conv1d.bias",
+    "dt_bias",
+    "A_log",
+    "D",
+    "norm.weight",
+    "out_proj.weight",
+)
 
 
 class ConversionError(ValueError):
@@ -42,8 +50,11 @@ class ConversionError(ValueError):
 
 def key_map(config: ModelConfig) -> dict[str, str]:
     """Reference key -> megatron key, for every tensor of the model."""
-    keys = {"embedding.weight": "embedding.word_embeddings.weight", "final_norm.weight": "decoder.final_norm.weight",
-            "lm_head.weight": "output_layer.weight"}
+    keys = {
+        "embedding.weight": "embedding.word_embeddings.weight",
+        "final_norm.weight": "decoder.final_norm.weight",
+        "lm_head.weight": "output_layer.weight",
+    }
     to_reference = {v: k for k, v in LINEAR_NAMES.items()}
     for i, layer_type in enumerate(config.layer_types):
         ours, theirs = f"layers.{i}", f"decoder.layers.{i}"
@@ -61,8 +72,10 @@ def qkv_to_megatron(w: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -
     """[Q | K | V] rows -> megatron's per-KV-group [Q_g (r heads) | K_g | V_g] rows."""
     r = heads // kv_heads
     q, k, v = torch.split(w, [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
-    grouped = torch.cat([q.reshape(kv_heads, r * head_dim, -1), k.reshape(kv_heads, head_dim, -1),
-                         v.reshape(kv_heads, head_dim, -1)], dim=1)
+    grouped = torch.cat(
+        [q.reshape(kv_heads, r * head_dim, -1), k.reshape(kv_heads, head_dim, -1), v.reshape(kv_heads, head_dim, -1)],
+        dim=1,
+    )
     return grouped.reshape(w.shape)
 
 
@@ -70,33 +83,53 @@ def qkv_from_megatron(w: torch.Tensor, heads: int, kv_heads: int, head_dim: int)
     """The inverse of ``qkv_to_megatron``."""
     r = heads // kv_heads
     q, k, v = torch.split(w.reshape(kv_heads, (r + 2) * head_dim, -1), [r * head_dim, head_dim, head_dim], dim=1)
-    return torch.cat([q.reshape(heads * head_dim, -1), k.reshape(kv_heads * head_dim, -1),
-                      v.reshape(kv_heads * head_dim, -1)])
+    return torch.cat(
+        [q.reshape(heads * head_dim, -1), k.reshape(kv_heads * head_dim, -1), v.reshape(kv_heads * head_dim, -1)]
+    )
 
 
 def _convert(state: dict, keys: dict[str, str], permute, side: str, other: str) -> dict:
     state = {k: v for k, v in state.items() if not k.endswith("._extra_state")}
     missing, unknown = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
     if missing or unknown:
-        raise ConversionError(f"not a {side} state dict of this model: "
-                              + "; ".join(part for part in (
-                                  f"missing {missing[:4]}{' …' if len(missing) > 4 else ''}" if missing else "",
-                                  f"unknown {unknown[:4]}{' …' if len(unknown) > 4 else ''}" if unknown else "")
-                                  if part) + f" (converting to the {other} layout)")
-    return {keys[k]: (permute(v) if k.endswith("qkv_proj.weight") or k.endswith("linear_qkv.weight") else v)
-            for k, v in state.items()}
+        raise ConversionError(
+            f"not a {side} state dict of this model: "
+            + "; ".join(
+                part
+                for part in (
+                    f"missing {missing[:4]}{' …' if len(missing) > 4 else ''}" if missing else "",
+                    f"unknown {unknown[:4]}{' …' if len(unknown) > 4 else ''}" if unknown else "",
+                )
+                if part
+            )
+            + f" (converting to the {other} layout)"
+        )
+    return {
+        keys[k]: (permute(v) if k.endswith("qkv_proj.weight") or k.endswith("linear_qkv.weight") else v)
+        for k, v in state.items()
+    }
 
 
 def to_megatron(state: dict, config: ModelConfig) -> dict:
     """The reference model's state dict in megatron's layout (tensors shared, QKV permuted)."""
     c = config
-    return _convert(state, key_map(c), lambda w: qkv_to_megatron(w, c.attn_heads, c.attn_kv_heads, c.attn_head_dim),
-                    "reference", "megatron")
+    return _convert(
+        state,
+        key_map(c),
+        lambda w: qkv_to_megatron(w, c.attn_heads, c.attn_kv_heads, c.attn_head_dim),
+        "reference",
+        "megatron",
+    )
 
 
 def from_megatron(state: dict, config: ModelConfig) -> dict:
     """megatron's state dict (one process) in the reference model's layout."""
     c = config
     inverse = {v: k for k, v in key_map(c).items()}
-    return _convert(state, inverse, lambda w: qkv_from_megatron(w, c.attn_heads, c.attn_kv_heads, c.attn_head_dim),
-                    "megatron", "reference")
+    return _convert(
+        state,
+        inverse,
+        lambda w: qkv_from_megatron(w, c.attn_heads, c.attn_kv_heads, c.attn_head_dim),
+        "megatron",
+        "reference",
+    )

@@ -29,11 +29,17 @@ def slurm_environment(env: Mapping[str, str]) -> dict[str, str]:
     if "WORLD_SIZE" in env or int(env.get("SLURM_STEP_NUM_TASKS", "1")) <= 1 or "SLURM_PROCID" not in env:
         return {}
     nodes = env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"]
-    first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True,
-                           check=True).stdout.split()[0]
+    first = subprocess.run(
+        ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
     port = 20000 + (16 * int(env["SLURM_JOB_ID"]) + int(env.get("SLURM_STEP_ID", "0"))) % 20000
-    return {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
-            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "MASTER_ADDR": first, "MASTER_PORT": str(port)}
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": first,
+        "MASTER_PORT": str(port),
+    }
 
 
 def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> ParallelLayout:
@@ -45,7 +51,7 @@ def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> Parallel
         os.environ.update(slurm_environment(os.environ))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if "WORLD_SIZE" in os.environ:
-            if torch.cuda.is_available():   # modulo: a task may see only its own GPU (srun --gpus-per-task)
+            if torch.cuda.is_available():  # modulo: a task may see only its own GPU (srun --gpus-per-task)
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             dist.init_process_group(backend)
         else:
@@ -55,8 +61,9 @@ def initialize(parallel: ParallelConfig, batch_size: int, seed: int) -> Parallel
             dist.init_process_group(backend, init_method=f"file://{store}/rendezvous", rank=0, world_size=1)
     split = layout(parallel, dist.get_world_size(), batch_size)
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=parallel.tensor,
-                                                 pipeline_model_parallel_size=parallel.pipeline)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tensor, pipeline_model_parallel_size=parallel.pipeline
+        )
     torch.manual_seed(seed)
     # without CUDA, megatron's RNG tracker cannot hold CUDA generator states: its inference
     # tracker draws every initialization from torch's CPU generator instead

@@ -61,13 +61,22 @@ OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "cha
 def _refuse_pipeline_parallelism(study: Study) -> None:
     exp = study.experiment
     if exp.parallel.pipeline != 1:
-        raise ConfigError(f"{exp.path}: field 'parallel.pipeline': value {exp.parallel.pipeline}: training through "
-                          "megatron-core runs without pipeline parallelism for now (1)")
+        raise ConfigError(
+            f"{exp.path}: field 'parallel.pipeline': value {exp.parallel.pipeline}: training through "
+            "megatron-core runs without pipeline parallelism for now (1)"
+        )
 
 
 class MegatronEngine:
-    def __init__(self, study: Study, recipe: Recipe, seed: int, schedule, deterministic: bool = False,
-                 initial: dict | None = None):
+    def __init__(
+        self,
+        study: Study,
+        recipe: Recipe,
+        seed: int,
+        schedule,
+        deterministic: bool = False,
+        initial: dict | None = None,
+    ):
         """``schedule``: the run's WSD schedule (``fp4repro.train.schedule.WSDSchedule``); ``initial``:
         weights to start from in the reference model's layout (a reference checkpoint's) instead of
         the seed's initialization."""
@@ -83,8 +92,10 @@ class MegatronEngine:
         exp, t, config = study.experiment, study.experiment.train, study.model
         _refuse_pipeline_parallelism(study)
         if not torch.cuda.is_available():
-            raise FP4ReproError(f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "
-                                "checkpoints need them) and none is visible; the reference backend trains on a CPU")
+            raise FP4ReproError(
+                f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "
+                "checkpoints need them) and none is visible; the reference backend trains on a CPU"
+            )
         if deterministic:
             deterministic_algorithms()
         self.layout = initialize(exp.parallel, t.batch_size, seed)
@@ -92,10 +103,17 @@ class MegatronEngine:
 
         torch.manual_seed(seed)
         if initial is None:
-            initial = NemotronH(config, recipe).state_dict()      # on the CPU: the reference's initialization
+            initial = NemotronH(config, recipe).state_dict()  # on the CPU: the reference's initialization
         self.model = build_model(config, exp.parallel).cuda()
-        self.model.load_state_dict(shard(to_megatron(initial, config), config, self.layout.tensor,
-                                         parallel_state.get_tensor_model_parallel_rank()), strict=True)
+        self.model.load_state_dict(
+            shard(
+                to_megatron(initial, config),
+                config,
+                self.layout.tensor,
+                parallel_state.get_tensor_model_parallel_rank(),
+            ),
+            strict=True,
+        )
         del initial
         self.quant_state = QuantState(seed)
         # every rank (tensor x data; pipeline size 1) with tp_amax: group, else each shard's data-parallel replicas
@@ -106,16 +124,38 @@ class MegatronEngine:
         model_config = self.model.config
         model_config.deterministic_mode = deterministic
         self.ddp = DistributedDataParallel(
-            config=model_config, module=self.model,
-            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True))
+            config=model_config,
+            module=self.model,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True),
+        )
         model_config.finalize_model_grads_func = finalize_model_grads
         model_config.no_sync_func = self.ddp.no_sync
-        self.optimizer = get_megatron_optimizer(OptimizerConfig(
-            optimizer="adam", lr=t.lr, min_lr=t.lr * t.min_lr_ratio, weight_decay=t.weight_decay,
-            adam_beta1=t.betas[0], adam_beta2=t.betas[1], adam_eps=1e-8, clip_grad=t.grad_clip,
-            bf16=False, fp16=False, params_dtype=torch.float32, use_distributed_optimizer=True), [self.ddp])
-        self.scheduler = wsd_scheduler(self.optimizer, schedule.peak_lr, schedule.total_steps, schedule.warmup_steps,
-                                       schedule.decay_steps, schedule.min_lr_ratio, t.weight_decay)
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=t.lr,
+                min_lr=t.lr * t.min_lr_ratio,
+                weight_decay=t.weight_decay,
+                adam_beta1=t.betas[0],
+                adam_beta2=t.betas[1],
+                adam_eps=1e-8,
+                clip_grad=t.grad_clip,
+                bf16=False,
+                fp16=False,
+                params_dtype=torch.float32,
+                use_distributed_optimizer=True,
+            ),
+            [self.ddp],
+        )
+        self.scheduler = wsd_scheduler(
+            self.optimizer,
+            schedule.peak_lr,
+            schedule.total_steps,
+            schedule.warmup_steps,
+            schedule.decay_steps,
+            schedule.min_lr_ratio,
+            t.weight_decay,
+        )
         self.forward_backward_func = get_forward_backward_func()
         self.writer = dist.get_rank() == 0
         self.ddp.train()
@@ -127,7 +167,7 @@ class MegatronEngine:
 
         rows = self.layout.micro_batch * self.layout.accumulation
         rank = parallel_state.get_data_parallel_rank()
-        return batch[rank * rows:(rank + 1) * rows].cuda(non_blocking=True)
+        return batch[rank * rows : (rank + 1) * rows].cuda(non_blocking=True)
 
     def _forward_backward(self, batch: torch.Tensor) -> float:
         """Forward and backward over this rank's micro-batches; the mean loss over all ranks."""
@@ -143,8 +183,13 @@ class MegatronEngine:
         self.optimizer.zero_grad()
         micro = iter(self._local_batch(batch).split(self.layout.micro_batch))
         losses = self.forward_backward_func(
-            forward_step_func=forward_step, data_iterator=micro, model=[self.ddp],
-            num_microbatches=self.layout.accumulation, seq_length=self.seq_len, micro_batch_size=self.layout.micro_batch)
+            forward_step_func=forward_step,
+            data_iterator=micro,
+            model=[self.ddp],
+            num_microbatches=self.layout.accumulation,
+            seq_length=self.seq_len,
+            micro_batch_size=self.layout.micro_batch,
+        )
         loss = torch.stack([item["lm loss"] for item in losses]).mean()
         dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
         return loss.item() / parallel_state.get_data_parallel_world_size()
@@ -185,12 +230,16 @@ class MegatronEngine:
         if is_loading:
             _give_adam_a_state(self.optimizer)
         model = self.model.sharded_state_dict()
-        rank = {"rng": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-                "quant_state": self.quant_state.state_dict()}
-        return {"model": model,
-                "optimizer": self.optimizer.sharded_state_dict(model, is_loading=is_loading,
-                                                               metadata=OPTIMIZER_CHECKPOINT),
-                "rank": ShardedObject("rank", rank, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)}
+        rank = {
+            "rng": rng_state(),
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+            "quant_state": self.quant_state.state_dict(),
+        }
+        return {
+            "model": model,
+            "optimizer": self.optimizer.sharded_state_dict(model, is_loading=is_loading, metadata=OPTIMIZER_CHECKPOINT),
+            "rank": ShardedObject("rank", rank, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0),
+        }
 
     def save_resume(self, folder: Path, step: int, meta: dict) -> None:
         state = self._sharded_state_dict(is_loading=False)
@@ -226,8 +275,11 @@ def _give_adam_a_state(optimizer) -> None:
         for group in adam.param_groups:
             for param in group["params"]:
                 if not adam.state[param]:
-                    adam.state[param] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(param),
-                                         "exp_avg_sq": torch.zeros_like(param)}
+                    adam.state[param] = {
+                        "step": torch.tensor(0.0),
+                        "exp_avg": torch.zeros_like(param),
+                        "exp_avg_sq": torch.zeros_like(param),
+                    }
 
 
 def _load_optimizer(optimizer, state: dict) -> None:
@@ -244,10 +296,13 @@ def _load_optimizer(optimizer, state: dict) -> None:
         part_state = dict(part_state)
         param_state = part_state.pop("param_state")
         if (kind := part_state.pop("param_state_sharding_type")) != "fully_reshardable":
-            raise FP4ReproError(f"optimizer state sharded as {kind!r}; resume checkpoints are written fully reshardable")
+            raise FP4ReproError(
+                f"optimizer state sharded as {kind!r}; resume checkpoints are written fully reshardable"
+            )
         part.load_state_dict(part_state)
-        steps = {param: adam_state.pop("step") for param, adam_state in part.optimizer.state.items()
-                 if "step" in adam_state}
+        steps = {
+            param: adam_state.pop("step") for param, adam_state in part.optimizer.state.items() if "step" in adam_state
+        }
         part.load_parameter_state_from_fully_reshardable(param_state)
         for param, step in steps.items():
             part.optimizer.state[param]["step"] = step.clone()

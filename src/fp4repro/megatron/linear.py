@@ -55,7 +55,7 @@ class _ContiguousGrad(torch.autograd.Function):
 class _Quantized:
     """The quantized ``_forward_impl`` shared by both parallel linears."""
 
-    SPLIT_DIM = ""                      # the dimension tensor parallelism splits: N or K
+    SPLIT_DIM = ""  # the dimension tensor parallelism splits: N or K
     specs: LinearSpecs | None = None
     quant_state: QuantState | None = None
     quant_key: str = ""
@@ -70,23 +70,30 @@ class _Quantized:
         self.quant_state, self.quant_key = state, key
         self.shards = shards or {}
 
-    def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False,
-                      **kwargs):
+    def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False, **kwargs):
         if self.specs is None:
-            return super()._forward_impl(input, weight, bias, *args, sequence_parallel=sequence_parallel,
-                                         allreduce_dgrad=allreduce_dgrad, **kwargs)
-        if sequence_parallel:    # this rank's part of the sequence: the whole of it for the GEMM, the input
+            return super()._forward_impl(
+                input,
+                weight,
+                bias,
+                *args,
+                sequence_parallel=sequence_parallel,
+                allreduce_dgrad=allreduce_dgrad,
+                **kwargs,
+            )
+        if sequence_parallel:  # this rank's part of the sequence: the whole of it for the GEMM, the input
             # gradient reduce-scattered back over the tensor group, as megatron's GEMM does (in BF16)
             input = gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True)
-        elif allreduce_dgrad:    # the input gradient summed over the tensor group, as megatron's GEMM does
+        elif allreduce_dgrad:  # the input gradient summed over the tensor group, as megatron's GEMM does
             input = copy_to_tensor_model_parallel_region(input)
         input = _ContiguousGrad.apply(input)
         if input.dim() == 3 and input.shape[1] > 1:
             # megatron's activations are [sequence, batch, hidden]; the quantization sees the
             # reference's token order, sequence by sequence, so that blocks along tokens (wgrad's
             # column-wise operands) hold 16 tokens of one sequence as they do there
-            out = quantized_linear(input.transpose(0, 1), weight, bias, self.specs, self.quant_state, self.quant_key,
-                                   self.shards)
+            out = quantized_linear(
+                input.transpose(0, 1), weight, bias, self.specs, self.quant_state, self.quant_key, self.shards
+            )
             # contiguous: megatron's output all-reduce (row-parallel) reduces ``input_.contiguous()``
             # in place and returns ``input_``, so a transposed view would go out unreduced
             return out.transpose(0, 1).contiguous()
@@ -97,8 +104,8 @@ class _Quantized:
 
 
 class QuantColumnParallelLinear(_Quantized, ColumnParallelLinear):
-    SPLIT_DIM = "N"          # output features: W's rows, dY's columns
+    SPLIT_DIM = "N"  # output features: W's rows, dY's columns
 
 
 class QuantRowParallelLinear(_Quantized, RowParallelLinear):
-    SPLIT_DIM = "K"          # input features: W's and X's columns
+    SPLIT_DIM = "K"  # input features: W's and X's columns

@@ -65,58 +65,110 @@ class TorchNormMambaStack(MambaStack):
 
 def stack_spec(model: ModelConfig) -> ModuleSpec:
     """The hybrid stack's module spec: megatron-core's layers, the reference's norms, quantizable linears."""
-    mixer = ModuleSpec(module=MambaMixer, params={"d_conv": model.mamba_conv_kernel, "chunk_size": model.mamba_chunk_size},
-                       submodules=MambaMixerSubmodules(in_proj=QuantColumnParallelLinear,
-                                                       out_proj=QuantRowParallelLinear))
-    attention = ModuleSpec(module=SelfAttention, params={"attn_mask_type": AttnMaskType.causal},
-                           submodules=SelfAttentionSubmodules(linear_qkv=QuantColumnParallelLinear,
-                                                              core_attention=SDPAttention,
-                                                              linear_proj=QuantRowParallelLinear))
-    mlp = ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=QuantColumnParallelLinear,
-                                                          linear_fc2=QuantRowParallelLinear))
-    return ModuleSpec(module=TorchNormMambaStack, submodules=MambaStackSubmodules(
-        mamba_layer=ModuleSpec(module=MambaLayer, submodules=MambaLayerSubmodules(
-            norm=RMSNorm, mixer=mixer, mamba_bda=get_bias_dropout_add)),
-        attention_layer=ModuleSpec(module=TransformerLayer, submodules=TransformerLayerSubmodules(
-            input_layernorm=RMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add)),
-        mlp_layer=ModuleSpec(module=MLPLayer, submodules=TransformerLayerSubmodules(
-            pre_mlp_layernorm=RMSNorm, mlp=mlp, mlp_bda=get_bias_dropout_add))))
+    mixer = ModuleSpec(
+        module=MambaMixer,
+        params={"d_conv": model.mamba_conv_kernel, "chunk_size": model.mamba_chunk_size},
+        submodules=MambaMixerSubmodules(in_proj=QuantColumnParallelLinear, out_proj=QuantRowParallelLinear),
+    )
+    attention = ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=QuantColumnParallelLinear, core_attention=SDPAttention, linear_proj=QuantRowParallelLinear
+        ),
+    )
+    mlp = ModuleSpec(
+        module=MLP, submodules=MLPSubmodules(linear_fc1=QuantColumnParallelLinear, linear_fc2=QuantRowParallelLinear)
+    )
+    return ModuleSpec(
+        module=TorchNormMambaStack,
+        submodules=MambaStackSubmodules(
+            mamba_layer=ModuleSpec(
+                module=MambaLayer,
+                submodules=MambaLayerSubmodules(norm=RMSNorm, mixer=mixer, mamba_bda=get_bias_dropout_add),
+            ),
+            attention_layer=ModuleSpec(
+                module=TransformerLayer,
+                submodules=TransformerLayerSubmodules(
+                    input_layernorm=RMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add
+                ),
+            ),
+            mlp_layer=ModuleSpec(
+                module=MLPLayer,
+                submodules=TransformerLayerSubmodules(pre_mlp_layernorm=RMSNorm, mlp=mlp, mlp_bda=get_bias_dropout_add),
+            ),
+        ),
+    )
 
 
-def transformer_config(model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
-                       params_dtype: torch.dtype = torch.float32, cpu_initialization: bool = False) -> TransformerConfig:
+def transformer_config(
+    model: ModelConfig,
+    parallel: ParallelConfig = ParallelConfig(),
+    params_dtype: torch.dtype = torch.float32,
+    cpu_initialization: bool = False,
+) -> TransformerConfig:
     """megatron's TransformerConfig for a ``ModelConfig``: the same sizes, no biases, RMSNorm,
     squared ReLU, no dropout, no fused kernels (they need Transformer Engine or apex)."""
     return TransformerConfig(
-        num_layers=model.n_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.mlp_hidden_size,
-        num_attention_heads=model.attn_heads, num_query_groups=model.attn_kv_heads, kv_channels=model.attn_head_dim,
-        mamba_num_heads=model.mamba_heads, mamba_head_dim=model.mamba_head_dim, mamba_num_groups=model.mamba_groups,
-        mamba_state_dim=model.mamba_state_size, use_mamba_mem_eff_path=False,
-        activation_func=squared_relu, gated_linear_unit=False, add_bias_linear=False,
-        normalization="RMSNorm", layernorm_epsilon=model.norm_eps, init_method_std=model.init_std,
-        hidden_dropout=0.0, attention_dropout=0.0,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, bias_activation_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False, gradient_accumulation_fusion=False,
-        tensor_model_parallel_size=parallel.tensor, pipeline_model_parallel_size=parallel.pipeline,
+        num_layers=model.n_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.mlp_hidden_size,
+        num_attention_heads=model.attn_heads,
+        num_query_groups=model.attn_kv_heads,
+        kv_channels=model.attn_head_dim,
+        mamba_num_heads=model.mamba_heads,
+        mamba_head_dim=model.mamba_head_dim,
+        mamba_num_groups=model.mamba_groups,
+        mamba_state_dim=model.mamba_state_size,
+        use_mamba_mem_eff_path=False,
+        activation_func=squared_relu,
+        gated_linear_unit=False,
+        add_bias_linear=False,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.norm_eps,
+        init_method_std=model.init_std,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=parallel.tensor,
+        pipeline_model_parallel_size=parallel.pipeline,
         sequence_parallel=parallel.sequence_parallel,
-        params_dtype=params_dtype, bf16=False, fp16=False, use_cpu_initialization=cpu_initialization,
+        params_dtype=params_dtype,
+        bf16=False,
+        fp16=False,
+        use_cpu_initialization=cpu_initialization,
         # the residual stream between pipeline stages: FP32 as in the reference (BF16 autocast
         # rounds the mixers' outputs, their sum with the FP32 residual stays FP32)
-        pipeline_dtype=params_dtype)
+        pipeline_dtype=params_dtype,
+    )
 
 
-def build_model(model: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
-                params_dtype: torch.dtype = torch.float32, cpu_initialization: bool = False) -> MambaModel:
+def build_model(
+    model: ModelConfig,
+    parallel: ParallelConfig = ParallelConfig(),
+    params_dtype: torch.dtype = torch.float32,
+    cpu_initialization: bool = False,
+) -> MambaModel:
     """megatron's hybrid model for ``model`` (untied embedding and LM head, as the reference's),
     on this process's share of ``parallel`` (megatron's parallel state must be initialized)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    return MambaModel(config=transformer_config(model, parallel, params_dtype, cpu_initialization),
-                      mamba_stack_spec=stack_spec(model), vocab_size=model.vocab_size,
-                      max_sequence_length=1 << 20, hybrid_override_pattern=model.pattern,
-                      share_embeddings_and_output_weights=False,
-                      position_embedding_type="rope" if model.rope else "none", rotary_base=int(model.rope_theta),
-                      pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+    return MambaModel(
+        config=transformer_config(model, parallel, params_dtype, cpu_initialization),
+        mamba_stack_spec=stack_spec(model),
+        vocab_size=model.vocab_size,
+        max_sequence_length=1 << 20,
+        hybrid_override_pattern=model.pattern,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope" if model.rope else "none",
+        rotary_base=int(model.rope_theta),
+        pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
+    )
 
 
 def layer_linears(megatron_model: MambaModel):
@@ -128,8 +180,9 @@ def layer_linears(megatron_model: MambaModel):
                 yield layer.layer_number, path.rsplit(".", 1)[-1], module
 
 
-def attach_recipe(megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, config: ModelConfig,
-                  tp_amax: str = "group") -> None:
+def attach_recipe(
+    megatron_model: MambaModel, recipe: Recipe | None, state: QuantState, config: ModelConfig, tp_amax: str = "group"
+) -> None:
     """Give every internal linear its recipe specs by global layer number, and its QuantState key
     (those of the reference model's linear in the same layer: ``fp4repro.megatron.names``); under
     tensor parallelism, the ``Shard`` of each split operand: with ``tp_amax: group`` the tensor group

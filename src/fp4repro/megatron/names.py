@@ -11,9 +11,14 @@ pipeline stage holds it.
 from __future__ import annotations
 
 # megatron's name of each internal linear -> the reference model's (``config.model.LAYER_LINEARS``)
-LINEAR_NAMES = {"in_proj": "in_proj", "out_proj": "out_proj",               # Mamba mixer
-                "linear_qkv": "qkv_proj", "linear_proj": "o_proj",          # self-attention
-                "linear_fc1": "fc1", "linear_fc2": "fc2"}                   # MLP
+LINEAR_NAMES = {
+    "in_proj": "in_proj",
+    "out_proj": "out_proj",  # Mamba mixer
+    "linear_qkv": "qkv_proj",
+    "linear_proj": "o_proj",  # self-attention
+    "linear_fc1": "fc1",
+    "linear_fc2": "fc2",
+}  # MLP
 
 # the pre-norm of each layer type in megatron's layers (the reference calls every one ``norm``)
 LAYER_NORMS = {"mamba": "norm", "attention": "input_layernorm", "mlp": "pre_mlp_layernorm"}

@@ -83,8 +83,9 @@ def _loss_and_grads(model, logits_of, inputs, targets, seed: int, bf16: bool) ->
     return float(loss.detach()), grads, float(logits.detach().abs().max())
 
 
-def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Tensor, seed: int,
-               bf16: bool = True) -> dict:
+def first_step(
+    reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Tensor, seed: int, bf16: bool = True
+) -> dict:
     """Loss and gradients of both models on ``tokens`` (batch, time + 1): the losses, the
     megatron-minus-reference loss difference, and per parameter (reference names) the relative
     gradient difference and the gradient norm; ``megatron_pass``: megatron's (loss, gradients)."""
@@ -92,9 +93,14 @@ def first_step(reference: NemotronH, megatron: torch.nn.Module, tokens: torch.Te
     loss_r, grads_r, logit_max = _loss_and_grads(reference, lambda m, x: m(x), inputs, targets, seed, bf16)
     loss_m, grads_m, _ = _loss_and_grads(megatron, megatron_logits, inputs, targets, seed, bf16)
     grads_m = from_megatron(grads_m, reference.config)
-    return {"loss_reference": loss_r, "loss_megatron": loss_m, **_difference((loss_m, grads_m), (loss_r, grads_r)),
-            "logit_max": logit_max, "megatron_pass": (loss_m, grads_m),
-            "gradient_norm": {n: float(g.norm()) for n, g in grads_r.items()}}
+    return {
+        "loss_reference": loss_r,
+        "loss_megatron": loss_m,
+        **_difference((loss_m, grads_m), (loss_r, grads_r)),
+        "logit_max": logit_max,
+        "megatron_pass": (loss_m, grads_m),
+        "gradient_norm": {n: float(g.norm()) for n, g in grads_r.items()},
+    }
 
 
 def _difference(got: tuple[float, dict], want: tuple[float, dict]) -> dict:
@@ -103,23 +109,28 @@ def _difference(got: tuple[float, dict], want: tuple[float, dict]) -> dict:
 
 
 def _relative(got: dict, want: dict) -> dict:
-    return {name: float((got[name] - g).norm() / g.norm()) if g.norm() > 0 else float(got[name].norm())
-            for name, g in want.items()}
+    return {
+        name: float((got[name] - g).norm() / g.norm()) if g.norm() > 0 else float(got[name].norm())
+        for name, g in want.items()
+    }
 
 
-BF16_UNIT_ROUNDOFF = 2.0 ** -8
+BF16_UNIT_ROUNDOFF = 2.0**-8
 
 
 def bf16_bounds(n_layers: int, logit_max: float) -> dict:
     """The BF16-rounding bounds of the module docstring: (loss, weight gradient)."""
-    spread = BF16_UNIT_ROUNDOFF * n_layers ** 0.5
+    spread = BF16_UNIT_ROUNDOFF * n_layers**0.5
     return {"loss": 2 * spread * logit_max, "gradient": 4 * spread}
 
 
 def linear_gradients(differences: dict) -> dict:
     """The entries of the internal linears' weights (reference names)."""
-    return {n: v for n, v in differences.items() if ".mixer." in n and n.endswith("proj.weight")
-            or n.endswith(("fc1.weight", "fc2.weight"))}
+    return {
+        n: v
+        for n, v in differences.items()
+        if ".mixer." in n and n.endswith("proj.weight") or n.endswith(("fc1.weight", "fc2.weight"))
+    }
 
 
 def _copy_pass(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool, variant=None) -> tuple[float, dict]:
@@ -139,8 +150,9 @@ def _copy_pass(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool
 def yardstick(reference: NemotronH, tokens: torch.Tensor, seed: int, bf16: bool = True) -> dict:
     """The reference with the torch SSD scan instead of mamba-ssm's kernel, minus the reference
     (same weights, seed and autocast)."""
-    return _difference(_copy_pass(reference, tokens, seed, bf16, use_torch_ssd),
-                       _copy_pass(reference, tokens, seed, bf16))
+    return _difference(
+        _copy_pass(reference, tokens, seed, bf16, use_torch_ssd), _copy_pass(reference, tokens, seed, bf16)
+    )
 
 
 def bf16_effect(reference: NemotronH, tokens: torch.Tensor, seed: int) -> dict:
@@ -149,7 +161,7 @@ def bf16_effect(reference: NemotronH, tokens: torch.Tensor, seed: int) -> dict:
     return _difference(_copy_pass(reference, tokens, seed, True), _copy_pass(reference, tokens, seed, False))
 
 
-QUANTIZED_BOUND = 2.0 ** 0.5     # in units of the reference's BF16 effect on the same linear
+QUANTIZED_BOUND = 2.0**0.5  # in units of the reference's BF16 effect on the same linear
 
 
 def verdict(quantized: bool, megatron: dict, effect: dict, bounds: dict, megatron_effect: dict | None = None) -> dict:
@@ -167,67 +179,92 @@ def verdict(quantized: bool, megatron: dict, effect: dict, bounds: dict, megatro
     loss_ok = abs(megatron["loss_difference"]) <= bounds["loss"]
     gradients_ok = ratios[worst] <= QUANTIZED_BOUND if quantized else max(lin_m.values()) <= bounds["gradient"]
     gradients_ok = finite and gradients_ok
-    out = {"within": bool(loss_ok and gradients_ok), "worst_ratio": ratios[worst], "worst_ratio_linear": worst,
-           "bf16_effect_linear_gradient_max": max(lin_e.values())}
+    out = {
+        "within": bool(loss_ok and gradients_ok),
+        "worst_ratio": ratios[worst],
+        "worst_ratio_linear": worst,
+        "bf16_effect_linear_gradient_max": max(lin_e.values()),
+    }
     if megatron_effect is not None:
         lin_me = linear_gradients(megatron_effect["gradient_difference"])
         out["megatron_effect_ratio"] = max(lin_me[n] / lin_e[n] if lin_e[n] > 0 else float("inf") for n in lin_me)
     return out
 
 
-def run(config: ModelConfig, recipes: dict[str, Recipe | None], batch: int = 4, length: int = 256,
-        seed: int = 0, on_row=None) -> dict:
+def run(
+    config: ModelConfig,
+    recipes: dict[str, Recipe | None],
+    batch: int = 4,
+    length: int = 256,
+    seed: int = 0,
+    on_row=None,
+) -> dict:
     """Every recipe on one random token batch, FP32 and BF16 autocast: megatron against the
     reference (``first_step``) and the reference against itself (``yardstick``), summarized.
     ``on_row(result)`` is called after each row with the result so far (progress, partial files)."""
-    tokens = torch.randint(0, config.vocab_size, (batch, length + 1),
-                           generator=torch.Generator().manual_seed(seed)).cuda()
+    tokens = torch.randint(
+        0, config.vocab_size, (batch, length + 1), generator=torch.Generator().manual_seed(seed)
+    ).cuda()
     result = {"model": config.name, "batch": batch, "length": length, "seed": seed, "rows": []}
     for name, recipe in recipes.items():
         reference, megatron = pair(config, recipe, seed)
-        quantized = recipe is not None and len(recipe.bf16_layers(config.n_layers, config.layer_linears)) < config.n_layers
+        quantized = (
+            recipe is not None and len(recipe.bf16_layers(config.n_layers, config.layer_linears)) < config.n_layers
+        )
         for bf16 in (False, True):
-            if bf16:   # the BF16 effects from the state the BF16 row starts in (after the FP32 row)
+            if bf16:  # the BF16 effects from the state the BF16 row starts in (after the FP32 row)
                 fp32 = _copy_pass(reference, tokens, seed + 1, False)
                 effect = _difference(_copy_pass(reference, tokens, seed + 1, True), fp32)
             m = first_step(reference, megatron, tokens, seed + 1, bf16)
-            if bf16:   # megatron's own BF16 pass of this row against the same FP32 reference pass
+            if bf16:  # megatron's own BF16 pass of this row against the same FP32 reference pass
                 megatron_effect = _difference(m["megatron_pass"], fp32)
             y = yardstick(reference, tokens, seed + 1, bf16)
             lin_m, lin_y = linear_gradients(m["gradient_difference"]), linear_gradients(y["gradient_difference"])
             bounds = bf16_bounds(config.n_layers, m["logit_max"]) if bf16 else None
-            result["rows"].append({
-                "recipe": name, "autocast": "bf16" if bf16 else "fp32",
-                "loss_reference": m["loss_reference"], "loss_difference": m["loss_difference"],
-                "linear_gradient_max": max(lin_m.values()), "linear_gradient_worst": max(lin_m, key=lin_m.get),
-                "gradient_max": max(m["gradient_difference"].values()),
-                "yardstick_loss_difference": y["loss_difference"],
-                "yardstick_linear_gradient_max": max(lin_y.values()),
-                "bounds": bounds,
-                **(verdict(quantized, m, effect, bounds, megatron_effect) if bf16 else {"within": None}),
-                "gradient_difference": m["gradient_difference"],
-                "yardstick_gradient_difference": y["gradient_difference"],
-                "bf16_effect_gradient_difference": effect["gradient_difference"] if bf16 else None,
-                "megatron_bf16_effect_gradient_difference": megatron_effect["gradient_difference"] if bf16 else None})
+            result["rows"].append(
+                {
+                    "recipe": name,
+                    "autocast": "bf16" if bf16 else "fp32",
+                    "loss_reference": m["loss_reference"],
+                    "loss_difference": m["loss_difference"],
+                    "linear_gradient_max": max(lin_m.values()),
+                    "linear_gradient_worst": max(lin_m, key=lin_m.get),
+                    "gradient_max": max(m["gradient_difference"].values()),
+                    "yardstick_loss_difference": y["loss_difference"],
+                    "yardstick_linear_gradient_max": max(lin_y.values()),
+                    "bounds": bounds,
+                    **(verdict(quantized, m, effect, bounds, megatron_effect) if bf16 else {"within": None}),
+                    "gradient_difference": m["gradient_difference"],
+                    "yardstick_gradient_difference": y["gradient_difference"],
+                    "bf16_effect_gradient_difference": effect["gradient_difference"] if bf16 else None,
+                    "megatron_bf16_effect_gradient_difference": megatron_effect["gradient_difference"]
+                    if bf16
+                    else None,
+                }
+            )
             if on_row is not None:
                 on_row(result)
     return result
 
 
 def table_header(result: dict) -> str:
-    return (f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
-            "megatron - reference (yard: reference with the torch SSD - reference; "
-            "bf16 eff: reference in BF16 - in FP32; ratio: worst linear's megatron difference / its bf16 eff, "
-            f"quantized bound {QUANTIZED_BOUND:.2f}; m eff: worst linear's (megatron in BF16 - reference in FP32) / its bf16 eff)\n"
-            f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
-            f"{'lin grad':>9} {'yard':>9} {'bound':>8} {'bf16 eff':>9} {'ratio':>6} {'m eff':>6} within")
+    return (
+        f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
+        "megatron - reference (yard: reference with the torch SSD - reference; "
+        "bf16 eff: reference in BF16 - in FP32; ratio: worst linear's megatron difference / its bf16 eff, "
+        f"quantized bound {QUANTIZED_BOUND:.2f}; m eff: worst linear's (megatron in BF16 - reference in FP32) / its bf16 eff)\n"
+        f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
+        f"{'lin grad':>9} {'yard':>9} {'bound':>8} {'bf16 eff':>9} {'ratio':>6} {'m eff':>6} within"
+    )
 
 
 def table_row(r: dict) -> str:
     b = r["bounds"] or {}
     within = {True: "yes", False: "NO", None: "-"}[r.get("within")]
-    return (f"{r['recipe']:10} {r['autocast']:8} {r['loss_reference']:>9.5f} {r['loss_difference']:>+10.2e} "
-            f"{r['yardstick_loss_difference']:>+10.2e} {b.get('loss', float('nan')):>9.2e} "
-            f"{r['linear_gradient_max']:>9.2e} {r['yardstick_linear_gradient_max']:>9.2e} "
-            f"{b.get('gradient', float('nan')):>8.2e} {r.get('bf16_effect_linear_gradient_max', float('nan')):>9.2e} "
-            f"{r.get('worst_ratio', float('nan')):>6.2f} {r.get('megatron_effect_ratio', float('nan')):>6.2f} {within}")
+    return (
+        f"{r['recipe']:10} {r['autocast']:8} {r['loss_reference']:>9.5f} {r['loss_difference']:>+10.2e} "
+        f"{r['yardstick_loss_difference']:>+10.2e} {b.get('loss', float('nan')):>9.2e} "
+        f"{r['linear_gradient_max']:>9.2e} {r['yardstick_linear_gradient_max']:>9.2e} "
+        f"{b.get('gradient', float('nan')):>8.2e} {r.get('bf16_effect_linear_gradient_max', float('nan')):>9.2e} "
+        f"{r.get('worst_ratio', float('nan')):>6.2f} {r.get('megatron_effect_ratio', float('nan')):>6.2f} {within}"
+    )

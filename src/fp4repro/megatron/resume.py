@@ -52,14 +52,14 @@ def save(sharded_state_dict: dict, folder: Path, step: int, keep: int = 2) -> Pa
     partial = folder / f".{final.name}.partial"
     if _rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(".resume_*.dist.partial"):     # this save's, or a crashed one's
+        for stale in folder.glob(".resume_*.dist.partial"):  # this save's, or a crashed one's
             shutil.rmtree(stale, ignore_errors=True)
         partial.mkdir()
     _barrier()
     dist_checkpointing.save(sharded_state_dict, str(partial))
     _barrier()
     if _rank() == 0:
-        if final.exists():                     # the same step saved again (a resumed run's last step)
+        if final.exists():  # the same step saved again (a resumed run's last step)
             shutil.rmtree(final)
         os.replace(partial, final)
         fd = os.open(folder, os.O_RDONLY)
@@ -82,15 +82,20 @@ def load_newest(sharded_state_dict_of, folder: Path) -> tuple[dict, int] | None:
     for path in resume_dirs(folder):
         try:
             state = dist_checkpointing.load(sharded_state_dict_of(), str(path))
-        except Exception as err:   # any reason a folder cannot be read: fall back to the one before
-            reason = "".join(traceback.format_exception_only(err)).strip()   # the type too: some say nothing else
-            print(f"warning: skipping resume checkpoint {path}: {reason}\n"
-                  f"{''.join(traceback.format_tb(err.__traceback__)[-4:])}", file=sys.stderr)
+        except Exception as err:  # any reason a folder cannot be read: fall back to the one before
+            reason = "".join(traceback.format_exception_only(err)).strip()  # the type too: some say nothing else
+            print(
+                f"warning: skipping resume checkpoint {path}: {reason}\n"
+                f"{''.join(traceback.format_tb(err.__traceback__)[-4:])}",
+                file=sys.stderr,
+            )
             failures.append(f"{path.name}: {reason}")
             continue
         return state, int(RESUME_DIR_PATTERN.match(path.name).group(1))
     if failures:
-        raise FP4ReproError(f"{folder}: no resume checkpoint loads ({'; '.join(failures)}); the run does not start "
-                            "again from step 0 over them: resume with the processes they were written by, or "
-                            "move the folder away to start afresh")
+        raise FP4ReproError(
+            f"{folder}: no resume checkpoint loads ({'; '.join(failures)}); the run does not start "
+            "again from step 0 over them: resume with the processes they were written by, or "
+            "move the folder away to start afresh"
+        )
     return None

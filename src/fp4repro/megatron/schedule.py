@@ -17,15 +17,32 @@ Weight decay is constant.
 from __future__ import annotations
 
 
-def wsd_scheduler(optimizer, peak_lr: float, total_steps: int, warmup_steps: int, decay_steps: int,
-                  min_lr_ratio: float, weight_decay: float):
+def wsd_scheduler(
+    optimizer,
+    peak_lr: float,
+    total_steps: int,
+    warmup_steps: int,
+    decay_steps: int,
+    min_lr_ratio: float,
+    weight_decay: float,
+):
     """megatron's scheduler for ``optimizer`` with the reference's WSD schedule; call its
     ``step(1)`` after every optimizer step (its state_dict goes into checkpoints)."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     megatron_warmup = max(warmup_steps - 1, 0)
     return OptimizerParamScheduler(
-        optimizer, init_lr=peak_lr / warmup_steps if warmup_steps > 1 else peak_lr, max_lr=peak_lr,
-        min_lr=min_lr_ratio * peak_lr, lr_warmup_steps=megatron_warmup, lr_decay_steps=total_steps,
-        lr_decay_style="WSD", wsd_decay_steps=decay_steps, lr_wsd_decay_style="linear",
-        start_wd=weight_decay, end_wd=weight_decay, wd_incr_steps=total_steps, wd_incr_style="constant")
+        optimizer,
+        init_lr=peak_lr / warmup_steps if warmup_steps > 1 else peak_lr,
+        max_lr=peak_lr,
+        min_lr=min_lr_ratio * peak_lr,
+        lr_warmup_steps=megatron_warmup,
+        lr_decay_steps=total_steps,
+        lr_decay_style="WSD",
+        wsd_decay_steps=decay_steps,
+        lr_wsd_decay_style="linear",
+        start_wd=weight_decay,
+        end_wd=weight_decay,
+        wd_incr_steps=total_steps,
+        wd_incr_style="constant",
+    )

@@ -35,10 +35,10 @@ def split_of(key: str, config: ModelConfig) -> tuple[int, list[int]] | None:
     if not key.startswith("decoder.layers.") or not any(f".{m}." in key for m in LAYER_MIXERS.values()):
         return None
     module, param = key.rsplit(".", 2)[-2:]
-    if module in LINEAR_NAMES and param == "weight":        # a weight is (N, K): rows N, columns K
+    if module in LINEAR_NAMES and param == "weight":  # a weight is (N, K): rows N, columns K
         dim, segments = split_segments(config, LINEAR_NAMES[module])
         return (0 if dim == "N" else 1), segments
-    if module == "conv1d":                                  # its channels: in_proj's x, B and C
+    if module == "conv1d":  # its channels: in_proj's x, B and C
         return 0, split_segments(config, "in_proj")[1][1:4]
     if param in ("A_log", "dt_bias", "D"):
         return 0, [config.mamba_heads]

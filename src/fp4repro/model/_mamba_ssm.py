@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 
 class MambaSSMKernels(NamedTuple):
-    chunk_scan_combined: Callable    # mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined
-    gated_rmsnorm: Callable          # mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn
+    chunk_scan_combined: Callable  # mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined
+    gated_rmsnorm: Callable  # mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn
 
 
 def prepare_mamba_ssm_import() -> bool:
@@ -40,7 +40,8 @@ def prepare_mamba_ssm_import() -> bool:
         return False
     except ImportError:
         sys.modules["selective_scan_cuda"] = types.ModuleType(
-            "selective_scan_cuda", "Empty stand-in for mamba-ssm's Mamba-1 CUDA extension (not built).")
+            "selective_scan_cuda", "Empty stand-in for mamba-ssm's Mamba-1 CUDA extension (not built)."
+        )
         return True
 
 
@@ -58,7 +59,10 @@ def load_mamba_ssm_kernels() -> MambaSSMKernels | None:
     except Exception as err:  # a broken install must not stop the torch fallback from running
         if stubbed:
             sys.modules.pop("selective_scan_cuda", None)
-        warnings.warn(f"mamba-ssm is installed but its Triton kernels do not import ({err!r}); "
-                      "using the torch SSD instead", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"mamba-ssm is installed but its Triton kernels do not import ({err!r}); using the torch SSD instead",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     return MambaSSMKernels(chunk_scan_combined=mamba_chunk_scan_combined, gated_rmsnorm=rmsnorm_fn)

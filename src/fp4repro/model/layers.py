@@ -117,8 +117,14 @@ class Mamba2Mixer(nn.Module):
         self.use_triton_kernels = True
 
         self.in_proj = make_linear(config.hidden_size, config.mamba_in_proj_size, "in_proj")
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=config.mamba_conv_kernel,
-                                groups=self.conv_dim, padding=config.mamba_conv_kernel - 1, bias=True)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim,
+            self.conv_dim,
+            kernel_size=config.mamba_conv_kernel,
+            groups=self.conv_dim,
+            padding=config.mamba_conv_kernel - 1,
+            bias=True,
+        )
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.D = nn.Parameter(torch.empty(self.n_heads))
@@ -126,8 +132,15 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = make_linear(self.d_inner, config.hidden_size, "out_proj")
 
     @torch.no_grad()
-    def reset_parameters(self, init_std: float, out_std: float, dt_min: float = 1e-3, dt_max: float = 0.1,
-                         dt_floor: float = 1e-4, A_range: tuple[float, float] = (1.0, 16.0)) -> None:
+    def reset_parameters(
+        self,
+        init_std: float,
+        out_std: float,
+        dt_min: float = 1e-3,
+        dt_max: float = 0.1,
+        dt_floor: float = 1e-4,
+        A_range: tuple[float, float] = (1.0, 16.0),
+    ) -> None:
         """mamba-ssm's initialization of the SSM parameters; Megatron-style normal linears.
 
         dt ~ exp(U(log dt_min, log dt_max)) clamped to >= dt_floor; dt_bias = softplus⁻¹(dt)
@@ -153,8 +166,13 @@ class Mamba2Mixer(nn.Module):
         """
         length = xBC.shape[1]
         with _float32_region(xBC):
-            out = F.conv1d(_wide(xBC).transpose(1, 2), _wide(self.conv1d.weight), _wide(self.conv1d.bias),
-                           padding=self.conv1d.padding, groups=self.conv_dim)[..., :length]
+            out = F.conv1d(
+                _wide(xBC).transpose(1, 2),
+                _wide(self.conv1d.weight),
+                _wide(self.conv1d.bias),
+                padding=self.conv1d.padding,
+                groups=self.conv_dim,
+            )[..., :length]
             out = F.silu(out).transpose(1, 2)
         return out.to(xBC.dtype)
 
@@ -163,8 +181,9 @@ class Mamba2Mixer(nn.Module):
         zxbcdt = self.in_proj(u)
         z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.n_heads], dim=-1)
         xBC = self._conv(xBC)
-        x, B, C = torch.split(xBC, [self.d_inner, self.n_groups * self.state_size,
-                                    self.n_groups * self.state_size], dim=-1)
+        x, B, C = torch.split(
+            xBC, [self.d_inner, self.n_groups * self.state_size, self.n_groups * self.state_size], dim=-1
+        )
         x = x.unflatten(-1, (self.n_heads, self.head_dim))
         B = B.unflatten(-1, (self.n_groups, self.state_size))
         C = C.unflatten(-1, (self.n_groups, self.state_size))
@@ -172,10 +191,18 @@ class Mamba2Mixer(nn.Module):
 
         kernels = load_mamba_ssm_kernels() if (u.is_cuda and self.use_triton_kernels) else None
         if kernels is not None:
-            y = kernels.chunk_scan_combined(x, dt, A, B, C, self.chunk_size, D=self.D,
-                                            dt_bias=self.dt_bias, dt_softplus=True)
-            y = kernels.gated_rmsnorm(y.flatten(-2), self.norm.weight, None, z=z, eps=self.norm.eps,
-                                      group_size=self.norm.group_size, norm_before_gate=False)
+            y = kernels.chunk_scan_combined(
+                x, dt, A, B, C, self.chunk_size, D=self.D, dt_bias=self.dt_bias, dt_softplus=True
+            )
+            y = kernels.gated_rmsnorm(
+                y.flatten(-2),
+                self.norm.weight,
+                None,
+                z=z,
+                eps=self.norm.eps,
+                group_size=self.norm.group_size,
+                norm_before_gate=False,
+            )
         else:
             with _float32_region(u):
                 dt = F.softplus(_wide(dt) + _wide(self.dt_bias))
@@ -209,10 +236,10 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Te
 class CausalSelfAttention(nn.Module):
     """Grouped-query causal self-attention (no position embedding unless config.rope).
 
-        [Q | K | V] = qkv_proj(x)          one fused linear: H·d | H_kv·d | H_kv·d
-        y = softmax(Q·Kᵀ / sqrt(d) + causal mask) · V      (PyTorch SDPA; each KV head serves H/H_kv
-                                                            query heads)
-        out = o_proj(y)
+    [Q | K | V] = qkv_proj(x)          one fused linear: H·d | H_kv·d | H_kv·d
+    y = softmax(Q·Kᵀ / sqrt(d) + causal mask) · V      (PyTorch SDPA; each KV head serves H/H_kv
+                                                        query heads)
+    out = o_proj(y)
     """
 
     LINEARS = LAYER_LINEARS["attention"]
@@ -233,16 +260,17 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = torch.split(self.qkv_proj(x), [self.n_heads * self.head_dim,
-                                                 self.n_kv_heads * self.head_dim,
-                                                 self.n_kv_heads * self.head_dim], dim=-1)
-        q = q.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)      # (b, H, t, d)
-        k = k.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)   # (b, H_kv, t, d)
+        q, k, v = torch.split(
+            self.qkv_proj(x),
+            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim],
+            dim=-1,
+        )
+        q = q.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)  # (b, H, t, d)
+        k = k.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (b, H_kv, t, d)
         v = v.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)
         if self.rope_theta is not None:
             q, k = apply_rope(q, k, self.rope_theta)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=self.n_heads != self.n_kv_heads)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_heads != self.n_kv_heads)
         return self.o_proj(y.transpose(1, 2).flatten(-2))
 
 
@@ -265,5 +293,4 @@ class SquaredReLUMLP(nn.Module):
         return self.fc2(F.relu(self.fc1(x)).square())
 
 
-MIXERS: dict[str, type[nn.Module]] = {"mamba": Mamba2Mixer, "attention": CausalSelfAttention,
-                                      "mlp": SquaredReLUMLP}
+MIXERS: dict[str, type[nn.Module]] = {"mamba": Mamba2Mixer, "attention": CausalSelfAttention, "mlp": SquaredReLUMLP}

@@ -31,17 +31,22 @@ from fp4repro.quant.linear import QuantLinear
 from fp4repro.quant.state import QuantState
 
 
-def _linear_factory(layer_index: int, n_layers: int, recipe: Recipe | None,
-                    state: QuantState | None) -> LinearFactory:
+def _linear_factory(layer_index: int, n_layers: int, recipe: Recipe | None, state: QuantState | None) -> LinearFactory:
     """The constructor of the internal linears of one layer."""
     if recipe is None:
         return lambda in_features, out_features, name: nn.Linear(in_features, out_features, bias=False)
 
     def make(in_features: int, out_features: int, name: str) -> nn.Module:
         # A recipe may override single linears by name (in_proj, out_proj, qkv_proj, o_proj, fc1, fc2).
-        return QuantLinear(in_features, out_features, bias=False,
-                           specs=recipe.linear_specs(layer_index, n_layers, linear=name), state=state,
-                           name=f"layers.{layer_index}.mixer.{name}")
+        return QuantLinear(
+            in_features,
+            out_features,
+            bias=False,
+            specs=recipe.linear_specs(layer_index, n_layers, linear=name),
+            state=state,
+            name=f"layers.{layer_index}.mixer.{name}",
+        )
+
     return make
 
 
@@ -67,8 +72,7 @@ class NemotronH(nn.Module):
              is given without one
     """
 
-    def __init__(self, config: ModelConfig, recipe: Recipe | None = None,
-                 state: QuantState | None = None):
+    def __init__(self, config: ModelConfig, recipe: Recipe | None = None, state: QuantState | None = None):
         super().__init__()
         if recipe is not None and state is None:
             state = QuantState()
@@ -80,7 +84,8 @@ class NemotronH(nn.Module):
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             HybridLayer(config, layer_type, _linear_factory(i, n_layers, recipe, state))
-            for i, layer_type in enumerate(config.layer_types))
+            for i, layer_type in enumerate(config.layer_types)
+        )
         self.final_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.reset_parameters()
@@ -141,8 +146,10 @@ def attach_recipe(model: NemotronH, recipe: Recipe, state: QuantState) -> Nemotr
         for name in layer.mixer.LINEARS:
             linear = getattr(layer.mixer, name)
             if not isinstance(linear, QuantLinear):
-                raise TypeError(f"layers.{i}.mixer.{name} is a {type(linear).__name__}: build the model "
-                                "with a recipe to attach another")
+                raise TypeError(
+                    f"layers.{i}.mixer.{name} is a {type(linear).__name__}: build the model "
+                    "with a recipe to attach another"
+                )
             linear.attach(recipe.linear_specs(i, n_layers, linear=name), state)
     model.recipe, model.quant_state = recipe, state
     return model

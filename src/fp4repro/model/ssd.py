@@ -29,9 +29,15 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def ssd_sequential(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                   C: torch.Tensor, D: torch.Tensor | None = None,
-                   initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_sequential(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-by-step recurrence. Returns y (b, l, h, p) in x's dtype and the final state (b, h, p, n).
 
     O(l) sequential steps: a reference, not for training.
@@ -44,13 +50,11 @@ def ssd_sequential(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     # Give every head its group's B and C: (b, l, g, n) -> (b, l, h, n).
     B = B.to(dtype).repeat_interleave(heads_per_group, dim=2)
     C = C.to(dtype).repeat_interleave(heads_per_group, dim=2)
-    state = (torch.zeros(b, h, p, n, dtype=dtype, device=x.device) if initial_state is None
-             else initial_state.to(dtype))
+    state = torch.zeros(b, h, p, n, dtype=dtype, device=x.device) if initial_state is None else initial_state.to(dtype)
     ys = []
     for t in range(length):
-        decay = torch.exp(dt[:, t] * A)                                        # (b, h)
-        state = decay[..., None, None] * state + torch.einsum(
-            "bh,bhp,bhn->bhpn", dt[:, t], x[:, t], B[:, t])
+        decay = torch.exp(dt[:, t] * A)  # (b, h)
+        state = decay[..., None, None] * state + torch.einsum("bh,bhp,bhn->bhpn", dt[:, t], x[:, t], B[:, t])
         ys.append(torch.einsum("bhpn,bhn->bhp", state, C[:, t]))
     y = torch.stack(ys, dim=1)
     if D is not None:
@@ -58,9 +62,16 @@ def ssd_sequential(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     return y.to(out_dtype), state
 
 
-def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                chunk_size: int, D: torch.Tensor | None = None,
-                initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_chunked(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked SSD. Returns y (b, l, h, p) in x's dtype and the final state (b, h, p, n) in float32/64.
 
     With a_t = dt_t · A_h and the within-chunk cumulative sum Λ_i = a_1 + … + a_i (chunk of Q steps,
@@ -93,24 +104,24 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
         return t.reshape(batch, n_chunks, Q, *t.shape[2:])
 
     # Split heads into (group, head within group) so that B and C are shared without copies.
-    xc = chunked(x).reshape(batch, n_chunks, Q, groups, per_group, head_dim)      # b c l g r p
-    dtc = chunked(dt).reshape(batch, n_chunks, Q, groups, per_group)              # b c l g r
-    Bc, Cc = chunked(B), chunked(C)                                               # b c l g n
-    a = dtc * A.to(dtype).reshape(groups, per_group)                              # b c l g r
-    cum = torch.cumsum(a, dim=2)                                                  # Λ, b c l g r
+    xc = chunked(x).reshape(batch, n_chunks, Q, groups, per_group, head_dim)  # b c l g r p
+    dtc = chunked(dt).reshape(batch, n_chunks, Q, groups, per_group)  # b c l g r
+    Bc, Cc = chunked(B), chunked(C)  # b c l g n
+    a = dtc * A.to(dtype).reshape(groups, per_group)  # b c l g r
+    cum = torch.cumsum(a, dim=2)  # Λ, b c l g r
 
     # Intra-chunk: decay[i, j] = exp(Λ_i − Λ_j) for j ≤ i, else 0. Differences of a cumulative sum
     # over at most Q steps keep float32 accurate (the Triton kernel does the same); the upper
     # triangle is masked *before* exp so that exp never sees a large positive number.
-    lam = cum.permute(0, 1, 3, 4, 2)                                              # b c g r l
+    lam = cum.permute(0, 1, 3, 4, 2)  # b c g r l
     causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
     decay = torch.exp((lam[..., :, None] - lam[..., None, :]).masked_fill(~causal, float("-inf")))
-    CB = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc)                               # C_i · B_j
+    CB = torch.einsum("bclgn,bcsgn->bcgls", Cc, Bc)  # C_i · B_j
     weights = CB[:, :, :, None] * decay * dtc.permute(0, 1, 3, 4, 2)[..., None, :]  # b c g r l s
     y = torch.einsum("bcgrls,bcsgrp->bclgrp", weights, xc)
 
     # State contributed by each chunk on its own, at the chunk's end.
-    decay_to_end = torch.exp(cum[:, :, -1:] - cum) * dtc                          # b c l g r
+    decay_to_end = torch.exp(cum[:, :, -1:] - cum) * dtc  # b c l g r
     chunk_states = torch.einsum("bclgn,bclgr,bclgrp->bcgrpn", Bc, decay_to_end, xc)
 
     # Recurrence across chunks (n_chunks sequential steps, each a cheap elementwise update).
@@ -118,12 +129,12 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
         state = torch.zeros(batch, groups, per_group, head_dim, state_size, dtype=dtype, device=x.device)
     else:
         state = initial_state.to(dtype).reshape(batch, groups, per_group, head_dim, state_size)
-    chunk_decay = torch.exp(cum[:, :, -1])                                        # b c g r
+    chunk_decay = torch.exp(cum[:, :, -1])  # b c g r
     entering = []
     for c in range(n_chunks):
         entering.append(state)
         state = chunk_decay[:, c, :, :, None, None] * state + chunk_states[:, c]
-    entering_states = torch.stack(entering, dim=1)                                # b c g r p n
+    entering_states = torch.stack(entering, dim=1)  # b c g r p n
 
     # Inter-chunk: the state entering the chunk, decayed to position i and read out through C_i.
     y = y + torch.einsum("bclgn,bcgrpn,bclgr->bclgrp", Cc, entering_states, torch.exp(cum))

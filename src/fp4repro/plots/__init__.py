@@ -60,8 +60,12 @@ def _draw_throughput(inputs: list[Path], **options):
 
 
 FIGURES: dict[str, Callable[..., object]] = {
-    "loss": _draw_loss, "nll": _draw_nll, "downstream": _draw_downstream, "telemetry": _draw_telemetry,
-    "target": _draw_target, "throughput": _draw_throughput,
+    "loss": _draw_loss,
+    "nll": _draw_nll,
+    "downstream": _draw_downstream,
+    "telemetry": _draw_telemetry,
+    "target": _draw_target,
+    "throughput": _draw_throughput,
 }
 for _name, _draw in FIGURES.items():
     _draw.__doc__ = f"Figure {_name!r}: {CATALOG[_name][0]}.\n\nInputs: {CATALOG[_name][1]}."
@@ -78,8 +82,9 @@ def draw_figure(name: str, inputs: list[Path], **options):
         raise PlotError(f"unknown figure {name!r}; figures: {', '.join(FIGURES)}")
     unknown = sorted(set(options) - set(OPTIONS[name]))
     if unknown:
-        raise PlotError(f"figure {name!r} takes no option {', '.join(unknown)} (it takes: "
-                        f"{', '.join(OPTIONS[name]) or 'none'})")
+        raise PlotError(
+            f"figure {name!r} takes no option {', '.join(unknown)} (it takes: {', '.join(OPTIONS[name]) or 'none'})"
+        )
     fig = FIGURES[name]([Path(p) for p in inputs], **options)
     import matplotlib.pyplot as plt  # after the figure's module, which chose the Agg backend
 

@@ -28,7 +28,8 @@ CATALOG: dict[str, tuple[str, str]] = {
         "seed's final-window steps) as a box and in a side panel",
         "results/<exp>/train/<recipe>/seed<s>/metrics.parquet for each run to draw, and optionally "
         "results/<exp>/eval/<recipe>/seed<s>/final_loss.json (the final window `fp4repro evaluate` chose; where "
-        "absent it is computed from metrics.parquet the same way)"),
+        "absent it is computed from metrics.parquet the same way)",
+    ),
     "nll": (
         "held-out NLL vs checkpoint tokens per recipe (mean over seeds, faint: each seed): one column per policy "
         "(bf16, quantized), one row for the final blend and one per source; a last row with the paired difference "
@@ -36,7 +37,8 @@ CATALOG: dict[str, tuple[str, str]] = {
         "one seed a paired bootstrap over the held-out documents, the report's: 2000 resamples at the last "
         "checkpoint, 500 at earlier ones)",
         "results/<exp>/eval/<recipe>/seed<s>/nll.parquet for each run to draw, and its nll_documents.parquet "
-        "(needed for the intervals of one-seed differences; written by `fp4repro evaluate`)"),
+        "(needed for the intervals of one-seed differences; written by `fp4repro evaluate`)",
+    ),
     "downstream": (
         "downstream aggregates (±1 stderr, mean over seeds) per recipe and policy at the final checkpoint; the "
         "paired difference recipe − baseline in each aggregate at the final checkpoint with its 95% interval "
@@ -44,14 +46,16 @@ CATALOG: dict[str, tuple[str, str]] = {
         "checkpoint",
         "results/<exp>/eval/<recipe>/seed<s>/downstream.parquet for each run to draw (its aggregate rows are "
         "drawn), and its downstream_items.parquet (needed for the intervals of one-seed differences; written by "
-        "`fp4repro evaluate`)"),
+        "`fp4repro evaluate`)",
+    ),
     "telemetry": (
         "underflow, saturation (blocks) and clipping (non-zero elements) rates per recipe: by GEMM operand "
         "(summed over layers and steps, mean over seeds), and by steps since the amax refresh for the operands "
         "that hold an amax (fresh = 0 vs held >= 1, the regime of periodic tensor scaling)",
         "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of the runs to compare (the study's: nvfp4, "
         "ue5m3 with T = 448, ue5m3_t2048 with T = 2048; every run given with telemetry rows is drawn, "
-        "an empty table such as bf16's is skipped)"),
+        "an empty table such as bf16's is skipped)",
+    ),
     "target": (
         "the target T chosen per operand class (activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
         "gradients: dgrad.dy, wgrad.dy) over training for every recipe whose T is automatic (target: auto), on a "
@@ -59,7 +63,8 @@ CATALOG: dict[str, tuple[str, str]] = {
         "T of the other recipes as labelled horizontal lines; without an automatic recipe, a figure that says so",
         "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of every run (its `target` column; a table "
         "written without it counts as T not recorded, and its recipe's fixed T is read from the recipe file "
-        "where one of that name exists; an empty table such as bf16's is skipped)"),
+        "where one of that name exists; an empty table such as bf16's is skipped)",
+    ),
     "throughput": (
         "model-body tokens/s per recipe (decoder layers, forward + backward), one panel per column (emulated, FP8 "
         "timing analogue, Blackwell projection, native; a column not measured says why) and one row per device "
@@ -68,7 +73,8 @@ CATALOG: dict[str, tuple[str, str]] = {
         "interval (the paper's +21.2%)",
         "results/bench/throughput_<device>.json files (fp4repro bench throughput), or the folder holding them "
         "(results/bench; one that does not exist holds none); --model picks the shapes when they hold several (a "
-        "model none holds gives a figure that says it was not measured)"),
+        "model none holds gives a figure that says it was not measured)",
+    ),
 }
 
 # name -> the keyword options of its function (``plot_figure(..., **options)``, ``fp4repro plot --...``)
@@ -88,11 +94,18 @@ def figure_help(width: int = 100) -> str:
     """Each figure, what it shows and what it takes, for ``fp4repro plot --help``."""
     blocks = []
     for name, (shows, inputs) in CATALOG.items():
-        blocks.append(textwrap.fill(f"{name}: {shows}.", width, subsequent_indent="    ") + "\n"
-                      + textwrap.fill(f"inputs: {inputs}.", width, initial_indent="    ",
-                                      subsequent_indent="    "))
-    blocks.append(textwrap.fill("Every figure also accepts (and ignores) a run's done.json, so that a workflow "
-                                f"can list it as an input. The baseline of the differences: --baseline, default "
-                                f"{DEFAULT_BASELINE} when among the inputs, else the first of "
-                                f"{', '.join(RECIPE_ORDER)} present.", width))
+        blocks.append(
+            textwrap.fill(f"{name}: {shows}.", width, subsequent_indent="    ")
+            + "\n"
+            + textwrap.fill(f"inputs: {inputs}.", width, initial_indent="    ", subsequent_indent="    ")
+        )
+    blocks.append(
+        textwrap.fill(
+            "Every figure also accepts (and ignores) a run's done.json, so that a workflow "
+            f"can list it as an input. The baseline of the differences: --baseline, default "
+            f"{DEFAULT_BASELINE} when among the inputs, else the first of "
+            f"{', '.join(RECIPE_ORDER)} present.",
+            width,
+        )
+    )
     return "\n".join(blocks)

@@ -30,10 +30,10 @@ from fp4repro.plots.catalog import DEFAULT_BASELINE, FIGURE_INPUTS, RECIPE_ORDER
 from fp4repro.statistics import LEVEL  # noqa: E402
 from fp4repro.util import atomic_path  # noqa: E402
 
-PNG_DPI = 150   # the PDF is vector
+PNG_DPI = 150  # the PDF is vector
 POLICY_ORDER = ("bf16", "quantized")
 
-Run = tuple[str, int]   # (recipe, seed)
+Run = tuple[str, int]  # (recipe, seed)
 
 
 def run_key(path: Path) -> Run:
@@ -41,8 +41,10 @@ def run_key(path: Path) -> Run:
     not in the results layout."""
     run = results.run_of(path)
     if run is None:
-        raise PlotError(f"{path}: not in the results layout, so its recipe and seed are unknown (expected "
-                        f"results/<experiment>/<train|eval>/<recipe>/seed<seed>/{Path(path).name})")
+        raise PlotError(
+            f"{path}: not in the results layout, so its recipe and seed are unknown (expected "
+            f"results/<experiment>/<train|eval>/<recipe>/seed<seed>/{Path(path).name})"
+        )
     return run
 
 
@@ -84,7 +86,7 @@ def split_inputs(figure: str, inputs: list[Path], accepted: dict[str, str]) -> d
         raise PlotError(f"figure {figure!r}: no input files; it takes {FIGURE_INPUTS.get(figure, takes)}")
     groups: dict[str, list[Path]] = {name: [] for name in accepted}
     for p in map(Path, inputs):
-        if p.name == "done.json":     # marks a finished training run (a workflow may list it): nothing to draw
+        if p.name == "done.json":  # marks a finished training run (a workflow may list it): nothing to draw
             check_exists(p)
             continue
         if p.name not in accepted:
@@ -153,9 +155,12 @@ def recipe_colors(recipes) -> dict[str, tuple]:
 
 
 def theme() -> None:
-    sns.set_theme(context="paper", style="whitegrid", font_scale=1.15,
-                  rc={"figure.dpi": 100, "legend.frameon": True, "legend.framealpha": 0.9,
-                      "pdf.fonttype": 42})
+    sns.set_theme(
+        context="paper",
+        style="whitegrid",
+        font_scale=1.15,
+        rc={"figure.dpi": 100, "legend.frameon": True, "legend.framealpha": 0.9, "pdf.fonttype": 42},
+    )
 
 
 def tokens_formatter(x, _pos=None) -> str:

@@ -38,31 +38,45 @@ POLICY_MARKER = {"bf16": "o", "quantized": "s"}
 def read_downstream(inputs: list[Path]) -> tuple[pd.DataFrame, dict[Run, Path]]:
     """The aggregate rows of every downstream.parquet (value, stderr per recipe × seed ×
     checkpoint × policy × aggregate × metric), and the downstream_items.parquet of each run given one."""
-    groups = split_inputs("downstream", inputs, {"downstream.parquet": "a downstream results table",
-                                                 "downstream_items.parquet": "a downstream items table"})
+    groups = split_inputs(
+        "downstream",
+        inputs,
+        {"downstream.parquet": "a downstream results table", "downstream_items.parquet": "a downstream items table"},
+    )
     if not groups["downstream.parquet"]:
-        raise PlotError("figure 'downstream': no downstream.parquet among the inputs (downstream_items.parquet "
-                        "only gives the intervals of the differences)")
-    tables = read_runs(groups["downstream.parquet"], "downstream.parquet", DOWNSTREAM_COLUMNS,
-                       "a downstream results table (fp4repro evaluate)")
+        raise PlotError(
+            "figure 'downstream': no downstream.parquet among the inputs (downstream_items.parquet "
+            "only gives the intervals of the differences)"
+        )
+    tables = read_runs(
+        groups["downstream.parquet"],
+        "downstream.parquet",
+        DOWNSTREAM_COLUMNS,
+        "a downstream results table (fp4repro evaluate)",
+    )
     aggregates = {}
     for run, (path, df) in tables.items():
         aggregates[run] = df[df["level"].astype(str) == "aggregate"]
         if aggregates[run].empty:
-            raise PlotError(f"{path}: has no aggregate rows (level == 'aggregate'); "
-                            f"{'it is empty' if df.empty else 'only task rows'}")
+            raise PlotError(
+                f"{path}: has no aggregate rows (level == 'aggregate'); "
+                f"{'it is empty' if df.empty else 'only task rows'}"
+            )
     items = by_run(groups["downstream_items.parquet"], "downstream_items.parquet")
     orphans = [p for run, p in items.items() if run not in tables]
     if orphans:
-        raise PlotError(f"{orphans[0]}: downstream_items.parquet of a run without its downstream.parquet among "
-                        "the inputs")
+        raise PlotError(
+            f"{orphans[0]}: downstream_items.parquet of a run without its downstream.parquet among the inputs"
+        )
     df = combine(aggregates, ("policy", "metric", "aggregate"))
-    return df.assign(tokens=df["tokens"].astype(float), value=df["value"].astype(float),
-                     stderr=df["stderr"].astype(float)), items
+    return df.assign(
+        tokens=df["tokens"].astype(float), value=df["value"].astype(float), stderr=df["stderr"].astype(float)
+    ), items
 
 
-def downstream_differences(df: pd.DataFrame, items: dict[Run, Path], recipe: str, baseline: str,
-                           policy: str, cache: dict | None = None) -> pd.DataFrame:
+def downstream_differences(
+    df: pd.DataFrame, items: dict[Run, Path], recipe: str, baseline: str, policy: str, cache: dict | None = None
+) -> pd.DataFrame:
     """recipe − baseline in each aggregate (and metric) at the last checkpoint both evaluated under
     ``policy`` in every seed they share: with two or more seeds a paired t over seeds
     (``statistics.seed_level``), with one the paired item-level test (``paired.item_difference``
@@ -86,19 +100,20 @@ def downstream_differences(df: pd.DataFrame, items: dict[Run, Path], recipe: str
             comparison = seed_level(per_seed.to_numpy())
         else:
             seed = int(per_seed.index.get_level_values("seed")[0])
-            picked = [_items(items, cache, (r, seed), step, policy, aggregate, metric)
-                      for r in (recipe, baseline)]
+            picked = [_items(items, cache, (r, seed), step, policy, aggregate, metric) for r in (recipe, baseline)]
             comparison = item_difference(*picked)
-        out.append({"aggregate": aggregate, "metric": metric, "step": int(step), "seeds": n,
-                    "comparison": comparison})
+        out.append({"aggregate": aggregate, "metric": metric, "step": int(step), "seeds": n, "comparison": comparison})
     return pd.DataFrame(out, columns=["aggregate", "metric", "step", "seeds", "comparison"])
 
 
-def _items(items: dict[Run, Path], cache: dict, run: Run, step: int, policy: str, aggregate: str,
-           metric: str) -> pd.DataFrame:
+def _items(
+    items: dict[Run, Path], cache: dict, run: Run, step: int, policy: str, aggregate: str, metric: str
+) -> pd.DataFrame:
     if run not in items:
-        raise PlotError(f"figure 'downstream': the difference of recipe {run[0]!r} (one seed, {run[1]}) needs the "
-                        f"paired item-level test: give downstream_items.parquet of {run[0]}/seed{run[1]} too")
+        raise PlotError(
+            f"figure 'downstream': the difference of recipe {run[0]!r} (one seed, {run[1]}) needs the "
+            f"paired item-level test: give downstream_items.parquet of {run[0]}/seed{run[1]} too"
+        )
     if run not in cache:
         t = read_table(items[run], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table (fp4repro evaluate)")
         cache[run] = t.assign(**{c: t[c].astype(str) for c in ("policy", "aggregate", "metric")})
@@ -122,7 +137,8 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     colors = recipe_colors(recipes)
     n_seeds = df.groupby("recipe")["seed"].nunique()
     mean = df.groupby(["recipe", "policy", "aggregate", "metric", "step"], as_index=False, sort=False)[
-        ["tokens", "value", "stderr"]].mean()
+        ["tokens", "value", "stderr"]
+    ].mean()
     final = mean[mean["step"] == mean.groupby(["recipe", "policy"])["step"].transform("max")]
     per_seed = df.merge(final[["recipe", "policy", "step"]].drop_duplicates(), on=["recipe", "policy", "step"])
     max_step = int(df["step"].max())
@@ -154,11 +170,20 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
                 for x, i in zip(xs, present):
                     v = seeds.loc[(seeds["aggregate"] == keys[i][0]) & (seeds["metric"] == keys[i][1]), "value"]
                     ax.plot(np.full(len(v), x), v, ".", color=colors[r], alpha=0.45, ms=4)
-            ax.errorbar(xs, vals, yerr=np.where(np.isfinite(errs), errs, 0), fmt="o", color=colors[r], capsize=3,
-                        ms=5, lw=1.2)
+            ax.errorbar(
+                xs, vals, yerr=np.where(np.isfinite(errs), errs, 0), fmt="o", color=colors[r], capsize=3, ms=5, lw=1.2
+            )
             for x, v in zip(xs, vals):
-                ax.annotate(f"{v:.3f}".lstrip("0"), (x, v), xytext=(3, 0), textcoords="offset points", ha="left",
-                            va="center", fontsize=6.5, color="0.2")
+                ax.annotate(
+                    f"{v:.3f}".lstrip("0"),
+                    (x, v),
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    ha="left",
+                    va="center",
+                    fontsize=6.5,
+                    color="0.2",
+                )
         ax.set_xticks(range(len(keys)), labels)
         for i in range(1, len(keys)):
             ax.axvline(i - 0.5, color="0.85", lw=0.8)
@@ -169,12 +194,21 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     hi = np.nanmax(final["value"] + final["stderr"].fillna(0))
     axes[0].set_ylim(max(0.0, lo - 0.12 * (hi - lo) - 0.04), min(1.0, hi + 0.08 * (hi - lo)) + 0.02)
     behind = final[final["step"] != max_step].groupby(["recipe", "policy"])["tokens"].max()
-    note = "" if behind.empty else ("\nlast checkpoint evaluated: " + ", ".join(
-        f"{r}/{p} at {tokens_formatter(t)} tokens" for (r, p), t in behind.items()))
-    seeds_note = "" if set(n_seeds) == {1} else \
-        f", mean over {seed_counts(n_seeds.to_dict())} (dots: each seed)"
-    top.suptitle(f"Downstream aggregates at the final checkpoint ({tokens_formatter(df['tokens'].max())} tokens)"
-                 + seeds_note + note, fontsize=11)
+    note = (
+        ""
+        if behind.empty
+        else (
+            "\nlast checkpoint evaluated: "
+            + ", ".join(f"{r}/{p} at {tokens_formatter(t)} tokens" for (r, p), t in behind.items())
+        )
+    )
+    seeds_note = "" if set(n_seeds) == {1} else f", mean over {seed_counts(n_seeds.to_dict())} (dots: each seed)"
+    top.suptitle(
+        f"Downstream aggregates at the final checkpoint ({tokens_formatter(df['tokens'].max())} tokens)"
+        + seeds_note
+        + note,
+        fontsize=11,
+    )
     handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=r) for r in recipes]
     top.legend(handles=handles, loc="outside right center", title="recipe", fontsize=9, title_fontsize=9)
 
@@ -189,22 +223,34 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
                     rows = part[(part["recipe"] == r) & (part["policy"] == policy)].sort_values("tokens")
                     if rows.empty:
                         continue
-                    ax.plot(rows["tokens"], rows["value"], ls=POLICY_STYLE.get(policy, ":"),
-                            marker=POLICY_MARKER.get(policy, "^"), ms=3.5, color=colors[r], lw=1.2)
+                    ax.plot(
+                        rows["tokens"],
+                        rows["value"],
+                        ls=POLICY_STYLE.get(policy, ":"),
+                        marker=POLICY_MARKER.get(policy, "^"),
+                        ms=3.5,
+                        color=colors[r],
+                        lw=1.2,
+                    )
             typical = float(part["stderr"].median())
             ax.set_title(f"{label.replace(chr(10), ' ')}\ntypical ±1 stderr: {typical:.3f}", fontsize=10)
-            if np.isfinite(typical):   # at least ±2 stderr tall, so that noise looks like noise
+            if np.isfinite(typical):  # at least ±2 stderr tall, so that noise looks like noise
                 lo, hi = ax.get_ylim()
                 mid, half = (lo + hi) / 2, max((hi - lo) / 2, 2 * typical)
                 ax.set_ylim(mid - half, mid + half)
             ax.set_xlabel("checkpoint tokens")
             ax.set_ylabel("score" if (a, m) == keys[0] else "")
             ax.xaxis.set_major_formatter(FuncFormatter(tokens_formatter))
-        handles = [Line2D([], [], color="0.3", ls=POLICY_STYLE.get(p, ":"), marker=POLICY_MARKER.get(p, "^"),
-                          label=f"policy {p}") for p in policies]
+        handles = [
+            Line2D(
+                [], [], color="0.3", ls=POLICY_STYLE.get(p, ":"), marker=POLICY_MARKER.get(p, "^"), label=f"policy {p}"
+            )
+            for p in policies
+        ]
         bottom.legend(handles=handles, loc="outside right center", fontsize=9)
-        bottom.suptitle("Downstream aggregates vs checkpoint" + ("" if set(n_seeds) == {1} else " (mean over seeds)"),
-                        fontsize=11)
+        bottom.suptitle(
+            "Downstream aggregates vs checkpoint" + ("" if set(n_seeds) == {1} else " (mean over seeds)"), fontsize=11
+        )
     return fig
 
 
@@ -230,13 +276,29 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
             bars.lines[0].set_gid(f"difference:{r}:{policy}")
             bars.lines[2][0].set_gid(f"interval:{r}:{policy}")
             for x, c in zip(xs, comps):
-                ax.annotate(f"{c.difference:+.3f}", (x, c.difference), xytext=(3, 0),
-                            textcoords="offset points", ha="left", va="center", fontsize=6.5, color="0.2")
+                ax.annotate(
+                    f"{c.difference:+.3f}",
+                    (x, c.difference),
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                    ha="left",
+                    va="center",
+                    fontsize=6.5,
+                    color="0.2",
+                )
             tests |= {"paired t over seeds" if n > 1 else "paired item-level t" for n in d["seeds"]}
             steps |= set(d["step"])
         if not any(not diffs[(r, policy)].empty for r in others):
-            ax.text(0.5, 0.5, f"no checkpoint evaluated by a recipe and {base} with the same seed",
-                    transform=ax.transAxes, ha="center", va="center", color="0.4", fontsize=9)
+            ax.text(
+                0.5,
+                0.5,
+                f"no checkpoint evaluated by a recipe and {base} with the same seed",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="0.4",
+                fontsize=9,
+            )
         ax.set_xticks(range(len(keys)), labels)
         ax.set_xlim(-0.5, len(keys) - 0.5)
         for i in range(1, len(keys)):
@@ -248,5 +310,8 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
         handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=f"{r} − {base}") for r in others]
         sub.legend(handles=handles, loc="outside right center", fontsize=9)
     at = f" (step {steps.pop()})" if len(steps) == 1 else ""
-    sub.suptitle(f"Paired difference recipe − {base} at the last checkpoint both evaluated{at}: "
-                 f"bars: 95% interval, {'; '.join(sorted(tests)) or 'no pair'}", fontsize=11)
+    sub.suptitle(
+        f"Paired difference recipe − {base} at the last checkpoint both evaluated{at}: "
+        f"bars: 95% interval, {'; '.join(sorted(tests)) or 'no pair'}",
+        fontsize=11,
+    )

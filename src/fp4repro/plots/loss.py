@@ -54,8 +54,10 @@ def _final_window_fraction(final_window: float | None, summaries: dict, metrics:
     names = {experiment_of(p) for p in metrics.values()}
     if len(names) == 1 and (name := names.pop()) in available_experiments():
         return float(load_experiment(name).train.final_window)
-    raise PlotError("figure 'loss': cannot tell the final window W (no final_loss.json among the inputs and the "
-                    "metrics are not under results/<experiment>/ of a known experiment); pass --final-window")
+    raise PlotError(
+        "figure 'loss': cannot tell the final window W (no final_loss.json among the inputs and the "
+        "metrics are not under results/<experiment>/ of a known experiment); pass --final-window"
+    )
 
 
 def stage_starts(df: pd.DataFrame) -> list[tuple[float, str]]:
@@ -66,18 +68,22 @@ def stage_starts(df: pd.DataFrame) -> list[tuple[float, str]]:
     out = []
     for i in range(1, len(df)):
         if stage[i] != stage[i - 1]:
-            out.append((tokens[i - 1], stage[i]))   # tokens counted after a step: stage i starts there
+            out.append((tokens[i - 1], stage[i]))  # tokens counted after a step: stage i starts there
     return out
 
 
-def read_loss_inputs(inputs: list[Path], final_window: float | None) -> tuple[dict[Run, pd.DataFrame],
-                                                                            dict[Run, dict], float]:
+def read_loss_inputs(
+    inputs: list[Path], final_window: float | None
+) -> tuple[dict[Run, pd.DataFrame], dict[Run, dict], float]:
     """(recipe, seed) -> metrics table (indexed by step, in step order) and -> its final window
     (final_loss.json where given, as the report reads it; else computed the same way), and W."""
     from fp4repro.eval.loss import final_window_loss  # the one definition of the final-window loss
 
-    groups = split_inputs("loss", inputs, {"metrics.parquet": "a training metrics table",
-                                           "final_loss.json": "a final-window loss summary"})
+    groups = split_inputs(
+        "loss",
+        inputs,
+        {"metrics.parquet": "a training metrics table", "final_loss.json": "a final-window loss summary"},
+    )
     metric_paths = by_run(groups["metrics.parquet"], "metrics.parquet")
     summary_paths = by_run(groups["final_loss.json"], "final_loss.json")
     if not metric_paths:
@@ -85,23 +91,33 @@ def read_loss_inputs(inputs: list[Path], final_window: float | None) -> tuple[di
     orphans = [(run, p) for run, p in summary_paths.items() if run not in metric_paths]
     if orphans:
         (recipe, seed), path = orphans[0]
-        raise PlotError(f"{path}: final_loss.json of recipe {recipe!r} seed {seed} but no metrics.parquet of that "
-                        "run among the inputs")
+        raise PlotError(
+            f"{path}: final_loss.json of recipe {recipe!r} seed {seed} but no metrics.parquet of that "
+            "run among the inputs"
+        )
     metrics = {}
     for run, p in metric_paths.items():
         df = read_table(p, METRICS_COLUMNS, "a training metrics table (fp4repro train)")
         if df.empty:
             raise PlotError(f"{p}: has no training steps")
-        metrics[run] = df.assign(loss=df["loss"].astype(float), tokens=df["tokens"].astype(float)) \
-            .sort_values("step").set_index("step", drop=False).rename_axis(None)
-    summaries = {run: read_json(p, FINAL_LOSS_KEYS, "a final-window loss summary (fp4repro evaluate)")
-                 for run, p in summary_paths.items()}
+        metrics[run] = (
+            df.assign(loss=df["loss"].astype(float), tokens=df["tokens"].astype(float))
+            .sort_values("step")
+            .set_index("step", drop=False)
+            .rename_axis(None)
+        )
+    summaries = {
+        run: read_json(p, FINAL_LOSS_KEYS, "a final-window loss summary (fp4repro evaluate)")
+        for run, p in summary_paths.items()
+    }
     window = _final_window_fraction(final_window, summaries, metric_paths)
     finals = {}
     for run, df in metrics.items():
         given = summaries.get(run, {})
-        finals[run] = {**final_window_loss(df.reset_index(drop=True), float(given.get("final_window", window))),
-                       **given}
+        finals[run] = {
+            **final_window_loss(df.reset_index(drop=True), float(given.get("final_window", window))),
+            **given,
+        }
     return metrics, finals, window
 
 
@@ -110,8 +126,9 @@ def final_window_steps(df: pd.DataFrame, final: dict) -> pd.Series:
     return df.loc[df["step"].between(final["first_step"], final["last_step"]), "loss"]
 
 
-def loss_differences(metrics: dict[Run, pd.DataFrame], finals: dict[Run, dict], recipe: str, baseline: str,
-                     n_smooth: int) -> dict | None:
+def loss_differences(
+    metrics: dict[Run, pd.DataFrame], finals: dict[Run, dict], recipe: str, baseline: str, n_smooth: int
+) -> dict | None:
     """The paired difference recipe − baseline over the seeds both have (None without one):
     per step, smoothed per seed with the figure's window, then the mean over seeds and, with two
     or more seeds, the 95% t-interval over seeds at each step; and over the final window, the
@@ -124,7 +141,7 @@ def loss_differences(metrics: dict[Run, pd.DataFrame], finals: dict[Run, dict], 
         a, b = metrics[(recipe, s)], metrics[(baseline, s)]
         steps = a.index.intersection(b.index)
         per_seed[s] = smooth(a.loc[steps, "loss"] - b.loc[steps, "loss"], n_smooth)
-    table = pd.concat(per_seed, axis=1, join="inner").sort_index()   # steps x seeds
+    table = pd.concat(per_seed, axis=1, join="inner").sort_index()  # steps x seeds
     tokens = metrics[(baseline, seeds[0])].loc[table.index, "tokens"].to_numpy(dtype=float)
     windows = {(r, s): final_window_steps(metrics[(r, s)], finals[(r, s)]) for r in (recipe, baseline) for s in seeds}
     if len(seeds) > 1:
@@ -133,10 +150,20 @@ def loss_differences(metrics: dict[Run, pd.DataFrame], finals: dict[Run, dict], 
     else:
         mean, low, high = table[seeds[0]].to_numpy(), None, None
         final = step_difference(windows[(recipe, seeds[0])], windows[(baseline, seeds[0])])
-    span = (float(np.mean([finals[(recipe, s)]["tokens_from"] for s in seeds])),
-            float(np.mean([finals[(recipe, s)]["tokens_to"] for s in seeds])))
-    return {"seeds": seeds, "steps": table.index.to_numpy(), "tokens": tokens, "mean": mean, "low": low,
-            "high": high, "final": final, "span": span}
+    span = (
+        float(np.mean([finals[(recipe, s)]["tokens_from"] for s in seeds])),
+        float(np.mean([finals[(recipe, s)]["tokens_to"] for s in seeds])),
+    )
+    return {
+        "seeds": seeds,
+        "steps": table.index.to_numpy(),
+        "tokens": tokens,
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "final": final,
+        "span": span,
+    }
 
 
 def _signed(x: float) -> str:
@@ -176,15 +203,20 @@ def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: s
         curves = {s: metrics[(r, s)] for s in seeds[r]}
         smoothed = pd.concat({s: smooth(df["loss"], n_smooth) for s, df in curves.items()}, axis=1).sort_index()
         tokens = pd.concat({s: df["tokens"] for s, df in curves.items()}, axis=1).mean(axis=1).loc[smoothed.index]
-        if len(curves) == 1:     # faint: every step
+        if len(curves) == 1:  # faint: every step
             df = next(iter(curves.values()))
             ax.plot(df["tokens"], df["loss"], color=colors[r], alpha=0.22, lw=0.8)
-        else:                    # faint: every seed, smoothed
+        else:  # faint: every seed, smoothed
             for s in smoothed.columns:
                 ax.plot(tokens, smoothed[s], color=colors[r], alpha=0.3, lw=0.7)
         seed_note = f", {len(curves)} seeds" if len(curves) > 1 else ""
-        line, = ax.plot(tokens, smoothed.mean(axis=1), color=colors[r], lw=1.6,
-                        label=f"{r}  (final {final_of[r].mean():.3f}{seed_note})")
+        (line,) = ax.plot(
+            tokens,
+            smoothed.mean(axis=1),
+            color=colors[r],
+            lw=1.6,
+            label=f"{r}  (final {final_of[r].mean():.3f}{seed_note})",
+        )
         line.set_gid(f"loss:{r}")
         lo = np.mean([finals[(r, s)]["tokens_from"] for s in seeds[r]])
         hi = np.mean([finals[(r, s)]["tokens_to"] for s in seeds[r]])
@@ -196,27 +228,39 @@ def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: s
         lo, hi = spans.pop()
         for a in (ax, dax):
             a.axvspan(lo, hi, color="0.85", alpha=0.5, lw=0, zorder=0)
-        ax.text((lo + hi) / 2, 0.98, f"final\n{window:.0%}", transform=ax.get_xaxis_transform(), ha="center",
-                va="top", fontsize=8, color="0.3")
+        ax.text(
+            (lo + hi) / 2,
+            0.98,
+            f"final\n{window:.0%}",
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize=8,
+            color="0.3",
+        )
     boundaries = sorted({b for df in metrics.values() for b in stage_starts(df)})
     for x, name in boundaries:
         for a in (ax, dax):
             a.axvline(x, color="0.35", ls="--", lw=1.0, zorder=1)
-        ax.text(x, 0.98, f" {name} →", transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=9,
-                color="0.25")
+        ax.text(
+            x, 0.98, f" {name} →", transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=9, color="0.25"
+        )
     first_stage = str(next(iter(metrics.values()))["stage"].iloc[0])
     ax.text(0.01, 0.98, f"{first_stage} →", transform=ax.transAxes, ha="left", va="top", fontsize=9, color="0.25")
 
     lo, hi = ax.get_ylim()
-    ax.set_ylim(lo, hi + 0.07 * (hi - lo))   # room for the stage names above the curves
+    ax.set_ylim(lo, hi + 0.07 * (hi - lo))  # room for the stage names above the curves
     ax.xaxis.set_major_formatter(FuncFormatter(tokens_formatter))
     ax.tick_params(labelbottom=True)
     ax.set_ylabel("training loss (nats/token)")
     n_seeds = sorted({len(v) for v in seeds.values()})
     faint = "per step" if n_seeds == [1] else "per seed" + ("; per step with one seed" if 1 in n_seeds else "")
     mean = "" if n_seeds == [1] else f", mean over {seed_counts({r: len(v) for r, v in seeds.items()})}"
-    ax.set_title(f"Training loss: rolling mean over {n_smooth} steps{mean} (faint: {faint}); "
-                 f"bars: mean over the final {window:.0%} of tokens", fontsize=10)
+    ax.set_title(
+        f"Training loss: rolling mean over {n_smooth} steps{mean} (faint: {faint}); "
+        f"bars: mean over the final {window:.0%} of tokens",
+        fontsize=10,
+    )
     ax.legend(loc="upper right", bbox_to_anchor=(1.0, 0.9), fontsize=9, title="recipe", title_fontsize=9)
 
     # side panel: final-window mean ± stderr, zoomed so that small differences are visible
@@ -226,22 +270,37 @@ def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: s
         err = (v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else finals[(r, seeds[r][0])].get("loss_stderr")
         err = err if err is not None and math.isfinite(err) else None
         side.errorbar(v.mean(), y, xerr=err, fmt="o", color=colors[r], capsize=4, ms=6)
-        if len(v) > 1:   # each seed: the seed-to-seed spread, which a recipe's difference must beat
+        if len(v) > 1:  # each seed: the seed-to-seed spread, which a recipe's difference must beat
             side.plot(v, np.full(len(v), y), "|", color=colors[r], alpha=0.55, ms=11, gid=f"seeds:{r}")
-        side.annotate(f"{v.mean():.3f}", (v.mean(), y), xytext=(0, 7), textcoords="offset points",
-                      ha="center", va="bottom", fontsize=8.5)
+        side.annotate(
+            f"{v.mean():.3f}",
+            (v.mean(), y),
+            xytext=(0, 7),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=8.5,
+        )
     # recipes read on different seeds: the seeds beside each name, since the seed picks the final
     # window's batches and moves its loss more than the recipes do (the panel below pairs seeds)
     mixed = len({tuple(seeds[r]) for r in recipes}) > 1
-    side.set_yticks(ys, [f"{r}\n(seed{'s' if len(seeds[r]) > 1 else ''} {', '.join(map(str, seeds[r]))})"
-                         if mixed else r for r in recipes])
+    side.set_yticks(
+        ys,
+        [
+            f"{r}\n(seed{'s' if len(seeds[r]) > 1 else ''} {', '.join(map(str, seeds[r]))})" if mixed else r
+            for r in recipes
+        ],
+    )
     side.set_ylim(len(recipes) - 0.4, -0.6)
     side.yaxis.tick_right()
     side.tick_params(axis="x", labelsize=8.5)
     if n_seeds == [1]:
         steps = {finals[run].get("steps") for run in finals}
-        side.set_xlabel(f"final-window loss\n(mean ± stderr over {steps.pop()} steps)" if len(steps) == 1
-                        else "final-window loss (mean ± stderr over steps)")
+        side.set_xlabel(
+            f"final-window loss\n(mean ± stderr over {steps.pop()} steps)"
+            if len(steps) == 1
+            else "final-window loss (mean ± stderr over steps)"
+        )
     else:
         one = " (over steps with one seed)" if 1 in n_seeds else ""
         side.set_xlabel(f"final-window loss: mean ± stderr\nover seeds{one}; ticks: each seed")
@@ -259,14 +318,21 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
     ax.set_ylabel(f"loss − {base}'s\n(nats/token)")
     side.axvline(0.0, color="0.3", lw=0.9)
     if not diffs:
-        ax.text(0.5, 0.5, f"no recipe to compare with {base} (same seeds needed)", transform=ax.transAxes,
-                ha="center", va="center", color="0.4")
+        ax.text(
+            0.5,
+            0.5,
+            f"no recipe to compare with {base} (same seeds needed)",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="0.4",
+        )
         side.set_visible(False)
         return
     total = max(float(df["tokens"].max()) for df in metrics.values())
-    shown = []   # the values that set the y-range: after the first tenth of training (early steps differ a lot)
+    shown = []  # the values that set the y-range: after the first tenth of training (early steps differ a lot)
     for r, d in diffs.items():
-        line, = ax.plot(d["tokens"], d["mean"], color=colors[r], lw=1.5, label=f"{r} − {base}")
+        (line,) = ax.plot(d["tokens"], d["mean"], color=colors[r], lw=1.5, label=f"{r} − {base}")
         line.set_gid(f"difference:{r}")
         keep = d["tokens"] > 0.1 * total
         shown.append(d["mean"][keep])
@@ -276,8 +342,9 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
             shown += [d["low"][keep], d["high"][keep]]
         c: Comparison = d["final"]
         lo, hi = d["span"]
-        box = Rectangle((lo, c.low), hi - lo, c.high - c.low, facecolor=colors[r], alpha=0.25, edgecolor=colors[r],
-                        lw=1.0, zorder=4)
+        box = Rectangle(
+            (lo, c.low), hi - lo, c.high - c.low, facecolor=colors[r], alpha=0.25, edgecolor=colors[r], lw=1.0, zorder=4
+        )
         box.set_gid(f"final:{r}")
         ax.add_patch(box)
         ax.hlines(c.difference, lo, hi, colors=[colors[r]], lw=2.6, zorder=5)
@@ -294,20 +361,38 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
         band = "one seed: no interval per step"
     else:
         banded = {f"{r} − {base}": len(d["seeds"]) for r, d in diffs.items() if len(d["seeds"]) > 1}
-        band = (f"band: 95% t-interval of the smoothed differences over {seed_counts(banded)}"
-                + ("; none with one seed" if len(banded) < len(diffs) else ""))
+        band = f"band: 95% t-interval of the smoothed differences over {seed_counts(banded)}" + (
+            "; none with one seed" if len(banded) < len(diffs) else ""
+        )
     box = "box: final-window 95% interval, " + "; ".join(tests)
-    ax.set_title(f"Paired difference recipe − {base} per step (same seed, same step = same batch), rolling mean "
-                 f"over {n_smooth} steps\n{band}; {box}", fontsize=9.5)
+    ax.set_title(
+        f"Paired difference recipe − {base} per step (same seed, same step = same batch), rolling mean "
+        f"over {n_smooth} steps\n{band}; {box}",
+        fontsize=9.5,
+    )
 
     recipes = list(diffs)
     ys = np.arange(len(recipes))
     for y, r in zip(ys, recipes):
         c = diffs[r]["final"]
-        side.errorbar([c.difference], [y], xerr=[[c.difference - c.low], [c.high - c.difference]], fmt="o",
-                      color=colors[r], capsize=4, ms=6)
-        side.annotate(f"{_signed(c.difference)}\n[{_signed(c.low)}, {_signed(c.high)}]", (c.difference, y),
-                      xytext=(0, 7), textcoords="offset points", ha="center", va="bottom", fontsize=7.5)
+        side.errorbar(
+            [c.difference],
+            [y],
+            xerr=[[c.difference - c.low], [c.high - c.difference]],
+            fmt="o",
+            color=colors[r],
+            capsize=4,
+            ms=6,
+        )
+        side.annotate(
+            f"{_signed(c.difference)}\n[{_signed(c.low)}, {_signed(c.high)}]",
+            (c.difference, y),
+            xytext=(0, 7),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7.5,
+        )
     side.set_yticks(ys, recipes)
     side.set_ylim(len(recipes) - 0.4, -0.8)
     side.yaxis.tick_right()

@@ -34,8 +34,10 @@ from fp4repro.plots.common import (
 from fp4repro.results import NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, experiment_of, last_checkpoint
 from fp4repro.statistics import Comparison, seed_level
 
-POLICY_TITLES = {"bf16": "policy bf16 (no quantization)",
-                 "quantized": "policy quantized (recipe's forward, current amax)"}
+POLICY_TITLES = {
+    "bf16": "policy bf16 (no quantization)",
+    "quantized": "policy quantized (recipe's forward, current amax)",
+}
 # Bootstrap resamples at the last checkpoint: the report's (the interval drawn is the one it states);
 # at earlier checkpoints, which the report does not judge, a quarter of them (a figure of the tiny run
 # bootstraps 12 checkpoints x 2 policies x 4 recipes).
@@ -49,11 +51,14 @@ def earlier_resamples(resamples: int) -> int:
 def read_nll(inputs: list[Path]) -> tuple[pd.DataFrame, dict[Run, Path]]:
     """Every nll.parquet as one table (recipe and seed from the folders), and the
     nll_documents.parquet of each run given one."""
-    groups = split_inputs("nll", inputs, {"nll.parquet": "a held-out NLL table",
-                                          "nll_documents.parquet": "a per-document NLL table"})
+    groups = split_inputs(
+        "nll", inputs, {"nll.parquet": "a held-out NLL table", "nll_documents.parquet": "a per-document NLL table"}
+    )
     if not groups["nll.parquet"]:
-        raise PlotError("figure 'nll': no nll.parquet among the inputs (nll_documents.parquet only gives the "
-                        "intervals of the differences)")
+        raise PlotError(
+            "figure 'nll': no nll.parquet among the inputs (nll_documents.parquet only gives the "
+            "intervals of the differences)"
+        )
     tables = read_runs(groups["nll.parquet"], "nll.parquet", NLL_COLUMNS, "a held-out NLL table (fp4repro evaluate)")
     for path, df in tables.values():
         if df.empty:
@@ -76,8 +81,10 @@ def blend_weights(blend: dict[str, float] | None, paths) -> dict[str, float]:
     names = {experiment_of(p) for p in paths}
     if len(names) == 1 and (name := names.pop()) in available_experiments():
         return dict(load_experiment(name).train.stages[-1].blend)
-    raise PlotError("figure 'nll': cannot tell the final blend's weights for the one-seed document bootstrap (the "
-                    "inputs are not under results/<experiment>/ of a known experiment); pass --blend SOURCE=W,...")
+    raise PlotError(
+        "figure 'nll': cannot tell the final blend's weights for the one-seed document bootstrap (the "
+        "inputs are not under results/<experiment>/ of a known experiment); pass --blend SOURCE=W,..."
+    )
 
 
 class _Documents:
@@ -88,9 +95,11 @@ class _Documents:
 
     def rows(self, run: Run, step: int, policy: str) -> pd.DataFrame:
         if run not in self.paths:
-            raise PlotError(f"figure 'nll': the difference of recipe {run[0]!r} (one seed, {run[1]}) needs the "
-                            f"interval of a paired bootstrap over documents: give nll_documents.parquet of "
-                            f"{run[0]}/seed{run[1]} too")
+            raise PlotError(
+                f"figure 'nll': the difference of recipe {run[0]!r} (one seed, {run[1]}) needs the "
+                f"interval of a paired bootstrap over documents: give nll_documents.parquet of "
+                f"{run[0]}/seed{run[1]} too"
+            )
         if run not in self.tables:
             t = read_table(self.paths[run], NLL_DOCUMENT_COLUMNS, "a per-document NLL table (fp4repro evaluate)")
             self.tables[run] = t.assign(policy=t["policy"].astype(str), source=t["source"].astype(str))
@@ -98,8 +107,15 @@ class _Documents:
         return t[(t["step"] == step) & (t["policy"] == policy)]
 
 
-def nll_differences(df: pd.DataFrame, documents: dict[Run, Path], recipe: str, baseline: str, policy: str,
-                    blend=None, resamples: int = RESAMPLES) -> pd.DataFrame:
+def nll_differences(
+    df: pd.DataFrame,
+    documents: dict[Run, Path],
+    recipe: str,
+    baseline: str,
+    policy: str,
+    blend=None,
+    resamples: int = RESAMPLES,
+) -> pd.DataFrame:
     """recipe − baseline in blend NLL at every checkpoint both evaluated under ``policy``: with two
     or more seeds both have there, a paired t over seeds (``statistics.seed_level``); with one, a
     paired bootstrap over the held-out documents (``paired.document_difference``), as the report
@@ -119,16 +135,21 @@ def nll_differences(df: pd.DataFrame, documents: dict[Run, Path], recipe: str, b
             comparison = seed_level(per_seed.to_numpy())
         else:
             weights = blend() if callable(blend) else blend
-            comparison = document_difference(docs.rows((recipe, seeds[0]), step, policy),
-                                             docs.rows((baseline, seeds[0]), step, policy), weights,
-                                             resamples if step == last else earlier_resamples(resamples))
-        out.append({"step": int(step), "tokens": float(tokens.loc[step]), "seeds": len(seeds),
-                    "comparison": comparison})
+            comparison = document_difference(
+                docs.rows((recipe, seeds[0]), step, policy),
+                docs.rows((baseline, seeds[0]), step, policy),
+                weights,
+                resamples if step == last else earlier_resamples(resamples),
+            )
+        out.append(
+            {"step": int(step), "tokens": float(tokens.loc[step]), "seeds": len(seeds), "comparison": comparison}
+        )
     return pd.DataFrame(out, columns=["step", "tokens", "seeds", "comparison"])
 
 
-def plot_nll(inputs: list[Path], baseline: str | None = None, blend: dict[str, float] | None = None,
-             resamples: int = RESAMPLES):
+def plot_nll(
+    inputs: list[Path], baseline: str | None = None, blend: dict[str, float] | None = None, resamples: int = RESAMPLES
+):
     """Rows: the final blend's NLL, then each source's (mean over seeds; faint: per seed), then the
     paired blend-NLL difference recipe − baseline with its 95% interval at every checkpoint;
     columns: policies. Each NLL panel lists every recipe's NLL at its last evaluated checkpoint.
@@ -145,7 +166,7 @@ def plot_nll(inputs: list[Path], baseline: str | None = None, blend: dict[str, f
     max_step = df.groupby("recipe")["step"].max()
     weights: dict = {}
 
-    def blend_of() -> dict[str, float]:   # read once, when a one-seed comparison needs it
+    def blend_of() -> dict[str, float]:  # read once, when a one-seed comparison needs it
         if not weights:
             weights.update(blend_weights(blend, inputs))
         return weights
@@ -155,8 +176,14 @@ def plot_nll(inputs: list[Path], baseline: str | None = None, blend: dict[str, f
 
     theme()
     n_rows = len(sources) + (1 if others else 0)
-    fig, axes = plt.subplots(n_rows, len(policies), figsize=(5.2 * len(policies) + 0.6, 3.3 * n_rows),
-                             sharex=True, sharey="row", squeeze=False)
+    fig, axes = plt.subplots(
+        n_rows,
+        len(policies),
+        figsize=(5.2 * len(policies) + 0.6, 3.3 * n_rows),
+        sharex=True,
+        sharey="row",
+        squeeze=False,
+    )
     mean = df.groupby(["recipe", "policy", "source", "step"], as_index=False)[["tokens", "nll"]].mean()
     last = last_checkpoint(mean, ["recipe", "policy", "source"])
     for i, source in enumerate(sources):
@@ -181,13 +208,25 @@ def plot_nll(inputs: list[Path], baseline: str | None = None, blend: dict[str, f
                 row = last[(last["recipe"] == r) & (last["source"] == source) & (last["policy"] == policy)]
                 if row.empty:
                     continue
-                at = "" if int(row["step"].iloc[0]) == int(max_step.max()) else \
-                    f" (at {tokens_formatter(row['tokens'].iloc[0])})"
-                lines.append(TextArea(f"{r:<12} {row['nll'].iloc[0]:.3f}{at}",
-                                      textprops={"color": colors[r], "fontsize": 8, "family": "monospace"}))
+                at = (
+                    ""
+                    if int(row["step"].iloc[0]) == int(max_step.max())
+                    else f" (at {tokens_formatter(row['tokens'].iloc[0])})"
+                )
+                lines.append(
+                    TextArea(
+                        f"{r:<12} {row['nll'].iloc[0]:.3f}{at}",
+                        textprops={"color": colors[r], "fontsize": 8, "family": "monospace"},
+                    )
+                )
             if lines:
-                box = AnchoredOffsetbox(loc="upper right", child=VPacker(children=lines, align="left", pad=0, sep=2),
-                                        frameon=True, pad=0.3, borderpad=0.6)
+                box = AnchoredOffsetbox(
+                    loc="upper right",
+                    child=VPacker(children=lines, align="left", pad=0, sep=2),
+                    frameon=True,
+                    pad=0.3,
+                    borderpad=0.6,
+                )
                 box.patch.set(facecolor="white", edgecolor="0.8", alpha=0.85)
                 ax.add_artist(box)
             if part.empty:
@@ -199,19 +238,28 @@ def plot_nll(inputs: list[Path], baseline: str | None = None, blend: dict[str, f
             ax.xaxis.set_major_formatter(FuncFormatter(tokens_formatter))
     if others:
         for j, policy in enumerate(policies):
-            _draw_differences(fig, axes[-1][j], {r: diffs[(r, policy)] for r in others}, base, policy, colors,
-                              resamples, j == 0)
+            _draw_differences(
+                fig, axes[-1][j], {r: diffs[(r, policy)] for r in others}, base, policy, colors, resamples, j == 0
+            )
     handles = [Line2D([], [], color=colors[r], marker="o", lw=1.5, label=r) for r in recipes]
-    fig.legend(handles=handles, loc="lower center", ncol=len(recipes), title="recipe (text: NLL at the last "
-               "checkpoint evaluated)", bbox_to_anchor=(0.5, -0.01), fontsize=9, title_fontsize=9)
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=len(recipes),
+        title="recipe (text: NLL at the last checkpoint evaluated)",
+        bbox_to_anchor=(0.5, -0.01),
+        fontsize=9,
+        title_fontsize=9,
+    )
     mean = "" if set(n_seeds) == {1} else f": mean over {seed_counts(n_seeds.to_dict())} (faint: each)"
     fig.suptitle("Held-out NLL per checkpoint" + mean, y=1.0)
     fig.tight_layout(rect=(0, 0.06 + 0.02 / n_rows, 1, 1))
     return fig
 
 
-def _draw_differences(fig, ax, diffs: dict[str, pd.DataFrame], base: str, policy: str, colors: dict,
-                      resamples: int, first: bool) -> None:
+def _draw_differences(
+    fig, ax, diffs: dict[str, pd.DataFrame], base: str, policy: str, colors: dict, resamples: int, first: bool
+) -> None:
     """Markers: recipe − baseline in blend NLL per checkpoint; bars: the 95% interval; recipes side
     by side, a few points apart."""
     ax.set_label(f"difference:{policy}")
@@ -229,16 +277,30 @@ def _draw_differences(fig, ax, diffs: dict[str, pd.DataFrame], base: str, policy
         ax.update_datalim(np.column_stack([np.r_[x, x], np.r_[low, high]]))
         bars = ax.vlines(x, low, high, colors=[colors[r]], lw=1.6, transform=shift)
         bars.set_gid(f"interval:{r}:{policy}")
-        line, = ax.plot(x, y, color=colors[r], marker="o", ms=4, lw=1.0, transform=shift)
+        (line,) = ax.plot(x, y, color=colors[r], marker="o", ms=4, lw=1.0, transform=shift)
         line.set_gid(f"difference:{r}:{policy}")
-        tests |= {"paired t over seeds" if n > 1 else f"paired bootstrap over documents\n({resamples} resamples at "
-                  f"the last checkpoint, {earlier_resamples(resamples)} before)" for n in d["seeds"]}
+        tests |= {
+            "paired t over seeds"
+            if n > 1
+            else f"paired bootstrap over documents\n({resamples} resamples at "
+            f"the last checkpoint, {earlier_resamples(resamples)} before)"
+            for n in d["seeds"]
+        }
     ax.autoscale_view()
     if not drawn:
-        ax.text(0.5, 0.5, f"no checkpoint evaluated by a recipe and {base} with the same seed",
-                transform=ax.transAxes, ha="center", va="center", color="0.4", fontsize=9)
-    ax.set_title(f"blend NLL − {base}'s, {policy} policy\nbars: 95% interval, {'; '.join(sorted(tests)) or '-'}",
-                 fontsize=9.5)
+        ax.text(
+            0.5,
+            0.5,
+            f"no checkpoint evaluated by a recipe and {base} with the same seed",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color="0.4",
+            fontsize=9,
+        )
+    ax.set_title(
+        f"blend NLL − {base}'s, {policy} policy\nbars: 95% interval, {'; '.join(sorted(tests)) or '-'}", fontsize=9.5
+    )
     ax.set_ylabel(f"blend NLL − {base}'s\n(nats/token)" if first else "")
     ax.set_xlabel("checkpoint tokens")
     ax.xaxis.set_major_formatter(FuncFormatter(tokens_formatter))

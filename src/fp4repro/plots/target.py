@@ -30,15 +30,20 @@ def read_targets(inputs: list[Path]) -> tuple[pd.DataFrame, list[str]]:
     """The telemetry rows of the runs that record T (recipe, seed, operand class added; empty
     tables such as bf16's skipped) and the recipes whose tables do not record it."""
     groups = split_inputs("target", inputs, {"telemetry.parquet": "a quantization telemetry table"})
-    tables = read_runs(groups["telemetry.parquet"], "telemetry.parquet", TELEMETRY_COLUMNS,
-                       "a quantization telemetry table (fp4repro train)")
+    tables = read_runs(
+        groups["telemetry.parquet"],
+        "telemetry.parquet",
+        TELEMETRY_COLUMNS,
+        "a quantization telemetry table (fp4repro train)",
+    )
     tables = {run: df for run, (_, df) in tables.items() if not df.empty}
     recorded = {run: df for run, df in tables.items() if TARGET_COLUMN in df.columns}
     unrecorded = ordered({r for (r, _) in tables} - {r for (r, _) in recorded})
     if not recorded:
         empty = pd.DataFrame({c: pd.Series(dtype=object) for c in ("recipe", "layer", "operand", "cls")})
-        return empty.assign(seed=pd.Series(dtype=int), step=pd.Series(dtype=int),
-                            **{TARGET_COLUMN: pd.Series(dtype=float)}), unrecorded
+        return empty.assign(
+            seed=pd.Series(dtype=int), step=pd.Series(dtype=int), **{TARGET_COLUMN: pd.Series(dtype=float)}
+        ), unrecorded
     df = combine(recorded, ("operand", "layer"))
     df = with_operand_class(df)
     return df.assign(cls=df.pop("operand_class"), **{TARGET_COLUMN: df[TARGET_COLUMN].astype(float)}), unrecorded
@@ -81,8 +86,12 @@ def class_targets(df: pd.DataFrame) -> pd.DataFrame:
     """Per recipe, operand class and telemetry step: the median, min and max of T over the class's
     operands, all layers (and seeds); rows without a tensor scale (T NaN) left out."""
     finite = df[np.isfinite(df[TARGET_COLUMN]) & df["cls"].notna()]
-    return (finite.groupby(["recipe", "cls", "step"])[TARGET_COLUMN].agg(["median", "min", "max"]).reset_index()
-            .sort_values(["recipe", "cls", "step"], kind="stable"))
+    return (
+        finite.groupby(["recipe", "cls", "step"])[TARGET_COLUMN]
+        .agg(["median", "min", "max"])
+        .reset_index()
+        .sort_values(["recipe", "cls", "step"], kind="stable")
+    )
 
 
 def fixed_targets(df: pd.DataFrame, fixed: list[str], unrecorded: list[str]) -> dict[str, dict[float, list[str]]]:
@@ -119,11 +128,23 @@ def plot_target(inputs: list[Path]):
     values = [*per_class["min"], *per_class["max"], *(t for ts in references.values() for t in ts)]
     low, high = min(values) / 1.8, max(values) * 2.2
     marked = {t for ts in references.values() for t in ts}
-    ticks = sorted(marked | {2.0 ** k for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)
-                             if all(abs(math.log2(2.0 ** k / t)) > 0.3 for t in marked)})
+    ticks = sorted(
+        marked
+        | {
+            2.0**k
+            for k in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)
+            if all(abs(math.log2(2.0**k / t)) > 0.3 for t in marked)
+        }
+    )
 
-    fig, axes = plt.subplots(1, len(OPERAND_CLASSES), figsize=(5.4 * len(OPERAND_CLASSES), 5.0), sharey=True,
-                             layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(OPERAND_CLASSES),
+        figsize=(5.4 * len(OPERAND_CLASSES), 5.0),
+        sharey=True,
+        layout="constrained",
+        squeeze=False,
+    )
     for ax, cls in zip(axes[0], OPERAND_CLASSES):
         ax.set_label(f"target:{cls}")
         ax.set_title(CLASS_TEXT[cls], fontsize=10)
@@ -137,18 +158,35 @@ def plot_target(inputs: list[Path]):
             x = rows["step"].to_numpy(dtype=float)
             band = ax.fill_between(x, rows["min"], rows["max"], step="post", color=colors[recipe], alpha=0.22, lw=0)
             band.set_gid(f"band:{recipe}:{cls}")
-            line, = ax.step(x, rows["median"], where="post", color=colors[recipe], lw=2.0)
+            (line,) = ax.step(x, rows["median"], where="post", color=colors[recipe], lw=2.0)
             line.set_gid(f"median:{recipe}:{cls}")
-            notes.append(f"{recipe}: T {rows['min'].min():.4g}–{rows['max'].max():.4g}, "
-                         f"last median {rows['median'].iloc[-1]:.4g}")
+            notes.append(
+                f"{recipe}: T {rows['min'].min():.4g}–{rows['max'].max():.4g}, "
+                f"last median {rows['median'].iloc[-1]:.4g}"
+            )
         for t, users in references[cls].items():
             ref = ax.axhline(t, color="0.35", ls="--", lw=1.0, zorder=1)
             ref.set_gid(f"fixed:{cls}:{t:g}")
-            ax.text(0.01, t * 1.04, f"T = {t:g}: {', '.join(users)}", transform=ax.get_yaxis_transform(),
-                    fontsize=7.5, color="0.25", va="bottom")
+            ax.text(
+                0.01,
+                t * 1.04,
+                f"T = {t:g}: {', '.join(users)}",
+                transform=ax.get_yaxis_transform(),
+                fontsize=7.5,
+                color="0.25",
+                va="bottom",
+            )
         if notes:
-            ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5,
-                    bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.85})
+            ax.text(
+                0.99,
+                0.02,
+                "\n".join(notes),
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=7.5,
+                bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.85},
+            )
         ax.set_yscale("log", base=2)
         ax.set_ylim(low, high)
         ax.yaxis.set_major_locator(FixedLocator(ticks))
@@ -157,9 +195,21 @@ def plot_target(inputs: list[Path]):
     axes[0][0].set_ylabel("target T (log scale)\nblock at the held amax gets scale T")
     handles = [Line2D([], [], color=colors[r], lw=2, label=f"{r}: median over operands and layers") for r in auto]
     handles += [Patch(color=colors[r], alpha=0.22, label=f"{r}: min–max") for r in auto]
-    handles.append(Line2D([], [], color="0.35", ls="--", lw=1, label="fixed T of the other recipes"
-                          + (" (* from the recipe file: T not recorded in its telemetry)"
-                             if any("*" in u for ts in references.values() for us in ts.values() for u in us) else "")))
+    handles.append(
+        Line2D(
+            [],
+            [],
+            color="0.35",
+            ls="--",
+            lw=1,
+            label="fixed T of the other recipes"
+            + (
+                " (* from the recipe file: T not recorded in its telemetry)"
+                if any("*" in u for ts in references.values() for us in ts.values() for u in us)
+                else ""
+            ),
+        )
+    )
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=8.5)
     missing = f"; T not recorded for {', '.join(auto_unrecorded)}" if auto_unrecorded else ""
     seeds = df[df["recipe"].isin(auto)].groupby("recipe")["seed"].nunique()
@@ -172,14 +222,28 @@ def _no_automatic(recipes, references, auto_unrecorded):
     fig, ax = plt.subplots(figsize=(8.0, 4.0), layout="constrained")
     ax.set_label("none")
     ax.set_axis_off()
-    lines = ["No recipe with an automatic target T (target: auto) among the inputs"
-             + (f" that records T ({', '.join(auto_unrecorded)}: not recorded)" if auto_unrecorded else "") + ".",
-             f"Recipes with quantization telemetry: {', '.join(recipes) or 'none'}.", "", "Fixed T per operand class:"]
+    lines = [
+        "No recipe with an automatic target T (target: auto) among the inputs"
+        + (f" that records T ({', '.join(auto_unrecorded)}: not recorded)" if auto_unrecorded else "")
+        + ".",
+        f"Recipes with quantization telemetry: {', '.join(recipes) or 'none'}.",
+        "",
+        "Fixed T per operand class:",
+    ]
     for cls, ts in references.items():
         lines.append(f"  {cls}: " + ("; ".join(f"{t:g} ({', '.join(us)})" for t, us in ts.items()) or "none recorded"))
     if any("*" in u for ts in references.values() for us in ts.values() for u in us):
         lines.append("  * from the recipe file: T not recorded in its telemetry")
-    ax.text(0.5, 0.5, "\n".join(lines), transform=ax.transAxes, ha="center", va="center", fontsize=10,
-            multialignment="left", family="monospace")
+    ax.text(
+        0.5,
+        0.5,
+        "\n".join(lines),
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=10,
+        multialignment="left",
+        family="monospace",
+    )
     fig.suptitle("Target T per operand class", fontsize=11)
     return fig

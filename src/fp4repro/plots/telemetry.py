@@ -26,23 +26,35 @@ from fp4repro.plots.common import (
 from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, event_rates
 
 # What sets a recipe's scale range, for the legend (other recipes are shown by name only).
-RECIPE_NOTES = {"nvfp4": "E4M3 scales, T=448", "ue5m3": "UE5M3, T=448", "ue5m3_t2048": "UE5M3, T=2048 on dY",
-                "mxfp4": "UE8M0 scales"}
+RECIPE_NOTES = {
+    "nvfp4": "E4M3 scales, T=448",
+    "ue5m3": "UE5M3, T=448",
+    "ue5m3_t2048": "UE5M3, T=2048 on dY",
+    "mxfp4": "UE8M0 scales",
+}
 OPERAND_ORDER = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
-EVENT_TEXT = {"underflow": "underflowed blocks / blocks\n(non-zero block whose scale flushed to 0)",
-              "saturation": "saturated blocks / blocks\n(block scale clamped at the format's max)",
-              "clipping": "clipped elements / non-zero elements\n(element past ±6 after scaling)"}
-PHASES = ("fresh", "held")   # steps since the amax refresh: 0 (held == current) and >= 1
+EVENT_TEXT = {
+    "underflow": "underflowed blocks / blocks\n(non-zero block whose scale flushed to 0)",
+    "saturation": "saturated blocks / blocks\n(block scale clamped at the format's max)",
+    "clipping": "clipped elements / non-zero elements\n(element past ±6 after scaling)",
+}
+PHASES = ("fresh", "held")  # steps since the amax refresh: 0 (held == current) and >= 1
 
 
 def read_telemetry(inputs: list[Path]) -> pd.DataFrame:
     groups = split_inputs("telemetry", inputs, {"telemetry.parquet": "a quantization telemetry table"})
-    tables = read_runs(groups["telemetry.parquet"], "telemetry.parquet", TELEMETRY_COLUMNS,
-                       "a quantization telemetry table (fp4repro train)")
+    tables = read_runs(
+        groups["telemetry.parquet"],
+        "telemetry.parquet",
+        TELEMETRY_COLUMNS,
+        "a quantization telemetry table (fp4repro train)",
+    )
     tables = {run: df for run, (_, df) in tables.items() if not df.empty}
     if not tables:
-        raise PlotError("figure 'telemetry': every input table is empty (an unquantized recipe such as bf16 has "
-                        "no telemetry): " + ", ".join(map(str, inputs)))
+        raise PlotError(
+            "figure 'telemetry': every input table is empty (an unquantized recipe such as bf16 has "
+            "no telemetry): " + ", ".join(map(str, inputs))
+        )
     df = combine(tables, ("operand", "layer"))
     return df.assign(steps_since_refresh=df["steps_since_refresh"].astype(int))
 
@@ -60,8 +72,11 @@ def mean_over_seeds(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     seeds of the rates and the sum over seeds of the counts."""
     per_seed = event_rates(df, [*by, "seed"])
     counts = list(dict.fromkeys(c for pair in EVENTS.values() for c in pair))
-    return per_seed.groupby(by, sort=False).agg({**{c: "sum" for c in counts}, **{e: "mean" for e in EVENTS}}) \
+    return (
+        per_seed.groupby(by, sort=False)
+        .agg({**{c: "sum" for c in counts}, **{e: "mean" for e in EVENTS}})
         .reset_index()
+    )
 
 
 def phase_rates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -112,11 +127,19 @@ def plot_telemetry(inputs: list[Path]):
         ax.set_label(f"phase:{event}")
         _phase_panel(ax, event, by_step, by_phase, recipes, colors)
     handles = [Line2D([], [], color=colors[r], marker="s", lw=0, ms=8, label=labels[r]) for r in recipes]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(recipes), 3), title="recipe",
-               fontsize=9, title_fontsize=9)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(recipes), 3),
+        title="recipe",
+        fontsize=9,
+        title_fontsize=9,
+    )
     seeds = "" if set(n_seeds) == {1} else f"; mean over {seed_counts(n_seeds.to_dict())}"
-    fig.suptitle("Quantization telemetry: rate = events / units quantized (blocks; non-zero elements for clipping)"
-                 + seeds, fontsize=11)
+    fig.suptitle(
+        "Quantization telemetry: rate = events / units quantized (blocks; non-zero elements for clipping)" + seeds,
+        fontsize=11,
+    )
     return fig
 
 
@@ -131,9 +154,16 @@ def _operand_panel(ax, event: str, per_operand: pd.DataFrame, recipes, operands,
         totals = per_operand.groupby("recipe")[[count, units]].sum()
         ax.set_title(f"{event} by operand", fontsize=10)
         ax.set_yticks([])
-        ax.text(0.5, 0.5, f"no {count.replace('_', ' ')}\nin any recipe or operand:\n\n"
-                + "\n".join(f"{r}: 0 of {int(totals.loc[r, units]):,}" for r in recipes if r in totals.index),
-                transform=ax.transAxes, ha="center", va="center", fontsize=9.5)
+        ax.text(
+            0.5,
+            0.5,
+            f"no {count.replace('_', ' ')}\nin any recipe or operand:\n\n"
+            + "\n".join(f"{r}: 0 of {int(totals.loc[r, units]):,}" for r in recipes if r in totals.index),
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9.5,
+        )
         return
     ax.set_title(f"{event} by operand (all layers and telemetry steps)", fontsize=10)
     ax.set_yscale("log")
@@ -147,11 +177,20 @@ def _operand_panel(ax, event: str, per_operand: pd.DataFrame, recipes, operands,
             if v > 0:
                 bar = ax.bar(x, v - limits[0], width=width * 0.92, bottom=limits[0], color=colors[r])
                 bar.patches[0].set_gid(f"rate:{r}:{op}")
-                ax.text(x, v * 1.15, f"{int(rows.loc[op, count]):,}", ha="center", va="bottom", fontsize=6.5,
-                        rotation=90, color="0.25")
+                ax.text(
+                    x,
+                    v * 1.15,
+                    f"{int(rows.loc[op, count]):,}",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6.5,
+                    rotation=90,
+                    color="0.25",
+                )
             else:
-                ax.text(x, limits[0] * 1.3, "0", ha="center", va="bottom", fontsize=8, color=colors[r],
-                        fontweight="bold")
+                ax.text(
+                    x, limits[0] * 1.3, "0", ha="center", va="bottom", fontsize=8, color=colors[r], fontweight="bold"
+                )
     ax.set_xlabel("GEMM operand (numbers above bars: events, summed over the seeds)")
     ax.set_ylabel(EVENT_TEXT[event] + "\n(log scale; 0 written as '0')", fontsize=9)
 
@@ -167,16 +206,30 @@ def _phase_panel(ax, event: str, by_step: pd.DataFrame, by_phase: pd.DataFrame, 
     drawn = [r for r in recipes if not by_step.empty and (by_step["recipe"] == r).any()]
     if not drawn:
         ax.set_yticks([])
-        ax.text(0.5, 0.5, "no operand holds an amax between refreshes\n(no periodic tensor scaling in any recipe)",
-                transform=ax.transAxes, ha="center", va="center", fontsize=9.5)
+        ax.text(
+            0.5,
+            0.5,
+            "no operand holds an amax between refreshes\n(no periodic tensor scaling in any recipe)",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9.5,
+        )
         return
     limits = _log_limits(by_step[event].to_numpy(dtype=float))
     if limits is None:
         totals = by_phase.groupby("recipe")[[count, units]].sum()
         ax.set_yticks([])
-        ax.text(0.5, 0.5, f"no {count.replace('_', ' ')} in the operands that hold an amax,\nfresh or held:\n\n"
-                + "\n".join(f"{r}: 0 of {int(totals.loc[r, units]):,}" for r in drawn),
-                transform=ax.transAxes, ha="center", va="center", fontsize=9.5)
+        ax.text(
+            0.5,
+            0.5,
+            f"no {count.replace('_', ' ')} in the operands that hold an amax,\nfresh or held:\n\n"
+            + "\n".join(f"{r}: 0 of {int(totals.loc[r, units]):,}" for r in drawn),
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9.5,
+        )
         ax.set_xlim(-0.5, float(by_step["steps_since_refresh"].max()) + 0.5)
         return
     floor = limits[0] * 1.5
@@ -187,28 +240,58 @@ def _phase_panel(ax, event: str, by_step: pd.DataFrame, by_phase: pd.DataFrame, 
         x = rows["steps_since_refresh"].to_numpy()
         y = rows[event].to_numpy(dtype=float)
         zero = ~(y > 0)
-        line, = ax.plot(x, np.where(zero, floor, y), color=colors[r], lw=0.9, alpha=0.55, marker=".", ms=4,
-                        transform=shift)
+        (line,) = ax.plot(
+            x, np.where(zero, floor, y), color=colors[r], lw=0.9, alpha=0.55, marker=".", ms=4, transform=shift
+        )
         line.set_gid(f"phase:{r}")
-        ax.plot(x[zero], np.full(zero.sum(), floor), "o", mfc="none", mew=1.1, color=colors[r],
-                ms=max(2.5, 7 - 1.5 * k), zorder=3, transform=shift)
+        ax.plot(
+            x[zero],
+            np.full(zero.sum(), floor),
+            "o",
+            mfc="none",
+            mew=1.1,
+            color=colors[r],
+            ms=max(2.5, 7 - 1.5 * k),
+            zorder=3,
+            transform=shift,
+        )
         phase = by_phase[by_phase["recipe"] == r].set_index("phase")[event]
         fresh, held = (float(phase.get(p, np.nan)) for p in PHASES)
         if math.isfinite(fresh):
-            ax.plot([0], [fresh if fresh > 0 else floor], marker="D", ms=8, color=colors[r], mec="black", mew=0.8,
-                    zorder=5, ls="", transform=shift)
+            ax.plot(
+                [0],
+                [fresh if fresh > 0 else floor],
+                marker="D",
+                ms=8,
+                color=colors[r],
+                mec="black",
+                mew=0.8,
+                zorder=5,
+                ls="",
+                transform=shift,
+            )
         if math.isfinite(held):
-            ax.hlines(held if held > 0 else floor, 1, max(1.0, float(x.max())), colors=[colors[r]], ls="--", lw=2.0,
-                      zorder=4)
+            ax.hlines(
+                held if held > 0 else floor, 1, max(1.0, float(x.max())), colors=[colors[r]], ls="--", lw=2.0, zorder=4
+            )
         ratio = f" (×{held / fresh:.2g})" if fresh > 0 and math.isfinite(held) else ""
-        texts.append(TextArea(f"{r:<12} fresh {fresh:.2g}  held {held:.2g}{ratio}",
-                              textprops={"color": colors[r], "fontsize": 7.5, "family": "monospace"}))
-    box = AnchoredOffsetbox(loc="upper right", child=VPacker(children=texts, align="left", pad=0, sep=2),
-                            frameon=True, pad=0.3, borderpad=0.5)
+        texts.append(
+            TextArea(
+                f"{r:<12} fresh {fresh:.2g}  held {held:.2g}{ratio}",
+                textprops={"color": colors[r], "fontsize": 7.5, "family": "monospace"},
+            )
+        )
+    box = AnchoredOffsetbox(
+        loc="upper right",
+        child=VPacker(children=texts, align="left", pad=0, sep=2),
+        frameon=True,
+        pad=0.3,
+        borderpad=0.5,
+    )
     box.patch.set(facecolor="white", edgecolor="0.8", alpha=0.85)
     ax.add_artist(box)
     ax.set_yscale("log")
-    ax.set_ylim(limits[0], limits[1] * 10 ** (0.35 * len(drawn)))   # room for the box above the points
+    ax.set_ylim(limits[0], limits[1] * 10 ** (0.35 * len(drawn)))  # room for the box above the points
     ax.axhline(floor, color="0.6", lw=0.6, ls=":")
     ax.text(1.0, floor, " 0", transform=ax.get_yaxis_transform(), ha="left", va="center", fontsize=8, color="0.4")
     ax.axvspan(-0.5, 0.5, color="0.9", lw=0, zorder=0)

@@ -19,10 +19,12 @@ from fp4repro.plots.catalog import PlotError
 from fp4repro.plots.common import ordered, recipe_colors, theme
 from fp4repro.results import THROUGHPUT_ABLATION, column_timing, read_throughput, throughput_files, void_column
 
-COLUMNS = {"emulated": "emulated (suite kernels, BF16 GEMMs)",
-           "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
-           "projection": "Blackwell projection",
-           "native": "native FP4 (Transformer Engine)"}
+COLUMNS = {
+    "emulated": "emulated (suite kernels, BF16 GEMMs)",
+    "fp8_analogue": "FP8 timing analogue (E4M3 GEMMs)",
+    "projection": "Blackwell projection",
+    "native": "native FP4 (Transformer Engine)",
+}
 
 
 def _timed_as(entry: dict) -> str:
@@ -67,8 +69,10 @@ def columns_of(entries: list[dict]) -> list[str]:
 def _title(entry: dict, column: str, measured: dict | None) -> str:
     if column.startswith("projection_") and measured is not None:
         check = entry.get("projection_check", {})
-        return (f"{measured['target']} projection (band over its parameters; H200 check "
-                f"{check.get('worst_error', float('nan')):.1%} <= {check.get('bound', float('nan')):.0%})")
+        return (
+            f"{measured['target']} projection (band over its parameters; H200 check "
+            f"{check.get('worst_error', float('nan')):.1%} <= {check.get('bound', float('nan')):.0%})"
+        )
     return COLUMNS.get(column, column)
 
 
@@ -77,8 +81,9 @@ def _panel(ax, entry: dict, column: str) -> None:
     ax.set_label(f"throughput:{column}")
     void = void_column(column, measured) if measured is not None else None
     if measured is None or void:
-        reason = void or entry.get("not_measured", {}).get(column.split("_")[0] if column.startswith("projection")
-                                                           else column, "not measured")
+        reason = void or entry.get("not_measured", {}).get(
+            column.split("_")[0] if column.startswith("projection") else column, "not measured"
+        )
         ax.text(0.5, 0.5, textwrap.fill(reason, 90), ha="center", va="center", fontsize=9, transform=ax.transAxes)
         ax.set_xticks([]), ax.set_yticks([])
         ax.set_title(COLUMNS.get(column, column), fontsize=10)
@@ -91,25 +96,36 @@ def _panel(ax, entry: dict, column: str) -> None:
     low = [v - tokens / (rows[n][slow] / 1e3) for v, n in zip(values, names)]
     high = [tokens / (rows[n][fast] / 1e3) - v for v, n in zip(values, names)]
     colors = recipe_colors(names)
-    y = list(range(len(names)))[::-1]                     # the first recipe on top
+    y = list(range(len(names)))[::-1]  # the first recipe on top
     ax.barh(y, values, xerr=[low, high], color=[colors[n] for n in names], capsize=3)
     ax.set_yticks(y, names, fontsize=9)
     # the differences are percents of the whole: the axis starts near the slowest recipe of the
     # device's measured columns (said below), the same for each so that they compare; a
     # projection, at another speed, has its own
     if column.startswith("projection"):
-        everything = [tokens / (r["high_ms"] / 1e3) for r in rows.values()] + \
-            [tokens / (r["low_ms"] / 1e3) for r in rows.values()]
+        everything = [tokens / (r["high_ms"] / 1e3) for r in rows.values()] + [
+            tokens / (r["low_ms"] / 1e3) for r in rows.values()
+        ]
     else:
-        everything = [r["tokens_per_s"] for name, c in entry["columns"].items()
-                      if not name.startswith("projection") and not void_column(name, c) for r in c["recipes"].values()]
+        everything = [
+            r["tokens_per_s"]
+            for name, c in entry["columns"].items()
+            if not name.startswith("projection") and not void_column(name, c)
+            for r in c["recipes"].values()
+        ]
     # room on the right for the labels, which a projection's whiskers push further out
     ax.set_xlim(0.9 * min(everything), (1.2 if column.startswith("projection") else 1.06) * max(everything))
     ax.set_xlabel("body tokens/s (axis does not start at 0)")
     if "bf16" in rows:
-        for yi, n, v, whisker in zip(y, names, values, high):   # beside the whisker, not over it
-            ax.annotate(f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)", (v + whisker, yi),
-                        xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
+        for yi, n, v, whisker in zip(y, names, values, high):  # beside the whisker, not over it
+            ax.annotate(
+                f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)",
+                (v + whisker, yi),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
     both = measured["effects"].get("both")
     title = _title(entry, column, measured)
     title = textwrap.fill(title, 100) if column.startswith("projection") else title
@@ -122,28 +138,44 @@ def plot_throughput(inputs: list[Path], model: str | None = None):
     theme()
     model, entries, everything = read_entries(inputs, model)
     shown = f"{model}: model-body tokens/s"
-    if not entries and everything:          # show what was measured, for other shapes, saying so
+    if not entries and everything:  # show what was measured, for other shapes, saying so
         entries = everything
-        shown = (f"{model}'s shapes not measured; shown: {', '.join(sorted({e['model'] for e in entries}))}'s "
-                 "model-body tokens/s")
+        shown = (
+            f"{model}'s shapes not measured; shown: {', '.join(sorted({e['model'] for e in entries}))}'s "
+            "model-body tokens/s"
+        )
     if not entries:
         fig, ax = plt.subplots(figsize=(7, 2.5))
         ax.axis("off")
         looked = ", ".join(str(p) for p in inputs) or "no input"
-        ax.text(0.5, 0.5, f"body throughput not measured for {model or 'this model'}'s shapes (looked in "
-                          f"{looked}): fp4repro bench throughput --experiment <experiment> on a GPU",
-                ha="center", va="center", wrap=True, transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            f"body throughput not measured for {model or 'this model'}'s shapes (looked in "
+            f"{looked}): fp4repro bench throughput --experiment <experiment> on a GPU",
+            ha="center",
+            va="center",
+            wrap=True,
+            transform=ax.transAxes,
+        )
         return fig
     columns = columns_of(entries)
     # one panel per row and kind of measurement, one column per shape: wide bars, readable labels
     heights = [3.2 if any(c in e["columns"] for e in entries) else 1.1 for c in columns]
-    fig, axes = plt.subplots(len(columns), len(entries), figsize=(9.5 * len(entries), sum(heights) + 0.8),
-                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(columns),
+        len(entries),
+        figsize=(9.5 * len(entries), sum(heights) + 0.8),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for panels, entry in zip(axes.T, entries):
         for ax, column in zip(panels, columns):
             _panel(ax, entry, column)
-        panels[0].set_ylabel(f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
-                             f"tokens, median of {entry['steps']} {_timed_as(entry)}")
+        panels[0].set_ylabel(
+            f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
+            f"tokens, median of {entry['steps']} {_timed_as(entry)}"
+        )
     fig.suptitle(f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)", fontsize=11)
     fig.tight_layout()
     return fig

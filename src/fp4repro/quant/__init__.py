@@ -14,7 +14,21 @@ from fp4repro.quant.state import CurrentAmaxState, QuantState
 from fp4repro.reference.block import BlockQuantized, OperandStats
 
 __all__ = [
-    "BlockQuantized", "OperandStats", "quantize", "quantize_dequantize", "scaled_operand", "reference_only",
-    "QuantLinear", "emulated_gemm", "probe_matched_gemm", "quantized_operand",
-    "OPERANDS", "GEMMS", "LinearSpecs", "QuantSpec", "TensorScaling", "QuantState", "CurrentAmaxState",
+    "BlockQuantized",
+    "OperandStats",
+    "quantize",
+    "quantize_dequantize",
+    "scaled_operand",
+    "reference_only",
+    "QuantLinear",
+    "emulated_gemm",
+    "probe_matched_gemm",
+    "quantized_operand",
+    "OPERANDS",
+    "GEMMS",
+    "LinearSpecs",
+    "QuantSpec",
+    "TensorScaling",
+    "QuantState",
+    "CurrentAmaxState",
 ]

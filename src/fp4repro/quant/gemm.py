@@ -84,7 +84,7 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     alpha = functools.reduce(operator.mul, scales) if scales else None
     if alpha is None:
         return acc.to(out_dtype)
-    if acc.is_cuda and alpha.dim() == 0:      # the kernel takes a scalar alpha; per-row: below
+    if acc.is_cuda and alpha.dim() == 0:  # the kernel takes a scalar alpha; per-row: below
         from fp4repro.kernels import available, scale_cast
 
         if available():
@@ -109,8 +109,9 @@ def gemm_instrument(gemm):
         _gemm_instrument.reset(token)
 
 
-def probe_matched_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype,
-                       model: GemmModel) -> torch.Tensor:
+def probe_matched_gemm(
+    a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype, model: GemmModel
+) -> torch.Tensor:
     """The probe-matched model of (a · bᵀ) · (d_a · d_b), cast to out_dtype: the Triton kernel for
     CUDA tensors (unless the reference is forced), the reference elsewhere. Arguments as
     ``emulated_gemm``'s."""

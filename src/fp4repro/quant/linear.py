@@ -69,13 +69,18 @@ def _with_target(spec: QuantSpec, target: float) -> QuantSpec:
 class Shard(NamedTuple):
     """How an operand's tensor is split over tensor-parallel ranks (``quantized_operand``)."""
 
-    group: Any = None        # the process group its amax is MAX-reduced over (None: the shard's own)
-    place: Any = None        # where the shard sits in the whole tensor (``fp4repro.kernels.ShardPlace``)
+    group: Any = None  # the process group its amax is MAX-reduced over (None: the shard's own)
+    place: Any = None  # where the shard sits in the whole tensor (``fp4repro.kernels.ShardPlace``)
 
 
-def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState | None,
-                      layer: str, operand: str,
-                      shard: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor | float | None]:
+def quantized_operand(
+    t: torch.Tensor,
+    spec: QuantSpec | None,
+    state: QuantState | None,
+    layer: str,
+    operand: str,
+    shard: Shard | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
 
     ``shard``: t is this rank's shard of a tensor split over tensor-parallel ranks. With a
@@ -101,16 +106,18 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
     held = state.held_amax(key, spec.tensor_scaling) if state is not None else None
     telemetry = state is not None and state.telemetry
     auto = state is not None and spec.auto_target is not None
-    if auto:   # from here on, the fixed-target spec of the T in use
+    if auto:  # from here on, the fixed-target spec of the T in use
         spec = _with_target(spec, state.choose_target(key, spec) if held is None else state.target(key, spec))
     live = state.live_slots(key, t.device) if auto and held is not None else None
     seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
     amax = held
-    refresh = held is None and state is not None and state.reduce_max is not None and spec.tensor_scaling.kind == "periodic"
+    refresh = (
+        held is None and state is not None and state.reduce_max is not None and spec.tensor_scaling.kind == "periodic"
+    )
     group, place = shard or (None, None)
     if spec.target is not None and held is None and (group is not None or refresh):
         amax = operand_amax(t, spec)
-        if refresh:           # every rank holding this tensor (the tensor group too) holds one amax
+        if refresh:  # every rank holding this tensor (the tensor group too) holds one amax
             amax = state.reduce_max(amax)
         elif group is not None:
             torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
@@ -134,8 +141,14 @@ def quantized_operand(t: torch.Tensor, spec: QuantSpec | None, state: QuantState
 KERNEL_GROUPS_MAX = 16
 
 
-def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec, state: QuantState | None,
-                     layer: str, operand: str = "fprop.x") -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_operand(
+    x: torch.Tensor,
+    lengths: tuple[int, ...],
+    spec: QuantSpec,
+    state: QuantState | None,
+    layer: str,
+    operand: str = "fprop.x",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(operand for the GEMM as (batch·width, K), decode scales as float32 (batch·width, 1)) for
     x of shape (batch, width, K) holding sequences of valid ``lengths`` (padding after them).
 
@@ -153,8 +166,10 @@ def sequence_operand(x: torch.Tensor, lengths: tuple[int, ...], spec: QuantSpec,
     """
     batch, width, cols = x.shape
     if len(lengths) != batch or not all(0 <= n <= width for n in lengths):
-        raise ValueError(f"{layer}.{operand}: sequence lengths {list(lengths)} do not fit a batch of "
-                         f"{batch} sequences of {width} positions")
+        raise ValueError(
+            f"{layer}.{operand}: sequence lengths {list(lengths)} do not fit a batch of "
+            f"{batch} sequences of {width} positions"
+        )
     telemetry = state is not None and state.telemetry
     if state is not None and spec.auto_target is not None:
         spec = _with_target(spec, state.target(f"{layer}.{operand}", spec))
@@ -198,8 +213,14 @@ def transposable_weight_spec(specs: LinearSpecs) -> bool:
     deterministic element rounding (RNE, no RHT, whose 16-point transform runs along rows). Not
     with an automatic target: fprop.w and dgrad.w are two operands, each with its own T."""
     spec = specs.fprop_w
-    return (spec is not None and spec == specs.dgrad_w and spec.block[0] == spec.block[1]
-            and spec.rounding == "rne" and not spec.rht and spec.auto_target is None)
+    return (
+        spec is not None
+        and spec == specs.dgrad_w
+        and spec.block[0] == spec.block[1]
+        and spec.rounding == "rne"
+        and not spec.rht
+        and spec.auto_target is None
+    )
 
 
 def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, operand: str):
@@ -259,7 +280,9 @@ class _QuantLinearFunction(torch.autograd.Function):
             dx = _as(gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"))
-            qxt, dxt = quantized_operand(_as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"))
+            qxt, dxt = quantized_operand(
+                _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x")
+            )
             gemm = ctx.instrument or gemm_function(specs, "wgrad")
             dw = _as(gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
         ctx.qw = None
@@ -268,8 +291,15 @@ class _QuantLinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None
 
 
-def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, specs: LinearSpecs,
-                     state: QuantState | None, name: str, shards: dict | None = None) -> torch.Tensor:
+def quantized_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    specs: LinearSpecs,
+    state: QuantState | None,
+    name: str,
+    shards: dict | None = None,
+) -> torch.Tensor:
     """y = x · Wᵀ (+ b) with the recipe's quantized GEMMs in forward and backward: the one
     implementation of the emulation, which ``QuantLinear`` and the megatron backend's parallel
     linears both call. The GEMMs compute in autocast's dtype when autocast is on, else in x's
@@ -305,9 +335,17 @@ class QuantLinear(torch.nn.Linear):
     docstring and ``fp4repro.quant.state.CurrentAmaxState``); the training state says no.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 specs: LinearSpecs | None = None, state: QuantState | None = None, name: str = "",
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        specs: LinearSpecs | None = None,
+        state: QuantState | None = None,
+        name: str = "",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.name = name
         self.attach(specs, state)
@@ -327,5 +365,3 @@ class QuantLinear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + ("" if self.specs is None else ", quantized")
-
-

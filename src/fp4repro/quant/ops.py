@@ -31,8 +31,9 @@ from fp4repro.reference.block import (
 )
 from fp4repro.reference.geometry import rows_cols
 
-_force_reference = contextvars.ContextVar("fp4repro_force_reference",
-                                          default=os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0"))
+_force_reference = contextvars.ContextVar(
+    "fp4repro_force_reference", default=os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0")
+)
 
 
 @contextlib.contextmanager
@@ -63,15 +64,28 @@ def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> OperandS
     if held is not None:
         current = float(operand_amax_triton(x2d, spec))
         ratio = float(held) / current if current > 0 else 1.0
-    return OperandStats(blocks=k["blocks"], saturated_blocks=counts[0], underflow_blocks=counts[1],
-                        nonzero_elements=counts[2], zeroed_elements=counts[3], clipped_elements=counts[5],
-                        nonfinite_blocks=counts[4],
-                        sq_error=sums[0], sq_norm=sums[1], amax_ratio=ratio)
+    return OperandStats(
+        blocks=k["blocks"],
+        saturated_blocks=counts[0],
+        underflow_blocks=counts[1],
+        nonzero_elements=counts[2],
+        zeroed_elements=counts[3],
+        clipped_elements=counts[5],
+        nonfinite_blocks=counts[4],
+        sq_error=sums[0],
+        sq_norm=sums[1],
+        amax_ratio=ratio,
+    )
 
 
-def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
-             generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-             stats: bool = False) -> BlockQuantized:
+def quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | float | None = None,
+    generator: torch.Generator | None = None,
+    rand: torch.Tensor | None = None,
+    stats: bool = False,
+) -> BlockQuantized:
     """Packed codes and scale codes of x (``fp4repro.reference.block.quantize_reference``)."""
     check_packable(spec)
     if not uses_kernel(x, generator, rand):
@@ -80,9 +94,15 @@ def quantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None
 
     x2d = x.reshape(rows_cols(x.shape))
     k = quantize_2d(x2d, spec, amax=amax, write_qs=False, codes=True, stats=stats)
-    return BlockQuantized(codes=k["codes"], scale_codes=k["scale_codes"], decode_scale=k["decode_scale"],
-                          amax=k["amax"], spec=spec, shape=x.shape,
-                          stats=_kernel_stats(k, x2d, spec, amax) if stats else None)
+    return BlockQuantized(
+        codes=k["codes"],
+        scale_codes=k["scale_codes"],
+        decode_scale=k["decode_scale"],
+        amax=k["amax"],
+        spec=spec,
+        shape=x.shape,
+        stats=_kernel_stats(k, x2d, spec, amax) if stats else None,
+    )
 
 
 def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -96,10 +116,18 @@ def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return operand_amax_triton(x if x.dim() == 2 else x.reshape(rows_cols(x.shape)), spec)
 
 
-def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
-                   generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False, groups: torch.Tensor | None = None, live: torch.Tensor | None = None,
-                   seed: int | None = None, place=None) -> ScaledOperand:
+def scaled_operand(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | float | None = None,
+    generator: torch.Generator | None = None,
+    rand: torch.Tensor | None = None,
+    stats: bool = False,
+    groups: torch.Tensor | None = None,
+    live: torch.Tensor | None = None,
+    seed: int | None = None,
+    place=None,
+) -> ScaledOperand:
     """(q · s_b in x's 2-D shape, d, A used, stats, None)
     (``fp4repro.reference.block.scaled_operand_reference``; with row ``groups``, always the
     reference: the kernels take one amax per call).
@@ -120,19 +148,26 @@ def scaled_operand(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float 
     if groups is not None or not uses_kernel(x, generator, rand):
         if seed is not None and generator is None and rand is None:
             generator = torch.Generator(device=x.device).manual_seed(seed)
-        r = scaled_operand_reference(x, spec, amax=amax, generator=generator, rand=rand, stats=stats,
-                                     groups=groups, live=live is not None)
+        r = scaled_operand_reference(
+            x, spec, amax=amax, generator=generator, rand=rand, stats=stats, groups=groups, live=live is not None
+        )
         if live is not None:
             fold_live_amax(live, r.live)
         return r._replace(live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
     k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live, seed=seed, place=place)
-    return ScaledOperand(k["qs"], k["decode_scale"], k["amax"],
-                                   _kernel_stats(k, x2d, spec, amax) if stats else None, None)
+    return ScaledOperand(
+        k["qs"], k["decode_scale"], k["amax"], _kernel_stats(k, x2d, spec, amax) if stats else None, None
+    )
 
 
-def quantize_dequantize(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
-                        generator: torch.Generator | None = None, rand: torch.Tensor | None = None) -> torch.Tensor:
+def quantize_dequantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | float | None = None,
+    generator: torch.Generator | None = None,
+    rand: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
     qs, d, *_ = scaled_operand(x, spec, amax=amax, generator=generator, rand=rand)
     return (qs.to(torch.float32) * d).reshape(x.shape)

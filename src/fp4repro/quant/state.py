@@ -46,21 +46,21 @@ def chosen_target(growth: float, auto: AutoTarget, scale_max: float) -> float:
 
 class QuantState:
     def __init__(self, seed: int = 0) -> None:
-        self.seed = seed                   # the run's seed: stochastic rounding's bits derive from it
-        self.step = 0                      # optimizer steps taken
-        self.telemetry = False             # record OperandStats on the next quantizations
+        self.seed = seed  # the run's seed: stochastic rounding's bits derive from it
+        self.step = 0  # optimizer steps taken
+        self.telemetry = False  # record OperandStats on the next quantizations
         self._held: dict[str, torch.Tensor] = {}
         self._held_at: dict[str, int] = {}
-        self._held_host: dict[str, float] = {}   # the held values read back once, for GEMM epilogues
+        self._held_host: dict[str, float] = {}  # the held values read back once, for GEMM epilogues
         self._records: list[dict] = []
-        self._live: dict[str, torch.Tensor] = {}        # this interval's running live amax (slots), on the device
-        self._growths: dict[str, list[float]] = {}      # G of the last ``window`` finished intervals
-        self._target: dict[str, float] = {}             # the automatic T in use
+        self._live: dict[str, torch.Tensor] = {}  # this interval's running live amax (slots), on the device
+        self._growths: dict[str, list[float]] = {}  # G of the last ``window`` finished intervals
+        self._target: dict[str, float] = {}  # the automatic T in use
         # MAX reduction across the ranks that hold the same tensors (None: one process) of an
         # automatic target's growth and of each periodic refresh's fresh amax, so that every rank
         # holds the same
         self.reduce_max = None
-        self._sr_draws: dict[str, int] = {}             # SR quantizations of each key in this step
+        self._sr_draws: dict[str, int] = {}  # SR quantizations of each key in this step
 
     # ------------------------------------------------------------------ periodic tensor scaling
     def held_amax(self, key: str, scaling: TensorScaling) -> torch.Tensor | None:
@@ -124,7 +124,7 @@ class QuantState:
                 growth = self.reduce_max(growth)
             growths = self._growths.setdefault(key, [])
             growths.append(1.0 if growth is None else max(1.0, float(growth)))
-            del growths[:-auto.window]
+            del growths[: -auto.window]
             self._target[key] = chosen_target(max(growths), auto, get_format(spec.scale).max)
         return self.target(key, spec)
 
@@ -159,8 +159,13 @@ class QuantState:
     # ------------------------------------------------------------------------------ telemetry
     def record(self, layer: str, operand: str, stats: OperandStats, target: float | None = None) -> None:
         """One telemetry row: the quantization's stats, its refresh phase and the T it used."""
-        row = {"step": self.step, "layer": layer, "operand": operand,
-               "steps_since_refresh": self.steps_since_refresh(f"{layer}.{operand}"), **asdict(stats)}
+        row = {
+            "step": self.step,
+            "layer": layer,
+            "operand": operand,
+            "steps_since_refresh": self.steps_since_refresh(f"{layer}.{operand}"),
+            **asdict(stats),
+        }
         row["rel_error"] = stats.rel_error
         row["target"] = float("nan") if target is None else float(target)
         self._records.append(row)
@@ -172,9 +177,15 @@ class QuantState:
 
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "step": self.step, "held": {k: v.cpu() for k, v in self._held.items()},
-                "held_at": dict(self._held_at), "live": {k: live_slots_amax(v).cpu() for k, v in self._live.items()},
-                "growths": {k: list(v) for k, v in self._growths.items()}, "target": dict(self._target)}
+        return {
+            "seed": self.seed,
+            "step": self.step,
+            "held": {k: v.cpu() for k, v in self._held.items()},
+            "held_at": dict(self._held_at),
+            "live": {k: live_slots_amax(v).cpu() for k, v in self._live.items()},
+            "growths": {k: list(v) for k, v in self._growths.items()},
+            "target": dict(self._target),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
@@ -218,8 +229,10 @@ class CurrentAmaxState(QuantState):
         if self._lengths is None:
             return (width,) * batch
         if len(self._lengths) != batch or max(self._lengths) > width:
-            raise ValueError(f"sequence lengths {list(self._lengths)} were set for this forward, but its "
-                             f"batch has {batch} sequences of {width} positions")
+            raise ValueError(
+                f"sequence lengths {list(self._lengths)} were set for this forward, but its "
+                f"batch has {batch} sequences of {width} positions"
+            )
         return self._lengths
 
     @contextlib.contextmanager

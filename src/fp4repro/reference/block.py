@@ -63,15 +63,15 @@ class OperandStats:
     """Block-scale telemetry of one quantization (plain Python numbers)."""
 
     blocks: int
-    saturated_blocks: int     # block scale clamped at the scale format's max
-    underflow_blocks: int     # non-zero block whose scale flushed to zero
+    saturated_blocks: int  # block scale clamped at the scale format's max
+    underflow_blocks: int  # non-zero block whose scale flushed to zero
     nonzero_elements: int
-    zeroed_elements: int      # non-zero elements quantized to zero
-    clipped_elements: int     # elements of kept blocks the clamp at ±Emax cut short (``clip_threshold``)
-    nonfinite_blocks: int     # blocks holding NaN/Inf (they dequantize to NaN)
-    sq_error: float           # sum of (x̂ - x)² over the finite blocks
-    sq_norm: float            # sum of x² over the finite blocks
-    amax_ratio: float         # held amax / current amax (1.0 under current scaling)
+    zeroed_elements: int  # non-zero elements quantized to zero
+    clipped_elements: int  # elements of kept blocks the clamp at ±Emax cut short (``clip_threshold``)
+    nonfinite_blocks: int  # blocks holding NaN/Inf (they dequantize to NaN)
+    sq_error: float  # sum of (x̂ - x)² over the finite blocks
+    sq_norm: float  # sum of x² over the finite blocks
+    amax_ratio: float  # held amax / current amax (1.0 under current scaling)
 
     @property
     def rel_error(self) -> float:
@@ -130,7 +130,7 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     a = x.abs().to(torch.float32)
     if not a.numel():
         return torch.zeros((), device=x.device)
-    amax = a.amax()                  # NaN or inf if any element is: only then mask (a full pass)
+    amax = a.amax()  # NaN or inf if any element is: only then mask (a full pass)
     if not torch.isfinite(amax):
         amax = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device)).amax()
     return amax
@@ -159,7 +159,7 @@ def group_amax(x2d: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     if not a.numel():
         return torch.zeros((a.shape[0], 1), device=x2d.device)
     rows = a.amax(dim=1)
-    if not bool(torch.isfinite(rows).all()):       # NaN or inf somewhere: only then mask
+    if not bool(torch.isfinite(rows).all()):  # NaN or inf somewhere: only then mask
         rows = torch.where(torch.isfinite(a), a, torch.zeros((), device=a.device)).amax(dim=1)
     per_group = torch.zeros(int(groups.max()) + 1, device=a.device).scatter_reduce(0, groups, rows, "amax")
     return per_group[groups].unsqueeze(1)
@@ -170,13 +170,13 @@ def global_encode_scale(amax: torch.Tensor, emax: float, target: float | None) -
     amax = amax.to(torch.float32)
     if target is None:
         return torch.ones((), device=amax.device)
-    g = torch.clamp(torch.full((), emax * float(target), dtype=torch.float32, device=amax.device) / amax,
-                    max=FLT_MAX)
+    g = torch.clamp(torch.full((), emax * float(target), dtype=torch.float32, device=amax.device) / amax, max=FLT_MAX)
     return torch.where(amax == 0, torch.ones_like(g), g)
 
 
-def block_scales(block_amax: torch.Tensor, g: torch.Tensor, element: Minifloat, scale: Minifloat,
-                 scale_rounding: str = "rne") -> tuple[torch.Tensor, torch.Tensor]:
+def block_scales(
+    block_amax: torch.Tensor, g: torch.Tensor, element: Minifloat, scale: Minifloat, scale_rounding: str = "rne"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max)), float32; NaN for non-finite blocks.
 
     Returns (s_b, saturated): saturated marks finite blocks whose scale rounding would have
@@ -205,16 +205,21 @@ def scale_elements(xb: torch.Tensor, encode: torch.Tensor) -> torch.Tensor:
     return xb * encode.unsqueeze(-1)
 
 
-def quantize_elements(scaled: torch.Tensor, s: torch.Tensor, element: Minifloat, rounding: str,
-                      generator: torch.Generator | None, rand: torch.Tensor | None) -> torch.Tensor:
+def quantize_elements(
+    scaled: torch.Tensor,
+    s: torch.Tensor,
+    element: Minifloat,
+    rounding: str,
+    generator: torch.Generator | None,
+    rand: torch.Tensor | None,
+) -> torch.Tensor:
     """q = round_elem(clamp(x · e_b, ±Emax)), float32 on the element grid; 0 where s_b is 0 or NaN.
 
     scaled: x · e_b from ``scale_elements`` (block layout), s: s_b per block.
     """
-    q = element.round(torch.clamp(scaled, -element.max, element.max), mode=rounding, generator=generator,
-                      rand=rand)
+    q = element.round(torch.clamp(scaled, -element.max, element.max), mode=rounding, generator=generator, rand=rand)
     keep = (s != 0) & ~torch.isnan(s)
-    if bool(keep.all()):             # the usual case: no block to zero (skips a full pass)
+    if bool(keep.all()):  # the usual case: no block to zero (skips a full pass)
         return q
     return torch.where(keep.unsqueeze(-1), q, torch.zeros((), device=q.device))
 
@@ -237,17 +242,17 @@ def clip_threshold(element: Minifloat, rounding: str) -> float:
     A plain Python float; the kernel receives it as a compile-time constant.
     """
     if rounding == "sr":
-        return float(torch.nextafter(torch.tensor(element.max, dtype=torch.float32),
-                                     torch.tensor(math.inf)))
+        return float(torch.nextafter(torch.tensor(element.max, dtype=torch.float32), torch.tensor(math.inf)))
     midpoint = element.overflow_threshold("rne")
     ulp = math.ldexp(1.0, element.emax - element.man_bits)
-    if round(element.max / ulp) % 2 == 1:           # the tie rounds up, past Emax
+    if round(element.max / ulp) % 2 == 1:  # the tie rounds up, past Emax
         return midpoint
     return float(torch.nextafter(torch.tensor(midpoint, dtype=torch.float32), torch.tensor(math.inf)))
 
 
-def clipped_elements(scaled: torch.Tensor, s: torch.Tensor, real: torch.Tensor | None, element: Minifloat,
-                     rounding: str) -> torch.Tensor:
+def clipped_elements(
+    scaled: torch.Tensor, s: torch.Tensor, real: torch.Tensor | None, element: Minifloat, rounding: str
+) -> torch.Tensor:
     """Mask (bool, block layout) of the clipped elements: |x · e_b| >= ``clip_threshold`` in kept blocks.
 
         clipped = (|x · e_b| >= clip_threshold(element, rounding)) & keep_b & real
@@ -265,8 +270,9 @@ def clipped_elements(scaled: torch.Tensor, s: torch.Tensor, real: torch.Tensor |
     return clipped if real is None else clipped & real
 
 
-def real_elements(rows: int, cols: int, padded: tuple[int, int], block: tuple[int, int],
-                  device: torch.device) -> torch.Tensor | None:
+def real_elements(
+    rows: int, cols: int, padded: tuple[int, int], block: tuple[int, int], device: torch.device
+) -> torch.Tensor | None:
     """Mask (bool, block layout) of the elements of the padded (R, C) matrix that lie inside the
     unpadded (rows, cols); None when nothing was padded."""
     if (rows, cols) == tuple(padded):
@@ -292,13 +298,13 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
 class _Blocks:
     """Intermediate results of one quantization, in block layout (see ``to_blocks``)."""
 
-    x2d: torch.Tensor          # padded (and RHT-transformed) input, float32 (R, C)
-    q: torch.Tensor            # element values on the E2M1 grid, (R/r, C/c, r·c)
-    s: torch.Tensor            # block scales s_b, (R/r, C/c)
-    d: torch.Tensor            # decode scale 1/g
-    held: torch.Tensor         # amax used for g
+    x2d: torch.Tensor  # padded (and RHT-transformed) input, float32 (R, C)
+    q: torch.Tensor  # element values on the E2M1 grid, (R/r, C/c, r·c)
+    s: torch.Tensor  # block scales s_b, (R/r, C/c)
+    d: torch.Tensor  # decode scale 1/g
+    held: torch.Tensor  # amax used for g
     current: torch.Tensor | None  # current amax of x2d (None when a held amax made it unnecessary)
-    saturated: torch.Tensor    # blocks whose scale was clamped
+    saturated: torch.Tensor  # blocks whose scale was clamped
     block_amax: torch.Tensor
     clipped: torch.Tensor | None  # clipped elements (bool, block layout); only computed for stats
 
@@ -308,8 +314,10 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups
     x2d = blocked_matrix(x, spec)
     if groups is not None:
         if amax is not None or spec.block[0] != 1:
-            raise ValueError(f"row groups need the current amax and 1-row blocks, not {spec.block}"
-                             f"{' with a held amax' if amax is not None else ''}")
+            raise ValueError(
+                f"row groups need the current amax and 1-row blocks, not {spec.block}"
+                f"{' with a held amax' if amax is not None else ''}"
+            )
         # A per row (rows, 1), its group's: g, d and the block scales below broadcast along rows
         held = current = group_amax(x2d, torch.as_tensor(groups, device=x2d.device))
     else:
@@ -333,9 +341,14 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups
     return _Blocks(x2d, q, s, d, held, current, saturated, block_amax, clipped)
 
 
-def quantize_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
-             generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-             stats: bool = False) -> BlockQuantized:
+def quantize_reference(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | float | None = None,
+    generator: torch.Generator | None = None,
+    rand: torch.Tensor | None = None,
+    stats: bool = False,
+) -> BlockQuantized:
     """Quantize x along its last dimension as ``spec`` says; packed codes and scale codes.
 
     amax: None for the current tensor amax; a value for a held amax (periodic scaling).
@@ -347,8 +360,12 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | fl
     element, scale = get_format(spec.element), get_format(spec.scale)
     b = _quantize_blocks(x, spec, amax, generator, rand, stats)
     out = BlockQuantized(
-        codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))), scale_codes=scale.encode(b.s),
-        decode_scale=b.d, amax=b.held, spec=spec, shape=x.shape,
+        codes=pack_e2m1(element.encode(from_blocks(b.q, spec.block))),
+        scale_codes=scale.encode(b.s),
+        decode_scale=b.d,
+        amax=b.held,
+        spec=spec,
+        shape=x.shape,
     )
     if stats:
         out.stats = _operand_stats(b, spec.block)
@@ -358,11 +375,11 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | fl
 class ScaledOperand(NamedTuple):
     """A GEMM operand as ``scaled_operand_reference`` returns it."""
 
-    qs: torch.Tensor                 # q · s_b, float32 (the kernels: x's dtype or out_dtype), x's 2-D shape
-    d: torch.Tensor                  # decode scale 1/g, float32 (rows, 1) with row groups
-    amax: torch.Tensor               # A used: the held amax, else the current one
-    stats: OperandStats | None       # telemetry, when asked
-    live: torch.Tensor | None        # the tensor's live amax (``live_amax``), when asked (``live=True``)
+    qs: torch.Tensor  # q · s_b, float32 (the kernels: x's dtype or out_dtype), x's 2-D shape
+    d: torch.Tensor  # decode scale 1/g, float32 (rows, 1) with row groups
+    amax: torch.Tensor  # A used: the held amax, else the current one
+    stats: OperandStats | None  # telemetry, when asked
+    live: torch.Tensor | None  # the tensor's live amax (``live_amax``), when asked (``live=True``)
 
 
 def live_amax(b: _Blocks) -> torch.Tensor:
@@ -371,13 +388,20 @@ def live_amax(b: _Blocks) -> torch.Tensor:
     largest growth there is), from the block amaxes already computed (exact: a max of maxima)."""
     if not b.block_amax.numel():
         return torch.zeros((), device=b.block_amax.device)
-    top = b.block_amax.max().to(torch.float32)          # NaN if a block holds NaN
+    top = b.block_amax.max().to(torch.float32)  # NaN if a block holds NaN
     return torch.where(torch.isnan(top), torch.inf, top)
 
 
-def scaled_operand_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
-                   generator: torch.Generator | None = None, rand: torch.Tensor | None = None,
-                   stats: bool = False, groups: torch.Tensor | None = None, live: bool = False) -> ScaledOperand:
+def scaled_operand_reference(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | float | None = None,
+    generator: torch.Generator | None = None,
+    rand: torch.Tensor | None = None,
+    stats: bool = False,
+    groups: torch.Tensor | None = None,
+    live: bool = False,
+) -> ScaledOperand:
     """The GEMM operand without packing (``ScaledOperand``: q · s_b as float32 in x's 2-D shape,
     d, A used, stats, live amax).
 
@@ -392,13 +416,18 @@ def scaled_operand_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tenso
     b = _quantize_blocks(x, spec, amax, generator, rand, stats, groups)
     rows, cols = rows_cols(x.shape)
     qs = from_blocks(b.q * b.s.unsqueeze(-1), spec.block)[:rows, :cols]
-    return ScaledOperand(qs, b.d, b.held, _operand_stats(b, spec.block) if stats else None,
-                         live_amax(b) if live else None)
+    return ScaledOperand(
+        qs, b.d, b.held, _operand_stats(b, spec.block) if stats else None, live_amax(b) if live else None
+    )
 
 
-def quantize_dequantize_reference(x: torch.Tensor, spec: QuantSpec, amax: torch.Tensor | float | None = None,
-                        generator: torch.Generator | None = None,
-                        rand: torch.Tensor | None = None) -> torch.Tensor:
+def quantize_dequantize_reference(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    amax: torch.Tensor | float | None = None,
+    generator: torch.Generator | None = None,
+    rand: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x̂ = (q · s_b) · d as float32 in x's shape (in the RHT domain when spec.rht)."""
     qs, d, *_ = scaled_operand_reference(x, spec, amax=amax, generator=generator, rand=rand)
     return (qs * d).reshape(x.shape)

@@ -58,7 +58,7 @@ def integer_slices(x: torch.Tensor, width: int) -> tuple[list[torch.Tensor], lis
     unit 2^-width times the one before. A slice is the truncation of what the slices before it
     left, so each subtraction is exact; slicing stops when nothing is left anywhere."""
     amax = x.abs().amax(-1, keepdim=True)
-    _, exponent = torch.frexp(amax)                       # amax < 2^exponent (0 for amax == 0)
+    _, exponent = torch.frexp(amax)  # amax < 2^exponent (0 for amax == 0)
     unit = torch.ldexp(torch.ones_like(amax), exponent - width)
     rest, slices, units = x, [], []
     while True:
@@ -68,7 +68,7 @@ def integer_slices(x: torch.Tensor, width: int) -> tuple[list[torch.Tensor], lis
         rest = rest - n * unit
         if not bool(rest.any()):
             return slices, units
-        unit = unit * 2.0 ** -width                       # exact: a power of two, far above underflow
+        unit = unit * 2.0**-width  # exact: a power of two, far above underflow
 
 
 def _grouped(t: torch.Tensor, group: int) -> torch.Tensor:
@@ -92,11 +92,11 @@ def rn32_fraction(q: Fraction) -> float:
     if q == 0:
         return 0.0
     sign, q = (-1.0 if q < 0 else 1.0), abs(q)
-    exponent = q.numerator.bit_length() - q.denominator.bit_length()     # 2^e <= q < 2^(e+1) after:
+    exponent = q.numerator.bit_length() - q.denominator.bit_length()  # 2^e <= q < 2^(e+1) after:
     if Fraction(2) ** exponent > q:
         exponent -= 1
-    quantum = Fraction(2) ** (max(exponent, -126) - 23)                  # FP32's spacing there
-    value = round(q / quantum) * quantum                                 # round() on Fraction: half to even
+    quantum = Fraction(2) ** (max(exponent, -126) - 23)  # FP32's spacing there
+    value = round(q / quantum) * quantum  # round() on Fraction: half to even
     return sign * math.inf if value > FLT_MAX else sign * float(value)
 
 
@@ -119,7 +119,7 @@ def _exact_sums(terms: list[torch.Tensor]) -> torch.Tensor:
 def group_partials(a: torch.Tensor, b: torch.Tensor, group: int) -> torch.Tensor:
     """p (G, M, N) float32: p[j, m, n] = rn32(Σ_{k in group j} a[m, k] · b[n, k]), each sum exact
     before its one rounding. a: (M, K), b: (N, K); K zero-padded to a multiple of ``group``."""
-    ga, gb = _grouped(a, group), _grouped(b, group)                     # (G, M, L), (G, N, L)
+    ga, gb = _grouped(a, group), _grouped(b, group)  # (G, M, L), (G, N, L)
     finite_a, finite_b = torch.isfinite(ga), torch.isfinite(gb)
     width = slice_width(group)
     sa, ua = integer_slices(torch.where(finite_a, ga, 0.0), width)
@@ -129,11 +129,14 @@ def group_partials(a: torch.Tensor, b: torch.Tensor, group: int) -> torch.Tensor
     step = max(1, _CHUNK_ELEMENTS // max(1, m * n))
     for j in range(0, count, step):
         g = slice(j, j + step)
-        terms = [torch.bmm(x[g], y[g].transpose(1, 2)) * (u[g] * v[g].transpose(1, 2))
-                 for x, u in zip(sa, ua) for y, v in zip(sb, ub)]
+        terms = [
+            torch.bmm(x[g], y[g].transpose(1, 2)) * (u[g] * v[g].transpose(1, 2))
+            for x, u in zip(sa, ua)
+            for y, v in zip(sb, ub)
+        ]
         out[g] = _exact_sums(terms)
         if not (bool(finite_a[g].all()) and bool(finite_b[g].all())):
-            plain = torch.bmm(ga[g], gb[g].transpose(1, 2))              # IEEE NaN/inf of the products
+            plain = torch.bmm(ga[g], gb[g].transpose(1, 2))  # IEEE NaN/inf of the products
             out[g] = torch.where(torch.isfinite(plain), out[g], plain.to(torch.float32))
     return out
 
@@ -148,7 +151,7 @@ def add_toward_zero(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
     s, e = _two_sum(a64, b64)
     t = s.to(torch.float32)
-    beyond = ((t.to(torch.float64) - s) - e) * torch.sign(t) > 0        # False for NaN
+    beyond = ((t.to(torch.float64) - s) - e) * torch.sign(t) > 0  # False for NaN
     return torch.where(beyond, torch.nextafter(t, torch.zeros_like(t)), t)
 
 
@@ -166,8 +169,8 @@ def round_to_lattice(acc: torch.Tensor, lattice: float | None) -> torch.Tensor:
     already a multiple of ℓ and acc stays as it is; below, acc / ℓ and the product are exact."""
     if lattice is None:
         return acc
-    on_lattice = torch.round(acc * (1.0 / lattice)) * lattice            # torch.round: half to even
-    return torch.where(acc.abs() < 2.0 ** 24 * lattice, on_lattice, acc)
+    on_lattice = torch.round(acc * (1.0 / lattice)) * lattice  # torch.round: half to even
+    return torch.where(acc.abs() < 2.0**24 * lattice, on_lattice, acc)
 
 
 def decode(r: torch.Tensor, da, db, out_dtype: torch.dtype) -> torch.Tensor:
@@ -180,8 +183,9 @@ def decode(r: torch.Tensor, da, db, out_dtype: torch.dtype) -> torch.Tensor:
     return (r * alpha).to(out_dtype)
 
 
-def probe_matched_gemm_reference(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype,
-                                 model: GemmModel) -> torch.Tensor:
+def probe_matched_gemm_reference(
+    a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dtype, model: GemmModel
+) -> torch.Tensor:
     """y (M, N) in ``out_dtype`` = the probe-matched model of a · bᵀ with decode scales d_a, d_b
     (the module docstring). a: (M, K), b: (N, K), encoded operands."""
     if model.kind != "probe_matched":

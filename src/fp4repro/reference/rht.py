@@ -46,7 +46,7 @@ def rht(x: torch.Tensor, signs=TE_SIGNS) -> torch.Tensor:
         a, b = y[:, :, 0, :], y[:, :, 1, :]
         y = torch.stack((a + b, a - b), dim=2)
         h *= 2
-    return (y.reshape(x.shape) * 0.25)
+    return y.reshape(x.shape) * 0.25
 
 
 def inverse_rht(y: torch.Tensor, signs=TE_SIGNS) -> torch.Tensor:

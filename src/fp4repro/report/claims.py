@@ -24,13 +24,13 @@ class Claim:
     measure: str
     recipe: str
     baseline: str
-    expect: str                  # lower | higher
+    expect: str  # lower | higher
     paper: str
     magnitude: str | None = None  # the paper's number, where its summary gives one
     policy: str = "quantized"
     event: str | None = None
     operands: tuple[str, ...] = ()
-    mechanism: str = ""          # why the measure should move as the paper says (telemetry claims)
+    mechanism: str = ""  # why the measure should move as the paper says (telemetry claims)
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class Row:
     recipe_value: float | None = None
     baseline_value: float | None = None
     comparison: Comparison | None = None
-    capped: bool = False                       # one seed on an outcome of training: at most suggestive
-    note: str = ""                             # what was compared, or why it was not
+    capped: bool = False  # one seed on an outcome of training: at most suggestive
+    note: str = ""  # what was compared, or why it was not
 
     @property
     def measured(self) -> bool:

@@ -65,8 +65,16 @@ def final_loss(claim: Claim, root: Path, seeds) -> list[Row]:
     else:
         comparison = step_difference(windows[claim.recipe][seeds[0]], windows[claim.baseline][seeds[0]])
     steps = len(windows[claim.recipe][seeds[0]])
-    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison,
-                note=f"mean loss over the final window ({steps} steps), {len(seeds)} seed(s)")]
+    return [
+        Row(
+            claim,
+            claim.id,
+            float(a.mean()),
+            float(b.mean()),
+            comparison,
+            note=f"mean loss over the final window ({steps} steps), {len(seeds)} seed(s)",
+        )
+    ]
 
 
 def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
@@ -80,14 +88,16 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> lis
     files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
     if isinstance(files, Row):
         return [files]
-    last = {r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", claim.policy) for s in seeds}
-            for r in files}
+    last = {
+        r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", claim.policy) for s in seeds} for r in files
+    }
     steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
     if len(steps) != 1:
         return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
     step = steps.pop()
-    blend_of = {r: np.array([float(t.loc[t["source"] == "blend", "nll"].iloc[0]) for t in last[r].values()])
-                for r in last}
+    blend_of = {
+        r: np.array([float(t.loc[t["source"] == "blend", "nll"].iloc[0]) for t in last[r].values()]) for r in last
+    }
     a, b = blend_of[claim.recipe], blend_of[claim.baseline]
     if len(seeds) > 1:
         comparison = seed_level(a - b)
@@ -96,8 +106,16 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> lis
         if isinstance(docs, Row):
             return [docs]
         comparison = _document_bootstrap(docs, seeds[0], claim.policy, step, blend)
-    return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison,
-                note=f"blend NLL (nats/token) at step {step}, {claim.policy} policy, {len(seeds)} seed(s)")]
+    return [
+        Row(
+            claim,
+            claim.id,
+            float(a.mean()),
+            float(b.mean()),
+            comparison,
+            note=f"blend NLL (nats/token) at step {step}, {claim.policy} policy, {len(seeds)} seed(s)",
+        )
+    ]
 
 
 def _document_bootstrap(docs: dict, seed: int, policy: str, step: int, blend: dict[str, float]) -> Comparison:
@@ -115,14 +133,17 @@ def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
     files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
     if isinstance(files, Row):
         return [files]
-    last = {r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", claim.policy)
-                for s in seeds} for r in files}
+    last = {
+        r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", claim.policy) for s in seeds}
+        for r in files
+    }
     steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
     if len(steps) != 1:
         return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
     step = steps.pop()
-    aggregates = {r: {s: t[t["level"] == "aggregate"].set_index("aggregate") for s, t in runs.items()}
-                  for r, runs in last.items()}
+    aggregates = {
+        r: {s: t[t["level"] == "aggregate"].set_index("aggregate") for s, t in runs.items()} for r, runs in last.items()
+    }
     names = sorted(set.intersection(*(set(t.index) for runs in aggregates.values() for t in runs.values())))
     if not names:
         return [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
@@ -138,8 +159,16 @@ def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
             comparison = seed_level(a - b)
         else:
             comparison = _item_test(items, seeds[0], claim, step, name, metric)
-        rows.append(Row(claim, f"{claim.id}: {name}", float(a.mean()), float(b.mean()), comparison,
-                        note=f"{metric} at step {step}, {claim.policy} policy, {len(seeds)} seed(s)"))
+        rows.append(
+            Row(
+                claim,
+                f"{claim.id}: {name}",
+                float(a.mean()),
+                float(b.mean()),
+                comparison,
+                note=f"{metric} at step {step}, {claim.policy} policy, {len(seeds)} seed(s)",
+            )
+        )
     return rows
 
 
@@ -148,8 +177,14 @@ def _item_test(items: dict, seed: int, claim: Claim, step: int, aggregate: str, 
     per = []
     for recipe in (claim.recipe, claim.baseline):
         t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
-        per.append(t[(t["policy"] == claim.policy) & (t["step"] == step) & (t["aggregate"] == aggregate)
-                     & (t["metric"] == metric)])
+        per.append(
+            t[
+                (t["policy"] == claim.policy)
+                & (t["step"] == step)
+                & (t["aggregate"] == aggregate)
+                & (t["metric"] == metric)
+            ]
+        )
     return item_difference(*per)
 
 
@@ -168,23 +203,32 @@ def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
     steps = {r: {s: _event_steps(files[r][s], claim.event, claim.operands) for s in seeds} for r in files}
     totals = {r: [(int(t[count].sum()), int(t[units].sum())) for t in runs.values()] for r, runs in steps.items()}
     rates = {r: np.array([e / n if n else math.nan for e, n in totals[r]]) for r in totals}
-    detail = (f"{claim.event} ({count.replace('_', ' ')} / {units.replace('_', ' ')}) of "
-              f"{', '.join(claim.operands)}: {sum(e for e, _ in totals[claim.recipe]):,} of "
-              f"{sum(n for _, n in totals[claim.recipe]):,} vs {sum(e for e, _ in totals[claim.baseline]):,} of "
-              f"{sum(n for _, n in totals[claim.baseline]):,}")
+    detail = (
+        f"{claim.event} ({count.replace('_', ' ')} / {units.replace('_', ' ')}) of "
+        f"{', '.join(claim.operands)}: {sum(e for e, _ in totals[claim.recipe]):,} of "
+        f"{sum(n for _, n in totals[claim.recipe]):,} vs {sum(e for e, _ in totals[claim.baseline]):,} of "
+        f"{sum(n for _, n in totals[claim.baseline]):,}"
+    )
     if all(e == 0 for runs in totals.values() for e, _ in runs):
         return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({detail})")]
     a, b = rates[claim.recipe], rates[claim.baseline]
     if len(seeds) > 1:
         comparison = seed_level(a - b)
     else:
-        comparison = step_difference(step_rate(steps[claim.recipe][seeds[0]], claim.event),
-                                     step_rate(steps[claim.baseline][seeds[0]], claim.event))
+        comparison = step_difference(
+            step_rate(steps[claim.recipe][seeds[0]], claim.event),
+            step_rate(steps[claim.baseline][seeds[0]], claim.event),
+        )
     return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
 
 
-def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: dict[str, float] | None = None,
-            model: str | None = None) -> list[Row]:
+def measure(
+    claim: Claim,
+    root: Path,
+    runs: dict[str, tuple[int, ...]],
+    blend: dict[str, float] | None = None,
+    model: str | None = None,
+) -> list[Row]:
     """The report lines of one claim against the results under ``root`` (results/<exp>) of
     ``runs`` (recipe -> seeds), paired on the seeds that recipe and baseline share; a throughput
     claim reads the benchmark files beside it (results/bench) for ``model``."""
@@ -195,8 +239,14 @@ def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: d
         return [Row(claim, claim.id, note=f"not measured: no run of {', '.join(absent)} in this experiment")]
     seeds = shared_seeds(runs, (claim.recipe, claim.baseline))
     if not seeds:
-        return [Row(claim, claim.id, note=f"not measured: {claim.recipe} (seeds {list(runs[claim.recipe])}) and "
-                                          f"{claim.baseline} (seeds {list(runs[claim.baseline])}) share no seed")]
+        return [
+            Row(
+                claim,
+                claim.id,
+                note=f"not measured: {claim.recipe} (seeds {list(runs[claim.recipe])}) and "
+                f"{claim.baseline} (seeds {list(runs[claim.baseline])}) share no seed",
+            )
+        ]
     if claim.measure == "final_loss":
         rows = final_loss(claim, root, seeds)
     elif claim.measure == "heldout_nll":
@@ -204,7 +254,7 @@ def measure(claim: Claim, root: Path, runs: dict[str, tuple[int, ...]], blend: d
     elif claim.measure == "downstream":
         rows = downstream(claim, root, seeds)
     else:
-        rows = telemetry(claim, root, seeds)      # the claims schema allows no other measure
+        rows = telemetry(claim, root, seeds)  # the claims schema allows no other measure
     # Every one of these is an outcome of training, the event rates too: the runs' weights part from
     # the first step, and at small scale a rate can move between seeds as much as T moves it. One
     # run's interval does not contain the seed's share, so with one seed a verdict is at most

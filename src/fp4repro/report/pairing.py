@@ -22,15 +22,20 @@ def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str
     files = {r: {s: folder(root.parent, root.name, r, s) / name for s in seeds} for r in (claim.recipe, claim.baseline)}
     missing = [str(p) for runs in files.values() for p in runs.values() if not p.is_file()]
     if missing:
-        return Row(claim, claim.id, note=f"not measured: {', '.join(missing[:2])}{' …' if len(missing) > 2 else ''} "
-                                         "missing")
+        return Row(
+            claim, claim.id, note=f"not measured: {', '.join(missing[:2])}{' …' if len(missing) > 2 else ''} missing"
+        )
     diverged = _divergences(root, {r: seeds for r in (claim.recipe, claim.baseline)})
     if diverged:
         return Row(claim, claim.id, note="not paired: " + "; ".join(diverged))
     corpora = _corpora(root, (claim.recipe, claim.baseline), seeds)
     if len(corpora) > 1:
-        return Row(claim, claim.id, note="not measured: the runs were trained on different corpora (data digests "
-                                         f"{', '.join(sorted(corpora))}), so they are not paired")
+        return Row(
+            claim,
+            claim.id,
+            note="not measured: the runs were trained on different corpora (data digests "
+            f"{', '.join(sorted(corpora))}), so they are not paired",
+        )
     return files
 
 
@@ -42,13 +47,17 @@ def _divergences(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     found = []
     for recipe, seeds in runs.items():
         for seed in seeds:
-            records = (run_dir(root.parent, root.name, recipe, seed) / "done.json",
-                       eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json")
-            diverged = next((d for d in (json.loads(r.read_text()).get("diverged") for r in records if r.is_file())
-                             if d), None)
+            records = (
+                run_dir(root.parent, root.name, recipe, seed) / "done.json",
+                eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json",
+            )
+            diverged = next(
+                (d for d in (json.loads(r.read_text()).get("diverged") for r in records if r.is_file()) if d), None
+            )
             if diverged:
-                found.append(f"{recipe} seed {seed} diverged at step {diverged['step']} (its telemetry holds "
-                             "the failing step)")
+                found.append(
+                    f"{recipe} seed {seed} diverged at step {diverged['step']} (its telemetry holds the failing step)"
+                )
     return found
 
 

@@ -31,12 +31,12 @@ from fp4repro.results import (
 
 # ------------------------------------------------------------ events by operand and refresh phase
 
+
 def _seeds_text(runs: dict[str, tuple[int, ...]], recipes, seeds: tuple[int, ...]) -> str:
     """The sentence's part that says which seeds a section reads, and which runs it leaves out."""
     listed = f"seed {seeds[0]}" if len(seeds) == 1 else f"the mean over seeds {', '.join(map(str, seeds))}"
     left = [f"{r} seed {s}" for r in recipes for s in sorted(runs[r]) if s not in seeds]
-    return (f"{listed}, the seeds every recipe here has"
-            + (f"; not read: {', '.join(left)}" if left else ""))
+    return f"{listed}, the seeds every recipe here has" + (f"; not read: {', '.join(left)}" if left else "")
 
 
 def _no_shared_seed(runs: dict[str, tuple[int, ...]], recipes) -> str:
@@ -59,8 +59,9 @@ def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, dict[
             table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
             if len(table):
                 table = table.assign(phase=np.where(table["steps_since_refresh"] > 0, "held", "fresh"))
-                found.setdefault(recipe, {})[seed] = \
-                    event_rates(table, ["operand", "phase"]).set_index(["operand", "phase"])[list(EVENTS)]
+                found.setdefault(recipe, {})[seed] = event_rates(table, ["operand", "phase"]).set_index(
+                    ["operand", "phase"]
+                )[list(EVENTS)]
     return found
 
 
@@ -78,21 +79,29 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     seeds = shared_seeds(found, list(found))
     if not seeds:
         return heading + [_no_shared_seed(found, list(found))]
-    rates = {recipe: pd.concat([tables[s] for s in seeds]).groupby(level=[0, 1]).mean()
-             for recipe, tables in per_seed.items()}
-    columns = [(recipe, phase) for recipe, table in rates.items()
-               for phase in ("fresh", "held") if phase in table.index.get_level_values("phase")]
+    rates = {
+        recipe: pd.concat([tables[s] for s in seeds]).groupby(level=[0, 1]).mean()
+        for recipe, tables in per_seed.items()
+    }
+    columns = [
+        (recipe, phase)
+        for recipe, table in rates.items()
+        for phase in ("fresh", "held")
+        if phase in table.index.get_level_values("phase")
+    ]
     held = {recipe for recipe, phase in columns if phase == "held"}
     head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
-    lines = [*heading,
-             f"Rates over every layer and recorded step of each run ({_seeds_text(found, list(found), seeds)}): "
-             "underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
-             "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
-             "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
-             "the table above."]
+    lines = [
+        *heading,
+        f"Rates over every layer and recorded step of each run ({_seeds_text(found, list(found), seeds)}): "
+        "underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
+        "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
+        "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
+        "the table above.",
+    ]
     for event in EVENTS:
         lines += ["", f"**{event}**", "", "| operand | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-        for operand in OPERANDS:   # fp4repro.config.spec's GEMM order
+        for operand in OPERANDS:  # fp4repro.config.spec's GEMM order
             cells = [_rate_text(float(rates[r][event].get((operand, p), math.nan))) for r, p in columns]
             lines.append(f"| {operand} | " + " | ".join(cells) + " |")
     return lines
@@ -103,7 +112,7 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
 # the recipes the section compares: T = 448, T = 2048 on dY, T = 8192, automatic T
 TARGET_RECIPES = ("ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto")
 AUTO_RECIPE = "ue5m3_auto"
-FIXED_RIVALS = ("ue5m3", "ue5m3_t2048")     # "the better of T = 448 and T = 2048"
+FIXED_RIVALS = ("ue5m3", "ue5m3_t2048")  # "the better of T = 448 and T = 2048"
 
 
 @dataclass(frozen=True)
@@ -113,10 +122,10 @@ class TargetRow:
     per seed (None where missing); the (min, max) T per class over the run (None: not recorded)."""
 
     recipe: str
-    events: dict[str, dict[str, list[tuple[int, int]]]]     # class -> event -> per seed (count, units)
+    events: dict[str, dict[str, list[tuple[int, int]]]]  # class -> event -> per seed (count, units)
     losses: list[float | None]
-    targets: dict[str, tuple[float, float, float] | None]    # class -> (min, median, max) of T
-    missing: tuple[str, ...] = ()                           # telemetry files that are not there
+    targets: dict[str, tuple[float, float, float] | None]  # class -> (min, median, max) of T
+    missing: tuple[str, ...] = ()  # telemetry files that are not there
 
     def rate(self, cls: str, event: str) -> float:
         """The event's rate in the class, mean over seeds of count / units (NaN without data)."""
@@ -144,13 +153,17 @@ def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]
         for seed in seeds:
             path = run_dir(root.parent, root.name, recipe, seed) / "telemetry.parquet"
             summary = eval_dir(root.parent, root.name, recipe, seed) / "final_loss.json"
-            losses.append(float(read_json(summary, ("loss",), "a final-window loss summary", ReportError)["loss"])
-                          if summary.is_file() else None)
+            losses.append(
+                float(read_json(summary, ("loss",), "a final-window loss summary", ReportError)["loss"])
+                if summary.is_file()
+                else None
+            )
             if not path.is_file():
                 missing.append(str(path))
                 continue
-            table = with_operand_class(read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table "
-                                                  "(fp4repro train)", ReportError))
+            table = with_operand_class(
+                read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+            )
             sums = event_rates(table, ["operand_class"]).set_index("operand_class")
             for cls in OPERAND_CLASSES:
                 for event, (count, units) in EVENTS.items():
@@ -160,10 +173,18 @@ def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]
                 else:
                     t = table.loc[table["operand_class"] == cls, TARGET_COLUMN].astype(float)
                     targets[cls] += list(t[np.isfinite(t)])
-        rows.append(TargetRow(recipe, events, losses,
-                              {c: (min(ts), float(np.median(ts)), max(ts)) if ts
-                               else (None if ts is None else (math.nan,) * 3)
-                               for c, ts in targets.items()}, tuple(missing)))
+        rows.append(
+            TargetRow(
+                recipe,
+                events,
+                losses,
+                {
+                    c: (min(ts), float(np.median(ts)), max(ts)) if ts else (None if ts is None else (math.nan,) * 3)
+                    for c, ts in targets.items()
+                },
+                tuple(missing),
+            )
+        )
     return rows
 
 
@@ -194,8 +215,11 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
     lines = []
     for cls in OPERAND_CLASSES:
         saturated, blocks = auto.count(cls, "saturation")
-        sat = (f"has no block-saturation event (0 of {blocks:,} blocks)" if saturated == 0 else
-               f"has block-saturation events ({saturated:,} of {blocks:,} blocks)")
+        sat = (
+            f"has no block-saturation event (0 of {blocks:,} blocks)"
+            if saturated == 0
+            else f"has block-saturation events ({saturated:,} of {blocks:,} blocks)"
+        )
         mine = auto.rate(cls, "underflow") + auto.rate(cls, "clipping")
         scored = [(r.rate(cls, "underflow") + r.rate(cls, "clipping"), r.recipe) for r in rivals]
         scored = [(v, r) for v, r in scored if math.isfinite(v)]
@@ -203,9 +227,11 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
             cmp = "its underflow + clipping rate has nothing to be compared with (no T = 448 or T = 2048 run)"
         else:
             best, who = min(scored)
-            cmp = (f"its underflow + clipping rate {_rate_text(mine)} is "
-                   f"{'no higher than' if mine <= best else 'higher than'} the better of T = 448 and T = 2048 "
-                   f"({who}: {_rate_text(best)})")
+            cmp = (
+                f"its underflow + clipping rate {_rate_text(mine)} is "
+                f"{'no higher than' if mine <= best else 'higher than'} the better of T = 448 and T = 2048 "
+                f"({who}: {_rate_text(best)})"
+            )
         lines.append(f"- **{cls}** ({', '.join(OPERAND_CLASSES[cls])}): {AUTO_RECIPE} {sat}; {cmp}.")
     return lines
 
@@ -224,20 +250,28 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     rows = target_rows(Path(root), dict.fromkeys(present, seeds))
     classes = list(OPERAND_CLASSES)
     short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
-    head = (["recipe"] + [f"{e} {short[c]}" for e in EVENTS for c in classes] + ["final-window loss"]
-            + [f"T {short[c]}" for c in classes])
-    lines = [*heading,
-             "Not a claim of the paper, which names the hand-tuned T as its limitation and gives no automatic "
-             f"rule: this suite's recipe {AUTO_RECIPE} chooses T per operand at each amax refresh, "
-             "T = clamp(scale max / (safety · max growth over the last intervals), min, max), compared here with "
-             "the fixed T = 448 (ue5m3), T = 2048 on dY (ue5m3_t2048) and T = 8192 (ue5m3_t8192). Rates are events "
-             "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
-             "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
-             "gradients: dgrad.dy, wgrad.dy"
-             + f"; {_seeds_text(runs, present, seeds)}"
-             + ". T: the target T recorded in the run's telemetry per class, as median (min–max) over its "
-               "records when it changed. No verdicts: measurements only.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = (
+        ["recipe"]
+        + [f"{e} {short[c]}" for e in EVENTS for c in classes]
+        + ["final-window loss"]
+        + [f"T {short[c]}" for c in classes]
+    )
+    lines = [
+        *heading,
+        "Not a claim of the paper, which names the hand-tuned T as its limitation and gives no automatic "
+        f"rule: this suite's recipe {AUTO_RECIPE} chooses T per operand at each amax refresh, "
+        "T = clamp(scale max / (safety · max growth over the last intervals), min, max), compared here with "
+        "the fixed T = 448 (ue5m3), T = 2048 on dY (ue5m3_t2048) and T = 8192 (ue5m3_t8192). Rates are events "
+        "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
+        "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
+        "gradients: dgrad.dy, wgrad.dy"
+        + f"; {_seeds_text(runs, present, seeds)}"
+        + ". T: the target T recorded in the run's telemetry per class, as median (min–max) over its "
+        "records when it changed. No verdicts: measurements only.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for row in rows:
         cells = [row.recipe] + [_rate_text(row.rate(c, e)) for e in EVENTS for c in classes]
         cells.append("–" if row.loss is None else f"{row.loss:.4f}")

@@ -44,18 +44,34 @@ def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
             continue
         span = f"{effect['speedup'] - 1:+.1%} [{effect['ci_low'] - 1:+.1%}, {effect['ci_high'] - 1:+.1%}]"
         if measured.get("kind") == "projection":
-            verdict = "" if paper is None else (
-                f"; the paper's {paper:+.1%} is " + ("consistent (inside the band)" if effect["ci_low"] - 1 <= paper
-                                                    <= effect["ci_high"] - 1 else "not consistent (outside the band)"))
-            shows.append(f"{measured['target']} projected from {entry.get('device', 'cpu')}: {span} (band over the "
-                         f"projection's parameters; with no non-GEMM time {effect['speedup_without_other'] - 1:+.1%} "
-                         f"[{effect['without_other_low'] - 1:+.1%}, {effect['without_other_high'] - 1:+.1%}]){verdict}")
+            verdict = (
+                ""
+                if paper is None
+                else (
+                    f"; the paper's {paper:+.1%} is "
+                    + (
+                        "consistent (inside the band)"
+                        if effect["ci_low"] - 1 <= paper <= effect["ci_high"] - 1
+                        else "not consistent (outside the band)"
+                    )
+                )
+            )
+            shows.append(
+                f"{measured['target']} projected from {entry.get('device', 'cpu')}: {span} (band over the "
+                f"projection's parameters; with no non-GEMM time {effect['speedup_without_other'] - 1:+.1%} "
+                f"[{effect['without_other_low'] - 1:+.1%}, {effect['without_other_high'] - 1:+.1%}]){verdict}"
+            )
             continue
         direction = "raises" if effect["ci_low"] > 1 else "lowers" if effect["ci_high"] < 1 else "does not resolve"
         check = ""
         if column == "fp8_analogue":
-            verdict = "not resolved" if direction == "does not resolve" else \
-                "as the paper" if (direction == "raises") == (claim.expect == "higher") else "against the paper"
+            verdict = (
+                "not resolved"
+                if direction == "does not resolve"
+                else "as the paper"
+                if (direction == "raises") == (claim.expect == "higher")
+                else "against the paper"
+            )
             check = f"; direction check at FP8's smaller GEMM ratio: {verdict}"
         shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {span} ({direction} tokens/s{check})")
     return shows
@@ -69,24 +85,40 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     beyond 1 in the claim's direction, opposite when one lies beyond it the other way, else not
     resolved); without one the row says "not measured natively" and what the other columns show.
     Without ``model``'s shapes the row is "not measured" and gives the shapes that were."""
-    entries = [(m, e) for path in throughput_files(bench)
-               for m, e in read_throughput(path, ReportError).items()]
+    entries = [(m, e) for path in throughput_files(bench) for m, e in read_throughput(path, ReportError).items()]
     ours = [e for m, e in entries if m == model]
     if not ours:
         others = "; ".join(f"{m}: {s}" for m, e in entries for s in _throughput_effects(claim, e))
-        return [Row(claim, claim.id, note=f"not measured: no body-throughput file in {bench} has {model}'s shapes "
-                                          "(fp4repro bench throughput on a GPU)"
-                                          + (f"; measured for other shapes, {others}" if others else ""))]
+        return [
+            Row(
+                claim,
+                claim.id,
+                note=f"not measured: no body-throughput file in {bench} has {model}'s shapes "
+                "(fp4repro bench throughput on a GPU)" + (f"; measured for other shapes, {others}" if others else ""),
+            )
+        ]
     shows = [s for e in ours for s in _throughput_effects(claim, e)]
     if not shows:
-        return [Row(claim, claim.id, note=f"not measured: {model}'s shapes were timed without {claim.recipe} and "
-                                          f"{claim.baseline} both in one column")]
-    native = [effect for e in ours if "native" in e["columns"]
-              for effect in [_throughput_effect(claim, e["columns"]["native"])] if effect is not None]
+        return [
+            Row(
+                claim,
+                claim.id,
+                note=f"not measured: {model}'s shapes were timed without {claim.recipe} and "
+                f"{claim.baseline} both in one column",
+            )
+        ]
+    native = [
+        effect
+        for e in ours
+        if "native" in e["columns"]
+        for effect in [_throughput_effect(claim, e["columns"]["native"])]
+        if effect is not None
+    ]
     detail = f"{model} body, {claim.recipe} vs {claim.baseline}: " + "; ".join(shows)
     if not native:
-        why = "; ".join(sorted({f"{e.get('device', 'cpu')}: {e.get('not_measured', {}).get('native', 'not run')}"
-                                for e in ours}))
+        why = "; ".join(
+            sorted({f"{e.get('device', 'cpu')}: {e.get('not_measured', {}).get('native', 'not run')}" for e in ours})
+        )
         return [Row(claim, claim.id, note=f"not measured natively: {detail}; native column, {why}")]
     higher = claim.expect == "higher"
     beyond = [(e["ci_low"] > 1) if higher else (e["ci_high"] < 1) for e in native]

@@ -63,10 +63,12 @@ def loss_curves(study: Study, recipe: str, batches: list[torch.Tensor], seed: in
     t = study.experiment.train
     schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
     r = study.recipe(recipe)
-    makers = {"reference": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),
-              "again": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),
-              "yardstick": lambda: _yardstick_engine(study, r, seed, schedule),
-              "megatron": lambda: MegatronEngine(study, r, seed, schedule)}
+    makers = {
+        "reference": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),
+        "again": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),
+        "yardstick": lambda: _yardstick_engine(study, r, seed, schedule),
+        "megatron": lambda: MegatronEngine(study, r, seed, schedule),
+    }
     curves = {}
     for name, make in makers.items():
         engine = make()
@@ -80,20 +82,26 @@ def compare(curves: dict[str, list[float]]) -> dict:
     """max over steps of |curve − reference| for each other curve; the band (``FACTOR`` × the larger
     of the two yardsticks'), and whether the megatron curve is within it."""
     ref = curves["reference"]
-    gap = {name: max(abs(a - b) for a, b in zip(curves[name], ref, strict=True))
-           for name in ("again", "yardstick", "megatron")}
+    gap = {
+        name: max(abs(a - b) for a, b in zip(curves[name], ref, strict=True))
+        for name in ("again", "yardstick", "megatron")
+    }
     band = FACTOR * max(gap["again"], gap["yardstick"])
     return {"max_difference": gap, "band": band, "within": gap["megatron"] <= band}
 
 
 def table_header(study: Study, steps: int) -> str:
     t = study.experiment.train
-    return (f"{study.name}: {steps} steps of {t.batch_size} x {t.seq_len} tokens; max over steps of |loss - "
-            f"reference loss|; band = {FACTOR:g} x the larger yardstick\n"
-            f"{'recipe':12} {'megatron':>10} {'again':>10} {'torch SSD':>10} {'band':>10}  within")
+    return (
+        f"{study.name}: {steps} steps of {t.batch_size} x {t.seq_len} tokens; max over steps of |loss - "
+        f"reference loss|; band = {FACTOR:g} x the larger yardstick\n"
+        f"{'recipe':12} {'megatron':>10} {'again':>10} {'torch SSD':>10} {'band':>10}  within"
+    )
 
 
 def table_row(row: dict) -> str:
     g = row["max_difference"]
-    return (f"{row['recipe']:12} {g['megatron']:>10.2e} {g['again']:>10.2e} {g['yardstick']:>10.2e} "
-            f"{row['band']:>10.2e}  {'yes' if row['within'] else 'NO'}")
+    return (
+        f"{row['recipe']:12} {g['megatron']:>10.2e} {g['again']:>10.2e} {g['yardstick']:>10.2e} "
+        f"{row['band']:>10.2e}  {'yes' if row['within'] else 'NO'}"
+    )

@@ -53,14 +53,17 @@ def load_checkpoint(path: Path) -> dict:
     expected = sidecar.read_text().strip()
     actual = _sha256(path)
     if actual != expected:
-        raise CheckpointError(f"{path}: sha256 {actual[:12]}… does not match {sidecar.name} ({expected[:12]}…): "
-                              "truncated or corrupt")
+        raise CheckpointError(
+            f"{path}: sha256 {actual[:12]}… does not match {sidecar.name} ({expected[:12]}…): truncated or corrupt"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:   # an object other than tensors and plain values
+    except pickle.UnpicklingError as err:  # an object other than tensors and plain values
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-        raise CheckpointError(f"{path}: holds {found.group(1) if found else 'an object'}, not only tensors and "
-                              "plain values: not a checkpoint written by fp4repro, so it is not loaded") from None
+        raise CheckpointError(
+            f"{path}: holds {found.group(1) if found else 'an object'}, not only tensors and "
+            "plain values: not a checkpoint written by fp4repro, so it is not loaded"
+        ) from None
     except Exception as err:  # a digest match with unreadable content: written by something else
         raise CheckpointError(f"{path}: unreadable: {err}") from None
 

@@ -28,7 +28,7 @@ from fp4repro.util import rng_state, set_rng_state
 
 class Engine(Protocol):
     quant_state: QuantState
-    writer: bool          # this process writes the run's files (rank 0)
+    writer: bool  # this process writes the run's files (rank 0)
 
     def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
         """One optimizer step on the global batch (sequences of seq_len + 1 tokens): (loss,
@@ -63,9 +63,13 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW
     """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=t.lr, betas=tuple(t.betas), eps=1e-8, fused=False)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=t.lr,
+        betas=tuple(t.betas),
+        eps=1e-8,
+        fused=False,
+    )
 
 
 class ReferenceEngine:
@@ -75,8 +79,9 @@ class ReferenceEngine:
 
     writer = True
 
-    def __init__(self, study: Study, recipe: Recipe, seed: int, device: str, schedule: WSDSchedule,
-                 initial: dict | None = None):
+    def __init__(
+        self, study: Study, recipe: Recipe, seed: int, device: str, schedule: WSDSchedule, initial: dict | None = None
+    ):
         """``initial``: weights to start from (the reference layout) instead of the seed's initialization."""
         torch.manual_seed(seed)
         self.model = NemotronH(study.model, recipe)
@@ -112,9 +117,17 @@ class ReferenceEngine:
         return self.model.state_dict()
 
     def save_resume(self, folder: Path, step: int, meta: dict) -> None:
-        save_checkpoint({"step": step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                         "quant_state": self.quant_state.state_dict(), "rng": rng_state(), **meta},
-                        folder / f"resume_{step:08d}.pt")
+        save_checkpoint(
+            {
+                "step": step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "quant_state": self.quant_state.state_dict(),
+                "rng": rng_state(),
+                **meta,
+            },
+            folder / f"resume_{step:08d}.pt",
+        )
         prune_resume(folder)
 
     def load_resume(self, folder: Path) -> int:

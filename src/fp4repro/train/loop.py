@@ -49,10 +49,24 @@ from fp4repro.train.schedule import WSDSchedule
 from fp4repro.util import deterministic_algorithms
 
 METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
-TELEMETRY = ["step", "layer", "operand", "steps_since_refresh", "blocks", "saturated_blocks", "underflow_blocks",
-             "nonzero_elements", "zeroed_elements", "clipped_elements", "nonfinite_blocks", "sq_error", "sq_norm",
-             "amax_ratio",
-             "rel_error", "target"]
+TELEMETRY = [
+    "step",
+    "layer",
+    "operand",
+    "steps_since_refresh",
+    "blocks",
+    "saturated_blocks",
+    "underflow_blocks",
+    "nonzero_elements",
+    "zeroed_elements",
+    "clipped_elements",
+    "nonfinite_blocks",
+    "sq_error",
+    "sq_norm",
+    "amax_ratio",
+    "rel_error",
+    "target",
+]
 
 
 class NonFiniteLoss(FP4ReproError):
@@ -88,8 +102,11 @@ def eval_checkpoint_steps(total_steps: int, count: int) -> list[int]:
 
 def _worst_operands(rows: list[dict], n: int = 5) -> str:
     ranked = sorted(rows, key=lambda r: (r["nonfinite_blocks"], r["saturated_blocks"]), reverse=True)[:n]
-    return "; ".join(f"{r['layer']}.{r['operand']}: {r['nonfinite_blocks']} non-finite, "
-                     f"{r['saturated_blocks']} saturated of {r['blocks']} blocks" for r in ranked)
+    return "; ".join(
+        f"{r['layer']}.{r['operand']}: {r['nonfinite_blocks']} non-finite, "
+        f"{r['saturated_blocks']} saturated of {r['blocks']} blocks"
+        for r in ranked
+    )
 
 
 def _say(message: str) -> None:
@@ -108,10 +125,12 @@ def _announce(run: RunFolder, numerics: dict, start_step: int, total_steps: int)
         return
     newest = max(others, key=lambda r: r.record_path.stat().st_mtime)
     changed = changed_fields(newest.record()["numerics"], numerics)
-    _say(f"{where}: starting at step 0 of {total_steps}: the config changes the numbers "
-         f"({', '.join(changed) or 'fingerprint'} differ from {run.relative(newest.path)}); "
-         f"{len(others)} other run(s) of this recipe are kept in {run.relative(run.out / 'runs')}/ "
-         "(`fp4repro runs --prune` removes them)")
+    _say(
+        f"{where}: starting at step 0 of {total_steps}: the config changes the numbers "
+        f"({', '.join(changed) or 'fingerprint'} differ from {run.relative(newest.path)}); "
+        f"{len(others)} other run(s) of this recipe are kept in {run.relative(run.out / 'runs')}/ "
+        "(`fp4repro runs --prune` removes them)"
+    )
 
 
 def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
@@ -123,12 +142,21 @@ def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
         return
     for name in ("done.json", "metrics.parquet", "telemetry.parquet"):
         (out_dir / name).unlink(missing_ok=True)
-    _say(f"{out_dir}: done.json and the tables of the finished run of another config were removed "
-         "(its run folder and checkpoints stay)")
+    _say(
+        f"{out_dir}: done.json and the tables of the finished run of another config were removed "
+        "(its run folder and checkpoints stay)"
+    )
 
 
-def build_engine(study: Study, recipe_name: str, seed: int, device: str, schedule: WSDSchedule,
-                 deterministic: bool = False, initial: dict | None = None) -> Engine:
+def build_engine(
+    study: Study,
+    recipe_name: str,
+    seed: int,
+    device: str,
+    schedule: WSDSchedule,
+    deterministic: bool = False,
+    initial: dict | None = None,
+) -> Engine:
     """The experiment's backend for one run: the reference model here, or megatron-core's model
     (``fp4repro.megatron.engine``, imported only then: importing megatron-core takes seconds);
     ``initial``: the weights it starts from (reference layout), else the seed's initialization."""
@@ -148,16 +176,27 @@ def initial_weights(study: Study, path: Path) -> tuple[dict, str]:
     ckpt = load_checkpoint(Path(path))
     model = study.experiment.model
     if ckpt.get("model_config") != model:
-        raise FP4ReproError(f"{path}: written for model config {ckpt.get('model_config')!r}, but experiment "
-                            f"{study.name!r} trains {model!r}")
+        raise FP4ReproError(
+            f"{path}: written for model config {ckpt.get('model_config')!r}, but experiment "
+            f"{study.name!r} trains {model!r}"
+        )
     if problems := state_dict_mismatch(ckpt["model"], study.model):
         raise FP4ReproError(f"{path}: its weights do not fit model {model!r}: " + "; ".join(problems))
     return ckpt["model"], Path(f"{path}.sha256").read_text().strip()
 
 
-def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: int | None = None,
-          device: str | None = None, progress: bool = True, stop_after: int | None = None,
-          deterministic: bool = False, init_from: Path | None = None) -> Path:
+def train(
+    study: Study,
+    recipe_name: str,
+    data_dir: Path,
+    out_dir: Path,
+    seed: int | None = None,
+    device: str | None = None,
+    progress: bool = True,
+    stop_after: int | None = None,
+    deterministic: bool = False,
+    init_from: Path | None = None,
+) -> Path:
     """Train (or resume) the run of one recipe and one seed of a study; returns ``out_dir``.
 
     seed: sets initialisation and data order (default: the experiment's first seed); the same seed
@@ -193,7 +232,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     if writer:
         _retire_finished_outputs(out_dir, fingerprint)
     start_step = engine.load_resume(run.resume)
-    origin = {**provenance(device), "data": manifest.data_hash}   # runs pair only on the same corpus
+    origin = {**provenance(device), "data": manifest.data_hash}  # runs pair only on the same corpus
     attempt = 0
     if writer:
         run.drop_parts_after(start_step)
@@ -201,7 +240,7 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
         if repeats := data.repeats():
             _say(f"{run.out}: warning: {repeats}: the corpus is too small for the run's tokens")
         attempt = run.start_attempt(numerics, start_step, origin)
-    metrics: list[dict] = []       # rows since the last part
+    metrics: list[dict] = []  # rows since the last part
     telemetry: list[dict] = []
 
     def write_parts(step: int) -> None:
@@ -213,8 +252,9 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
 
     def save_resume(step: int) -> None:
         write_parts(step)
-        engine.save_resume(run.resume, step, {"recipe": recipe.name, "experiment": exp.name,
-                                              "fingerprint": run.fingerprint})
+        engine.save_resume(
+            run.resume, step, {"recipe": recipe.name, "experiment": exp.name, "fingerprint": run.fingerprint}
+        )
 
     def write_tables() -> None:
         if writer:
@@ -224,17 +264,35 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
     def write_done(last_step: int, diverged: dict | None = None) -> None:
         """done.json: the run has ended, after ``last_step`` steps (all of them, or a divergence)."""
         if writer:
-            write_json(out_dir / "done.json", {
-                "experiment": exp.name, "recipe": recipe.name, "seed": seed,
-                "recipe_files": [recorded_name(f) for f in recipe.files],
-                "backend": exp.backend, "fingerprint": run.fingerprint, "steps": last_step,
-                "tokens": last_step * t.tokens_per_step, "diverged": diverged,
-                "checkpoints": sorted(run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps
-                                      if s <= last_step)}, origin)
+            write_json(
+                out_dir / "done.json",
+                {
+                    "experiment": exp.name,
+                    "recipe": recipe.name,
+                    "seed": seed,
+                    "recipe_files": [recorded_name(f) for f in recipe.files],
+                    "backend": exp.backend,
+                    "fingerprint": run.fingerprint,
+                    "steps": last_step,
+                    "tokens": last_step * t.tokens_per_step,
+                    "diverged": diverged,
+                    "checkpoints": sorted(
+                        run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps if s <= last_step
+                    ),
+                },
+                origin,
+            )
 
     end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
-    bar = tqdm(total=t.total_steps, initial=start_step, disable=not (progress and writer), unit="step",
-               desc=f"{exp.name}/{recipe_name}/seed{seed}", dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        total=t.total_steps,
+        initial=start_step,
+        disable=not (progress and writer),
+        unit="step",
+        desc=f"{exp.name}/{recipe_name}/seed{seed}",
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     try:
         for step in range(start_step, end_step):
             started = time.perf_counter()
@@ -250,32 +308,53 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
 
             elapsed = time.perf_counter() - started
             tokens = (step + 1) * t.tokens_per_step
-            metrics.append({"step": step + 1, "tokens": tokens, "stage": t.stages[stage].name, "loss": loss,
-                            "lr": lr, "grad_norm": grad_norm, "tokens_per_s": t.tokens_per_step / elapsed,
-                            "attempt": attempt})
+            metrics.append(
+                {
+                    "step": step + 1,
+                    "tokens": tokens,
+                    "stage": t.stages[stage].name,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "tokens_per_s": t.tokens_per_step / elapsed,
+                    "attempt": attempt,
+                }
+            )
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}",
-                            stage=t.stages[stage].name)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}", stage=t.stages[stage].name)
 
             done = step + 1
             if done in eval_steps:
                 weights = engine.eval_state_dict()
                 if writer:
-                    save_checkpoint({"model": weights, "step": done, "tokens": tokens,
-                                     "stage": t.stages[stage].name, "model_config": exp.model, "recipe": recipe.name,
-                                     "recipe_config": recipe.config, "experiment": exp.name, "seed": seed,
-                                     "backend": exp.backend, "fingerprint": run.fingerprint},
-                                    run.ckpt / f"step_{done:08d}.pt")
+                    save_checkpoint(
+                        {
+                            "model": weights,
+                            "step": done,
+                            "tokens": tokens,
+                            "stage": t.stages[stage].name,
+                            "model_config": exp.model,
+                            "recipe": recipe.name,
+                            "recipe_config": recipe.config,
+                            "experiment": exp.name,
+                            "seed": seed,
+                            "backend": exp.backend,
+                            "fingerprint": run.fingerprint,
+                        },
+                        run.ckpt / f"step_{done:08d}.pt",
+                    )
             if done % t.resume_every == 0 or done == end_step:
                 save_resume(done)
     except NonFiniteLoss as err:
         telemetry.extend(err.rows)
-        write_parts(step + 1)        # the steps before the failure and the failing step's telemetry (a part
-                                     # of its own: the one of step ``step`` may be a resume checkpoint's)
+        write_parts(step + 1)  # the steps before the failure and the failing step's telemetry (a part
+        # of its own: the one of step ``step`` may be a resume checkpoint's)
         write_tables()
         write_done(step, {"step": step + 1, "reason": str(err)})
-        _say(f"{run.out}: diverged: {err}. Kept as the run's result: metrics and telemetry (the failing step's "
-             f"too) in {out_dir}, done.json says where it diverged")
+        _say(
+            f"{run.out}: diverged: {err}. Kept as the run's result: metrics and telemetry (the failing step's "
+            f"too) in {out_dir}, done.json says where it diverged"
+        )
         return out_dir
     finally:
         bar.close()
@@ -289,8 +368,10 @@ def train(study: Study, recipe_name: str, data_dir: Path, out_dir: Path, seed: i
 def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_norm: float) -> tuple[str, list]:
     """Redo the failing step with telemetry on: (a message naming the operands with the most
     non-finite and saturated blocks, the step's telemetry rows); the state is not advanced."""
-    message = f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} " \
-              f"(loss {loss}, grad norm {grad_norm})"
+    message = (
+        f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
+        f"(loss {loss}, grad norm {grad_norm})"
+    )
     state = engine.quant_state
     state.pop_telemetry()
     state.telemetry = True

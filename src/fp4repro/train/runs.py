@@ -52,21 +52,35 @@ def _plain(value):
     return value
 
 
-def run_numerics(model_config, recipe, data_hash: str, train_config, seed: int, backend: str = "reference",
-                 init: str | None = None, parallel=None) -> dict:
+def run_numerics(
+    model_config,
+    recipe,
+    data_hash: str,
+    train_config,
+    seed: int,
+    backend: str = "reference",
+    init: str | None = None,
+    parallel=None,
+) -> dict:
     """What a run's numbers depend on, as JSON values (the fingerprint's content). The backend
     enters only when it is not the reference (the two round differently), so reference runs keep
     the fingerprints they had before there was a second backend. The tensor-parallel size enters
     only with ``tp_amax: local`` (each shard scaled by its own amax: the numbers depend on the
     split); with the group's amax a recipe means the same at every tensor size."""
     defaults, operands, overrides, gemm = recipe.numerics()
-    numerics = {"model": model_config, "recipe": {"defaults": defaults, "operands": operands, "overrides": overrides},
-                "data": data_hash, "sampling": SAMPLING, "train": train_config.numerics(), "seed": seed}
-    if gemm.kind != "fp32":         # (fp32 runs keep the fingerprints made before the GEMM had a model)
+    numerics = {
+        "model": model_config,
+        "recipe": {"defaults": defaults, "operands": operands, "overrides": overrides},
+        "data": data_hash,
+        "sampling": SAMPLING,
+        "train": train_config.numerics(),
+        "seed": seed,
+    }
+    if gemm.kind != "fp32":  # (fp32 runs keep the fingerprints made before the GEMM had a model)
         numerics["recipe"]["gemm"] = gemm
     if backend != "reference":
         numerics["backend"] = backend
-    if init is not None:            # the sha256 of the checkpoint the run starts from
+    if init is not None:  # the sha256 of the checkpoint the run starts from
         numerics["init"] = init
     if parallel is not None and parallel.tensor > 1 and parallel.tp_amax == "local":
         numerics["tensor_parallel"] = {"tensor": parallel.tensor, "tp_amax": "local"}
@@ -79,8 +93,16 @@ def fingerprint_of(numerics: dict) -> str:
 
 def run_fingerprint(study, recipe: str, seed: int, data_hash: str, init: str | None = None) -> tuple[dict, str]:
     """(what the run of ``recipe`` and ``seed`` in ``study`` on this data computes, its fingerprint)."""
-    numerics = run_numerics(study.model, study.recipe(recipe), data_hash, study.experiment.train, seed,
-                            study.experiment.backend, init, study.experiment.parallel)
+    numerics = run_numerics(
+        study.model,
+        study.recipe(recipe),
+        data_hash,
+        study.experiment.train,
+        seed,
+        study.experiment.backend,
+        init,
+        study.experiment.parallel,
+    )
     return numerics, fingerprint_of(numerics)
 
 
@@ -112,8 +134,8 @@ class RunFolder:
     # ------------------------------------------------------------------------------ record
     def resume_step(self) -> int:
         """The step of the newest resume checkpoint on disk (0 without one; not verified)."""
-        newest = [*resume_checkpoints(self.resume)[:1], *resume_dirs(self.resume)[:1]]   # reference, megatron
-        return max((int(p.name[len("resume_"):][:8]) for p in newest), default=0)
+        newest = [*resume_checkpoints(self.resume)[:1], *resume_dirs(self.resume)[:1]]  # reference, megatron
+        return max((int(p.name[len("resume_") :][:8]) for p in newest), default=0)
 
     def record(self) -> dict | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None

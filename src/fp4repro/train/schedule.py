@@ -22,10 +22,16 @@ class WSDSchedule:
     min_lr_ratio: float
 
     @classmethod
-    def from_fractions(cls, peak_lr: float, total_steps: int, warmup_fraction: float, decay_fraction: float,
-                       min_lr_ratio: float) -> WSDSchedule:
-        return cls(peak_lr, total_steps, round(warmup_fraction * total_steps), round(decay_fraction * total_steps),
-                   min_lr_ratio)
+    def from_fractions(
+        cls, peak_lr: float, total_steps: int, warmup_fraction: float, decay_fraction: float, min_lr_ratio: float
+    ) -> WSDSchedule:
+        return cls(
+            peak_lr,
+            total_steps,
+            round(warmup_fraction * total_steps),
+            round(decay_fraction * total_steps),
+            min_lr_ratio,
+        )
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
