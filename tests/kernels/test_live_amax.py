@@ -1,7 +1,8 @@
 """The kernel's two hooks for an automatic target T: T as a runtime argument (a new T compiles
 nothing, and rounds Emax·T to float32 as the reference does), and the live tensor amax the
 quantization kernel max-folds into running slots as a by-product (``live=``), bit for bit the
-reference's current amax, and across calls their maximum. Without CUDA the kernels run in Triton's interpreter (conftest.py sets TRITON_INTERPRET)."""
+reference's current amax, and across calls their maximum. Without CUDA the kernels run in Triton's
+interpreter (conftest.py sets TRITON_INTERPRET)."""
 
 import zlib
 

@@ -359,7 +359,8 @@ def table(entry: dict) -> str:
         lines.append(
             f"{column}: parts timed alone vs in the step: "
             + ", ".join(f"{part} {min(v):+.0%} to {max(v):+.0%}" for part, v in spans.items())
-            + f"; GPU idle {min(r['gpu_idle'] for r in rows.values()):.1%} to {max(r['gpu_idle'] for r in rows.values()):.1%} of the step"
+            + f"; GPU idle {min(r['gpu_idle'] for r in rows.values()):.1%} to "
+            + f"{max(r['gpu_idle'] for r in rows.values()):.1%} of the step"
         )
     for c in entry["columns"].values():
         if c.get("kind") != "projection":

@@ -160,7 +160,8 @@ def _inside_gemm(event) -> bool:
 def kernel_census(step, device: torch.device) -> dict:
     """Run ``step`` once under the profiler (on CPU, only the CPU's operators): launches and GPU
     milliseconds of the quantization kernel, GPU milliseconds of the current-amax pass and of the
-    saturating FP8 cast, GPU milliseconds of all kernels and of the rest (``other_ms``), calls of the FP8 GEMM (``aten::_scaled_mm``: cuBLAS's
+    saturating FP8 cast, GPU milliseconds of all kernels and of the rest (``other_ms``), calls of the FP8
+    GEMM (``aten::_scaled_mm``: cuBLAS's
     Hopper GEMM kernels are named for their tiling, not their types), calls and GPU milliseconds of
     every GEMM operator (``GEMM_OPERATORS``; SDPA's and the Mamba scan's own matrix products are
     not among them), and all kernel launches."""

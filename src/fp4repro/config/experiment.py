@@ -114,7 +114,8 @@ class TrainConfig:
 
     #: The fields that change what a run computes (besides the run's own seed). The others (the
     #: other seeds, how often to record telemetry or save a resume checkpoint, the final-window
-    #: share that evaluation reads) only change what is recorded, so a run resumes across them. ``checkpoints`` is here because a run
+    #: share that evaluation reads) only change what is recorded, so a run resumes across them.
+    #: ``checkpoints`` is here because a run
     #: resumed under another spacing would miss evaluation checkpoints it has already passed.
     NUMERIC_FIELDS = (
         "seq_len",

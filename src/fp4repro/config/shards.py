@@ -117,7 +117,8 @@ def shard_problems(model: ModelConfig, recipe: Recipe, parallel: ParallelConfig)
                                 "parallel.tensor",
                                 tp,
                                 f"recipe '{recipe.name}' quantizes {operand} of {linear} (first in layer {index}) in "
-                                f"blocks of {block} along {dim}, and a rank's piece of it, {what} = {part}, is not a whole "
+                                f"blocks of {block} along {dim}, and a rank's piece of it, {what} = {part}, "
+                                "is not a whole "
                                 "number of blocks: the split would change the blocks",
                             )
                         )

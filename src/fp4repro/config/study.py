@@ -2,9 +2,11 @@
 
 ``load_study`` is where the pieces of a study are composed, so it is where they are checked
 against one another (the experiment file checks only itself): the model config loads and its
-vocabulary matches the tokenizer's, the parallel split fits the model, every recipe loads, no two recipes share a name (a recipe's
+vocabulary matches the tokenizer's, the parallel split fits the model, every recipe loads, no two recipes
+share a name (a recipe's
 name names its result folders), and the telemetry cadence sees every phase of each amax refresh
-interval the recipes use (chosen here when the experiment leaves it null). The CLI and the workflow call it before any compute.
+interval the recipes use (chosen here when the experiment leaves it null). The CLI and the workflow call it
+before any compute.
 """
 
 from __future__ import annotations

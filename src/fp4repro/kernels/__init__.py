@@ -311,7 +311,8 @@ def quantize_2d(
     """Quantize a 2-D tensor (any strides) along its last dim; the kernel path of the reference.
 
     Returns a dict with ``qs`` (q·s_b in x's logical shape, dense: column-major for a column-major
-    x, else row-major; ``out_dtype`` or x's dtype), ``decode_scale`` d (float32 scalar written by the kernel), ``amax`` (A used), and when
+    x, else row-major; ``out_dtype`` or x's dtype), ``decode_scale`` d (float32 scalar written by the
+    kernel), ``amax`` (A used), and when
     asked ``codes`` / ``scale_codes`` (the layouts of ``BlockQuantized``) and ``counts`` / ``sums``
     telemetry tensors. With a held amax (a float32 tensor on x's device) and no telemetry this is
     a single kernel launch. ``live`` (slots from ``live_slots`` on x's device): the current
@@ -319,7 +320,8 @@ def quantize_2d(
     ``live_amax``) is max-folded into them from the |x| or block amaxes the kernel computes anyway, no
     extra pass and no extra launch; ``live_slots_amax`` reads the running maximum (with a held amax, the
     largest growth since the slots were made is that over the held amax). The target T is a runtime
-    argument of the kernel: a new T compiles nothing. ``seed`` (SR only) defaults to a draw from torch's CPU generator, so
+    argument of the kernel: a new T compiles nothing. ``seed`` (SR only) defaults to a draw from torch's CPU
+    generator, so
     runs are reproducible; ``rand_offset`` (a multiple of 8) shifts the random stream; ``place``: x is
     a shard of a tensor split over tensor-parallel ranks, and SR draws the bits of its elements'
     places in the whole tensor (the same seed then rounds the shard as it rounds the whole).

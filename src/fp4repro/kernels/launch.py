@@ -10,7 +10,8 @@ alone would cost about as much host time as the whole BF16 step.
 directly. The key holds the current device and everything Triton compiles differently for: the
 constexpr values, the launch options, each tensor's dtype and whether its address is 16-byte
 aligned, and each integer's type range, whether it is 1 and whether it divides by 16 (Triton
-specializes on alignment and divisibility by 16). It distinguishes at least as much as Triton does, so a cached kernel is only
+specializes on alignment and divisibility by 16). It distinguishes at least as much as Triton does, so a
+cached kernel is only
 ever reused for arguments Triton would have compiled identically; a miss goes through the JIT,
 which compiles (or finds) the kernel and launches it.
 

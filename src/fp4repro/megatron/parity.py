@@ -170,7 +170,8 @@ def verdict(quantized: bool, megatron: dict, effect: dict, bounds: dict, megatro
     gradient bound. A quantized recipe: every linear's gradient difference at most sqrt(2) times
     the reference's BF16 effect on that linear (``worst_ratio`` = max over linears of difference /
     effect <= ``QUANTIZED_BOUND``). ``megatron_effect`` (the megatron model under BF16 autocast
-    minus the reference in FP32, from the same state) gives the premise's check, ``megatron_effect_ratio`` = max over linears of its effect / the reference's."""
+    minus the reference in FP32, from the same state) gives the premise's check,
+    ``megatron_effect_ratio`` = max over linears of its effect / the reference's."""
     lin_m, lin_e = linear_gradients(megatron["gradient_difference"]), linear_gradients(effect["gradient_difference"])
     ratios = {n: lin_m[n] / lin_e[n] if lin_e[n] > 0 else float("inf") for n in lin_m}
     # a NaN is worse than any number (max() would pass over one that is not first)
@@ -252,7 +253,8 @@ def table_header(result: dict) -> str:
         f"{result['model']}: batch {result['batch']} x {result['length']} tokens, seed {result['seed']}; "
         "megatron - reference (yard: reference with the torch SSD - reference; "
         "bf16 eff: reference in BF16 - in FP32; ratio: worst linear's megatron difference / its bf16 eff, "
-        f"quantized bound {QUANTIZED_BOUND:.2f}; m eff: worst linear's (megatron in BF16 - reference in FP32) / its bf16 eff)\n"
+        f"quantized bound {QUANTIZED_BOUND:.2f}; "
+        "m eff: worst linear's (megatron in BF16 - reference in FP32) / its bf16 eff)\n"
         f"{'recipe':10} {'autocast':8} {'loss':>9} {'d loss':>10} {'yard':>10} {'bound':>9} "
         f"{'lin grad':>9} {'yard':>9} {'bound':>8} {'bf16 eff':>9} {'ratio':>6} {'m eff':>6} within"
     )

@@ -4,7 +4,8 @@ for one model's shapes; each measured bar's interquartile range over the timed s
 bar (a projected bar's band over the uncertain parameters), its time relative to BF16 beside it,
 and in each panel's title the speed-up of removing RHT and the BF16 tail together (nvfp4's time
 over nvfp4_no_rht_no_bf16_tail's: 95% interval, or the projection's band), the paper's +21.2%. A
-column not measured (a projection withheld by its H200 check) is a panel that says why. A model no file has: the shapes that were measured,
+column not measured (a projection withheld by its H200 check) is a panel that says why. A model no file has:
+the shapes that were measured,
 the title saying so (so that a CPU study shows the committed measurements), or, with none, a
 figure that says nothing was measured."""
 
