@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from fp4repro.config.model import load_model_config
 from fp4repro.config.spec import OPERANDS
 from fp4repro.model import NemotronH
-from fp4repro.model.layers import GatedRMSNorm, Mamba2Mixer
+from fp4repro.model.layers import FP32OutputHead, GatedRMSNorm, Mamba2Mixer
 
 
 def assert_causal(model: NemotronH, length: int, positions: list[int]) -> None:
@@ -50,8 +50,23 @@ def test_bfloat16_autocast_keeps_norms_conv_and_scan_in_float32(make_config):
     reference = model(tokens)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(tokens)
-    assert logits.dtype == torch.bfloat16
-    torch.testing.assert_close(logits.float(), reference, rtol=0.05, atol=0.05)
+    assert logits.dtype == torch.float32  # the LM head multiplies in FP32 (FP32OutputHead)
+    torch.testing.assert_close(logits, reference, rtol=0.05, atol=0.05)
+
+
+def test_the_lm_head_multiplies_bf16_copies_in_fp32_as_the_authors_do(make_config):
+    model = NemotronH(make_config())
+    h = torch.randn(3, 5, model.config.hidden_size)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model.lm_head(h)
+    w = model.lm_head.weight.detach()
+    want = (h.to(torch.bfloat16).double() @ w.to(torch.bfloat16).double().t()).float()
+    assert logits.dtype == torch.float32
+    # an FP32 GEMM of the BF16 copies: within float32 rounding of the exact products' sum, far
+    # from a BF16 GEMM's output (which rounds to 8 bits)
+    assert torch.allclose(logits, want, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(logits, logits.to(torch.bfloat16).float(), rtol=1e-6, atol=1e-6)
+    assert torch.equal(model.lm_head(h), h @ w.t())  # without autocast: the float32 linear
 
 
 def test_tiny_model_runs_a_training_step():
@@ -87,7 +102,9 @@ def test_without_recipe_every_linear_is_plain_and_bf16(make_config):
         "lm_head",
     ]
     assert all(ops == {op: "bf16" for op in OPERANDS} for ops in description.values())
-    assert all(type(module) is nn.Linear and module.bias is None for _, module in model.linears())
+    internal = [module for name, module in model.linears() if name != "lm_head"]
+    assert all(type(module) is nn.Linear and module.bias is None for module in internal)
+    assert type(model.lm_head) is FP32OutputHead and model.lm_head.bias is None
     assert type(model.embedding) is nn.Embedding
 
 

@@ -11,6 +11,7 @@ from fp4repro.config.files import SCHEMAS
 from fp4repro.config.model import load_model_config
 from fp4repro.config.spec import OPERANDS
 from fp4repro.model import NemotronH
+from fp4repro.model.layers import FP32OutputHead
 
 INTERNAL = ("in_proj", "out_proj", "qkv_proj", "o_proj", "fc1", "fc2")
 
@@ -26,7 +27,7 @@ def quantized_operands(model: NemotronH) -> dict[str, set[str]]:
 
 def assert_embedding_and_lm_head_plain(model: NemotronH) -> None:
     assert type(model.embedding) is nn.Embedding
-    assert type(model.lm_head) is nn.Linear
+    assert type(model.lm_head) is FP32OutputHead  # never quantized; FP32 GEMM of BF16 copies
     assert model.describe()["lm_head"] == {op: "bf16" for op in OPERANDS}
 
 

@@ -109,3 +109,25 @@ class QuantColumnParallelLinear(_Quantized, ColumnParallelLinear):
 
 class QuantRowParallelLinear(_Quantized, RowParallelLinear):
     SPLIT_DIM = "K"  # input features: W's and X's columns
+
+
+class FP32OutputColumnParallelLinear(ColumnParallelLinear):
+    """megatron's output layer computed as the reference's LM head
+    (``fp4repro.model.layers.FP32OutputHead``, the paper's authors' FP32 output linear): under
+    autocast, BF16 copies of the input and the weight multiplied in FP32 with autocast off; the
+    weight's gradient flows back to the parameter through the copies. ``build_model`` gives
+    MambaModel's output layer this class (the same module, parameters and state_dict keys)."""
+
+    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):
+        device_type = input.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return super()._forward_impl(input, weight, bias, *args, **kwargs)
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            return super()._forward_impl(
+                input.to(dtype).float(),
+                weight.to(dtype).float(),
+                None if bias is None else bias.float(),
+                *args,
+                **kwargs,
+            )

@@ -49,7 +49,11 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules  # noqa: E402
 
 from fp4repro.megatron.attention import SDPAttention  # noqa: E402
-from fp4repro.megatron.linear import QuantColumnParallelLinear, QuantRowParallelLinear  # noqa: E402
+from fp4repro.megatron.linear import (  # noqa: E402
+    FP32OutputColumnParallelLinear,
+    QuantColumnParallelLinear,
+    QuantRowParallelLinear,
+)
 from fp4repro.megatron.norm import RMSNorm  # noqa: E402
 
 
@@ -158,7 +162,7 @@ def build_model(
     on this process's share of ``parallel`` (megatron's parallel state must be initialized)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    return MambaModel(
+    built = MambaModel(
         config=transformer_config(model, parallel, params_dtype, cpu_initialization),
         mamba_stack_spec=stack_spec(model),
         vocab_size=model.vocab_size,
@@ -169,6 +173,11 @@ def build_model(
         rotary_base=int(model.rope_theta),
         pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
     )
+    # MambaModel builds its output layer itself: the same module, computing the LM head in FP32
+    # as the reference does (FP32OutputColumnParallelLinear adds no state)
+    if getattr(built, "output_layer", None) is not None:
+        built.output_layer.__class__ = FP32OutputColumnParallelLinear
+    return built
 
 
 def layer_linears(megatron_model: MambaModel):

@@ -37,6 +37,22 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(_wide_dtype(t.dtype))
 
 
+class FP32OutputHead(nn.Linear):
+    """The LM head as the paper's authors run it in every recipe (their ``FP32OutputLinear``:
+    "its BF16 checkpoint parameter is retained and its matrix multiplication is computed in
+    FP32"). Under autocast the input and the weight are rounded to the autocast dtype, the BF16
+    copies their mixed-precision training holds, and multiplied in FP32 with autocast off: logits
+    are float32. Without autocast (the CPU's float32 runs) it is an ordinary float32 linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device_type = x.device.type
+        if not torch.is_autocast_enabled(device_type):
+            return F.linear(x, self.weight)
+        dtype = torch.get_autocast_dtype(device_type)
+        with _float32_region(x):
+            return F.linear(x.to(dtype).float(), self.weight.to(dtype).float())
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x²) + eps) · weight, computed in float32, returned in x's dtype."""
 

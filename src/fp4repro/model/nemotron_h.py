@@ -7,12 +7,13 @@
 Every internal linear (Mamba in_proj/out_proj, attention qkv_proj/o_proj, MLP fc1/fc2) is a
 QuantLinear under the run's recipe, with the specs that
 `recipe.linear_specs(layer, n_layers, linear=name)` gives it (None: BF16). The embedding and the
-LM head are never quantized. Without a recipe every linear is a plain nn.Linear; both kinds have
-the same parameters and state_dict keys.
+LM head are never quantized; the LM head multiplies BF16 copies of its input and weight in FP32,
+as the paper's authors do (``FP32OutputHead``). Without a recipe every linear is a plain
+nn.Linear; both kinds have the same parameters and state_dict keys.
 
 Parameters are created in the default dtype (FP32 master weights). For BF16 compute, run forward
-under `torch.autocast(device_type, dtype=torch.bfloat16)`: the embedding, the LM head and every
-unquantized linear then run as BF16 GEMMs, while norms, conv1d and the SSD scan stay in FP32.
+under `torch.autocast(device_type, dtype=torch.bfloat16)`: the embedding and every unquantized
+linear then run as BF16 GEMMs, while the LM head, norms, conv1d and the SSD scan stay in FP32.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.nn as nn
 from fp4repro.config.model import ModelConfig
 from fp4repro.config.recipe import Recipe
 from fp4repro.config.spec import OPERANDS
-from fp4repro.model.layers import MIXERS, LinearFactory, RMSNorm
+from fp4repro.model.layers import MIXERS, FP32OutputHead, LinearFactory, RMSNorm
 from fp4repro.quant.linear import QuantLinear
 from fp4repro.quant.state import QuantState
 
@@ -87,7 +88,7 @@ class NemotronH(nn.Module):
             for i, layer_type in enumerate(config.layer_types)
         )
         self.final_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = FP32OutputHead(config.hidden_size, config.vocab_size, bias=False)
         self.reset_parameters()
 
     @torch.no_grad()

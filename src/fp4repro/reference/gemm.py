@@ -72,12 +72,14 @@ def integer_slices(x: torch.Tensor, width: int) -> tuple[list[torch.Tensor], lis
 
 
 def _grouped(t: torch.Tensor, group: int) -> torch.Tensor:
-    """t (R, K) as float64 (G, R, L): zero-padded to G·L columns, groups first."""
+    """t (R, K) as contiguous float64 (G, R, L): zero-padded to G·L columns, groups first."""
     rows, k = t.shape
     count = max(1, -(-k // group))
-    padded = torch.zeros((rows, count * group), dtype=torch.float64, device=t.device)
-    padded[:, :k] = t
-    return padded.view(rows, count, group).transpose(0, 1)
+    padded = torch.zeros((count, rows, group), dtype=torch.float64, device=t.device)
+    for j in range(count):
+        part = t[:, j * group : (j + 1) * group]
+        padded[j, :, : part.shape[1]] = part
+    return padded
 
 
 def _two_sum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,23 +122,28 @@ def group_partials(a: torch.Tensor, b: torch.Tensor, group: int) -> torch.Tensor
     """p (G, M, N) float32: p[j, m, n] = rn32(Σ_{k in group j} a[m, k] · b[n, k]), each sum exact
     before its one rounding. a: (M, K), b: (N, K); K zero-padded to a multiple of ``group``."""
     ga, gb = _grouped(a, group), _grouped(b, group)  # (G, M, L), (G, N, L)
-    finite_a, finite_b = torch.isfinite(ga), torch.isfinite(gb)
+    finite = bool(torch.isfinite(ga).all()) and bool(torch.isfinite(gb).all())
+    fa, fb = (
+        (ga, gb) if finite else (torch.where(torch.isfinite(ga), ga, 0.0), torch.where(torch.isfinite(gb), gb, 0.0))
+    )
     width = slice_width(group)
-    sa, ua = integer_slices(torch.where(finite_a, ga, 0.0), width)
-    sb, ub = integer_slices(torch.where(finite_b, gb, 0.0), width)
+    sa, ua = integer_slices(fa, width)
+    sb, ub = integer_slices(fb, width)
     count, m, n = ga.shape[0], ga.shape[1], gb.shape[1]
     out = torch.empty((count, m, n), dtype=torch.float32, device=a.device)
     step = max(1, _CHUNK_ELEMENTS // max(1, m * n))
     for j in range(0, count, step):
         g = slice(j, j + step)
-        terms = [
-            torch.bmm(x[g], y[g].transpose(1, 2)) * (u[g] * v[g].transpose(1, 2))
-            for x, u in zip(sa, ua)
-            for y, v in zip(sb, ub)
-        ]
-        out[g] = _exact_sums(terms)
-        if not (bool(finite_a[g].all()) and bool(finite_b[g].all())):
-            plain = torch.bmm(ga[g], gb[g].transpose(1, 2))  # IEEE NaN/inf of the products
+        if len(sa) == len(sb) == 1:
+            # one slice each: a = n_a·u_a and b = n_b·u_b with integers below 2^W, so every partial
+            # sum of the matmul of the operands themselves is an integer multiple of u_a·u_b below
+            # 2^53 of them, exact in any order: no units to apply, no terms to add
+            out[g] = torch.bmm(fa[g], fb[g].mT).float()
+        else:
+            terms = [torch.bmm(x[g], y[g].mT) * (u[g] * v[g].mT) for x, u in zip(sa, ua) for y, v in zip(sb, ub)]
+            out[g] = _exact_sums(terms)
+        if not finite:
+            plain = torch.bmm(ga[g], gb[g].mT)  # IEEE NaN/inf of the products
             out[g] = torch.where(torch.isfinite(plain), out[g], plain.to(torch.float32))
     return out
 
@@ -145,21 +152,24 @@ def add_toward_zero(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """rz32(a + b) for float32 a, b: the exact sum rounded toward zero (IEEE roundTowardZero;
     an overflowing finite sum gives ±FLT_MAX, infinities and NaN as IEEE addition).
 
-    t = rn32(s) of the float64 sum s, with s + e = a + b exactly (TwoSum); t is the answer unless
-    it lies farther from zero than a + b, then it is the next FP32 value toward zero. The sign of
-    t - (a + b) is that of fl64((t - s) - e): t - s is exact and rounding keeps signs."""
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    s, e = _two_sum(a64, b64)
-    t = s.to(torch.float32)
-    beyond = ((t.to(torch.float64) - s) - e) * torch.sign(t) > 0  # False for NaN
-    return torch.where(beyond, torch.nextafter(t, torch.zeros_like(t)), t)
+    s = fl32(a + b) rounded to nearest and e = (a + b) - s exactly (TwoSum, in float32: exact
+    for finite s). Where e ≠ 0 has the sign opposite to s's, s lies past a + b and the answer is
+    the next float32 toward zero: s's bits less one (sign and magnitude); elsewhere it is s."""
+    s, e = _two_sum(a, b)
+    beyond = (e != 0) & (torch.signbit(e) != torch.signbit(s))
+    out = (s.view(torch.int32) - beyond.to(torch.int32)).view(torch.float32)
+    overflow = torch.isinf(s)
+    if bool(overflow.any()):  # an infinite sum of finite terms is ±FLT_MAX toward zero
+        overflow &= torch.isfinite(a) & torch.isfinite(b)
+        out = torch.where(overflow, torch.copysign(torch.full_like(s, FLT_MAX), s), out)
+    return out
 
 
 def accumulate_toward_zero(partials: torch.Tensor) -> torch.Tensor:
     """acc (M, N) float32: the partials (G, M, N) added in order with rz32 to an accumulator
-    that starts at +0."""
-    acc = torch.zeros(partials.shape[1:], dtype=torch.float32, device=partials.device)
-    for p in partials:
+    that starts at +0 (one group: its partial, with -0 made +0)."""
+    acc = partials[0] + 0.0
+    for p in partials[1:]:
         acc = add_toward_zero(acc, p)
     return acc
 
