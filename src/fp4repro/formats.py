@@ -3,9 +3,13 @@
 A format is fixed by its exponent bits ``e``, mantissa bits ``m``, ``bias``, whether it has a
 sign bit, whether it has subnormals, and which codes are special:
 
-* ``specials="none"``  every code is finite (OCP FP4/FP6: e2m1, e3m2, e2m3).
-* ``specials="nan"``   only the all-ones code (per sign) is NaN (e4m3 "fn", ue5m3, ue8m0).
-* ``specials="ieee"``  the all-ones exponent holds ±inf (mantissa 0) and NaN (others) (e5m2).
+* ``specials="none"``      every code is finite (OCP FP4/FP6: e2m1, e3m2, e2m3).
+* ``specials="nan"``       only the all-ones code (per sign) is NaN (e4m3 "fn", ue8m0).
+* ``specials="ieee"``      the all-ones exponent holds ±inf (mantissa 0) and NaN (others) (e5m2).
+* ``specials="reserved"``  the all-ones exponent field is reserved: none of its codes is finite,
+                           the all-ones code is the NaN code, and rounding and encoding never
+                           produce the others (ue5m3: its largest finite value is
+                           1.875 · 2^15 = 61440, as the UE5M3 FP4 paper's authors define it).
 
 Value of a code with exponent field E and mantissa field M (``s`` the sign bit)::
 
@@ -20,12 +24,19 @@ Rounding works on float32 values and returns float32 values on the format's grid
     e   = max(floor(log2 a), e_min)              # binade; e_min = 1 - bias (subnormal quantum below)
     ulp = 2^(e - m)                              # spacing of the grid in that binade
     rne: q = round_half_even(a / ulp) · ulp
-    sr:  q = (floor(a / ulp) + [u < frac(a / ulp)]) · ulp,   u ~ U[0, 1) with 24-bit resolution
+    sr:  q = (floor(a / ulp) + [u < frac(a / ulp)]) · ulp,   u in [0, 1)
+    stochastic_fast:  q = (floor(a / ulp) + [0 < frac(a / ulp) and u <= frac(a / ulp)]) · ulp
 
 Every step is exact in float32 (scaling by a power of two, floor, round), so the result is the
-correctly rounded value.  With 24-bit uniforms ``u = k / 2^24`` stochastic rounding is exactly
-unbiased whenever ``a / ulp`` has at most 24 fractional bits, which holds for every normal float32
-input.  Non-finite inputs are never made finite: NaN stays NaN and ±inf stays ±inf (``encode``
+correctly rounded value.  Stochastic rounding draws 8 random bits per value, a byte b uniform on
+0..255, as the kernels and SR hardware do, and uses u = (255 - b + 1/2) / 256 = (511 - 2b) / 512.
+With delta = frac(a / ulp), the two stochastic modes differ only at delta = (2j + 1) / 512:
+
+    sr:               up  iff  u <  delta  iff  delta + (2b + 1) / 512 >  1
+    stochastic_fast:  up  iff  u <= delta  iff  delta + (2b + 1) / 512 >= 1
+
+The second is the rule of the UE5M3 FP4 paper's authors (their ``StochasticFast``, with their r = b).
+Non-finite inputs are never made finite: NaN stays NaN and ±inf stays ±inf (``encode``
 maps them to the format's NaN/inf codes, or raises for formats that have neither).
 
 Where this differs from torch's float8 casts (checked in the tests): torch's ``float8_e5m2`` cast
@@ -47,13 +58,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Minifloat", "get_format", "FORMAT_NAMES", "exp2_exact"]
+__all__ = ["Minifloat", "get_format", "FORMAT_NAMES", "ROUNDING_MODES", "exp2_exact"]
 
 # A format's definition (fields, range, codes) is plain Python: configs are validated against it
 # without loading torch. Rounding, encoding and decoding tensors import torch where they run.
 FLT32_MAX = 3.4028234663852886e38
 
-_SPECIALS = ("none", "nan", "ieee")
+_SPECIALS = ("none", "nan", "ieee", "reserved")
+ROUNDING_MODES = ("rne", "sr", "stochastic_fast", "up")
 
 
 def exp2_exact(e: torch.Tensor, lowest: int = -149) -> torch.Tensor:
@@ -107,7 +119,7 @@ class Minifloat:
     def _top_exp_field(self) -> int:
         """Largest exponent field that holds finite values."""
         all_ones = 2**self.exp_bits - 1
-        if self.specials == "ieee" or (self.specials == "nan" and self.man_bits == 0):
+        if self.specials in ("ieee", "reserved") or (self.specials == "nan" and self.man_bits == 0):
             return all_ones - 1
         return all_ones
 
@@ -128,15 +140,23 @@ class Minifloat:
         return math.ldexp(1.0 + top_mantissa / 2**self.man_bits, self.emax)
 
     def overflow_threshold(self, mode: str = "rne") -> float:
-        """Smallest |x| that rounding (without saturation) would carry above ``max``.
+        """Smallest float32 |x| that rounding (without saturation) would carry above ``max``: the
+        values that saturation changes are exactly those with |x| >= it.
 
-        The grid continued past max has its next point at max + ulp (ulp of the top binade);
-        RNE crosses halfway there (the tie goes to max: its mantissa is even), "up" right at max.
-        Values at or above it are the ones saturation clamps.
+        The grid continued past max has its next point max + ulp (ulp of the top binade):
+
+        * "rne": the midpoint m = max + ulp/2 is a tie, which goes to the neighbour with the even
+          significand: up when max / ulp is odd (61440 = 15 · 4096 in UE5M3, 6 = 3 · 2 in E2M1,
+          2^127 = 1 · 2^127 in UE8M0), so the threshold is m; down to max when it is even
+          (448 = 14 · 32 in E4M3), so the threshold is the next float32 above m.
+        * "up" (and the stochastic modes, which may round any |x| > max up): the next float32
+          above max.
         """
-        if mode == "up":
-            return self.max
-        return self.max + math.ldexp(0.5, self.emax - self.man_bits)
+        if mode != "rne":
+            return _next_float32(self.max)
+        ulp = math.ldexp(1.0, self.emax - self.man_bits)
+        midpoint = self.max + ulp / 2
+        return midpoint if round(self.max / ulp) % 2 == 1 else _next_float32(midpoint)
 
     @property
     def min_normal(self) -> float:
@@ -191,6 +211,8 @@ class Minifloat:
             man_field = magnitude_code & (2**self.man_bits - 1)
             if self.specials == "ieee" and exp_field == 2**self.exp_bits - 1:
                 value = math.inf if man_field == 0 else math.nan
+            elif self.specials == "reserved" and exp_field == 2**self.exp_bits - 1:
+                value = math.nan  # reserved codes: never produced, decoded as NaN
             elif self.specials == "nan" and magnitude_code == self.nan_code:
                 value = math.nan
             elif exp_field == 0 and self.subnormals:
@@ -228,14 +250,21 @@ class Minifloat:
     ) -> torch.Tensor:
         """Round float values onto this format's grid; float32 in, float32 out, saturating.
 
-        mode: "rne" (round half to even), "sr" (stochastic: up with probability frac) or "up"
-        (toward +inf in magnitude: the smallest grid value >= |x|, used for power-of-two block
-        scales so that no element of the block exceeds the element format's max).
-        For "sr", ``rand`` (float32 uniforms in [0, 1), x's shape) may be given so that a kernel
-        and this reference consume the same random numbers; otherwise they are drawn as the
-        kernels draw them, 8 random bits per element: u = (k + 1/2) / 256 with k uniform in
-        0..255 from ``generator`` (hardware SR, Blackwell's ``cvt.rs``, also takes 8 bits per
-        value). It rounds up with probability round(256·frac)/256: bias at most 2^-9 ulp.
+        mode: "rne" (round half to even), "sr" or "stochastic_fast" (stochastic: up with
+        probability about frac, see the module docstring) or "up" (toward +inf in magnitude: the
+        smallest grid value >= |x|, used for power-of-two block scales so that no element of the
+        block exceeds the element format's max).
+        For the stochastic modes, ``rand`` (float32 uniforms in [0, 1), x's shape) may be given so
+        that a kernel and this reference consume the same random numbers; otherwise they are
+        drawn as the kernels draw them, 8 random bits per element: u = (k + 1/2) / 256 with k
+        uniform in 0..255 from ``generator`` (hardware SR, Blackwell's ``cvt.rs``, also takes 8
+        bits per value; the kernels' byte b is k = 255 - b). With delta = frac(|x| / ulp):
+
+            sr:               up  iff  u <  delta   P(up) = round(256·delta)/256, ties down
+            stochastic_fast:  up  iff  u <= delta   (and delta > 0)   ties up
+
+        a bias of at most 2^-9 ulp. The ``delta > 0`` of stochastic_fast only matters for a
+        given u off the 8-bit cell midpoints (u = 0 would otherwise move values on the grid).
         Unsigned formats map negative inputs to NaN (they cannot be represented).
         """
         import torch
@@ -258,22 +287,33 @@ class Minifloat:
             n = torch.round(t)  # half to even
         elif mode == "up":
             n = torch.ceil(t)
-        elif mode == "sr":
-            if rand is None:
-                # uint8: the same draws as the default int64, in less time and memory
-                k = torch.randint(0, 256, x.shape, generator=generator, device=x.device, dtype=torch.uint8)
-                rand = (k.to(torch.float32) + 0.5) / 256
-            elif rand.shape != x.shape:
-                raise ValueError(f"rand has shape {tuple(rand.shape)}, expected {tuple(x.shape)}")
+        elif mode in ("sr", "stochastic_fast"):
+            rand = self._uniforms(x, generator, rand)
             floor = torch.floor(t)
-            n = floor + (rand < (t - floor)).to(torch.float32)
+            delta = t - floor  # exact
+            up = rand < delta if mode == "sr" else (rand <= delta) & (delta > 0)
+            n = floor + up.to(torch.float32)
         else:
-            raise ValueError(f"rounding mode {mode!r}; allowed: 'rne', 'sr', 'up'")
+            raise ValueError(f"rounding mode {mode!r}; allowed: {', '.join(map(repr, ROUNDING_MODES))}")
         q = (n * exp2_exact(ulp_exp, lowest=lowest_ulp)).clamp(max=self.max)  # SR may step one ulp past max
         if not self.has_zero:
             q = q.clamp(min=self.min_positive)
         q = torch.copysign(q, x) if self.signed else torch.where(x < 0, torch.nan, q)
         return q if finite else torch.where(torch.isfinite(x), q, x)
+
+    @staticmethod
+    def _uniforms(x: torch.Tensor, generator: torch.Generator | None, rand: torch.Tensor | None) -> torch.Tensor:
+        """The u of stochastic rounding: ``rand`` checked against x's shape, or 8-bit cell
+        midpoints u = (k + 1/2) / 256, k uniform on 0..255 from ``generator`` (float32)."""
+        import torch
+
+        if rand is None:
+            # uint8: the same draws as the default int64, in less time and memory
+            k = torch.randint(0, 256, x.shape, generator=generator, device=x.device, dtype=torch.uint8)
+            return (k.to(torch.float32) + 0.5) / 256
+        if rand.shape != x.shape:
+            raise ValueError(f"rand has shape {tuple(rand.shape)}, expected {tuple(x.shape)}")
+        return rand
 
     # ----------------------------------------------------------------------------- encode
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -313,10 +353,16 @@ class Minifloat:
         return self.name
 
 
+def _next_float32(value: float) -> float:
+    """The next float32 above a positive finite float32 ``value`` (its bit pattern plus one)."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return struct.unpack("<f", struct.pack("<I", bits + 1))[0]
+
+
 # --------------------------------------------------------------------------------- registry
 def _generic(name: str, signed: bool, e: int, m: int) -> Minifloat:
     """Generic ExMy: bias 2^(e-1)-1; signed ones have no special codes (OCP FP4/FP6 style),
-    unsigned ones reserve the all-ones code for NaN (like ue5m3 and ue8m0); m == 0 means a
+    unsigned ones reserve the all-ones code for NaN (like ue4m3 and ue8m0); m == 0 means a
     power-of-two format without zero or subnormals (like ue8m0)."""
     return Minifloat(
         name=name,
@@ -336,7 +382,7 @@ _REGISTRY: dict[str, Minifloat] = {
     "e4m3": Minifloat("e4m3", 4, 3, 7, signed=True, specials="nan"),
     "e5m2": Minifloat("e5m2", 5, 2, 15, signed=True, specials="ieee"),
     "ue4m3": Minifloat("ue4m3", 4, 3, 7, signed=False, specials="nan"),
-    "ue5m3": Minifloat("ue5m3", 5, 3, 15, signed=False, specials="nan"),
+    "ue5m3": Minifloat("ue5m3", 5, 3, 15, signed=False, specials="reserved"),
     "ue8m0": Minifloat("ue8m0", 8, 0, 127, signed=False, subnormals=False, specials="nan"),
 }
 _GENERIC = re.compile(r"^(u?)e(\d+)m(\d+)$")

@@ -7,14 +7,19 @@ import pytest
 import yaml
 
 from fp4repro.config.files import PACKAGED, available
+from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import REQUIRED_CHOICES, RecipeError, load_recipe, recipe_from_config
 from fp4repro.config.spec import OPERANDS
 
 REQUIRED = {
     "bf16",
     "nvfp4",
+    "nvfp4_tail4",
     "ue5m3",
-    "ue5m3_t2048",
+    "ue5m3_t448",
+    "ue5m3_t2048_all_dy",
+    "ue5m3_b32",
+    "ue5m3_te_settings",
     "mxfp4",
     "nvfp4_no_rht",
     "nvfp4_no_bf16_tail",
@@ -46,6 +51,10 @@ def test_all_recipe_files_load():
         assert load_recipe(name).name == name
 
 
+#: the 8B's layers as recipes see them: each layer's linears
+LAYERS_8B = load_model_config("nemotron_h_8b").layer_linears
+
+
 def test_nvfp4_matches_the_recipe_table():
     r = load_recipe("nvfp4")
     s = r.linear_specs(0, 52)
@@ -53,22 +62,29 @@ def test_nvfp4_matches_the_recipe_table():
     assert [s[o].rounding for o in OPERANDS] == ["rne", "rne", "sr", "rne", "sr", "rne"]
     assert [s[o].rht for o in OPERANDS] == [False] * 4 + [True, True]
     assert all(s[o].scale == "e4m3" and s[o].target == 448 and s[o].tensor_scaling.kind == "current" for o in OPERANDS)
-    assert r.linear_specs(47, 52) is not None and r.linear_specs(48, 52) is None  # the 8B's last 4 in BF16
+    # the authors' TE baseline: the 8B's final eight blocks (16 projections) in BF16
+    assert r.linear_specs(43, 52) is not None and r.linear_specs(44, 52) is None
+    assert r.bf16_layers(LAYERS_8B) == list(range(44, 52))
+    assert sum(len(LAYERS_8B[i]) for i in r.bf16_layers(LAYERS_8B)) == 16
+    assert load_recipe("nvfp4_tail4").bf16_layers(LAYERS_8B) == [48, 49, 50, 51]  # the earlier reading
 
 
 def test_ue5m3_quantizes_every_layer_with_periodic_scaling():
     r = load_recipe("ue5m3")
     for layer in (0, 25, 51):
-        s = r.linear_specs(layer, 52)
-        assert all(
-            s[o].scale == "ue5m3"
-            and s[o].tensor_scaling.kind == "periodic"
-            and s[o].tensor_scaling.interval == 50
-            and not s[o].rht
-            for o in OPERANDS
-        )
-        assert [o for o in OPERANDS if s[o].rounding == "sr"] == ["dgrad.dy", "wgrad.dy"]
-    t = load_recipe("ue5m3_t2048").linear_specs(3, 52)
+        for linear in LAYERS_8B[layer]:
+            s = r.linear_specs(layer, LAYERS_8B, linear)
+            assert all(
+                s[o].scale == "ue5m3"
+                and s[o].zero_scale == "one"
+                and s[o].tensor_scaling.kind == "periodic"
+                and s[o].tensor_scaling.interval == 50
+                and not s[o].rht
+                for o in OPERANDS
+            )
+            assert [o for o in OPERANDS if s[o].rounding == "stochastic_fast"] == ["dgrad.dy", "wgrad.dy"]
+    assert r.bf16_layers(LAYERS_8B) == []
+    t = load_recipe("ue5m3_t2048_all_dy").linear_specs(3, LAYERS_8B, "fc2")
     assert {o: t[o].target for o in OPERANDS} == {
         "fprop.x": 448,
         "fprop.w": 448,
@@ -77,6 +93,48 @@ def test_ue5m3_quantizes_every_layer_with_periodic_scaling():
         "wgrad.dy": 2048,
         "wgrad.x": 448,
     }
+
+
+def _target_2048(recipe, layers) -> list[tuple[int, str, str]]:
+    """(layer, linear, operand) of every operand the recipe gives T = 2048 on a model's layers."""
+    return [
+        (i, linear, o)
+        for i, names in enumerate(layers)
+        for linear in names
+        if (s := recipe.linear_specs(i, layers, linear)) is not None
+        for o in OPERANDS
+        if s[o] is not None and s[o].target == 2048
+    ]
+
+
+def test_ue5m3_raises_t_on_wgrad_dy_of_the_final_mlp_layers_only():
+    # the authors' override: layers 44..51 of kind down_proj, i.e. the 8B's MLP layers 45, 47, 49, 51
+    r = load_recipe("ue5m3")
+    assert _target_2048(r, LAYERS_8B) == [(i, "fc2", "wgrad.dy") for i in (45, 47, 49, 51)]
+    small = load_model_config("small").layer_linears
+    mlps = [i for i, names in enumerate(small) if "fc2" in names]
+    assert len(mlps) == 7 and _target_2048(r, small) == [(mlps[-1], "fc2", "wgrad.dy")]  # one of 7
+    tiny = load_model_config("tiny").layer_linears
+    assert _target_2048(r, tiny) == [(4, "fc2", "wgrad.dy")]  # one of 2: at least one
+    assert _target_2048(load_recipe("ue5m3_t448"), LAYERS_8B) == []
+    assert _target_2048(load_recipe("ue5m3_b32"), LAYERS_8B) == _target_2048(r, LAYERS_8B)
+    assert _target_2048(load_recipe("ue5m3_te_settings"), LAYERS_8B) == []
+
+
+def test_a_share_among_one_kind_of_linear_needs_the_models_layers():
+    with pytest.raises(RecipeError, match="needs the model's layers"):
+        load_recipe("ue5m3").linear_specs(51, 52, "fc2")
+
+
+def test_the_authors_other_recipes():
+    b32 = load_recipe("ue5m3_b32").linear_specs(0, LAYERS_8B, "in_proj")
+    assert [b32[o].block for o in OPERANDS] == [(1, 32), (32, 32), (1, 32), (32, 32), (1, 32), (1, 32)]
+    te = load_recipe("ue5m3_te_settings")
+    s = te.linear_specs(0, LAYERS_8B, "in_proj")
+    assert all(s[o].scale == "ue5m3" and s[o].tensor_scaling.kind == "current" and s[o].target == 448 for o in OPERANDS)
+    assert [o for o in OPERANDS if s[o].rht] == ["wgrad.dy", "wgrad.x"]
+    assert [o for o in OPERANDS if s[o].rounding == "stochastic_fast"] == ["dgrad.dy", "wgrad.dy"]
+    assert te.bf16_layers(LAYERS_8B) == list(range(44, 52)) and te.gemm.kind == "probe_matched"
 
 
 def test_ablations_change_only_what_they_say():
@@ -95,11 +153,11 @@ def _bf16(recipe, n_layers: int) -> list[int]:
 @pytest.mark.parametrize(
     "n_layers, expected",
     [
-        (52, [48, 49, 50, 51]),  # Nemotron-H 8B: 4/52 of 52 = 4
-        (16, [15]),  # small: 1.23 -> 1
-        (5, [4]),  # tiny: 0.38 rounds to 0 -> at least one
-        (8, [7]),  # 0.62 -> 1
-        (20, [18, 19]),  # 1.54 -> 2
+        (52, list(range(44, 52))),  # Nemotron-H 8B: 8/52 of 52 = 8
+        (16, [14, 15]),  # small: 2.46 -> 2
+        (5, [4]),  # tiny: 0.77 -> 1
+        (8, [7]),  # 1.23 -> 1
+        (20, [17, 18, 19]),  # 3.08 -> 3
         (1, [0]),
     ],
 )
@@ -180,8 +238,8 @@ def test_bad_override_layers_name_file_field_value_and_what_is_allowed(tmp_path,
 
 def test_a_stored_recipe_with_a_share_is_checked_like_a_file():
     config = load_recipe("nvfp4").config
-    assert config["overrides"][0]["layers"] == {"last_share": 0.076923}
-    assert recipe_from_config(config, "ckpt").bf16_layers(52) == [48, 49, 50, 51]
+    assert config["overrides"][0]["layers"] == {"last_share": 0.153846}
+    assert recipe_from_config(config, "ckpt").bf16_layers(52) == list(range(44, 52))
     config["overrides"][0]["layers"] = {"last_share": 2}
     with pytest.raises(RecipeError, match="ckpt: field 'overrides.0.layers.last_share': value 2: "):
         recipe_from_config(config, "ckpt")
@@ -215,7 +273,7 @@ BAD = {
     "T above ue5m3 max": (
         "defaults: {scale: ue5m3}\noperands: {dgrad.dy: {target: 200000}}",
         "operands.dgrad.dy.target",
-        "114688",
+        "61440",
     ),
     "element without a zero": ("defaults: {element: e3m0}", "defaults.element", "must have a zero"),
     "unknown operand": ("defaults: {element: e2m1}\noperands: {fprop.z: bf16}", "operands", "fprop.z"),
@@ -271,7 +329,8 @@ def test_a_local_recipe_can_extend_the_packaged_one_of_its_own_name(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     r = load_recipe("ue5m3")
     assert [Path(f).resolve() for f in r.files] == [local.resolve(), (PACKAGED / "recipes/ue5m3.yaml").resolve()]
-    assert r.linear_specs(0, 4).dgrad_dy.target == 1024 and r.linear_specs(0, 4).wgrad_dy.target == 448
+    s = r.linear_specs(0, LAYERS_8B, "in_proj")
+    assert s.dgrad_dy.target == 1024 and s.wgrad_dy.target == 448
     local.write_text("name: ue5m3\nbase: ./ue5m3.yaml\n")  # a path to itself is a cycle
     with pytest.raises(RecipeError, match="forms a cycle"):
         load_recipe("ue5m3")
@@ -329,38 +388,34 @@ def test_what_the_recipes_quote_from_the_paper_is_in_the_paper():
 def test_sources_merge_per_choice_through_base(tmp_path):
     raw = {
         n: yaml.safe_load((PACKAGED / "recipes" / f"{n}.yaml").read_text(encoding="utf-8"))["sources"]
-        for n in ("ue5m3", "ue5m3_t2048", "nvfp4", "nvfp4_no_rht", "nvfp4_no_rht_no_bf16_tail")
+        for n in ("ue5m3", "ue5m3_t448", "nvfp4", "nvfp4_no_rht", "nvfp4_no_rht_no_bf16_tail")
     }
     # a child's entries for a choice replace the base's, in place; the other choices are the base's
     assert [s["choice"] for s in raw["ue5m3"]] == [
         "element format",
         "scale format",
         "block shapes",
-        "block shapes",
+        "target T",
         "target T",
         "tensor amax",
-        "rounding",
         "rounding",
         "RHT",
         "BF16 layers",
         "GEMM model",
     ]
-    t = load_recipe("ue5m3_t2048").sources
+    t = load_recipe("ue5m3_t448").sources
     assert [s["choice"] for s in t] == [
         "element format",
         "scale format",
         "block shapes",
-        "block shapes",
-        "target T",
         "target T",
         "tensor amax",
-        "rounding",
         "rounding",
         "RHT",
         "BF16 layers",
         "GEMM model",
     ]
-    assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t2048"]
+    assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t448"]
     assert [s for s in t if s["choice"] != "target T"] == [s for s in raw["ue5m3"] if s["choice"] != "target T"]
     # two levels: RHT from nvfp4_no_rht, BF16 layers from the file itself, the rest from nvfp4
     both = load_recipe("nvfp4_no_rht_no_bf16_tail").sources
@@ -397,14 +452,14 @@ def test_a_recipe_without_sources_loads_and_says_what_it_does_not_cite(tmp_path)
 def test_ue5m3_w1x16_differs_from_ue5m3_only_in_its_weight_blocks():
     w, u = load_recipe("ue5m3_w1x16"), load_recipe("ue5m3")
     for layer in (0, 51):
-        sw, su = w.linear_specs(layer, 52), u.linear_specs(layer, 52)
+        sw, su = w.linear_specs(layer, LAYERS_8B, "fc2"), u.linear_specs(layer, LAYERS_8B, "fc2")
         assert sw.fprop_w.block == (1, 16) and sw.dgrad_w.block == (1, 16)
         assert su.fprop_w.block == (16, 16) and su.dgrad_w.block == (16, 16)
         assert all(sw[o].block == (1, 16) for o in OPERANDS)
         assert all(
             dataclasses.replace(sw[o], block=(1, 16)) == dataclasses.replace(su[o], block=(1, 16)) for o in OPERANDS
         )
-    assert _bf16(w, 52) == []
+    assert w.bf16_layers(LAYERS_8B) == []
     assert any(s["choice"] == "block shapes" and s["kind"] == "reading" and "silent" in s["source"] for s in w.sources)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import RecipeError, load_recipe, recipe_from_config
 from fp4repro.config.spec import GemmModel
 
@@ -27,7 +28,8 @@ def with_gemm(value):
 def test_gemm_values_parse(value, expected):
     recipe = with_gemm(value)
     assert recipe.gemm == expected
-    assert recipe.linear_specs(3, 8).gemm == expected  # every quantized linear carries it
+    layers = load_model_config("tiny").layer_linears
+    assert recipe.linear_specs(3, layers, "o_proj").gemm == expected  # every quantized linear carries it
     assert recipe_from_config(recipe.config, "again").gemm == expected  # a checkpoint's copy round-trips
 
 
@@ -48,7 +50,7 @@ def test_bad_gemm_values_name_file_field_value_and_what_is_allowed(value, field,
 
 
 def test_packaged_recipes_use_the_model_where_native_fp4_tensor_cores_would_compute():
-    for name in ("nvfp4", "ue5m3", "ue5m3_t2048", "nvfp4_no_rht"):
+    for name in ("nvfp4", "ue5m3", "ue5m3_t448", "ue5m3_b32", "ue5m3_te_settings", "nvfp4_no_rht"):
         assert load_recipe(name).gemm == GemmModel("probe_matched", 64, 2.0**-10), name
     for name in ("ue5m3_torch_gemm", "nvfp4_gemm_fp32", "mxfp4", "bf16"):
         assert load_recipe(name).gemm == GemmModel("fp32"), name

@@ -10,7 +10,7 @@ from fp4repro.config.shards import rank_parts, shard_problems, split_index
 
 def test_the_8b_model_at_its_published_tensor_size_tiles_for_every_recipe():
     model = load_model_config("nemotron_h_8b")
-    for recipe in ("nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "bf16"):
+    for recipe in ("nvfp4", "ue5m3", "ue5m3_t448", "ue5m3_b32", "ue5m3_te_settings", "mxfp4", "bf16"):
         assert shard_problems(model, load_recipe(recipe), ParallelConfig(tensor=2)) == []
 
 

@@ -35,6 +35,14 @@ SPECS = {
     "ue5m3-t2048-sr": QuantSpec(scale="ue5m3", target=2048, rounding="sr"),
     "mxfp4": QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"),
     "ue6m2-rne-scale": QuantSpec(scale="ue6m2", target=1000.0),
+    # the UE5M3 FP4 authors' recipes: 32x32 weight tiles (B32), StochasticFast, zero scales -> 1
+    "nvfp4-32x32": QuantSpec(block=(32, 32)),
+    "ue5m3-b32-held": QuantSpec(
+        scale="ue5m3", block=(32, 32), zero_scale="one", tensor_scaling=TensorScaling("periodic", 50)
+    ),
+    "ue5m3-sf-one": QuantSpec(scale="ue5m3", rounding="stochastic_fast", zero_scale="one"),
+    "ue5m3-rht-sf-32x32": QuantSpec(scale="ue5m3", rounding="stochastic_fast", rht=True, block=(32, 32)),
+    "e4m3-sf-one": QuantSpec(rounding="stochastic_fast", zero_scale="one"),
 }
 
 
@@ -70,7 +78,7 @@ def _compare(x: torch.Tensor, spec: QuantSpec, held=None, columnwise=False):
     if columnwise:
         assert k["qs"].stride() == xd.stride()  # written in the same memory order
     rand = None
-    if spec.rounding == "sr":
+    if spec.stochastic:
         rp, cp = padded_shape(rows, cols, spec)
         rand = philox_uniforms(rp * cp, seed, 16, device=DEVICE).cpu().reshape(rp, cp)
     xc = x.contiguous()  # the reference on the same logical matrix
@@ -120,7 +128,7 @@ def test_columnwise_kernel_equals_reference(name, kind):
 
 @pytest.mark.parametrize("shape", [(1, 16), (5, 23), (17, 40), (16, 256)])
 def test_odd_shapes(shape):
-    for name in ("nvfp4-16x16", "nvfp4-rht-sr", "mxfp4"):
+    for name in ("nvfp4-16x16", "nvfp4-rht-sr", "mxfp4", "ue5m3-rht-sf-32x32"):
         _compare(_inputs("heavy", shape, seed=sum(shape)), SPECS[name])
         if shape[0] > 1:
             _compare(_inputs("heavy", shape, seed=sum(shape)), SPECS[name], columnwise=True)
@@ -145,7 +153,7 @@ def test_strided_and_broadcast_views_equal_reference(layout, name):
     seed, rp_cp = 77, padded_shape(*x.shape, spec)
     k = quantize_2d(x.to(DEVICE), spec, amax=held, seed=seed, rand_offset=8, out_dtype=torch.float32)
     rand = None
-    if spec.rounding == "sr":  # rand_offset 8: the stream starts half-way into a 16-element group
+    if spec.stochastic:  # rand_offset 8: the stream starts half-way into a 16-element group
         rand = philox_uniforms(rp_cp[0] * rp_cp[1], seed, 8, device=DEVICE).cpu().reshape(rp_cp)
     ref, *_ = scaled_operand_reference(x.contiguous(), spec, amax=held, rand=rand)
     assert torch.equal(k["qs"].cpu(), ref)
@@ -241,14 +249,41 @@ def test_philox2x32_matches_random123_known_answers(counter, key, expected):
 
 @triton.jit
 def _sr_round_kernel(
-    a_ptr, byte_ptr, out_ptr, n, EMIN: tl.constexpr, MAN: tl.constexpr, MAX: tl.constexpr, BLOCK: tl.constexpr
+    a_ptr,
+    byte_ptr,
+    out_ptr,
+    n,
+    EMIN: tl.constexpr,
+    MAN: tl.constexpr,
+    MAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FAST: tl.constexpr = False,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     a = tl.load(a_ptr + offs, mask=mask, other=0.0)
     byte = tl.load(byte_ptr + offs, mask=mask, other=0).to(tl.uint32)
-    q = _round_grid(a, _sr_addend(byte, MAN), EMIN, MAN, MAX, 0.0, True, 1, True)
+    q = _round_grid(a, _sr_addend(byte, MAN, FAST), EMIN, MAN, MAX, 0.0, True, 3 if FAST else 1, True)
     tl.store(out_ptr + offs, q, mask=mask)
+
+
+def _kernel_round(fmt, a: torch.Tensor, byte: torch.Tensor, mode: str) -> torch.Tensor:
+    """``_round_grid`` of magnitudes a (float32) with the random bytes ``byte`` (int32), SR mode."""
+    out = torch.empty_like(a, device=DEVICE)
+    n = a.numel()
+    block = 4096 if DEVICE == "cuda" else 1 << 16  # the interpreter: fewer, larger programs (6x faster)
+    _sr_round_kernel[(triton.cdiv(n, block),)](
+        a.contiguous().to(DEVICE),
+        byte.contiguous().to(DEVICE),
+        out,
+        n,
+        fmt.emin,
+        fmt.man_bits,
+        fmt.max,
+        BLOCK=block,
+        FAST=mode == "stochastic_fast",
+    )
+    return out.cpu()
 
 
 def _sr_edges(fmt) -> torch.Tensor:
@@ -277,29 +312,109 @@ def _sr_edges(fmt) -> torch.Tensor:
     return a[(a >= 0) & (a <= fmt.max)]
 
 
+@pytest.mark.parametrize("mode", ["sr", "stochastic_fast"])
 @pytest.mark.parametrize("element", ["e2m1", "e3m2", "e2m3", "e1m2"])  # emin 0, -2, 0, 1; 1-3 mantissa bits
-def test_sr_integer_carry_equals_reference_for_every_random_byte(element):
+def test_sr_integer_carry_equals_reference_for_every_random_byte(element, mode):
     # The kernel rounds by an integer carry (the random byte added below the kept mantissa bits,
-    # and for values below 2^emin, a + 2^emin rounded up); the reference compares u < frac with
-    # u = (255 - byte + 1/2) / 256. Every byte against every threshold and its float32 neighbours.
+    # and for values below 2^emin, a + 2^emin rounded up for "sr", down for "stochastic_fast"); the
+    # reference compares u < delta ("sr") or u <= delta with u = (255 - byte + 1/2) / 256. Every
+    # byte against every threshold (the ties delta = (2j + 1)/512) and its float32 neighbours.
     fmt = get_format(element)
     a = _sr_edges(fmt)
     byte = torch.arange(256, dtype=torch.int32)
     aa = a[:, None].expand(-1, 256).reshape(-1).contiguous()
     bb = byte[None, :].expand(len(a), -1).reshape(-1).contiguous()
-    out = torch.empty_like(aa, device=DEVICE)
-    n = aa.numel()
-    block = 4096 if DEVICE == "cuda" else 1 << 16  # the interpreter: fewer, larger programs (6x faster)
-    _sr_round_kernel[(triton.cdiv(n, block),)](
-        aa.to(DEVICE), bb.to(DEVICE), out, n, fmt.emin, fmt.man_bits, fmt.max, BLOCK=block
-    )
-    ref = fmt.round(aa, "sr", rand=(255 - bb.float() + 0.5) / 256)
-    mismatch = (out.cpu() != ref).nonzero()
+    out = _kernel_round(fmt, aa, bb, mode)
+    ref = fmt.round(aa, mode, rand=(255 - bb.float() + 0.5) / 256)
+    mismatch = (out != ref).nonzero()
     assert mismatch.numel() == 0, (
         f"{len(mismatch)} mismatches, first: a={aa[mismatch[0]].item()!r} "
-        f"byte={bb[mismatch[0]].item()} kernel={out.cpu()[mismatch[0]].item()} "
+        f"byte={bb[mismatch[0]].item()} kernel={out[mismatch[0]].item()} "
         f"reference={ref[mismatch[0]].item()}"
     )
+
+
+def test_sr_modes_in_the_kernel_round_up_with_the_published_probabilities():
+    # E2M1 magnitudes lower + delta · step at the ties delta = (2j + 1)/512 (and halfway between
+    # them), below 1 (the subnormal 0, 1/2: the kernel's lifted path), in [1, 2), [2, 4), [4, 6).
+    # Over all 256 bytes: StochasticFast (delta + (2r + 1)/512 >= 1) rounds up for 256 · delta +
+    # 1/2 of them at a tie, "sr" (> 1) for one less; between ties both for the same count.
+    fmt = get_format("e2m1")
+    j = torch.arange(0, 255, 5, dtype=torch.float64)
+    deltas = torch.cat([(2 * j + 1) / 512, (2 * j + 2) / 512])
+    lower_step = [(0.0, 0.5), (0.5, 0.5), (1.0, 0.5), (1.5, 0.5), (2.0, 1.0), (4.0, 2.0)]
+    a = torch.cat([lower + deltas * step for lower, step in lower_step]).float()
+    d = deltas.repeat(len(lower_step))
+    aa = a[:, None].expand(-1, 256).reshape(-1)
+    bb = torch.arange(256, dtype=torch.int32)[None, :].expand(len(a), -1).reshape(-1)
+    tie = (d * 512).round() % 2 == 1
+    for mode in ("stochastic_fast", "sr"):
+        ups = (_kernel_round(fmt, aa, bb, mode).reshape(len(a), 256) > a[:, None]).sum(1)
+        expected = torch.where(tie, 256 * d + 0.5 - float(mode == "sr"), 256 * d)
+        assert torch.equal(ups.double(), expected)
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_stochastic_fast_quantization_at_ties_equals_reference(layout):
+    # g = 1 (held amax 6 · 448, T = 448) and every block's first element 6, so s_b = fl(6 · fl(1/6))
+    # = 1 and x · e_b = x: the other elements are E2M1 values lower + (2j + 1)/512 · step, ties of
+    # the random threshold. Where Philox's byte is 255 - j the two SR rules differ; the kernel
+    # (its Philox bytes) and the reference (those bytes as u) agree element for element.
+    spec = QuantSpec(scale="ue5m3", rounding="stochastic_fast")
+    g = torch.Generator().manual_seed(zlib.crc32(f"sf ties/{layout}".encode()))
+    lower_step = torch.tensor([(0.0, 0.5), (0.5, 0.5), (1.0, 0.5), (1.5, 0.5), (2.0, 1.0), (3.0, 1.0), (4.0, 2.0)])
+    pick = lower_step[torch.randint(0, 7, (128, 256), generator=g)]
+    j = torch.randint(0, 256, (128, 256), generator=g).float()
+    x = (pick[..., 0] + (2 * j + 1) / 512 * pick[..., 1]) * torch.where(torch.rand(128, 256, generator=g) < 0.5, -1, 1)
+    x[:, ::16] = 6.0
+    held = torch.tensor(6.0 * 448)
+    _compare(x, spec, held, columnwise=layout == "columns")
+    rand = philox_uniforms(128 * 256, 1234, 16, device=DEVICE).cpu().reshape(128, 256)
+    fast = scaled_operand_reference(x, spec, amax=held, rand=rand).qs
+    strict = scaled_operand_reference(x, QuantSpec(scale="ue5m3", rounding="sr"), amax=held, rand=rand).qs
+    assert int((fast != strict).sum()) >= 32  # about 1/256 of the elements hit their tie's byte
+
+
+def test_mx_scale_codes_known_answers():
+    # UE8M0 scales 2^ceil(log2(amax_b / 6)) (code = exponent + 127) from the kernel, at its bottom
+    # (where amax_b · fl(1/6) falls into float32's subnormals) and at powers of two times 6
+    def after(v):
+        return float(torch.nextafter(torch.tensor(v), torch.tensor(float("inf"))))
+
+    cases = [(0.0, -127), (1e-45, -127), (2.0**-126, -127), (6 * 2.0**-128, -127)]
+    for k in (-127, -126, -125, -64, -1, 0, 1, 64, 124, 125):
+        cases += [(6 * 2.0**k, k), (after(6 * 2.0**k), k + 1)]
+    cases.append((torch.finfo(torch.float32).max, 126))
+    x = torch.zeros(len(cases), 64)
+    x[:, 0] = torch.tensor([a for a, _ in cases])
+    x[:, 40] = -torch.tensor([a for a, _ in cases]) / 3  # the second block: amax_b / 3
+    spec = SPECS["mxfp4"]
+    k = quantize_2d(x.to(DEVICE), spec, codes=True, out_dtype=torch.float32)
+    assert k["scale_codes"][:, 0].cpu().tolist() == [e + 127 for _, e in cases]
+    _compare(x, spec)
+    _compare(x, spec, columnwise=True)
+
+
+@pytest.mark.parametrize("name", ["ue5m3-sf-one", "ue5m3-b32-held", "e4m3-sf-one"])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_zero_scales_replaced_by_one_equal_reference(name, layout):
+    # blocks from flushed through subnormal to normal scales (a held amax of 6 · 448 gives g = 1):
+    # under zero_scale "one" the flushed ones carry the code of 1.0, and the kernel's codes, q · s,
+    # telemetry (underflow counted as under "flush") equal the reference's
+    spec = SPECS[name]
+    quantum = get_format(spec.scale).min_subnormal
+    r, c = spec.block
+    g = torch.Generator().manual_seed(zlib.crc32(f"one/{name}/{layout}".encode()))
+    # one factor per block (2-D tiles too): scales from q/4 (flushed) to 32 q
+    factors = quantum * torch.exp2(torch.randint(-2, 6, (96 // r, 96 // c), generator=g).float())
+    factors[0, 0] = quantum / 4
+    x = torch.randn(96, 96, generator=g) * factors.repeat_interleave(r, 0).repeat_interleave(c, 1)
+    x[3, 5] = float("inf")
+    stats = _compare(x, spec, torch.tensor(6.0 * 448), columnwise=layout == "columns")
+    assert stats.underflow_blocks > 0
+    bq = quantize_reference(x, spec, amax=6.0 * 448, rand=torch.full((96, 96), 0.5))
+    one = get_format(spec.scale).bias << get_format(spec.scale).man_bits
+    assert (bq.scale_codes == one).sum() >= stats.underflow_blocks and (bq.scale_codes == 0).sum() == 0
 
 
 def test_sr_with_8_bit_uniforms_is_unbiased_to_within_half_a_cell():

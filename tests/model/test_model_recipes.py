@@ -63,7 +63,7 @@ def test_nvfp4_quantizes_all_operands_except_in_its_bf16_final_layers():
     recipe, n = model.recipe, model.config.n_layers
     described = quantized_operands(model)
     exempt = [i for i in range(n) if recipe.linear_specs(i, n) is None]
-    assert exempt == [15]  # 4/52 of the 16 layers, rounded: the last one
+    assert exempt == [14, 15]  # 8/52 of the 16 layers, rounded: the last two
     for name, ops in described.items():
         if name == "lm_head":
             continue
@@ -87,9 +87,10 @@ def _bf16_layers(model: NemotronH) -> list[int]:
 @pytest.mark.parametrize(
     "recipe, config, expected",
     [
-        ("nvfp4", "nemotron_h_8b", [48, 49, 50, 51]),  # the 8B's 4 final layers of 52
-        ("nvfp4", "small", [15]),  # 16 x 4/52 = 1.2 -> 1
-        ("nvfp4", "tiny", [4]),  # 5 x 4/52 = 0.4 -> at least one
+        ("nvfp4", "nemotron_h_8b", list(range(44, 52))),  # the 8B's final eight blocks of 52
+        ("nvfp4", "small", [14, 15]),  # 16 x 8/52 = 2.5 -> 2
+        ("nvfp4", "tiny", [4]),  # 5 x 8/52 = 0.8 -> 1
+        ("nvfp4_tail4", "nemotron_h_8b", [48, 49, 50, 51]),  # the earlier reading: 4 of 52
         ("nvfp4_no_rht", "tiny", [4]),
         ("nvfp4_no_bf16_tail", "small", []),
         ("nvfp4_first_last_bf16", "nemotron_h_8b", [0, 51]),
@@ -100,7 +101,7 @@ def _bf16_layers(model: NemotronH) -> list[int]:
 def test_bf16_layers_as_the_model_builds_them(recipe, config, expected):
     model = build(recipe, config, device="meta")
     assert _bf16_layers(model) == expected
-    assert model.recipe.bf16_layers(model.config.n_layers, model.config.layer_linears) == expected
+    assert model.recipe.bf16_layers(model.config.layer_linears) == expected
 
 
 def test_the_config_knows_the_linears_of_each_layer():
@@ -117,11 +118,11 @@ def test_the_config_knows_the_linears_of_each_layer():
 
 def test_ue5m3_w1x16_quantizes_weights_in_1x16_blocks():
     described = build("ue5m3_w1x16", "tiny", device="meta").describe()
-    assert described["layers.0.mixer.in_proj"]["fprop.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50)"
-    assert described["layers.3.mixer.o_proj"]["dgrad.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50)"
+    assert described["layers.0.mixer.in_proj"]["fprop.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50) zero-scale-one"
+    assert described["layers.3.mixer.o_proj"]["dgrad.w"] == "e2m1/ue5m3 1x16 T=448 RNE periodic(50) zero-scale-one"
     assert (
         build("ue5m3", "tiny", device="meta").describe()["layers.0.mixer.in_proj"]["fprop.w"]
-        == "e2m1/ue5m3 16x16 T=448 RNE periodic(50)"
+        == "e2m1/ue5m3 16x16 T=448 RNE periodic(50) zero-scale-one"
     )
 
 

@@ -2,13 +2,13 @@
 and two ranks that choose the same T.
 
 The sequence (refresh interval K = 2, window 2, T in [448, 8192], safety 4, UE5M3's largest
-scale 114688): the tensor is sampled at each even step with amax 1 and seen at the odd step in
+scale 61440): the tensor is sampled at each even step with amax 1 and seen at the odd step in
 between with amax ``LIVE[k]``, so interval k's growth is max(1, LIVE[k]) and, by hand,
 
     refresh at step   0      2                4                  6                 8
     window of G       –      [10]             [10, 1]            [1, 1]            [1, 100]
-    T                 448    114688/40        114688/40          28672 -> 8192     286.72 -> 448
-                      first  = 2867.2         (10 still in it)   (clamped at max)  (clamped at min)
+    T                 448    61440/40         61440/40           15360 -> 8192     153.6 -> 448
+                      first  = 1536           (10 still in it)   (clamped at max)  (clamped at min)
 """
 
 import os
@@ -32,7 +32,7 @@ SPEC = QuantSpec(
     auto_target=AutoTarget(min=448.0, max=8192.0, safety=4.0, window=2),
 )
 LIVE = [10.0, 1.0, 0.5, 100.0]
-EXPECTED_T = [448.0, 114688 / 40, 114688 / 40, 8192.0, 448.0]
+EXPECTED_T = [448.0, 61440 / 40, 61440 / 40, 8192.0, 448.0]
 KEY = "layers.0.fc1.wgrad.dy"
 
 
@@ -70,7 +70,7 @@ def test_each_quantization_uses_the_chosen_t():
     results = run(QuantState(), range(4))
     x = unit_tensor()
     for step in (2, 3):
-        expected = scaled_operand_reference(x, replace(SPEC, target=114688 / 40, auto_target=None), amax=1.0).qs
+        expected = scaled_operand_reference(x, replace(SPEC, target=61440 / 40, auto_target=None), amax=1.0).qs
         assert torch.equal(results[step][1], expected)
     first = scaled_operand_reference(x, replace(SPEC, auto_target=None)).qs  # step 0: T = 448
     assert torch.equal(results[0][1], first)
@@ -84,7 +84,7 @@ def test_telemetry_records_the_t_used():
         state.telemetry = True
         quantized_operand(x * (LIVE[0] if step == 1 else 1.0), SPEC, state, "layers.0.fc1", "wgrad.dy")
         state.advance()
-    assert [row["target"] for row in state.pop_telemetry()] == [448.0, 448.0, 114688 / 40]
+    assert [row["target"] for row in state.pop_telemetry()] == [448.0, 448.0, 61440 / 40]
 
 
 def test_a_resumed_state_continues_exactly():
@@ -174,7 +174,7 @@ def test_two_ranks_choose_the_same_t_from_the_reduced_growth():
 
 
 def test_inference_quantizes_an_automatic_target_with_no_growth_to_cover():
-    """The quantized-inference policy uses the current amax: G = 1, so T = clamp(114688 / 4,
+    """The quantized-inference policy uses the current amax: G = 1, so T = clamp(61440 / 4,
     448, 8192) = 8192, for activations quantized per sequence too."""
     from fp4repro.quant.state import CurrentAmaxState
 

@@ -6,6 +6,10 @@ import torch.nn.functional as F
 from fp4repro.config.recipe import load_recipe
 from fp4repro.quant import LinearSpecs, QuantLinear, QuantSpec, QuantState, quantize_dequantize, quantized_operand
 
+#: A model's layers as recipes resolve them (``ModelConfig.layer_linears``): 8 MLP layers. Recipes
+#: may select layers by a share among those with a given linear, which needs the layers themselves.
+LAYERS = (("fc1", "fc2"),) * 8
+
 
 def _layer(specs, bias=True, seed=0):
     torch.manual_seed(seed)
@@ -13,7 +17,7 @@ def _layer(specs, bias=True, seed=0):
 
 
 def test_bf16_recipe_is_exactly_f_linear():
-    assert load_recipe("bf16").linear_specs(0, 4) is None
+    assert load_recipe("bf16").linear_specs(0, LAYERS[:4]) is None
     lin = _layer(None)
     x = torch.randn(3, 10, 64, requires_grad=True)
     x2 = x.detach().clone().requires_grad_()
@@ -32,9 +36,9 @@ def _rne(specs: LinearSpecs) -> LinearSpecs:
     return LinearSpecs.from_operands({n: (replace(s, rounding="rne") if s else None) for n, s in specs.items()})
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_no_rht"])
+@pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3", "ue5m3_t2048_all_dy", "mxfp4", "nvfp4_no_rht"])
 def test_outputs_and_grads_are_matmuls_of_dequantized_operands(recipe):
-    specs = _rne(load_recipe(recipe).linear_specs(0, 8))
+    specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
     lin = _layer(specs, bias=False)
     x = torch.randn(4, 20, 64, requires_grad=True)
     y = lin(x)
@@ -52,7 +56,7 @@ def test_outputs_and_grads_are_matmuls_of_dequantized_operands(recipe):
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3", "mxfp4"])
 def test_only_sr_operands_are_stochastic(recipe):
-    specs = load_recipe(recipe).linear_specs(0, 8)
+    specs = load_recipe(recipe).linear_specs(0, LAYERS)
     t = torch.randn(40, 64)
     for name, spec in specs.items():
         torch.manual_seed(1)
@@ -74,7 +78,7 @@ def test_only_sr_operands_are_stochastic(recipe):
 
 
 def test_fp4_differs_from_bf16_but_is_close():
-    lin = _layer(load_recipe("ue5m3").linear_specs(0, 8))
+    lin = _layer(load_recipe("ue5m3").linear_specs(0, LAYERS))
     x = torch.randn(8, 64)
     y, ref = lin(x), F.linear(x, lin.weight, lin.bias)
     rel = ((y - ref).norm() / ref.norm()).item()
@@ -83,7 +87,7 @@ def test_fp4_differs_from_bf16_but_is_close():
 
 def test_periodic_scaling_and_telemetry_flow_through_the_layer():
     state = QuantState()
-    lin = QuantLinear(64, 48, specs=load_recipe("ue5m3").linear_specs(0, 8), state=state, name="blk0.fc1")
+    lin = QuantLinear(64, 48, specs=load_recipe("ue5m3").linear_specs(0, LAYERS), state=state, name="blk0.fc1")
     x = torch.randn(16, 64, requires_grad=True)
     state.telemetry = True
     lin(x).sum().backward()
@@ -103,7 +107,7 @@ def test_periodic_scaling_and_telemetry_flow_through_the_layer():
 
 
 def test_describe_lists_every_operand():
-    lin = QuantLinear(32, 32, specs=load_recipe("nvfp4").linear_specs(0, 8))
+    lin = QuantLinear(32, 32, specs=load_recipe("nvfp4").linear_specs(0, LAYERS))
     d = lin.describe()
     assert d["wgrad.dy"] == "e2m1/e4m3 1x16 T=448 SR current RHT"
     assert QuantLinear(32, 32).describe() == {k: "bf16" for k in d}
@@ -116,7 +120,7 @@ def test_state_dict_keys_match_nn_linear():
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3", "mxfp4"])
 def test_cuda_bf16_matches_cpu_reference(recipe):
-    specs = _rne(load_recipe(recipe).linear_specs(0, 8))
+    specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
     lin = _layer(specs, bias=True)
     x = torch.randn(4, 32, 64)
     y_cpu = lin(x)
@@ -213,7 +217,7 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
     # gradients equal those of quantizing Wᵀ afresh, bit for bit.
     import fp4repro.quant.linear as linear
 
-    specs = _rne(load_recipe(recipe).linear_specs(0, 8))
+    specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
     assert linear.transposable_weight_spec(specs)
 
     def run(reuse: bool):
@@ -257,7 +261,7 @@ def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_f
         calls.append((tuple(a.shape), tuple(b.shape)))
         return 2 * emulated_gemm(a, da, b, db, out_dtype)
 
-    lin = _layer(load_recipe("ue5m3").linear_specs(0, 4), bias=False)
+    lin = _layer(load_recipe("ue5m3").linear_specs(0, LAYERS[:4]), bias=False)
     x = torch.randn(3, 10, 64, requires_grad=True)
     torch.manual_seed(5)
     want = lin(x)

@@ -16,11 +16,15 @@ from fp4repro.quant import QuantLinear, QuantState, scaled_operand
 from fp4repro.quant.gemm import gemm_function
 from fp4repro.quant.linear import sequence_operand
 
+#: A model's layers as recipes resolve them (``ModelConfig.layer_linears``): 8 MLP layers. Recipes
+#: may select layers by a share among those with a given linear, which needs the layers themselves.
+LAYERS = (("fc1", "fc2"),) * 8
+
 FPROP_X = {  # the activation operand of each kind of recipe, and variants its spec allows
-    "ue5m3": load_recipe("ue5m3").linear_specs(0, 8).fprop_x,
-    "nvfp4": load_recipe("nvfp4").linear_specs(0, 8).fprop_x,
-    "nvfp4_rht": replace(load_recipe("nvfp4").linear_specs(0, 8).fprop_x, rht=True),
-    "mxfp4": load_recipe("mxfp4").linear_specs(0, 8).fprop_x,
+    "ue5m3": load_recipe("ue5m3").linear_specs(0, LAYERS).fprop_x,
+    "nvfp4": load_recipe("nvfp4").linear_specs(0, LAYERS).fprop_x,
+    "nvfp4_rht": replace(load_recipe("nvfp4").linear_specs(0, LAYERS).fprop_x, rht=True),
+    "mxfp4": load_recipe("mxfp4").linear_specs(0, LAYERS).fprop_x,
 }
 
 
@@ -116,7 +120,7 @@ class _Sequences(QuantState):
 @pytest.mark.parametrize("recipe", ["ue5m3", "nvfp4", "mxfp4"])
 def test_a_sequences_output_is_its_output_alone(recipe):
     torch.manual_seed(0)
-    lin = QuantLinear(64, 48, specs=load_recipe(recipe).linear_specs(0, 8), state=_Sequences(), name="l")
+    lin = QuantLinear(64, 48, specs=load_recipe(recipe).linear_specs(0, LAYERS), state=_Sequences(), name="l")
     x, lengths = _batch()
     with torch.no_grad():
         lin.state.lengths = lengths
@@ -136,7 +140,7 @@ def test_training_quantizes_the_activation_as_one_tensor():
     assert QuantState().sequence_lengths(4, 16) is None
     spec = FPROP_X["ue5m3"]
     torch.manual_seed(0)
-    lin = QuantLinear(64, 48, specs=load_recipe("ue5m3").linear_specs(0, 8), state=QuantState(), name="l")
+    lin = QuantLinear(64, 48, specs=load_recipe("ue5m3").linear_specs(0, LAYERS), state=QuantState(), name="l")
     x, _ = _batch()
     with torch.no_grad():
         qx, dx = linear.quantized_operand(x.reshape(-1, 64), spec, None, "l", "fprop.x")

@@ -49,3 +49,16 @@ def test_different_draws_round_differently_and_a_resumed_state_draws_the_same():
     assert torch.equal(
         quantized_operand(x, SR, state, "l", "wgrad.dy")[0], quantized_operand(x, SR, resumed, "l", "wgrad.dy")[0]
     )
+
+
+def test_stochastic_fast_draws_from_the_named_seed_too():
+    # the authors' StochasticFast is a stochastic rounding like "sr": its bits come from
+    # QuantState.sr_seed (the reference path seeds a generator of its own with it), so it rounds
+    # like "sr" with the same bits wherever no element sits at a tie of its random threshold
+    fast = QuantSpec(scale="ue5m3", rounding="stochastic_fast")
+    x = _x(6)
+    a = quantized_operand(x, fast, QuantState(seed=3), "l", "wgrad.dy")[0]
+    torch.manual_seed(1234)  # the global generator plays no part
+    assert torch.equal(a, quantized_operand(x, fast, QuantState(seed=3), "l", "wgrad.dy")[0])
+    assert torch.equal(a, quantized_operand(x, SR, QuantState(seed=3), "l", "wgrad.dy")[0])
+    assert not torch.equal(a, quantized_operand(x, fast, QuantState(seed=4), "l", "wgrad.dy")[0])

@@ -40,9 +40,10 @@ def ref_hadamard16(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([a + b, a - b], dim=-1)
 
 
-def ref_nvfp4(x: torch.Tensor, tile_rows: int, with_rht: bool) -> torch.Tensor:
+def ref_nvfp4(x: torch.Tensor, tile_rows: int, with_rht: bool, tile_cols: int = 16) -> torch.Tensor:
     """Two-level NVFP4 quantize-dequantize (E4M3 scales via torch's float8 cast, T = 448,
-    current amax), float32 ops in Transformer Engine's order; x is 2-D and divisible."""
+    current amax), float32 ops in Transformer Engine's order, blocks of tile_rows × tile_cols; x is
+    2-D and divisible."""
     x = x.float()
     if with_rht:
         m, n = x.shape
@@ -53,7 +54,7 @@ def ref_nvfp4(x: torch.Tensor, tile_rows: int, with_rht: bool) -> torch.Tensor:
     if amax == 0:
         g = torch.tensor(1.0)
     d = 1.0 / g
-    tiles = x.reshape(m // tile_rows, tile_rows, n // 16, 16)
+    tiles = x.reshape(m // tile_rows, tile_rows, n // tile_cols, tile_cols)
     vec_max = tiles.abs().amax(dim=(1, 3), keepdim=True)
     s = torch.clamp(vec_max * (g * torch.reciprocal(torch.tensor(6.0))), max=448.0)
     s = s.to(torch.float8_e4m3fn).float()
@@ -69,11 +70,14 @@ def heavy_tailed(shape, seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("block, rht", [((1, 16), False), ((16, 16), False), ((1, 16), True), ((16, 16), True)])
+@pytest.mark.parametrize(
+    "block, rht",
+    [((1, 16), False), ((16, 16), False), ((1, 16), True), ((16, 16), True), ((32, 32), False), ((32, 32), True)],
+)
 def test_matches_independent_reference_bit_for_bit(seed, block, rht):
     x = heavy_tailed((64, 96), seed)
     ours = quantize_dequantize_reference(x, QuantSpec(block=block, rht=rht))
-    ref = ref_nvfp4(x, block[0], rht)
+    ref = ref_nvfp4(x, block[0], rht, block[1])
     assert torch.equal(ours, ref)
 
 
@@ -90,10 +94,23 @@ def test_codes_and_scales_are_consistent():
 def test_2d_tiles_share_one_scale():
     bq = quantize_reference(heavy_tailed((48, 32), 1), QuantSpec(block=(16, 16)))
     assert bq.scale_codes.shape == (3, 2)
+    # 32x32 tiles (the B32 weights): rows padded to 64, columns to 64; a tile's scale is that of
+    # its largest element, which lands on ±6 (T = 448, current amax: E4M3 scale 448 for the largest)
+    x = heavy_tailed((40, 48), 2)
+    bq = quantize_reference(x, QuantSpec(block=(32, 32)))
+    assert bq.scale_codes.shape == (2, 2) and bq.codes.shape == (64, 32)
+    scales = bq.scales.repeat_interleave(32, 0).repeat_interleave(32, 1)[:40, :48]
+    assert bq.scales.max() == 448.0
+    q = bq.elements()[:40, :48]
+    for r, c in ((0, 0), (0, 32), (32, 0), (32, 32)):
+        tile = x[r : r + 32, c : c + 32]
+        at = tile.abs().argmax()
+        assert q[r : r + 32, c : c + 32].reshape(-1)[at].abs() == 6.0  # within 2^-4 of 6 before rounding
+        assert (scales[r : r + 32, c : c + 32] == bq.scales[r // 32, c // 32]).all()
 
 
 @pytest.mark.parametrize("shape", [(5, 23), (17, 40), (3, 2, 7), (1,)])
-@pytest.mark.parametrize("block", [(1, 16), (16, 16), (1, 32)])
+@pytest.mark.parametrize("block", [(1, 16), (16, 16), (1, 32), (32, 32)])
 def test_non_divisible_shapes_pad_with_zeros_and_crop(shape, block):
     x = torch.randn(shape)
     spec = QuantSpec(block=block)

@@ -159,7 +159,7 @@ def claims_by_id() -> dict:
     return {c.id: c for c in load_claims(CLAIMS)[1]}
 
 
-def rows_of(claim_id: str, results: Path, seeds=(0,), recipes=("nvfp4", "ue5m3", "ue5m3_t2048")):
+def rows_of(claim_id: str, results: Path, seeds=(0,), recipes=("nvfp4", "ue5m3", "ue5m3_t448")):
     return measure(claims_by_id()[claim_id], results / "tiny", {r: tuple(seeds) for r in recipes}, BLEND)
 
 

@@ -164,22 +164,27 @@ def test_downstream_with_seeds_uses_the_aggregate_per_seed(tmp_path):
 
 
 def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
+    # the T claims compare ue5m3 (T = 2048 on its final fc2's wgrad dY) with ue5m3_t448, on wgrad dY
     results = tmp_path / "results"
-    write_run(results, "ue5m3", 0, underflow=0.004, clipped=0.001)
-    write_run(results, "ue5m3_t2048", 0, underflow=0.001, clipped=0.002)
+    write_run(results, "ue5m3_t448", 0, underflow=0.004, clipped=0.001)
+    write_run(results, "ue5m3", 0, underflow=0.001, clipped=0.002)
     rows = {c: rows_of(c, results)[0] for c in ("t2048_underflow", "t2048_saturation", "t2048_clipping")}
     under = rows["t2048_underflow"]
-    tele = {r: pd.read_parquet(run_dir(results, "tiny", r, 0) / "telemetry.parquet") for r in ("ue5m3", "ue5m3_t2048")}
-    dy = {r: t[t["operand"].isin(["dgrad.dy", "wgrad.dy"])] for r, t in tele.items()}
-    assert under.recipe_value == pytest.approx(dy["ue5m3_t2048"]["underflow_blocks"].sum() / (80 * 10_000))
-    assert under.baseline_value == pytest.approx(dy["ue5m3"]["underflow_blocks"].sum() / (80 * 10_000))
+    tele = {r: pd.read_parquet(run_dir(results, "tiny", r, 0) / "telemetry.parquet") for r in ("ue5m3_t448", "ue5m3")}
+    dy = {r: t[t["operand"] == "wgrad.dy"] for r, t in tele.items()}
+    assert under.recipe_value == pytest.approx(dy["ue5m3"]["underflow_blocks"].sum() / dy["ue5m3"]["blocks"].sum())
+    assert under.baseline_value == pytest.approx(
+        dy["ue5m3_t448"]["underflow_blocks"].sum() / dy["ue5m3_t448"]["blocks"].sum()
+    )
     assert under.comparison.test.startswith("batch means: 40 steps")
-    per_step = {r: t.groupby("step")["underflow_blocks"].sum() / 20_000 for r, t in dy.items()}
-    assert under.comparison.difference == pytest.approx((per_step["ue5m3_t2048"] - per_step["ue5m3"]).mean())
+    per_step = {
+        r: t.groupby("step")["underflow_blocks"].sum() / t.groupby("step")["blocks"].sum() for r, t in dy.items()
+    }
+    assert under.comparison.difference == pytest.approx((per_step["ue5m3"] - per_step["ue5m3_t448"]).mean())
     # beyond the per-step noise, but the rates are outcomes of training too: one seed is capped
     assert under.comparison.verdict(under.claim.expect) == REPRODUCED and under.verdict == SUGGESTIVE
     clip = rows["t2048_clipping"]
-    assert clip.recipe_value == pytest.approx(dy["ue5m3_t2048"]["clipped_elements"].sum() / (80 * 100_000))
+    assert clip.recipe_value == pytest.approx(dy["ue5m3"]["clipped_elements"].sum() / dy["ue5m3"]["nonzero_elements"].sum())
     assert clip.verdict == OPPOSITE
     assert rows["t2048_saturation"].note.startswith("not resolved: no saturation events")
 
@@ -192,7 +197,7 @@ def test_unmeasured_claims_say_why(tmp_path):
     write_run(results, "nvfp4", 0)
     write_run(results, "ue5m3", 0)
     (absent,) = rows_of("t2048_underflow", results, recipes=("nvfp4", "ue5m3"))
-    assert absent.note == "not measured: no run of ue5m3_t2048 in this experiment"
+    assert absent.note == "not measured: no run of ue5m3_t448 in this experiment"
     (missing,) = rows_of("final_loss", results, seeds=(0, 1))
     assert missing.note.startswith("not measured") and "seed1" in missing.note
     (throughput,) = rows_of("throughput_no_rht_no_bf16_tail", results, recipes=("nvfp4", "nvfp4_no_rht_no_bf16_tail"))

@@ -14,7 +14,7 @@ from fp4repro.statistics import SUGGESTIVE
 
 def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4", "nvfp4_first_last_bf16"):
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4", "nvfp4_first_last_bf16"):
         write_run(results, recipe, 0, loss=-0.1 if recipe == "ue5m3" else 0.0, underflow=0.002, clipped=0.001)
     monkeypatch.chdir(tmp_path)
     write_report(load_study("tiny"), "claims", "paper/tiny/report.md", figures=["figures/tiny/loss.png"])
@@ -25,19 +25,17 @@ def test_write_report_writes_markdown_with_verdicts_and_figure_links(tmp_path, m
     loss_line = next(line for line in text.splitlines() if line.startswith("| final_loss |"))
     assert "batch means" in loss_line and f"**{SUGGESTIVE}**" in loss_line
     assert "Mechanism: an element clipped at ±6" in text
-    # beyond the paper (ue5m3 and ue5m3_t2048 are studied): after the claims, before the figures
-    assert text.index("## Claims") < text.index("## Beyond the paper: an automatic target T") < text.index("## Figures")
-    assert (
-        "| ue5m3_t2048 |" in text
-        and "- ue5m3_auto has no results here (not among the recipes, or not run yet): no comparison." in text
-    )
+    assert text.index("## Claims") < text.index("## Figures")
+    # the automatic-T section compares the fixed-T recipes of the earlier numerics (the small study's
+    # ue5m3 and ue5m3_t2048, fp4repro.report.sections); tiny studies one of them
+    assert "## Beyond the paper: an automatic target T" not in text
 
 
 def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
     from fp4repro.cli import main
 
     results = tmp_path / "results"
-    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"):
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"):
         write_run(results, recipe, 0, loss=-0.1 if recipe == "ue5m3" else 0.0, underflow=0.002)
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--experiment", "tiny"]) == 0
@@ -53,6 +51,50 @@ def measure_all(results: Path) -> list:
         row
         for c in load_claims(CLAIMS)[1]
         for row in measure(
-            c, results / "tiny", dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"), (0,)), BLEND
+            c, results / "tiny", dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"), (0,)), BLEND
         )
     ]
+
+
+def _tiny_runs(tmp_path, monkeypatch) -> Path:
+    results = tmp_path / "results"
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"):
+        write_run(results, recipe, 0, loss=-0.1 if recipe == "ue5m3" else 0.0, underflow=0.002)
+    monkeypatch.chdir(tmp_path)
+    return results
+
+
+def test_a_results_root_without_the_experiments_runs_leaves_the_report_as_it_was(tmp_path, monkeypatch, capsys):
+    # issue 42: `fp4repro report --results reslts` (a typo) replaced the report by one of 0 measured lines
+    from fp4repro.cli import main
+
+    _tiny_runs(tmp_path, monkeypatch)
+    assert main(["report", "--experiment", "tiny"]) == 0
+    report = tmp_path / "paper" / "tiny" / "report.md"
+    good = report.read_text()
+    capsys.readouterr()
+    assert main(["report", "--experiment", "tiny", "--results", "reslts"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "fp4repro report: error: no results of experiment 'tiny' under reslts/"
+    )
+    assert "paper/tiny/report.md was not written" in err and "--allow-empty" in err
+    assert report.read_text() == good
+    assert main(["report", "--experiment", "tiny", "--results", "reslts", "--allow-empty"]) == 0
+    assert "0 measured" in capsys.readouterr().out and report.read_text() != good
+
+
+def test_a_full_disk_writing_the_report_is_one_line_and_keeps_the_old_report(tmp_path, monkeypatch, capsys, full_disk):
+    from fp4repro.cli import main
+
+    _tiny_runs(tmp_path, monkeypatch)
+    assert main(["report", "--experiment", "tiny"]) == 0
+    report = tmp_path / "paper" / "tiny" / "report.md"
+    good = report.read_text()
+    capsys.readouterr()
+    full_disk("report.md")
+    assert main(["report", "--experiment", "tiny", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fp4repro report: error: disk full writing paper/tiny/report.md; ")
+    assert err.endswith(" bytes free; nothing was replaced\n")
+    assert report.read_text() == good and [p.name for p in report.parent.iterdir()] == ["report.md"]

@@ -65,7 +65,7 @@ def kernel_case(spec: QuantSpec, columnwise: bool) -> str:
     """The quantization kernel case of an operand: block, element rounding and RHT, row- or
     column-wise (the names of ``fp4repro bench kernels``' cases, without the amax)."""
     rounding = {(True, True): "RHT+SR", (True, False): "RHT", (False, True): "SR", (False, False): "RNE"}[
-        (spec.rht, spec.rounding == "sr")
+        (spec.rht, spec.stochastic)
     ]
     name = f"{spec.block[0]}x{spec.block[1]} {rounding}"
     if spec.target is None:
@@ -88,7 +88,7 @@ def body_work(config: ModelConfig, recipe: Recipe, tokens: int) -> tuple[list[Ge
     gemms, quants = [], []
     for name, (k, n) in linear_shapes(config).items():
         layer, linear = int(name.split(".")[1]), name.rsplit(".", 1)[1]
-        specs = recipe.linear_specs(layer, config.n_layers, linear=linear)
+        specs = recipe.linear_specs(layer, config.layer_linears, linear=linear)
         quantized = specs is not None and specs.any_quantized
         precision = "fp4" if quantized else "bf16"
         gemms += [

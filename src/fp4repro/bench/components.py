@@ -97,7 +97,7 @@ def time_quantization(work, device: torch.device) -> dict:
     x = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=torch.Generator(device=device).manual_seed(5))
     x = x.t() if work.columnwise else x  # a transposed view, as the model hands it over
     amax = x.float().abs().max() if work.spec.target is not None else None
-    launch, _ = quantize_launch(x, work.spec, amax=amax, seed=1 if work.spec.rounding == "sr" else None)
+    launch, _ = quantize_launch(x, work.spec, amax=amax, seed=1 if work.spec.stochastic else None)
     kernel = _quantize_launcher()
     row = {
         "rows": work.rows,

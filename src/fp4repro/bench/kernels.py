@@ -119,6 +119,7 @@ def bench_quantize(shapes=((8192, 8192), (16384, 8192))) -> list[dict]:
 
 
 def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int = 4096) -> list[dict]:
+    from fp4repro.config.model import load_model_config
     from fp4repro.config.recipe import load_recipe
 
     torch.manual_seed(0)
@@ -141,8 +142,9 @@ def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int 
         }
 
     rows = [row("F.linear BF16", step_bf16, None)]
+    layers = load_model_config("nemotron_h_8b").layer_linears   # layer 0's in_proj of the 8B
     for recipe in ("ue5m3", "nvfp4", "mxfp4"):
-        specs = load_recipe(recipe).linear_specs(0, 52)
+        specs = load_recipe(recipe).linear_specs(0, layers, "in_proj")
         lin = QuantLinear(
             in_features,
             out_features,

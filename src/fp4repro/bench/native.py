@@ -78,7 +78,11 @@ def te_mapping(recipe: Recipe, config: ModelConfig) -> TEMapping:
     """The ``NVFP4BlockScaling`` arguments and BF16 layers that compute ``recipe`` on ``config``'s
     model; ``NoTEEquivalent`` naming the first linear that differs when none do."""
     n = config.n_layers
-    specs = {(i, name): recipe.linear_specs(i, n, linear=name) for i in range(n) for name in config.layer_linears[i]}
+    specs = {
+        (i, name): recipe.linear_specs(i, config.layer_linears, linear=name)
+        for i in range(n)
+        for name in config.layer_linears[i]
+    }
     quantized = {key: s for key, s in specs.items() if s is not None and s.any_quantized}
     bf16_layers = tuple(i for i in range(n) if all((i, name) not in quantized for name in config.layer_linears[i]))
     partial = [

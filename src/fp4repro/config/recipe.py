@@ -27,7 +27,11 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
 "0:2", "7"), or a share of the model's layers, so that one recipe keeps the same proportion at
 every depth: ``{last_share: s}`` is the last k layers and ``{first_share: s}`` the first k, with
 k = max(1, round(s · n_layers)) (Python's ``round``: half to even) and 0 < s <= 1. For example
-``{last_share: 0.076923}`` (4/52) is 4 of the 8B's 52 layers, 1 of 16 and 1 of 5.
+``{last_share: 0.153846}`` (8/52) is 8 of the 8B's 52 layers, 2 of 16 and 1 of 5. A share may count
+only the layers that hold one kind of linear: ``{last_share: s, among: fc2}`` is the last
+k = max(1, round(s · m)) of the m layers with an fc2 (the MLP layers); ``{last_share: 0.166667,
+among: fc2}`` (4/24) is the 8B's layers 45, 47, 49 and 51. Resolving such a share needs the model's
+layers (``Recipe.linear_specs`` given ``ModelConfig.layer_linears`` rather than a layer count).
 
 **GEMM model.** ``gemm`` says how a GEMM whose two operands are quantized turns the encoded
 operands into its output (``fp4repro.config.spec.GemmModel``): ``fp32`` (the default: one FP32
@@ -69,6 +73,7 @@ from fp4repro.config.spec import (
 )
 from fp4repro.errors import ConfigError
 
+_LINEARS = ("in_proj", "out_proj", "qkv_proj", "o_proj", "fc1", "fc2")
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
 _SHARES = ("last_share", "first_share")
 _LAYERS_ALLOWED = (
@@ -78,6 +83,9 @@ _LAYERS_ALLOWED = (
 _SHARE_ALLOWED = (
     "a share of the model's layers, 0 < s <= 1 (the last or first round(s * n_layers) layers, at least one)"
 )
+#: a model's layers as overrides see them: a layer count, or each layer's linear names
+#: (``ModelConfig.layer_linears``), which shares ``among`` one kind of linear need
+ModelLayers = int | tuple[tuple[str, ...], ...]
 _GEMM_ALLOWED = "fp32, probe_matched, or {model: probe_matched, group: 64, lattice: 1/1024 (or none)}"
 _LATTICE = re.compile(r"^\s*1\s*/\s*(\d+)\s*$")
 _SOURCES_ALLOWED = (
@@ -230,13 +238,35 @@ def share_count(share: float, n_layers: int) -> int:
     return min(n_layers, max(1, round(share * n_layers)))
 
 
-def _layer_indices(layers, n_layers: int) -> range:
+def layer_count(layers: ModelLayers) -> int:
+    """The number of layers of a ``ModelLayers``."""
+    return layers if isinstance(layers, int) else len(layers)
+
+
+def _share_indices(selector: dict, layers: ModelLayers) -> list[int]:
+    """The layers a share selects: of all layers, or of those holding the linear ``among``."""
+    n_layers = layer_count(layers)
+    kind = next(k for k in selector if k in _SHARES)
+    among = selector.get("among")
+    if among is None:
+        candidates = list(range(n_layers))
+    elif isinstance(layers, int):
+        raise RecipeError(
+            f"layers {selector!r}: a share among the layers with an {among} needs the model's layers "
+            "(Recipe.linear_specs given ModelConfig.layer_linears), not only their number"
+        )
+    else:
+        candidates = [i for i, names in enumerate(layers) if among in names]
+    k = share_count(selector[kind], len(candidates)) if candidates else 0
+    return candidates[len(candidates) - k :] if kind == "last_share" else candidates[:k]
+
+
+def _layer_indices(selector, layers: ModelLayers) -> range | list[int]:
     """The layer indices an override's ``layers`` (slice string or share mapping) selects."""
-    if isinstance(layers, dict):
-        ((kind, share),) = layers.items()
-        k = share_count(share, n_layers)
-        return range(n_layers)[n_layers - k :] if kind == "last_share" else range(n_layers)[:k]
-    m = _SLICE.match(layers)
+    if isinstance(selector, dict):
+        return _share_indices(selector, layers)
+    n_layers = layer_count(layers)
+    m = _SLICE.match(selector)
     start, colon, stop = m.group(1), m.group(2), m.group(3)
     if colon is None:
         i = int(start)
@@ -285,24 +315,20 @@ class Recipe:
         cited = {s["choice"] for s in self.sources}
         return [c for c in REQUIRED_CHOICES if c not in cited]
 
-    def bf16_layers(self, n_layers: int, linears: list | tuple | None = None) -> list[int]:
-        """The layers of an ``n_layers`` model that this recipe leaves wholly unquantized.
-        ``linears``: per layer, the names of its linears (``ModelConfig.layer_linears``), so that
-        overrides restricted to some linears count; without it a layer counts when the recipe
-        leaves it unquantized as a whole (overrides that name ``linears`` aside)."""
-        return [
-            i
-            for i in range(n_layers)
-            if all(
-                self.linear_specs(i, n_layers, lin) is None for lin in (linears[i] if linears is not None else (None,))
-            )
-        ]
+    def bf16_layers(self, layers: ModelLayers) -> list[int]:
+        """The layers a model leaves wholly unquantized under this recipe. ``layers``: per layer,
+        the names of its linears (``ModelConfig.layer_linears``), so that overrides restricted to
+        some linears count; given only a layer count, a layer counts when the recipe leaves it
+        unquantized as a whole (overrides that name ``linears`` aside)."""
+        names = layers if not isinstance(layers, int) else ((None,),) * layers
+        return [i for i in range(layer_count(layers)) if all(self.linear_specs(i, layers, n) is None for n in names[i])]
 
     # -------------------------------------------------------------------------------- resolve
     def operand_fields(
-        self, layer_index: int | None = None, n_layers: int | None = None, linear: str | None = None
+        self, layer_index: int | None = None, layers: ModelLayers | None = None, linear: str | None = None
     ) -> dict[str, dict | None]:
-        """Operand -> QuantSpec fields (None = bf16) for a layer, after overrides."""
+        """Operand -> QuantSpec fields (None = bf16) for a layer of a model's ``layers``, after
+        overrides."""
         base = None if self.defaults == "bf16" else dict(self.defaults)
         out = {}
         for name in OPERANDS:
@@ -315,7 +341,7 @@ class Recipe:
         if layer_index is None:
             return out
         for ov in self.overrides:
-            if layer_index not in _layer_indices(ov["layers"], n_layers):
+            if layer_index not in _layer_indices(ov["layers"], layers):
                 continue
             if "linears" in ov and linear not in ov["linears"]:
                 continue
@@ -329,15 +355,16 @@ class Recipe:
                 out[name] = None if value == "bf16" else {**(out[name] or {}), **value}
         return out
 
-    def linear_specs(self, layer_index: int, n_layers: int, linear: str | None = None) -> LinearSpecs | None:
-        """The LinearSpecs of one linear of layer ``layer_index`` (None: unquantized, plain F.linear)."""
-        return _resolve(self, layer_index, n_layers, linear)
+    def linear_specs(self, layer_index: int, layers: ModelLayers, linear: str | None = None) -> LinearSpecs | None:
+        """The LinearSpecs of one linear of layer ``layer_index`` of a model's ``layers`` (a layer
+        count, or ``ModelConfig.layer_linears``; None: unquantized, plain F.linear)."""
+        return _resolve(self, layer_index, layers, linear)
 
 
 @lru_cache(maxsize=4096)
-def _resolve(recipe: Recipe, layer_index: int, n_layers: int, linear: str | None) -> LinearSpecs | None:
-    where = f"{recipe.path}: layer {layer_index} of {n_layers}" + (f" ({linear})" if linear else "")
-    return _build_specs(recipe.operand_fields(layer_index, n_layers, linear), where, gemm=recipe.gemm)
+def _resolve(recipe: Recipe, layer_index: int, layers: ModelLayers, linear: str | None) -> LinearSpecs | None:
+    where = f"{recipe.path}: layer {layer_index} of {layer_count(layers)}" + (f" ({linear})" if linear else "")
+    return _build_specs(recipe.operand_fields(layer_index, layers, linear), where, gemm=recipe.gemm)
 
 
 def _build_specs(
@@ -428,7 +455,8 @@ def _validate_semantics(recipe: Recipe) -> None:
     for i, ov in enumerate(recipe.overrides):
         layers = ov["layers"]
         if isinstance(layers, dict):
-            ((kind, share),) = layers.items()
+            kind = next(k for k in layers if k in _SHARES)
+            share = layers[kind]
             if not 0 < share <= 1:  # the schema's bounds, and NaN, which passes them
                 raise RecipeError(
                     f"{recipe.path}: field 'overrides.{i}.layers.{kind}': value {share!r}: {_SHARE_ALLOWED}"
@@ -444,7 +472,8 @@ def _validate_semantics(recipe: Recipe) -> None:
         _spec_from_fields(recipe.defaults, f"{recipe.path}: field 'defaults")
     own = {n: v for n, v in recipe.operands.items() if isinstance(v, dict)}
     _build_specs(recipe.operand_fields(), recipe.path, own)
-    n = 64
+    # a nominal model of 64 layers, each with every kind of linear
+    n = (tuple(_LINEARS),) * 64
     for i, ov in enumerate(recipe.overrides):
         layer = _layer_indices(ov["layers"], n)
         for lin in ov.get("linears", [None]):

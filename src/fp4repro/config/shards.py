@@ -99,7 +99,7 @@ def shard_problems(model: ModelConfig, recipe: Recipe, parallel: ParallelConfig)
     problems, seen = [], set()
     for index, linears in enumerate(model.layer_linears):
         for linear in linears:
-            specs = recipe.linear_specs(index, model.n_layers, linear=linear)
+            specs = recipe.linear_specs(index, model.layer_linears, linear=linear)
             if specs is None:
                 continue
             dim, parts = rank_parts(model, linear, tp)

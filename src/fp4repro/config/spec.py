@@ -31,9 +31,20 @@ def transposed_operand(operand: str) -> bool:
     return OPERAND_MATRIX[operand] != TENSOR_MATRIX[operand.split(".")[1]]
 
 
-BLOCKS = ((1, 16), (16, 16), (1, 32))
-ROUNDINGS = ("rne", "sr")
+BLOCKS = ((1, 16), (16, 16), (1, 32), (32, 32))
+#: Element roundings: round half to even, and two stochastic roundings from 8 random bits per
+#: element that differ only at ties of the random threshold (``fp4repro.formats``): "sr" (up iff
+#: delta + (2b + 1)/512 > 1, Transformer Engine's NVFP4 baseline here) and "stochastic_fast" (up iff
+#: delta + (2b + 1)/512 >= 1, the UE5M3 FP4 authors' StochasticFast).
+ROUNDINGS = ("rne", "sr", "stochastic_fast")
+STOCHASTIC_ROUNDINGS = ("sr", "stochastic_fast")
 SCALE_ROUNDINGS = ("rne", "up")
+#: What a block whose scale rounds to zero (or an all-zero block) gets as its scale: "flush" keeps
+#: s_b = 0 and its elements q = 0 (Transformer Engine's NVFP4 rule for E4M3 scales); "one" gives it
+#: s_b = 1.0 before the reciprocal (the UE5M3 FP4 authors' rule), and its elements round to zero all
+#: the same with UE5M3 scales, or with RNE: the dequantized values are then equal, the scale codes
+#: differ (E4M3 with stochastic rounding is the exception: ``fp4repro.reference.block``).
+ZERO_SCALES = ("flush", "one")
 
 
 @dataclass(frozen=True)
@@ -80,11 +91,14 @@ class QuantSpec:
 
     element:        payload format (signed), e.g. "e2m1"
     scale:          block-scale format with a NaN code, e.g. "e4m3" (used unsigned), "ue5m3", "ue8m0"
-    block:          (rows, cols) of a block; cols run along the GEMM's reduction dimension
+    block:          (rows, cols) of a block; cols run along the GEMM's reduction dimension:
+                    1x16, 1x32, or the square tiles 16x16 and 32x32 (weights)
     target:         T, where the largest block scale lands: g = Emax·T / A; None = no tensor scale
                     (g = 1, MX style)
-    rounding:       element rounding, "rne" or "sr"
+    rounding:       element rounding, "rne", "sr" or "stochastic_fast" (``ROUNDINGS``)
     scale_rounding: block-scale rounding, "rne" (nearest even) or "up" (toward +inf, MX style)
+    zero_scale:     "flush" or "one": the scale of a block whose scale rounds to zero
+                    (``ZERO_SCALES``)
     rht:            16-point randomized Hadamard transform along the reduction dimension first
     tensor_scaling: current or periodic amax
     auto_target:    None, or how T is chosen at each refresh (``AutoTarget``); ``target`` is then
@@ -101,6 +115,7 @@ class QuantSpec:
     rht: bool = False
     tensor_scaling: TensorScaling = TensorScaling()
     auto_target: AutoTarget | None = None
+    zero_scale: str = "flush"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block", tuple(int(b) for b in self.block))
@@ -110,6 +125,11 @@ class QuantSpec:
     def problems(self) -> list[tuple[str, object, str]]:
         """Every reason this spec is invalid, as (field, value, what is allowed); empty if valid."""
         return spec_problems(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the element rounding draws random bits ("sr" or "stochastic_fast")."""
+        return self.rounding in STOCHASTIC_ROUNDINGS
 
     def __str__(self) -> str:
         t = "none" if self.target is None else str(self.auto_target) if self.auto_target else f"{self.target:g}"
@@ -124,6 +144,8 @@ class QuantSpec:
             parts.append("RHT")
         if self.scale_rounding != "rne":
             parts.append(f"scale-{self.scale_rounding}")
+        if self.zero_scale != "flush":
+            parts.append(f"zero-scale-{self.zero_scale}")
         return " ".join(parts)
 
 
@@ -137,6 +159,7 @@ def spec_problems(
     rht=False,
     tensor_scaling=TensorScaling(),
     auto_target=None,
+    zero_scale="flush",
 ) -> list[tuple[str, object, str]]:
     """Why these QuantSpec fields are invalid, as (field, value, what is allowed) triples."""
     out = []
@@ -167,6 +190,8 @@ def spec_problems(
         out.append(("rounding", rounding, f"allowed {list(ROUNDINGS)}"))
     if scale_rounding not in SCALE_ROUNDINGS:
         out.append(("scale_rounding", scale_rounding, f"allowed {list(SCALE_ROUNDINGS)}"))
+    if zero_scale not in ZERO_SCALES:
+        out.append(("zero_scale", zero_scale, f"allowed {list(ZERO_SCALES)}"))
     if not isinstance(rht, bool):
         out.append(("rht", rht, "true or false"))
     if tensor_scaling.kind not in ("current", "periodic"):

@@ -20,7 +20,7 @@ import torch
 
 from fp4repro.config.spec import QuantSpec
 from fp4repro.formats import get_format
-from fp4repro.reference.block import clip_threshold
+from fp4repro.reference.block import clip_threshold, float32_fields, scales_from_amax_bits
 from fp4repro.reference.geometry import padded_shape
 from fp4repro.reference.rht import TE_SIGNS
 
@@ -50,17 +50,28 @@ def _tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int, int]:
     the chosen tiles' throughput is ``fp4repro bench kernels``'s (results/bench/kernels_h200.json)."""
     rows_block, cols_block = spec.block
     if columnwise:
-        return (512 if spec.rounding == "sr" or spec.rht else 1024), max(16, cols_block), 4
+        return (512 if spec.stochastic or spec.rht else 1024), max(16, cols_block), 4
     return max(16, rows_block), 128, 4
 
 
 @functools.cache
 def _launch_args(spec: QuantSpec) -> dict:
+    """The constexprs a spec fixes, all derived from its formats (``get_format``) and fields. The
+    constexprs of the newer options (stochastic_fast, zero_scale "one", MX scales from the amax
+    bits) are passed only when set: other specs compile to the same kernels as before them."""
     element, scale = get_format(spec.element), get_format(spec.scale)
+    extra = {}
+    if spec.rounding == "stochastic_fast":
+        extra.update(SR_FAST=True)
+    if spec.zero_scale == "one":
+        extra.update(ZERO_ONE=True)
+    if scales_from_amax_bits(spec):
+        field, mantissa = float32_fields(element.max)
+        extra.update(S_FROM_BITS=True, E_MAX_FIELD=field, E_MAX_MANT=mantissa, S_EMAX=scale.emax)
     return dict(
         RHT=spec.rht,
         SIGN_BITS=SIGN_BITS,
-        SR=spec.rounding == "sr",
+        SR=spec.stochastic,
         HAS_TARGET=spec.target is not None,
         E_EMIN=element.emin,
         E_MAN=element.man_bits,
@@ -76,6 +87,7 @@ def _launch_args(spec: QuantSpec) -> dict:
         S_ROUND_UP=spec.scale_rounding == "up",
         S_OVERFLOW=float(scale.overflow_threshold(spec.scale_rounding)),
         E_CLIP=clip_threshold(element, spec.rounding),
+        **extra,
     )
 
 
@@ -189,7 +201,7 @@ def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
     (``_rht16``), so more tiles a program would not save its reductions."""
     if columnwise or spec.block[0] != 1 or spec.rht:
         return 1, 1
-    return (4, 1) if spec.rounding == "sr" else (2, 2)
+    return (4, 1) if spec.stochastic else (2, 2)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -354,7 +366,7 @@ def quantize_launch(
     if strides[1] != 1 and not _columnwise(x.shape, strides):
         x = x.contiguous()
         strides = x.stride()
-    sr_map = 0 if place is None or spec.rounding != "sr" else place.axis + 1
+    sr_map = 0 if place is None or not spec.stochastic else place.axis + 1
     (rows_p, cols_p), columnwise, grid, constexprs, warps = _quantize_plan(
         spec, x.shape, strides, write_qs, codes, stats, live is not None, sr_map
     )
@@ -367,7 +379,7 @@ def quantize_launch(
     rand_pitch = cols_p * (place.parts if sr_map == 2 else 1)
     device = x.device
     amax = _amax_arg(amax, x, spec)
-    if spec.rounding == "sr" and seed is None:
+    if spec.stochastic and seed is None:
         seed = _draw_seed()
     out_dtype = out_dtype or (x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32)
     if not write_qs:

@@ -7,7 +7,7 @@ running along its columns (the GEMM's reduction dimension):
                        folded into a float32 scalar with an integer atomic max on its bits
                        (valid because |M| >= 0 orders like its bit pattern).
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
-                       block amax, s_b, element rounding (RNE, or SR from Philox uniforms), and the
+                       block amax, s_b, element rounding (RNE, or either SR from Philox bytes), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
                        scale codes, and optionally telemetry counters (atomic adds). The tensor
                        scale g and the decode scale d = 1/g are computed in the kernel from the
@@ -39,12 +39,14 @@ does not use. Element i of the padded matrix in M's row-major order (i = rand_of
 pitch + col, pitch = cols_padded unless placed, rand_offset % 8 == 0) takes byte i % 8 of
 philox2x32(seed, counter = i // 8)
 (the words w0 then w1, each little end first). Rounding is an integer carry, as SR hardware does
-it: the byte is added just below the grid's last kept mantissa bit (with half a step less one)
-and the discarded bits are cleared (``_round_grid``). That is the reference's ``u < frac`` with
-u = (255 - byte + 1/2) / 256, the midpoints of 256 equal cells of [0, 1): P(up) = round(256 ·
-frac) / 256 (ties down), a bias of at most 2^-9 ulp per rounding with zero mean for fractions
-spread over a cell (k / 256 would round up with probability ceil(256 · frac) / 256: up to 2^-8
-ulp, always away from zero). ``philox_uniforms`` gives the same u to feed the reference.
+it: the byte is added just below the grid's last kept mantissa bit (with half a step, less one
+for "sr") and the discarded bits are cleared (``_round_grid``). That is the reference's
+``u < frac`` ("sr") or ``u <= frac`` ("stochastic_fast", the UE5M3 FP4 authors' rule
+delta + (2·byte + 1)/512 >= 1) with u = (255 - byte + 1/2) / 256, the midpoints of 256 equal cells
+of [0, 1): P(up) = round(256 · frac) / 256 (ties down for "sr", up for "stochastic_fast"), a bias
+of at most 2^-9 ulp per rounding with zero mean for fractions spread over a cell (k / 256 would
+round up with probability ceil(256 · frac) / 256: up to 2^-8 ulp, always away from zero).
+``philox_uniforms`` gives the same u to feed the reference.
 
 A shard of a tensor split over tensor-parallel ranks draws at its elements' places in the whole
 tensor (``SR_MAP``: a map from its rows, or its 8-groups of columns, to the whole tensor's, and
@@ -93,6 +95,18 @@ def _add_up(a, b):
 
 
 @triton.jit
+def _add_down(a, b):
+    """a + b rounded toward -inf (float32). PTX ``add.rm.f32`` on a GPU; in Triton's interpreter
+    the round-to-nearest sum stepped down one ulp where it lies above the exact sum (for a,
+    b >= 0 and b a power of two >= a's ulp with c <= 2b, c - b is exact, so the comparison is
+    too)."""
+    if INTERPRETED:
+        c = a + b
+        return tl.where(c - b > a, (c.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), c)
+    return tl.inline_asm_elementwise("add.rm.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _round_grid(
     a,
     rand,
@@ -104,9 +118,9 @@ def _round_grid(
     MODE: tl.constexpr,
     CLAMPED: tl.constexpr = False,
 ):
-    """Round finite a >= 0 onto a minifloat grid (saturating); MODE 0 RNE, 1 SR, 2 up.
-    CLAMPED: a <= MAX is known (then no rounding mode can exceed MAX, which is on the grid),
-    which drops both saturating minimums.
+    """Round finite a >= 0 onto a minifloat grid (saturating); MODE 0 RNE, 1 SR ("sr"), 2 up,
+    3 SR ("stochastic_fast"). CLAMPED: a <= MAX is known (then no rounding mode can exceed MAX,
+    which is on the grid), which drops both saturating minimums.
 
     RNE adds and subtracts C = 2^(max(e, EMIN) - MAN + 23), the float32 whose ulp is the grid's
     ulp at a: the hardware's own round-to-nearest-even does the rounding, in two instructions
@@ -114,15 +128,19 @@ def _round_grid(
 
     SR (``rand``: the int32 addends of ``_sr_addend``) is an integer carry, as SR hardware
     does it. In a binade at or above 2^EMIN the grid keeps the top MAN of float32's 23 mantissa
-    bits, so the D = 23 - MAN discarded bits m are exactly frac(a / ulp) · 2^D, and the
-    reference's ``u < frac`` with u = (k + 1/2) / 256 (k = 255 - byte) is m > (2k + 1) · 2^(D-9),
-    i.e. a carry out of m + r with r = 2^D - 1 - (2k + 1) · 2^(D-9) = byte · 2^(D-8) + 2^(D-9) - 1:
-    q = (bits(a) + r) with the low D bits cleared (a carry past the top mantissa bit moves to the
-    next binade, its next grid value).
-    Below 2^EMIN the grid spacing is that of the binade [2^EMIN, 2^(EMIN+1)), so b = a + 2^EMIN
-    is rounded there and 2^EMIN taken off again (exact). That sum is rounded up: its discarded
-    bits then exceed an integer threshold exactly when those of the exact sum do (the
-    threshold lies on float32's grid there), so the carry decides as the reference does.
+    bits, so the D = 23 - MAN discarded bits m are exactly delta · 2^D (delta = frac(a / ulp)),
+    and q = (bits(a) + r) with the low D bits cleared (a carry past the top mantissa bit moves to
+    the next binade, its next grid value) rounds up iff m + r >= 2^D. With u = (k + 1/2) / 256
+    (k = 255 - byte) the reference's rules are, as integer thresholds on m:
+
+        "sr"               u <  delta  iff  m >  (2k + 1) · 2^(D-9):  r = byte · 2^(D-8) + 2^(D-9) - 1
+        "stochastic_fast"  u <= delta  iff  m >= (2k + 1) · 2^(D-9):  r = byte · 2^(D-8) + 2^(D-9)
+
+    (``_sr_addend``). Below 2^EMIN the grid spacing is that of the binade [2^EMIN, 2^(EMIN+1)), so
+    b = a + 2^EMIN is rounded there and 2^EMIN taken off again (exact). Where that sum is not a
+    float32 it is rounded so that the decision stays the exact sum's: the threshold t lies on
+    float32's grid there, and for the strict rule S > t iff round_up(S) > t, for the non-strict
+    one S >= t iff round_down(S) >= t. So "sr" adds rounding up, "stochastic_fast" rounding down.
 
     Up (block scales) uses the reference's floor/fraction form.
     """
@@ -132,11 +150,14 @@ def _round_grid(
         a = tl.minimum(a, max_value)
     if not HAS_ZERO:
         a = tl.maximum(a, min_pos)
-    if MODE == 1:
+    if (MODE == 1) or (MODE == 3):
         tl.static_assert(EMIN >= -126, "SR needs a format whose 2^emin is a normal float32")
         D: tl.constexpr = 23 - MAN
         lift = tl.where(a < 2.0**EMIN, 2.0**EMIN, 0.0)
-        b = _add_up(a, lift)
+        if MODE == 1:
+            b = _add_up(a, lift)
+        else:
+            b = _add_down(a, lift)
         q = ((b.to(tl.int32, bitcast=True) + rand) & -(1 << D)).to(tl.float32, bitcast=True) - lift
     else:
         exp_field = a.to(tl.int32, bitcast=True) >> 23  # a >= 0: no sign bit; 0 below 2^-126
@@ -250,13 +271,21 @@ def _random_bytes8(seed, counter, k):
 
 
 @triton.jit
-def _sr_addend(byte, MAN: tl.constexpr):
-    """r = byte · 2^(D-8) + 2^(D-9) - 1 (int32), D = 23 - MAN: the random byte placed at the top
-    of the D mantissa bits that rounding onto the grid discards, plus half a step less one.
-    ``_round_grid`` rounds up when the discarded bits m carry out of m + r, that is when
-    m > (255 - byte + 1/2) · 2^(D-8), i.e. when u < frac with u = (255 - byte + 1/2) / 256."""
+def _sr_addend(byte, MAN: tl.constexpr, FAST: tl.constexpr = False):
+    """r (int32), D = 23 - MAN: the random byte placed at the top of the D mantissa bits that
+    rounding onto the grid discards, plus half a step, less one for "sr":
+
+        "sr"               r = byte · 2^(D-8) + 2^(D-9) - 1
+        "stochastic_fast"  r = byte · 2^(D-8) + 2^(D-9)          (FAST)
+
+    ``_round_grid`` rounds up when the discarded bits m carry out of m + r: for "sr" when
+    m > (255 - byte + 1/2) · 2^(D-8), i.e. u < delta with u = (255 - byte + 1/2) / 256, that is
+    delta + (2·byte + 1)/512 > 1; for "stochastic_fast" when m >= that, i.e. u <= delta, that is
+    delta + (2·byte + 1)/512 >= 1 (the UE5M3 FP4 authors' StochasticFast with their r = byte)."""
     D: tl.constexpr = 23 - MAN
     tl.static_assert(D >= 9, "SR addends need at least 9 discarded mantissa bits")
+    if FAST:
+        return (byte << (D - 8)).to(tl.int32, bitcast=True) + (1 << (D - 9))
     return (byte << (D - 8)).to(tl.int32, bitcast=True) + ((1 << (D - 9)) - 1)
 
 
@@ -379,13 +408,22 @@ def _quantize_blocks(
     S_MIN_POS: tl.constexpr,
     S_HAS_ZERO: tl.constexpr,
     S_ROUND_UP: tl.constexpr,
+    S_OVERFLOW: tl.constexpr,
+    SR_FAST: tl.constexpr,
+    ZERO_ONE: tl.constexpr,
+    S_FROM_BITS: tl.constexpr,
+    E_MAX_FIELD: tl.constexpr,
+    E_MAX_MANT: tl.constexpr,
+    S_EMAX: tl.constexpr,
 ):
     """The block math on a 4-D view (P, B1, Q, B2) of float32 elements whose blocks are reduced
     over axes 1 and 3. Returns qk (the element value on the grid, its sign kept only where the
     block is kept: multiplied by s_b it gives +0 where s_b == 0), keep (s_b != 0 and the block
-    finite: where it is False the reference's q is 0), s_b (P, Q), |x|, block_bad (NaN/Inf inside),
-    block_amax, the unclamped scale and |x| · e_b before its clamp at Emax (what clipping is
-    counted on; unused, it costs nothing: the clamp needs the product anyway).
+    finite: where it is False the reference's q is 0), s_b (P, Q; 1 where it rounded to zero with
+    ZERO_ONE), |x|, block_bad (NaN/Inf inside), block_amax, saturated (finite blocks whose scale the
+    clamp at the scale format's max changed), rounded_zero (blocks whose scale rounded to zero)
+    and |x| · e_b before its clamp at Emax (what clipping is counted on; unused, it costs
+    nothing: the clamp needs the product anyway).
 
     Per element this is the hot path, so it is written in few instructions: |x| and the block
     max on the integer bit patterns (NaN and ±Inf patterns are the largest, so one integer max
@@ -400,20 +438,47 @@ def _quantize_blocks(
     block_bad = bmax >= 0x7F800000
     block_amax = tl.where(block_bad, 0, bmax).to(tl.float32, bitcast=True)
 
-    # s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))
-    multiplier = g * tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.full((), E_MAX, tl.float32))
-    unclamped = tl.minimum(block_amax * multiplier, flt_max)
-    s = _round_grid(unclamped, 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, 2 if S_ROUND_UP else 0)
+    if S_FROM_BITS:
+        # MX: s_b = 2^ceil(log2(amax_b / Emax)) from amax_b's bits (reference: block_scales_from_bits)
+        s, saturated = _scale_from_bits(tl.where(block_bad, 0, bmax), E_MAX_FIELD, E_MAX_MANT, S_EMIN, S_EMAX)
+    else:
+        # s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))
+        multiplier = g * tl.math.div_rn(tl.full((), 1.0, tl.float32), tl.full((), E_MAX, tl.float32))
+        unclamped = tl.minimum(block_amax * multiplier, flt_max)
+        saturated = unclamped >= S_OVERFLOW
+        s = _round_grid(unclamped, 0.0, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, 2 if S_ROUND_UP else 0)
+    saturated = saturated & (~block_bad)
+    rounded_zero = s == 0.0
+    if ZERO_ONE:  # zero_scale "one": s_b = 1 where it rounded to zero (reference: replace_zero_scales)
+        s = tl.where(rounded_zero, 1.0, s)
     keep = (s != 0.0) & (~block_bad)
 
     # q = round_elem(clamp(x · min(1 / (s_b · d), FLT_MAX), ±Emax)); 0 where s_b is 0 or NaN
     encode = tl.minimum(tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s * d), flt_max)
     scaled = a * encode[:, None, :, None]
     mag = tl.minimum(scaled, E_MAX)
-    mag = _round_grid(mag, rand, E_EMIN, E_MAN, E_MAX, 0.0, True, 1 if SR else 0, True)
+    mag = _round_grid(mag, rand, E_EMIN, E_MAN, E_MAX, 0.0, True, (3 if SR_FAST else 1) if SR else 0, True)
     sign = xbits & tl.where(keep, -2147483648, 0)[:, None, :, None]
     qk = (mag.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    return qk, keep, s, a, block_bad, block_amax, unclamped, scaled
+    return qk, keep, s, a, block_bad, block_amax, saturated, rounded_zero, scaled
+
+
+@triton.jit
+def _scale_from_bits(
+    amax_bits, E_MAX_FIELD: tl.constexpr, E_MAX_MANT: tl.constexpr, S_EMIN: tl.constexpr, S_EMAX: tl.constexpr
+):
+    """(s_b, exponent above S_EMAX): s_b = 2^clamp(ceil(log2(amax_b / Emax)), S_EMIN, S_EMAX) from
+    the int32 bits of amax_b >= 0 (0 for a non-finite block), the reference's
+    ``block_scales_from_bits``: ceil(log2(amax_b / Emax)) = E_a - E_E + [M_a > M_E] with the
+    float32 exponent and mantissa fields of amax_b and Emax (E_E = E_MAX_FIELD, M_E = E_MAX_MANT);
+    a float32-subnormal amax_b = n · 2^-149 has the fields of float32(n) less 149 in the exponent;
+    a zero block gets 2^S_EMIN."""
+    tiny = amax_bits < 0x00800000
+    bits = tl.where(tiny, amax_bits.to(tl.float32).to(tl.int32, bitcast=True), amax_bits)
+    e = (bits >> 23) - E_MAX_FIELD + ((bits & 0x7FFFFF) > E_MAX_MANT).to(tl.int32) - tl.where(tiny, 149, 0)
+    e = tl.where(amax_bits == 0, S_EMIN, e)
+    s = _exp2i(tl.minimum(tl.maximum(e, S_EMIN), S_EMAX))
+    return s, e > S_EMAX
 
 
 @triton.jit
@@ -479,6 +544,12 @@ def _quantize_kernel(
     SR_MAP: tl.constexpr = 0,
     LIVE_TILES: tl.constexpr = 1,
     LIVE_UNROLL: tl.constexpr = 1,
+    SR_FAST: tl.constexpr = False,
+    ZERO_ONE: tl.constexpr = False,
+    S_FROM_BITS: tl.constexpr = False,
+    E_MAX_FIELD: tl.constexpr = 0,
+    E_MAX_MANT: tl.constexpr = 0,
+    S_EMAX: tl.constexpr = 0,
 ):
     pid_c = tl.program_id(1)
     NB_R: tl.constexpr = TILE_R // BLOCK_R
@@ -520,16 +591,36 @@ def _quantize_kernel(
                 grp = tl.load(rand_map_ptr + grp, mask=grp < cols_padded // 8, other=0)
             if COLUMNWISE:  # (TILE_C // 8, 8, TILE_R): group, byte, M row
                 counter = rand_offset // 8 + at_r[None, None, :] * (rand_pitch // 8) + grp[:, None, None]
-                rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN)
+                rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, :, None]), E_MAN, SR_FAST)
                 rand = tl.reshape(rand, (NB_C, BLOCK_C, NB_R, BLOCK_R))
             else:  # (TILE_R, TILE_C // 8, 8): M row, group, byte
                 counter = rand_offset // 8 + at_r[:, None, None] * (rand_pitch // 8) + grp[None, :, None]
-                rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN)
+                rand = _sr_addend(_random_bytes8(seed, counter, tl.arange(0, 8)[None, None, :]), E_MAN, SR_FAST)
                 rand = tl.reshape(rand, (NB_R, BLOCK_R, NB_C, BLOCK_C))
         else:
             rand = 0
-        qk, keep, s, a, block_bad, block_amax, unclamped, scaled = _quantize_blocks(
-            xb, g, d, rand, SR, E_EMIN, E_MAN, E_MAX, S_EMIN, S_MAN, S_MAX, S_MIN_POS, S_HAS_ZERO, S_ROUND_UP
+        qk, keep, s, a, block_bad, block_amax, saturated_b, rounded_zero, scaled = _quantize_blocks(
+            xb,
+            g,
+            d,
+            rand,
+            SR,
+            E_EMIN,
+            E_MAN,
+            E_MAX,
+            S_EMIN,
+            S_MAN,
+            S_MAX,
+            S_MIN_POS,
+            S_HAS_ZERO,
+            S_ROUND_UP,
+            S_OVERFLOW,
+            SR_FAST,
+            ZERO_ONE,
+            S_FROM_BITS,
+            E_MAX_FIELD,
+            E_MAX_MANT,
+            S_EMAX,
         )
         if LIVE:
             # the tile's live amax, max |x| after the RHT with NaN counted as inf (padding is zero),
@@ -602,8 +693,8 @@ def _quantize_kernel(
             else:
                 real = real_r[:, None] & real_c[None, :]
             finite_b = ~block_bad
-            saturated = real & finite_b & (unclamped > S_OVERFLOW)
-            underflow = real & finite_b & (block_amax > 0.0) & (s == 0.0)
+            saturated = real & saturated_b  # finite blocks only
+            underflow = real & finite_b & (block_amax > 0.0) & rounded_zero  # with either zero_scale rule
             finite_x = a <= FLT_MAX
             nonzero = finite_x & (xb != 0.0)
             zeroed = nonzero & (q == 0.0)

@@ -199,7 +199,9 @@ def attach_recipe(
     (``fp4repro.config.shards.split_index``)."""
     for number, name, module in layer_linears(megatron_model):
         linear = LINEAR_NAMES[name]
-        specs = None if recipe is None else recipe.linear_specs(layer_index(number), config.n_layers, linear=linear)
+        specs = (
+            None if recipe is None else recipe.linear_specs(layer_index(number), config.layer_linears, linear=linear)
+        )
         module.attach(specs, state, quant_key(number, name), linear_shards(module, specs, config, linear, tp_amax))
 
 
@@ -217,6 +219,6 @@ def linear_shards(module, specs, config: ModelConfig, linear: str, tp_amax: str 
     shards = {}
     for operand, axis in ALONG[module.SPLIT_DIM]:
         spec = specs[operand]
-        sr = spec is not None and spec.rounding == "sr"
+        sr = spec is not None and spec.stochastic
         shards[operand] = Shard(group, shard_place(axis, index, tp, module.weight.device) if sr else None)
     return shards

@@ -6,7 +6,7 @@
 
 Every internal linear (Mamba in_proj/out_proj, attention qkv_proj/o_proj, MLP fc1/fc2) is a
 QuantLinear under the run's recipe, with the specs that
-`recipe.linear_specs(layer, n_layers, linear=name)` gives it (None: BF16). The embedding and the
+`recipe.linear_specs(layer, config.layer_linears, linear=name)` gives it (None: BF16). The embedding and the
 LM head are never quantized; the LM head multiplies BF16 copies of its input and weight in FP32,
 as the paper's authors do (``FP32OutputHead``). Without a recipe every linear is a plain
 nn.Linear; both kinds have the same parameters and state_dict keys.
@@ -32,7 +32,9 @@ from fp4repro.quant.linear import QuantLinear
 from fp4repro.quant.state import QuantState
 
 
-def _linear_factory(layer_index: int, n_layers: int, recipe: Recipe | None, state: QuantState | None) -> LinearFactory:
+def _linear_factory(
+    layer_index: int, layers: tuple[tuple[str, ...], ...], recipe: Recipe | None, state: QuantState | None
+) -> LinearFactory:
     """The constructor of the internal linears of one layer."""
     if recipe is None:
         return lambda in_features, out_features, name: nn.Linear(in_features, out_features, bias=False)
@@ -43,7 +45,7 @@ def _linear_factory(layer_index: int, n_layers: int, recipe: Recipe | None, stat
             in_features,
             out_features,
             bias=False,
-            specs=recipe.linear_specs(layer_index, n_layers, linear=name),
+            specs=recipe.linear_specs(layer_index, layers, linear=name),
             state=state,
             name=f"layers.{layer_index}.mixer.{name}",
         )
@@ -81,10 +83,9 @@ class NemotronH(nn.Module):
         self.recipe = recipe
         self.quant_state = state
 
-        n_layers = config.n_layers
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            HybridLayer(config, layer_type, _linear_factory(i, n_layers, recipe, state))
+            HybridLayer(config, layer_type, _linear_factory(i, config.layer_linears, recipe, state))
             for i, layer_type in enumerate(config.layer_types)
         )
         self.final_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
@@ -142,7 +143,6 @@ def attach_recipe(model: NemotronH, recipe: Recipe, state: QuantState) -> Nemotr
     ``state``: the model a constructor call with that recipe and state would build, with these
     weights (so that one model can be timed under several recipes). The model must have been
     built with a recipe (its internal linears are then ``QuantLinear``s)."""
-    n_layers = model.config.n_layers
     for i, layer in enumerate(model.layers):
         for name in layer.mixer.LINEARS:
             linear = getattr(layer.mixer, name)
@@ -151,7 +151,7 @@ def attach_recipe(model: NemotronH, recipe: Recipe, state: QuantState) -> Nemotr
                     f"layers.{i}.mixer.{name} is a {type(linear).__name__}: build the model "
                     "with a recipe to attach another"
                 )
-            linear.attach(recipe.linear_specs(i, n_layers, linear=name), state)
+            linear.attach(recipe.linear_specs(i, model.config.layer_linears, linear=name), state)
     model.recipe, model.quant_state = recipe, state
     return model
 

@@ -109,7 +109,7 @@ def quantized_operand(
     if auto:  # from here on, the fixed-target spec of the T in use
         spec = _with_target(spec, state.choose_target(key, spec) if held is None else state.target(key, spec))
     live = state.live_slots(key, t.device) if auto and held is not None else None
-    seed = state.sr_seed(key) if state is not None and spec.rounding == "sr" else None
+    seed = state.sr_seed(key) if state is not None and spec.stochastic else None
     amax = held
     refresh = (
         held is None and state is not None and state.reduce_max is not None and spec.tensor_scaling.kind == "periodic"
@@ -161,7 +161,7 @@ def sequence_operand(
     off the kernels, it is one reference call with row groups (``scaled_operand(..., groups=)``;
     the reference equals the kernels bit for bit). A few long sequences (held-out NLL windows)
     stay on the kernels: the reference's float32 temporaries of a whole batch are GBs at 8B.
-    With 16-row blocks (a tile must not mix sequences), always one quantization per group.
+    With 16- or 32-row tiles (a tile must not mix sequences), always one quantization per group.
     Telemetry (``state.telemetry``) is recorded per call.
     """
     batch, width, cols = x.shape

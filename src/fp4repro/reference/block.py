@@ -4,15 +4,33 @@ A pure reference, as Transformer Engine's reference quantizers are: plain torch,
 per step, on any device. It never dispatches to the kernels; ``fp4repro.quant`` is the front
 that picks this or the Triton kernels (``fp4repro.kernels``), which must equal it bit for bit.
 
-For a tensor x, quantized along its last dimension in blocks b (1×16, 1×32 or 16×16 tiles)::
+For a tensor x, quantized along its last dimension in blocks b (1×16, 1×32, or 16×16 and 32×32
+tiles)::
 
     A   = tensor amax over finite elements   (current), or a held value (periodic scaling)
     g   = min(Emax·T / A, FLT_MAX);  g = 1 if A == 0 or T is None      (float32; Emax = 6 for e2m1)
     d   = 1 / g                                                         (global decode scale)
     s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max))          (float32 on the scale grid)
+          MX (no T, "up" scale rounding, a power-of-two scale format): s_b = 2^ceil(log2(amax_b / Emax)),
+          clamped to the format's range, exactly, from amax_b's bits    (``block_scales_from_bits``)
+    s_b = 1 where s_b == 0, with zero_scale "one"                       (``replace_zero_scales``)
     e_b = min(1 / (s_b · d), FLT_MAX)                                   (element encode scale)
     q   = round_elem(clamp(x · e_b, -Emax, Emax));  q = 0 where s_b == 0 or s_b is NaN
     x̂   = (q · s_b) · d
+
+round_scale and round_elem are ``Minifloat.round`` with the spec's ``scale_rounding`` and
+``rounding``; scale.max is the largest finite value of the scale format (61440 for UE5M3, whose
+all-ones exponent field is reserved).
+
+Zero scales. With zero_scale "flush" (the default, Transformer Engine's NVFP4 rule) a block whose
+scale rounded to zero keeps s_b = 0 and q = 0. With "one" (the UE5M3 FP4 authors' rule) it is
+quantized with s_b = 1. Its scale rounded to zero, so amax_b · g / Emax is at most half the scale
+format's smallest value s_min, and |x · e_b| at most about 3 · s_min (e_b is then about g): RNE
+rounds every element to zero where 3 · s_min < 1/4 (E2M1's first midpoint: UE5M3 and E4M3), and so
+do both stochastic roundings, whose 8-bit thresholds start at 2^-9 of E2M1's step 1/2, where
+3 · s_min < 2^-10 (UE5M3's s_min = 2^-17; not E4M3's 2^-9, where the largest elements of such a
+block round to ±1/2 with probability up to 3/256). Where they do, x̂ and q · s_b are those of
+"flush" (zeros may differ in sign); the scale codes differ (0, or the code of 1.0).
 
 Telemetry (``stats=True``) also counts clipped elements, those the clamp at ±Emax cut short:
 |x · e_b| >= 7 for E2M1 with RNE (the midpoint of 6 and the next value 8 of its exponent
@@ -23,12 +41,14 @@ scale E4M3, T = 448 and current amax the dequantized values agree with it bit fo
 on purpose: A is taken over finite elements only (one Inf must not flush every other block) and a
 block holding NaN/Inf gets a NaN scale, so it dequantizes to NaN; g = 1 (not FLT_MAX) when A == 0;
 codes of a block whose scale flushed to zero are 0 (TE stores ±6 there; both dequantize to 0).
+With UE5M3 and zero_scale "one", the order is also the UE5M3 FP4 authors' (their
+``quantize_dequantize_blocks``: tests/reference/test_authors_formula.py).
 
 With ``rht`` the tensor is first transformed (``fp4repro.reference.rht``) and everything above,
 including A, applies to the transformed tensor; ``dequantize`` returns the operand in that
 transformed domain, which is what the GEMM consumes.
 
-Shapes whose last dim (or, for 16×16 tiles, first dim after flattening) does not divide the block
+Shapes whose last dim (or, for 16×16 and 32×32 tiles, first dim after flattening) does not divide the block
 are zero-padded and cropped again, as Transformer Engine does.
 
 Row groups (``scaled_operand_reference(..., groups=)``, 1-row blocks, current amax): the rows of
@@ -44,14 +64,14 @@ suffix, which run the Triton kernels where they apply and this reference elsewhe
 
 from __future__ import annotations
 
-import math
+import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from fp4repro.config.spec import QuantSpec
-from fp4repro.formats import Minifloat, get_format
+from fp4repro.formats import Minifloat, exp2_exact, get_format
 from fp4repro.reference.geometry import from_blocks, pad_to_blocks, rows_cols, to_blocks
 from fp4repro.reference.rht import rht
 
@@ -64,7 +84,7 @@ class OperandStats:
 
     blocks: int
     saturated_blocks: int  # block scale clamped at the scale format's max
-    underflow_blocks: int  # non-zero block whose scale flushed to zero
+    underflow_blocks: int  # non-zero finite block whose scale rounded to zero (with either zero_scale rule)
     nonzero_elements: int
     zeroed_elements: int  # non-zero elements quantized to zero
     clipped_elements: int  # elements of kept blocks the clamp at ±Emax cut short (``clip_threshold``)
@@ -85,7 +105,8 @@ class BlockQuantized:
     codes:       uint8, two elements per byte (low nibble first), row-major over the padded
                  2-D view (rows, cols_padded): shape (rows, cols_padded / 2)
     scale_codes: uint8 codes of the scale format, shape (rows / block_rows, cols_padded / block_cols)
-                 (rows padded to the tile height for 16×16)
+                 (rows padded to the tile height for 16×16 and 32×32); a block whose scale
+                 rounded to zero has code 0 (zero_scale "flush") or the code of 1.0 ("one")
     decode_scale: float32 scalar d = 1/g
     amax:        float32 scalar A used for g (the held value under periodic scaling)
     """
@@ -180,14 +201,72 @@ def block_scales(
     """s_b = round_scale(min(amax_b · (g · (1/Emax)), scale.max)), float32; NaN for non-finite blocks.
 
     Returns (s_b, saturated): saturated marks finite blocks whose scale rounding would have
-    overflowed the format, i.e. that the clamp at scale.max changed.
+    overflowed the format, i.e. that the clamp at scale.max changed:
+    amax_b · (g · (1/Emax)) >= ``scale.overflow_threshold(scale_rounding)``.
     """
     multiplier = g * torch.reciprocal(torch.tensor(element.max, dtype=torch.float32, device=g.device))
     unclamped = torch.clamp(block_amax * multiplier, max=FLT_MAX)
     finite = torch.isfinite(block_amax)
-    saturated = finite & (unclamped > scale.overflow_threshold(scale_rounding))
+    saturated = finite & (unclamped >= scale.overflow_threshold(scale_rounding))
     s = scale.round(torch.clamp(unclamped, max=scale.max), mode=scale_rounding)
     return torch.where(finite, s, torch.full_like(s, float("nan"))), saturated
+
+
+def scales_from_amax_bits(spec: QuantSpec) -> bool:
+    """Whether ``spec``'s block scales are ``block_scales_from_bits``'s (MX): no target (g = 1),
+    "up" scale rounding and a power-of-two scale format (no mantissa bits, no zero: ue8m0)."""
+    scale = get_format(spec.scale)
+    return spec.target is None and spec.scale_rounding == "up" and scale.man_bits == 0 and not scale.has_zero
+
+
+def float32_fields(value: float) -> tuple[int, int]:
+    """(biased exponent field, 23-bit mantissa field) of a Python float rounded to float32."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return bits >> 23 & 0xFF, bits & 0x7FFFFF
+
+
+def block_scales_from_bits(
+    block_amax: torch.Tensor, element: Minifloat, scale: Minifloat
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """s_b = 2^clamp(ceil(log2(amax_b / Emax)), scale.emin, scale.emax), float32, exact; NaN for
+    non-finite blocks. For power-of-two scale formats without a tensor scale (MX, RCEIL).
+
+    With amax_b = 2^(E_a - 127) · (1 + M_a / 2^23) and Emax = 2^(E_E - 127) · (1 + M_E / 2^23)
+    (float32 exponent and mantissa fields, int32)::
+
+        ceil(log2(amax_b / Emax)) = E_a - E_E + [M_a > M_E]
+
+    since (1 + M_a / 2^23) / (1 + M_E / 2^23) lies in (1/2, 2) and exceeds 1 iff M_a > M_E. A
+    float32-subnormal amax_b = n · 2^-149 (n its int32 bits, below 2^23) has the fields of the
+    float32 n (converted exactly) with 149 taken off the exponent; a zero block gets the format's
+    smallest value (the format has no zero). Why from the bits: amax_b · fl(1/Emax) rounds twice,
+    and below 2^-126 the product lands among float32's subnormals, where for amax_b the float32
+    just above 6 · 2^-127 it gives 2^-127 instead of 2^-126 (Transformer Engine's MXFP4 reference
+    and torchao's RCEIL mode take the exponent from the bits too).
+
+    Returns (s_b, saturated): saturated marks finite blocks with ceil(log2(amax_b / Emax)) > scale.emax
+    (amax_b / Emax above scale.max, which "up" rounding would carry past it).
+    """
+    a = block_amax.to(torch.float32)
+    finite = torch.isfinite(a)
+    raw = torch.where(finite, a, torch.zeros((), device=a.device)).view(torch.int32)
+    tiny = raw < 1 << 23  # zero or float32-subnormal: the fields of float32(n), n = its bits
+    bits = torch.where(tiny, raw.to(torch.float32).view(torch.int32), raw)
+    emax_field, emax_mantissa = float32_fields(element.max)
+    e = (bits >> 23) - emax_field + ((bits & 0x7FFFFF) > emax_mantissa).to(torch.int32) - 149 * tiny.to(torch.int32)
+    e = torch.where(raw == 0, torch.full_like(e, scale.emin), e)
+    saturated = finite & (e > scale.emax)
+    s = exp2_exact(e.clamp(scale.emin, scale.emax))
+    return torch.where(finite, s, torch.full_like(s, float("nan"))), saturated
+
+
+def replace_zero_scales(s: torch.Tensor, zero_scale: str) -> torch.Tensor:
+    """The block scales the elements are scaled by (float32): s_b, or with zero_scale "one" 1.0
+    where s_b == 0 (a block whose scale rounded to zero, or an all-zero block), as the UE5M3 FP4
+    authors' recipe does ("receives code one before reciprocal scaling"); "flush" keeps 0."""
+    if zero_scale == "flush":
+        return s
+    return torch.where(s == 0, torch.ones((), device=s.device), s)
 
 
 def element_encode_scale(s: torch.Tensor, decode_scale: torch.Tensor) -> torch.Tensor:
@@ -236,18 +315,14 @@ def clip_threshold(element: Minifloat, rounding: str) -> float:
       is odd, as for E2M1 (Emax = 6 = 3 · 2, m = 7, and 7 rounds to 8: clipped <=> |x · e_b| >= 7),
       down to Emax otherwise (E4M3 as an element format: 448 = 14 · 32), and then the count
       starts at the next float32 above m.
-    * SR: when |x · e_b| > Emax: there SR could round only to Emax or above it, and the clamp
-      takes away the chance of rounding up. As a threshold: the next float32 above Emax.
+    * SR ("sr" or "stochastic_fast"): when |x · e_b| > Emax: there SR could round only to Emax or
+      above it, and the clamp takes away the chance of rounding up. As a threshold: the next
+      float32 above Emax.
 
-    A plain Python float; the kernel receives it as a compile-time constant.
+    Both are the element format's ``overflow_threshold`` ("rne", or "up" for the stochastic
+    roundings). A plain Python float; the kernel receives it as a compile-time constant.
     """
-    if rounding == "sr":
-        return float(torch.nextafter(torch.tensor(element.max, dtype=torch.float32), torch.tensor(math.inf)))
-    midpoint = element.overflow_threshold("rne")
-    ulp = math.ldexp(1.0, element.emax - element.man_bits)
-    if round(element.max / ulp) % 2 == 1:  # the tie rounds up, past Emax
-        return midpoint
-    return float(torch.nextafter(torch.tensor(midpoint, dtype=torch.float32), torch.tensor(math.inf)))
+    return element.overflow_threshold("rne" if rounding == "rne" else "up")
 
 
 def clipped_elements(
@@ -259,8 +334,9 @@ def clipped_elements(
         keep_b  = (s_b != 0) & (s_b not NaN)
 
     scaled: x · e_b from ``scale_elements`` (the product ``quantize_elements`` clamps).
-    Elements of a block whose scale flushed to zero (counted as underflow, their x · e_b is
-    x · FLT_MAX) or that holds NaN/Inf (all its elements dequantize to NaN) are not counted, nor
+    Elements of a block whose scale flushed to zero (zero_scale "flush": counted as underflow,
+    their x · e_b is x · FLT_MAX; with "one" its s_b is 1 and they are counted like any other,
+    far below the threshold) or that holds NaN/Inf (all its elements dequantize to NaN) are not counted, nor
     are elements of the padding (``real``: False there; None when nothing was padded). Padding is
     zero, but after the RHT the padded columns of a 16-group hold values: they are quantized
     with their block and cropped away, so they reach no GEMM.
@@ -305,6 +381,7 @@ class _Blocks:
     held: torch.Tensor  # amax used for g
     current: torch.Tensor | None  # current amax of x2d (None when a held amax made it unnecessary)
     saturated: torch.Tensor  # blocks whose scale was clamped
+    rounded_zero: torch.Tensor  # blocks whose scale rounded to zero (before ``replace_zero_scales``)
     block_amax: torch.Tensor
     clipped: torch.Tensor | None  # clipped elements (bool, block layout); only computed for stats
 
@@ -328,7 +405,12 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups
     d = torch.reciprocal(g)
     xb = to_blocks(x2d, spec.block)
     block_amax = xb.abs().amax(dim=-1)
-    s, saturated = block_scales(block_amax, g, element, scale, spec.scale_rounding)
+    if scales_from_amax_bits(spec):
+        s, saturated = block_scales_from_bits(block_amax, element, scale)
+    else:
+        s, saturated = block_scales(block_amax, g, element, scale, spec.scale_rounding)
+    rounded_zero = s == 0
+    s = replace_zero_scales(s, spec.zero_scale)
     encode = element_encode_scale(s, d)
     if rand is not None:
         rand = to_blocks(rand.reshape(x2d.shape), spec.block)
@@ -338,7 +420,7 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups
     if stats:
         real = real_elements(*rows_cols(x.shape), x2d.shape, spec.block, x2d.device)
         clipped = clipped_elements(scaled, s, real, element, spec.rounding)
-    return _Blocks(x2d, q, s, d, held, current, saturated, block_amax, clipped)
+    return _Blocks(x2d, q, s, d, held, current, saturated, rounded_zero, block_amax, clipped)
 
 
 def quantize_reference(
@@ -454,7 +536,7 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
     return OperandStats(
         blocks=int(b.block_amax.numel()),
         saturated_blocks=int(b.saturated.sum()),
-        underflow_blocks=int(((b.block_amax > 0) & finite_block & (b.s == 0)).sum()),
+        underflow_blocks=int(((b.block_amax > 0) & finite_block & b.rounded_zero).sum()),
         nonzero_elements=int(nonzero.sum()),
         zeroed_elements=int((nonzero & (b.q == 0)).sum()),
         clipped_elements=int(b.clipped.sum()),

@@ -1,10 +1,10 @@
 """The geometry of block quantization, shared by the torch reference and the Triton kernels.
 
 A tensor is quantized as a 2-D matrix (rows, cols): every leading dimension flattened into rows,
-blocks running along cols (the GEMM's reduction dimension). A block is 1×16, 1×32 or a 16×16
-tile. A matrix whose shape does not divide into blocks is zero-padded at the end of each
-dimension (and along cols to whole 16-groups when the RHT is applied), then cropped again, as
-Transformer Engine does.
+blocks running along cols (the GEMM's reduction dimension). A block is 1×16, 1×32, or a 16×16 or
+32×32 tile (``fp4repro.config.spec.BLOCKS``). A matrix whose shape does not divide into blocks is
+zero-padded at the end of each dimension (and along cols to whole 16-groups when the RHT is
+applied), then cropped again, as Transformer Engine does.
 """
 
 from __future__ import annotations
