@@ -185,3 +185,36 @@ def smoke_run(smoke_run_started) -> Path:
     workdir, run = smoke_run_started
     run.wait()
     return workdir
+
+
+# ------------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``full_disk("resume_")``: from then on, the atomic writes of ``fp4repro.util`` to a file whose
+    name starts with the given text go to /dev/full, which fails every write with ENOSPC as a full
+    disk does; other files are written as usual (``full_disk(None)``: all of them again). The
+    temporary file becomes a link to /dev/full, so that writers given a path, such as matplotlib's,
+    fail the same way."""
+    from types import SimpleNamespace
+
+    from fp4repro import util
+
+    def fill(start: str | None) -> None:
+        if start is None:
+            monkeypatch.setattr(util, "tempfile", tempfile)
+            return
+
+        def mkstemp(dir, prefix, suffix):
+            fd, name = tempfile.mkstemp(dir=dir, prefix=prefix, suffix=suffix)
+            if prefix.startswith(f".{start}"):
+                os.close(fd)
+                os.unlink(name)
+                os.symlink("/dev/full", name)
+                fd = os.open(name, os.O_WRONLY)
+            return fd, name
+
+        monkeypatch.setattr(util, "tempfile", SimpleNamespace(mkstemp=mkstemp))
+
+    return fill

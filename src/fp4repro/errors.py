@@ -4,6 +4,8 @@
                     it (the file, the field or record, the value, what is allowed): exit code 1
     ConfigError     a configuration file or option that cannot be used: exit code 2, raised
                     before any compute
+    DiskFullError   a write that found its filesystem full (``fp4repro.util``'s atomic writers
+                    raise it, naming the file and the free space): exit code 1
 
 Anything else is a bug or an environment failure and keeps its traceback (exit code 1).
 """
@@ -17,3 +19,8 @@ class FP4ReproError(Exception):
 
 class ConfigError(FP4ReproError):
     """A configuration (experiment, recipe, model, eval section, workflow option) that cannot be used."""
+
+
+class DiskFullError(FP4ReproError):
+    """A write that found its filesystem full; an atomic write leaves the file it would have
+    replaced as it was."""

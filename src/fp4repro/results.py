@@ -55,6 +55,19 @@ def study_runs(study, results: str | Path = "results") -> dict[str, tuple[int, .
     return {recipe: seeds for recipe, seeds in present.items() if seeds}
 
 
+def unstudied_recipes(results: str | Path, experiment: str, recipes) -> list[str]:
+    """The recipes outside ``recipes`` with a run under ``results/<experiment>/`` (a folder
+    ``train/<recipe>/seed<s>/`` with its done.json, or ``eval/<recipe>/seed<s>/`` with its
+    final_loss.json), sorted: runs that a study without them leaves out of its figures and report."""
+    found = {
+        folder.parent.parent.name
+        for kind, name in (("train", "done.json"), ("eval", "final_loss.json"))
+        for folder in Path(results, experiment, kind).glob(f"*/seed*/{name}")
+        if SEED_FOLDER.match(folder.parent.name)
+    }
+    return sorted(found - set(recipes))
+
+
 def run_of(path: Path) -> tuple[str, int] | None:
     """(recipe, seed) of a file in a run's or an evaluation's folder (``.../<recipe>/seed<seed>/file``),
     or None when the path does not follow the layout."""
@@ -173,8 +186,28 @@ def check_exists(path: Path, error: type[Exception] = ValueError) -> Path:
     return path
 
 
+# The columns of the tables above that hold names (of a stage, a layer, an operand, a recipe, ...);
+# every other column of them holds numbers.
+TEXT_COLUMNS = frozenset(
+    {"stage", "layer", "operand", "recipe", "policy", "source", "aggregate", "task", "level", "metric"}
+)
+
+
+def column_problem(table: pd.DataFrame, column: str) -> str | None:
+    """What is wrong with the type of ``column`` (anything but numbers in a column of numbers, or
+    numbers in a column of names: parquet may give names as categoricals or bytes), or None; an
+    empty column is of either type."""
+    values = table[column].dropna()
+    numbers = pd.api.types.is_numeric_dtype(values)
+    text = column in TEXT_COLUMNS
+    if values.empty or numbers != text:
+        return None
+    expected = "text" if text else "numbers"
+    return f"column '{column}' holds {values.dtype} values such as {values.tolist()[0]!r}: expected {expected}"
+
+
 def read_table(path: Path, columns, what: str, error: type[Exception] = ValueError) -> pd.DataFrame:
-    """A parquet table that must have ``columns``."""
+    """A parquet table that must have ``columns``, each holding numbers or, in ``TEXT_COLUMNS``, text."""
     path = check_exists(path, error)
     try:
         df = pd.read_parquet(path)
@@ -186,6 +219,9 @@ def read_table(path: Path, columns, what: str, error: type[Exception] = ValueErr
             f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
             f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})"
         )
+    for column in df.columns:  # those the reader asks for, and the optional ones it may read (``TARGET_COLUMN``)
+        if problem := column_problem(df, column):
+            raise error(f"{path}: {problem} ({what})")
     return df
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+from fp4repro.errors import DiskFullError
 
 
 def _umask_mode() -> int:
@@ -15,21 +19,54 @@ def _umask_mode() -> int:
     return 0o666 & ~umask
 
 
+def free_bytes(path: str | Path) -> int | None:
+    """The bytes free to this user on the filesystem of ``path`` (of its nearest existing folder),
+    or None when that cannot be told."""
+    folder = Path(path).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def disk_full(err: BaseException, path: str | Path) -> DiskFullError | None:
+    """A ``DiskFullError`` naming ``path`` and the free space when ``err``, or an exception it arose
+    from, is ENOSPC (a writer may raise something else while it fails: PNG encoding ends in a
+    zlib.error), else None. For atomic writers: the message says nothing was replaced."""
+    seen = err
+    while seen is not None and not (isinstance(seen, OSError) and seen.errno == errno.ENOSPC):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    free = free_bytes(path)
+    return DiskFullError(
+        f"disk full writing {path}; {'an unknown number of' if free is None else f'{free:,}'} bytes free; "
+        "nothing was replaced"
+    )
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder, fsync and a rename, so
-    that a crash leaves either the old file or the new one, never half of one."""
+    that a crash leaves either the old file or the new one, never half of one (a full disk:
+    ``DiskFullError``, the old file kept)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if full := disk_full(err, path):
+            raise full from err
         raise
 
 
@@ -45,22 +82,39 @@ def atomic_write_json(path: str | Path, obj) -> None:
 
 class atomic_path:
     """``with atomic_path(p) as tmp: write(tmp)`` — the file appears at ``p`` only if the block
-    finishes (fsync + rename), for writers that want a path, such as ``DataFrame.to_parquet``."""
+    finishes (fsync + rename), for writers that want a path, such as ``DataFrame.to_parquet`` (a
+    full disk: ``DiskFullError``, the old file kept)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
 
     def __enter__(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        except OSError as err:
+            if full := disk_full(err, self.path):
+                raise full from err
+            raise
         os.close(fd)
         self.tmp = Path(tmp)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.tmp.unlink(missing_ok=True)
-            return
+        if exc_type is None:
+            try:
+                self._publish()
+                return
+            except OSError as err:
+                self.tmp.unlink(missing_ok=True)
+                if full := disk_full(err, self.path):
+                    raise full from err
+                raise
+        self.tmp.unlink(missing_ok=True)
+        if full := disk_full(exc, self.path):  # the writer failed on a full disk (perhaps as another error)
+            raise full from exc
+
+    def _publish(self) -> None:
         with open(self.tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(self.tmp, _umask_mode())

@@ -47,18 +47,18 @@ def test_recipe_prints_its_sources_after_the_operand_table(capsys):
     lines = sources.splitlines()
     starts = [line.split(":")[0].strip() for line in lines if line.startswith("  ") and not line.startswith("   ")]
     assert starts == [
-        "element format (quotation)",
-        "scale format (quotation)",
-        "block shapes (quotation)",
-        "block shapes (reading)",
-        "target T (quotation)",
+        "element format (quotation, inherited from ue5m3)",
+        "scale format (quotation, inherited from ue5m3)",
+        "block shapes (quotation, inherited from ue5m3)",
+        "block shapes (reading, inherited from ue5m3)",
+        "target T (quotation)",  # its own: the choice it changes
         "target T (reading)",
-        "tensor amax (quotation)",
-        "rounding (quotation)",
-        "rounding (reading)",
-        "RHT (quotation)",
-        "BF16 layers (quotation)",
-        "GEMM model (quotation)",
+        "tensor amax (quotation, inherited from ue5m3)",
+        "rounding (quotation, inherited from ue5m3)",
+        "rounding (reading, inherited from ue5m3)",
+        "RHT (quotation, inherited from ue5m3)",
+        "BF16 layers (quotation, inherited from ue5m3)",
+        "GEMM model (quotation, inherited from ue5m3)",
     ]
     assert "GEMM model (GEMMs of two quantized operands): probe_matched(group 64, lattice 1/1024)" in table
     assert '"omits RHT"' in sources and "not cited" not in sources
@@ -67,7 +67,7 @@ def test_recipe_prints_its_sources_after_the_operand_table(capsys):
 
 def test_formats_and_explain(capsys):
     assert main(["formats", "ue5m3"]) == 0
-    assert "114688" in capsys.readouterr().out
+    assert "61440" in capsys.readouterr().out
     assert main(["explain", "--scale", "e4m3", "--amax", "0.05"]) == 0
     assert "saturated blocks 1" in capsys.readouterr().out
 
@@ -85,7 +85,7 @@ def test_model_command_counts_8b_and_lists_specs(capsys):
     assert main(["model", "tiny", "--recipe", "ue5m3"]) == 0
     out = capsys.readouterr().out
     assert "layers.3.mixer.o_proj" in out and "wgrad.dy=e2m1/ue5m3 1x16 T=448 SR periodic(50)" in out
-    assert "lm_head                  all operands bf16" in out
+    assert "lm_head                  not quantized: BF16 copies of input and weight multiplied in FP32" in out
 
 
 def test_experiment_command(capsys):
@@ -151,7 +151,11 @@ def test_experiment_shows_the_bf16_share_of_each_recipe(capsys, experiment, expe
 def test_experiment_counts_a_layer_bf16_when_all_its_linears_are(capsys, tmp_path):
     # on tiny (M-M*-) the MLP layers 1 and 4 have only fc1 and fc2, the attention layer 3 only qkv/o_proj
     (tmp_path / "mlp_bf16.yaml").write_text(
-        "name: mlp_bf16\nbase: ue5m3\noverrides:\n  - {layers: '0:', linears: [fc1, fc2], defaults: bf16}\n"
+        "name: mlp_bf16\nbase: ue5m3\ndescription: ue5m3 with its MLPs in BF16.\n"
+        "overrides:\n  - {layers: '0:', linears: [fc1, fc2], defaults: bf16}\n"
+        "sources:\n  - {choice: BF16 layers, kind: reading, source: 'every MLP linear in BF16: this test'}\n"
+        # its overrides replace its base's, a T of some layers among them (where the base has one)
+        "  - {choice: target T, kind: reading, source: 'T = 448 in every quantized linear'}\n"
     )
     assert main(["experiment", "tiny", "--add-recipe", str(tmp_path / "mlp_bf16.yaml")]) == 0
     assert "  mlp_bf16: 2 of 5 layers BF16 (40%): layers 1, 4" in capsys.readouterr().out.splitlines()
@@ -207,3 +211,58 @@ def test_bad_command_options_are_config_errors(capsys):
     assert "format 'e9m9': 19 bits; at most 8 are supported" in capsys.readouterr().err
     assert main(["explain", "--scale", "e4m3", "--target", "1000"]) == 2
     assert "--target: value 1000.0: must satisfy 0 < T <= 448" in capsys.readouterr().err
+
+
+def test_a_full_disk_in_any_writer_is_one_line_naming_the_file_and_debug_keeps_the_traceback(
+    monkeypatch, capsys, tmp_path
+):
+    # a writer other than fp4repro.util's atomic ones (megatron-core's checkpoints, say) fails with ENOSPC
+    import errno
+
+    target = tmp_path / "shard.distcp"
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(configs, "_cmd_formats", full)
+    assert main(["formats"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fp4repro formats: error: disk full writing {target}; ")
+    assert err.endswith(" bytes free\n") and "Traceback" not in err
+    with pytest.raises(OSError, match="No space left on device"):
+        main(["--debug", "formats"])
+
+
+def test_text_that_is_not_utf8_in_a_reader_without_its_own_check_is_one_line(monkeypatch, capsys):
+    def undecodable(args):
+        return b"\xff\xfe".decode()
+
+    monkeypatch.setattr(configs, "_cmd_formats", undecodable)
+    assert main(["formats"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fp4repro formats: error: a file is not UTF-8 text (")
+    with pytest.raises(UnicodeDecodeError):
+        main(["--debug", "formats"])
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    # issue 42: `fp4repro model nemotron_h_8b --recipe nvfp4 | head` ended in a BrokenPipeError traceback
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fp4repro.cli", "model", "nemotron_h_8b", "--recipe", "nvfp4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # the reader is gone before the first line: every write finds the pipe closed
+    assert proc.wait(timeout=300) == 141  # a shell's status of a command that SIGPIPE ended
+    assert proc.stderr.read() == ""
+    proc.stderr.close()
+
+
+def test_a_stop_after_below_one_step_is_a_config_error_before_any_folder_is_made(capsys, tmp_path):
+    # issue 42: --stop-after -3 was accepted, made a run folder and trained nothing
+    for steps in ("-3", "0"):
+        assert main(["train", "--recipe", "bf16", "--stop-after", steps, "--out", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        assert err == f"fp4repro train: error: --stop-after: value {steps}: a number of optimizer steps, at least 1\n"
+    assert list(tmp_path.iterdir()) == []  # no run folder, no results/ (the tests run in tmp_path)

@@ -30,7 +30,7 @@ def _write(tmp_path, text):
 def test_shipped_experiments_load():
     assert "tiny" in available_experiments()
     exp = load_experiment("tiny")
-    assert exp.recipes == ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")
+    assert exp.recipes == ("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4")
     assert [dict(s.blend) for s in exp.train.stages] == [{"prose": 0.7, "code": 0.3}, {"prose": 0.4, "code": 0.6}]
     assert exp.train.total_steps == sum(exp.train.stage_steps())
 
@@ -146,10 +146,10 @@ def test_recipe_names_must_differ(tmp_path):
     twin.write_text("name: ue5m3\ndefaults: bf16\n")
     with pytest.raises(ExperimentError, match="recipe name 'ue5m3' is also the name of"):
         load_study(_write(tmp_path, BASE), add_recipes=[str(twin)])
-    assert list(load_study(_write(tmp_path, BASE), add_recipes=["ue5m3_t2048"]).recipes) == [
+    assert list(load_study(_write(tmp_path, BASE), add_recipes=["ue5m3_t2048_all_dy"]).recipes) == [
         "bf16",
         "ue5m3",
-        "ue5m3_t2048",
+        "ue5m3_t2048_all_dy",
     ]
 
 
@@ -160,3 +160,23 @@ def test_recipe_seeds_give_named_recipes_fewer_runs(tmp_path):
     study = load_study(p)
     assert study.seeds_of("bf16") == (0, 2) and study.seeds_of("ue5m3") == (0, 1, 2)
     assert study.runs == {"bf16": (0, 2), "ue5m3": (0, 1, 2)}
+
+
+def test_a_budget_that_is_not_whole_steps_is_rounded_up_and_every_summary_says_so(tmp_path, capsys):
+    # issue 42: 4,100 tokens at 256 a step trained 17 steps (4,352 tokens) while the summary said 6,148 in all
+    from fp4repro.cli import main
+    from fp4repro.report.rendering import run_scale
+
+    path = _write(tmp_path, BASE.replace("tokens: 4096", "tokens: 4100"))
+    t = load_experiment(path).train
+    assert t.stage_steps() == [17, 8] and t.total_steps == 25
+    assert t.trained_tokens == 25 * 256 == 6400 and t.total_tokens == 6148
+    assert [(s.name, budget, trained) for s, budget, trained in t.rounding()] == [("s1", 4100, 4352)]
+    assert main(["experiment", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "25 steps, 6,400 tokens," in out and "6,148" not in out
+    assert "  s1: 4,352 tokens (budget 4,100 rounded up to whole steps) (17 steps)" in out
+    assert "  s2: 2,048 tokens (8 steps)" in out
+    scale = run_scale(load_study(path))
+    assert "6,400 training tokens (s1 4,352, s2 2,048; budgets of s1 4,100 rounded up to whole steps)" in scale
+    assert load_experiment(_write(tmp_path, BASE)).train.rounding() == []  # whole steps: nothing said

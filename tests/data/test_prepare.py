@@ -158,11 +158,24 @@ def test_interrupted_dataset_write_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_writing_a_dataset_names_it_and_leaves_no_file(tmp_path):
+    import os
+
+    from fp4repro.errors import DiskFullError
+
+    # the builder writes its staged .bin under this name: a link to /dev/full fails its writes with ENOSPC
+    (tmp_path / f".x_train.{os.getpid()}.tmp.bin").symlink_to("/dev/full")
+    documents = [np.arange(1, 2000, dtype=np.uint16) % 100] * 50
+    with pytest.raises(DiskFullError, match=rf"^disk full writing {tmp_path / 'x_train.bin'}; [\d,]+ bytes free; "):
+        write_indexed_dataset(tmp_path / "x_train", documents, np.uint16)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_changed_config_is_prepared_again(prepared_copy, synthetic_inputs, tmp_path, make_experiment):
     exp, manifest, folder = prepared_copy
     changed = make_experiment(tmp_path, synthetic_inputs, split={"valid": 0.3, "test": 0.1})
-    assert data_hash(data_fingerprint(changed.data)) != manifest.data_hash
-    assert data_hash(data_fingerprint(replace(exp.data, max_files=3))) != manifest.data_hash
+    assert data_hash(data_fingerprint(changed.data)) != manifest.inputs_hash
+    assert data_hash(data_fingerprint(replace(exp.data, max_files=3))) != manifest.inputs_hash
     redone = prepare_data(changed, folder, progress=False)
     assert redone.data_hash != manifest.data_hash
     assert redone.documents("alpha", "valid") > manifest.documents("alpha", "valid")
@@ -253,6 +266,6 @@ def test_installed_packages_prepare_as_sources_and_their_versions_enter_the_hash
     assert manifest.tokens("prose", "train") > 1_000 and manifest.tokens("code", "train") > 10_000
     # another set of installed packages is other data; a standard-library experiment has no such input
     other = {**fingerprint, "packages": versions[:-1]}
-    assert data_hash(other) != data_hash(fingerprint) == manifest.data_hash
+    assert data_hash(other) != data_hash(fingerprint) == manifest.inputs_hash
     stdlib = make_experiment(tmp_path, {"prose": {"kind": "stdlib_prose"}}, name="stdlib")
     assert "packages" not in data_fingerprint(stdlib.data)

@@ -775,3 +775,19 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert len(fig.axes) == 4
     fig = rendered(draw_figure("throughput", [tmp_path / "results" / "bench"]))
     assert "not measured for this model's shapes (looked in" in fig.axes[0].texts[0].get_text()
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_old_figure_and_its_pdf(results, tmp_path, capsys, full_disk):
+    # issue 42: a full disk during `fp4repro plot` ended in a traceback and zlib.error, never "disk full"
+    out = tmp_path / "figs" / "loss.png"
+    inputs = [*map(str, inputs_of(results, "loss")), "--out", str(out)]
+    assert main(["plot", "loss", *inputs]) == 0
+    old = out.read_bytes(), out.with_suffix(".pdf").read_bytes()
+    capsys.readouterr()
+    full_disk("loss.png")
+    assert main(["plot", "loss", *inputs]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fp4repro plot: error: disk full writing {out}; ")
+    assert err.endswith(" bytes free; nothing was replaced\n")
+    assert (out.read_bytes(), out.with_suffix(".pdf").read_bytes()) == old  # the PDF too: the pair stays whole
+    assert sorted(p.name for p in out.parent.iterdir()) == ["loss.pdf", "loss.png"]

@@ -1,5 +1,6 @@
 """End-to-end training on real text (a few standard-library modules), exact resume after SIGKILL."""
 
+import dataclasses
 import json
 import os
 import re
@@ -16,11 +17,16 @@ import pandas as pd
 import pytest
 import torch
 
+from fp4repro.cli import main
 from fp4repro.config.study import load_study
+from fp4repro.data import load_manifest
+from fp4repro.data.integrity import token_digests
+from fp4repro.data.prepare import tokens_hash
 from fp4repro.results import run_dir, table_provenance
 from fp4repro.train import list_runs, train
-from fp4repro.train.checkpoint import resume_checkpoints
+from fp4repro.train.checkpoint import load_checkpoint, resume_checkpoints
 from fp4repro.train.loop import TELEMETRY
+from fp4repro.train.runs import run_fingerprint
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 EXPERIMENT = f"""name: smalltest
@@ -396,3 +402,75 @@ def test_the_gemm_model_changes_the_losses_and_nothing_else(prepared):
     assert len(probe) == len(fp32) == 8 and np.isfinite(probe).all()
     assert (probe != fp32).any()
     assert np.abs(probe - fp32).max() < 0.05
+
+
+# ---- what stops a run before it computes, or mid-run with one line (issue 42) --------------------
+
+
+def _copy_of(data: Path, folder: Path) -> Path:
+    shutil.copytree(data, folder, ignore=shutil.ignore_patterns("cache"))
+    return folder
+
+
+def test_a_token_file_changed_in_place_stops_training_before_any_step(guarded, tmp_path, train_command):
+    # a .bin overwritten with other valid ids of the same size trained without a word under the clean
+    # data's fingerprint
+    _, data = guarded
+    data = _copy_of(data, tmp_path / "data")
+    path = data / "prose_train.bin"
+    np.roll(np.fromfile(path, dtype=np.uint16), 1).tofile(path)
+    out = tmp_path / "run"
+    proc = subprocess.run(train_command(out, "--stop-after", "1", data=data), capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"fp4repro train: error: {path}: sha256 ") and "prepare-data` again" in proc.stderr
+    assert not list(out.glob("runs/*/metrics")) and not list(out.glob("runs/*/resume"))
+    # the manifest's digests are the run's data: other token files, another fingerprint
+    study = load_study(guarded[0])
+    manifest = load_manifest(data)
+    entry = manifest.sources["prose"].datasets["train"]
+    other = {**manifest.sources}
+    other["prose"] = dataclasses.replace(
+        other["prose"], datasets={**other["prose"].datasets, "train": dataclasses.replace(entry, bin_sha256="f" * 64)}
+    )
+    tampered = tokens_hash(manifest.inputs_hash, other)
+    assert run_fingerprint(study, "bf16", 0, tampered)[1] != run_fingerprint(study, "bf16", 0, manifest.data_hash)[1]
+
+
+def test_token_ids_beyond_the_vocabulary_stop_training_with_one_line_naming_file_and_offset(
+    guarded, tmp_path, train_command
+):
+    # a .bin of 0xFFFF ended in a 44-line IndexError; here its manifest records the file's digest (data
+    # prepared elsewhere with another tokenizer), so the ids themselves are what is caught
+    _, data = guarded
+    data = _copy_of(data, tmp_path / "data")
+    path = data / "prose_train.bin"
+    np.full_like(np.fromfile(path, dtype=np.uint16), 0xFFFF).tofile(path)
+    raw = json.loads((data / "manifest.json").read_text())
+    raw["sources"]["prose"]["splits"]["train"]["bin_sha256"] = token_digests(data / "prose_train")[0]
+    (data / "manifest.json").write_text(json.dumps(raw))
+    proc = subprocess.run(
+        train_command(tmp_path / "run", "--stop-after", "1", data=data), capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"fp4repro train: error: token id 65535 ≥ vocab 2048 in {path} at offset 0 (byte 0)")
+
+
+def test_a_full_disk_during_training_is_one_line_and_the_run_resumes_from_its_last_checkpoint(
+    guarded, tmp_path, capsys, full_disk
+):
+    path, data = guarded
+    out = tmp_path / "run"
+    args = ["train", "--experiment", str(path), "--recipe", "bf16", "--data", str(data), "--out", str(out), "--quiet"]
+    full_disk("resume_00000010")  # the second resume checkpoint finds the disk full
+    assert main([*args, "--stop-after", "10"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    (run,) = list_runs(out)
+    assert err.startswith(f"fp4repro train: error: disk full writing {run.resume / 'resume_00000010.pt'}; ")
+    assert err.endswith(" bytes free; nothing was replaced")
+    assert [p.name for p in resume_checkpoints(run.resume)] == ["resume_00000005.pt"]
+    assert load_checkpoint(run.resume / "resume_00000005.pt")["step"] == 5  # intact
+    assert not [p for p in run.resume.iterdir() if p.name.endswith(".tmp")]
+    full_disk(None)  # space again: the same command resumes from the checkpoint that was complete
+    assert main([*args, "--stop-after", "10"]) == 0
+    assert "resuming from step 5 of 400" in capsys.readouterr().err
+    assert [p.name for p in resume_checkpoints(run.resume)] == ["resume_00000010.pt", "resume_00000005.pt"]

@@ -182,7 +182,9 @@ def test_an_added_recipe_joins_the_study_from_the_command_line(smoke_run, snakem
     work = _copy(smoke_run, tmp_path / "work")
     (work / "configs" / "recipes").mkdir(parents=True)
     (work / "configs" / "recipes" / "ue5m3_k5.yaml").write_text(
-        "name: ue5m3_k5\nbase: ue5m3\ndefaults: {tensor_scaling: {kind: periodic, interval: 5}}\n"
+        "name: ue5m3_k5\nbase: ue5m3\ndescription: ue5m3 with its amaxes refreshed every 5 steps.\n"
+        "defaults: {tensor_scaling: {kind: periodic, interval: 5}}\n"
+        "sources: [{choice: tensor amax, kind: reading, source: 'a refresh every 5 steps: a choice of this test'}]\n"
     )
     plan = snakemake(work, "-n", "--config", "experiment=smoke", "add_recipes=[ue5m3_k5]")
     assert snakemake.planned_jobs(plan) == CHAIN
@@ -190,6 +192,51 @@ def test_an_added_recipe_joins_the_study_from_the_command_line(smoke_run, snakem
     assert "--add-recipe ue5m3_k5" in plan.stdout
     proc = snakemake(work, "-n", "--config", "experiment=smoke", "add_recipes=[no_such]", check=False)
     assert proc.returncode != 0 and "--config add_recipes: added recipe: value 'no_such'" in proc.stdout + proc.stderr
+
+
+def test_a_study_file_keeps_added_recipes_in_every_later_invocation(tmp_path, snakemake):
+    # issue 42: --config add_recipes=[mine] lasted one invocation; a later plain `snakemake` planned the
+    # figures and the report without it, and one figure needed experiment= and add_recipes= again
+    (tmp_path / "configs" / "recipes").mkdir(parents=True)
+    (tmp_path / "configs" / "recipes" / "mine.yaml").write_text("name: mine\nbase: bf16\n")
+    study = tmp_path / "configs" / "study.yaml"
+    study.write_text("add_recipes: [mine]\n")
+    for target in ([], ["figures/tiny/nll.png"]):
+        plan = snakemake(tmp_path, "-n", *target)
+        assert snakemake.planned_jobs(plan)["train"] == 6 and "recipe=mine" in plan.stdout
+    assert "--add-recipe mine" in snakemake(tmp_path, "-n", "-p", "paper/tiny/report.md").stdout
+    assert snakemake.planned_jobs(snakemake(tmp_path, "-n", "--config", "add_recipes=[]"))["train"] == 5
+    study.write_text("experiment: smoke\n")  # the study file chooses the experiment too
+    assert snakemake.planned_jobs(snakemake(tmp_path, "-n"))["train"] == 4
+    study.unlink()
+    # a run of a recipe the study leaves out is said, with where to keep it
+    done = tmp_path / "results" / "tiny" / "train" / "mine" / "seed0" / "done.json"
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    plan = snakemake(tmp_path, "-n")
+    assert snakemake.planned_jobs(plan)["train"] == 5
+    assert "warning: results/tiny/ holds runs of mine, which this study does not include" in plan.stderr
+    assert "list them in configs/study.yaml (add_recipes: [mine])" in plan.stderr
+
+
+def test_a_figure_of_another_experiment_says_which_config_to_add(tmp_path, snakemake):
+    # issue 42: "No rule to produce figures/smoke/nll.png" gave no hint
+    for target in ("figures/smoke/nll.png", "paper/smoke/report.md"):
+        proc = snakemake(tmp_path, "-n", target, check=False)
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and f"{target} belongs to experiment 'smoke'" in text
+        assert f"run `snakemake --config experiment=smoke {target}`" in text
+    assert snakemake.planned_jobs(snakemake(tmp_path, "-n", "figures/tiny/nll.png"))["figure_nll"] == 1
+
+
+def test_a_binary_recipe_fails_the_dry_run_naming_the_file(tmp_path, snakemake):
+    # issue 42: inside Snakemake a binary recipe was "UnicodeDecodeError in common.smk line 27"
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)))
+    proc = snakemake(tmp_path, "-n", "--config", f"add_recipes={binary}", check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"{binary}: not a text file: byte 0x80 at offset 128 is not UTF-8" in text
+    assert "UnicodeDecodeError" not in text
 
 
 def test_data_sources_are_inputs_of_data_preparation(tmp_path, snakemake):

@@ -13,7 +13,7 @@ from fp4repro.config.study import load_study
 from fp4repro.errors import ConfigError
 from fp4repro.plots.catalog import CATALOG
 from fp4repro.bench.device import throughput_here
-from fp4repro.results import study_runs, throughput_files
+from fp4repro.results import study_runs, throughput_files, unstudied_recipes
 
 FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry, target: one rule each
 
@@ -38,6 +38,16 @@ if EXP.imported and not RUNS:
     raise WorkflowError(f"experiment {EXP.name} is imported (runs made elsewhere) but {RESULTS}/ holds no run's "
                         "training and evaluation tables yet (train/<recipe>/seed<s>/metrics.parquet, "
                         "eval/<recipe>/seed<s>/final_loss.json)")
+# Runs under results/ of recipes this invocation does not study (added once with --config add_recipes,
+# say): the figures and the report are drawn without them. Said, so that it is not done silently.
+UNSTUDIED = unstudied_recipes("results", EXP.name, RECIPES)
+if UNSTUDIED:
+    print(
+        f"warning: {RESULTS}/ holds runs of {', '.join(UNSTUDIED)}, which this study does not include: the "
+        "figures and the report are drawn without them. --config add_recipes lasts one invocation; to keep "
+        f"them, list them in {STUDY_FILE} (add_recipes: [{', '.join(UNSTUDIED)}]).",
+        file=sys.stderr,
+    )
 FIGURE_FILES = expand(f"figures/{EXP.name}/{{figure}}.png", figure=FIGURES)
 # the body-throughput measurements under results/bench (`fp4repro bench throughput`): the throughput
 # figure and the report's throughput row read them. Where a GPU is visible to Snakemake, this
@@ -127,4 +137,22 @@ def figure(name):
         caption=f"../report/{name}.rst",
         category="Figures",
         labels={"figure": name},
+    )
+
+
+# any experiment name but the study's (its figures and report have rules of their own)
+OTHER_EXPERIMENT = f"(?!{re.escape(EXP.name)}/)[^/]+"
+
+
+def another_experiment(wildcards):
+    """The input of a figure (wildcard ``name``) or report of another experiment: none; it stops the
+    planning, saying which --config makes the file (rules/other_experiment.smk)."""
+    experiment = wildcards.experiment
+    name = getattr(wildcards, "name", None)
+    target = f"figures/{experiment}/{name}" if name else f"paper/{experiment}/report.md"
+    raise WorkflowError(
+        f"{target} belongs to experiment {experiment!r}, but this invocation studies {EXP.name!r} "
+        f"(config/config.yaml, {STUDY_FILE} or --config): run `snakemake --config experiment={experiment} "
+        f"{target}` (add add_recipes=[...] there too if that study adds recipes), or set experiment: "
+        f"{experiment} in {STUDY_FILE}"
     )

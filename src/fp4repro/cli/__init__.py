@@ -64,19 +64,60 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. A configuration error prints one line and exits 2; another error about the
-    user's input (data, checkpoints, results files) one line and exit 1; anything else keeps its
-    traceback (exit 1). ``--debug`` shows the traceback of every error."""
+    user's input (data, checkpoints, results files), a full disk or a file that is not UTF-8 text
+    one line and exit 1; a reader that closes the pipe (``| head``) ends the command quietly with
+    141, as a command killed by SIGPIPE; anything else keeps its traceback (exit 1). ``--debug``
+    shows the traceback of every error."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
-    from fp4repro.errors import ConfigError, FP4ReproError
+    from fp4repro.errors import ConfigError
 
     try:
-        return args.func(args)
-    except FP4ReproError as err:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as an error at the interpreter's exit
+        return code
+    except BrokenPipeError:
         if args.debug:
             raise
-        print(f"fp4repro {args.command}: error: {err}", file=sys.stderr)
+        return _pipe_closed()
+    except Exception as err:
+        message = None if args.debug else _one_line(err)
+        if message is None:
+            raise
+        print(f"fp4repro {args.command}: error: {message}", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
+
+
+def _one_line(err: Exception) -> str | None:
+    """The one line that explains ``err`` to the user, or None for an error that keeps its traceback."""
+    import errno
+
+    from fp4repro.errors import FP4ReproError
+    from fp4repro.util import free_bytes
+
+    if isinstance(err, FP4ReproError):
+        return str(err)
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # a writer other than fp4repro.util's atomic ones
+        where = err.filename or "a file"
+        free = free_bytes(err.filename or ".")
+        return f"disk full writing {where}; {'an unknown number of' if free is None else f'{free:,}'} bytes free"
+    if isinstance(err, UnicodeDecodeError):  # a reader without its own check; --debug shows which file
+        return f"a file is not UTF-8 text ({err}); run with --debug to see which"
+    return None
+
+
+def _pipe_closed() -> int:
+    """Stop writing to a pipe whose reader has gone: stdout goes to /dev/null, so that the
+    interpreter's last flush at exit does not fail again; 141 is a shell's status of a command
+    killed by SIGPIPE."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by something without a file descriptor
+        pass
+    return 141

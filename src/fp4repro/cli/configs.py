@@ -40,14 +40,20 @@ def _list_configs(kind: str) -> None:
 
 def _cmd_recipe(args) -> int:
     from fp4repro.config.recipe import load_recipe
+    from fp4repro.config.recipe_sources import changes_from_base, check_derived
     from fp4repro.config.spec import OPERANDS
 
     if args.recipe is None:
         _list_configs("recipes")
         return 0
     recipe = load_recipe(args.recipe)
+    check_derived(recipe)
     print(f"{recipe.name}: {recipe.description.strip()}")
     print(f"read from: {' <- '.join(recipe.files)}")
+    if derived := changes_from_base(recipe):
+        base, changed = derived
+        fields = "; ".join(f"{', '.join(fs)} ({choice})" for choice, fs in changed.items())
+        print(f"changes from {base}: {fields or 'no numerics'}")
     print(f"GEMM model (GEMMs of two quantized operands): {recipe.gemm}\n")
     groups: list[tuple[list[int], object]] = []
     for i in range(args.layers):
@@ -67,14 +73,18 @@ def _cmd_recipe(args) -> int:
 
 
 def _print_sources(recipe) -> None:
-    """A recipe's ``sources:``, one choice after another, and the required choices it does not cite."""
+    """A recipe's ``sources:``, one choice after another (each inherited one with the recipe of its
+    ``base:`` chain it comes from), and the required choices it does not cite."""
     import textwrap
 
+    from fp4repro.config.recipe_sources import source_origins
+
     print("\nsources:" if recipe.sources else "\nsources: none given")
-    for entry in recipe.sources:
+    for entry, origin in zip(recipe.sources, source_origins(recipe)):
+        inherited = f", inherited from {origin}" if origin else ""
         print(
             textwrap.fill(
-                f"{entry['choice']} ({entry['kind']}): {entry['source']}",
+                f"{entry['choice']} ({entry['kind']}{inherited}): {entry['source']}",
                 width=100,
                 initial_indent="  ",
                 subsequent_indent="      ",
@@ -119,12 +129,14 @@ def _cmd_experiment(args) -> int:
         f"{exp.data.tokenizer_path or f'BPE {exp.data.vocab_size}'}"
     )
     print(
-        f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.total_tokens:,} tokens, "
+        f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.trained_tokens:,} tokens, "
         f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints"
     )
+    rounded = {stage.name: budget for stage, budget, _ in t.rounding()}
     for stage, steps in zip(t.stages, t.stage_steps()):
         blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)
-        print(f"  {stage.name}: {stage.tokens:,} tokens ({steps} steps), blend {blend}")
+        budget = f" (budget {rounded[stage.name]:,} rounded up to whole steps)" if stage.name in rounded else ""
+        print(f"  {stage.name}: {steps * t.tokens_per_step:,} tokens{budget} ({steps} steps), blend {blend}")
     runs = study.runs
     print(
         f"runs: {sum(map(len, runs.values()))}, seeds "
@@ -169,7 +181,7 @@ def _cmd_model(args) -> int:
     )
     if recipe is None:
         return 0
-    print(f"recipe {recipe.name}: operand specs per linear")
+    print(f"recipe {recipe.name}: operand specs per linear; GEMMs of two quantized operands: {recipe.gemm}")
     described = model.describe()
     width = max(len(name) for name in described)
     for name, ops in described.items():
@@ -178,6 +190,8 @@ def _cmd_model(args) -> int:
             if len(set(ops.values())) > 1
             else f"all operands {next(iter(ops.values()))}"
         )
+        if name == "lm_head":
+            cells = "not quantized: BF16 copies of input and weight multiplied in FP32 (every recipe)"
         print(f"  {name:{width}}  {cells}")
     return 0
 

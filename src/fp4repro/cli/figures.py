@@ -63,7 +63,9 @@ def _cmd_report(args) -> int:
 
     study = _study(args)
     out = Path(args.out or f"paper/{study.name}/report.md")
-    rows = write_report(study, args.claims, out, results=args.results, figures=args.figures)
+    rows = write_report(
+        study, args.claims, out, results=args.results, figures=args.figures, allow_empty=args.allow_empty
+    )
     if not args.quiet:
         verdicts = Counter(r.verdict for r in rows if r.measured)
         print(
@@ -140,6 +142,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     )
     rp.add_argument("--results", default="results", help="results root (default results)")
     rp.add_argument("--out", help="report to write (default paper/<experiment>/report.md)")
+    rp.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="write the report even when the results root holds no run of the experiment (by default that is "
+        "an error, and the report is left as it is)",
+    )
     rp.add_argument("figures", nargs="*", help="figure files to embed (links relative to the report)")
     rp.set_defaults(func=_cmd_report)
 

@@ -24,8 +24,11 @@ def _cmd_prepare_data(args) -> int:
 
 
 def _cmd_train(args) -> int:
+    from fp4repro.errors import ConfigError
     from fp4repro.train import train
 
+    if args.stop_after is not None and args.stop_after < 1:  # before anything is made: no run folder
+        raise ConfigError(f"--stop-after: value {args.stop_after}: a number of optimizer steps, at least 1")
     study = _study(args)
     exp = study.experiment
     recipe = _recipe_name(study, args.recipe)
@@ -164,7 +167,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     _experiment_arguments(tr, recipe=True)
     tr.add_argument("--out", help="run folder (default results/<experiment>/train/<recipe>/seed<seed>)")
-    tr.add_argument("--stop-after", type=int, help="stop (resumably) after this many optimizer steps in total")
+    tr.add_argument(
+        "--stop-after",
+        type=int,
+        metavar="STEPS",
+        help="stop (resumably) after this many optimizer steps in total (at least 1)",
+    )
     tr.add_argument(
         "--init-from",
         metavar="CHECKPOINT",

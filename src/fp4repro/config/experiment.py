@@ -5,6 +5,12 @@
 (blend weights summing to 1 over known sources, warmup + decay, sequence length, the eval section).
 What needs other files (the model config, the recipes) is checked where the pieces are composed:
 ``fp4repro.config.study``. Every error names the file, the field, the value and what is allowed.
+
+A stage's ``tokens`` is a budget: the stage trains it in whole optimizer steps of
+``batch_size x seq_len`` tokens, rounded up (the paper's budgets, 140B tokens say, are seldom a
+multiple of a step). ``TrainConfig.rounding`` lists the stages it rounds, and every summary of an
+experiment (``fp4repro experiment``, the report's scale) gives the tokens the steps train and the
+rounding.
 """
 
 from __future__ import annotations
@@ -141,11 +147,28 @@ class TrainConfig:
 
     @property
     def total_tokens(self) -> int:
+        """The stages' token budgets summed, as written (``trained_tokens``: what the steps train)."""
         return sum(s.tokens for s in self.stages)
 
     def stage_steps(self) -> list[int]:
-        """Optimizer steps of each stage (its token budget rounded up to whole steps)."""
+        """Optimizer steps of each stage: its token budget rounded up to whole steps (a step trains
+        ``tokens_per_step`` tokens, so a budget that is not a multiple of it trains a little more;
+        ``rounding`` says by how much, and every summary of the experiment says so)."""
         return [math.ceil(s.tokens / self.tokens_per_step) for s in self.stages]
+
+    @property
+    def trained_tokens(self) -> int:
+        """The tokens the steps of all stages train: ``total_steps`` whole steps."""
+        return self.total_steps * self.tokens_per_step
+
+    def rounding(self) -> list[tuple[Stage, int, int]]:
+        """(stage, its budget, the tokens its whole steps train) of each stage whose budget is not a
+        whole number of steps (empty when every budget is)."""
+        return [
+            (stage, stage.tokens, steps * self.tokens_per_step)
+            for stage, steps in zip(self.stages, self.stage_steps())
+            if steps * self.tokens_per_step != stage.tokens
+        ]
 
     @property
     def total_steps(self) -> int:

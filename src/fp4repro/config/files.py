@@ -14,7 +14,9 @@ and workflow rule reads, whichever checkout or wheel the package was installed f
 
 from __future__ import annotations
 
+import decimal
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -89,10 +91,40 @@ def not_found(kind: str, name_or_path: str | Path) -> str:
     )
 
 
+# Numbers in exponent notation that YAML 1.1 (PyYAML) reads as strings: no dot (2e3, 1e-3) or an
+# exponent without its sign (2.0e3, 1.4e11). YAML 1.2 reads them as numbers, and so does a person.
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading the exponent numbers YAML 1.1 leaves as strings as numbers."""
+
+
+def _exponent_number(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
+    """A whole number as an int (``tokens: 1.4e11`` is a count: 140000000000), any other as a float."""
+    text = loader.construct_scalar(node).replace("_", "")
+    exact = decimal.Decimal(text)
+    return int(exact) if exact == exact.to_integral_value() else float(text)
+
+
+_ConfigLoader.add_constructor("tag:fp4repro:exponent-number", _exponent_number)
+_ConfigLoader.add_implicit_resolver("tag:fp4repro:exponent-number", _EXPONENT_NUMBER, list("-+0123456789."))
+
+
 def read_yaml(path: Path, error: type[Exception] = ConfigError):
-    """A YAML file's content; ``error(f"{path}: not valid YAML: ...")`` when it does not parse."""
+    """A YAML file's content (numbers such as ``2e3`` read as numbers); ``error`` naming the file
+    when it cannot be read, is not UTF-8 text or does not parse."""
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise error(
+            f"{path}: not a text file: byte 0x{err.object[err.start]:02x} at offset {err.start} is not UTF-8 "
+            "(a config is a YAML text file)"
+        ) from None
+    except OSError as err:
+        raise error(f"{path}: cannot be read: {err.strerror}") from None
+    try:
+        return yaml.load(text, Loader=_ConfigLoader)
     except yaml.YAMLError as err:
         raise error(f"{path}: not valid YAML: {err}") from None
 

@@ -2,7 +2,8 @@
 
 ``load_study`` is where the pieces of a study are composed, so it is where they are checked
 against one another (the experiment file checks only itself): the model config loads and its
-vocabulary matches the tokenizer's, the parallel split fits the model, every recipe loads, no two recipes
+vocabulary matches the tokenizer's, the parallel split fits the model, every recipe loads (a derived
+one describing and citing what it changes of its base: ``recipe_sources``), no two recipes
 share a name (a recipe's
 name names its result folders), and the telemetry cadence sees every phase of each amax refresh
 interval the recipes use (chosen here when the experiment leaves it null). The CLI and the workflow call it
@@ -15,9 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fp4repro.config.experiment import ExperimentConfig, ExperimentError, load_experiment
+from fp4repro.config.files import is_path
 from fp4repro.config.model import ModelConfig, ModelConfigError, load_model_config
 from fp4repro.config.parallel import parallel_problems
 from fp4repro.config.recipe import Recipe, RecipeError, load_recipe
+from fp4repro.config.recipe_sources import check_derived
 from fp4repro.config.shards import shard_problems
 
 
@@ -38,7 +41,7 @@ class Study:
     def bf16_layers(self, name: str) -> list[int]:
         """The layers of the study's model that recipe ``name`` leaves wholly unquantized (BF16;
         the embedding and LM head, never quantized, aside)."""
-        return self.recipe(name).bf16_layers(self.model.n_layers, self.model.layer_linears)
+        return self.recipe(name).bf16_layers(self.model.layer_linears)
 
     def seeds_of(self, name: str) -> tuple[int, ...]:
         """The seeds recipe ``name`` runs with: ``train.seeds``, or the fewer that
@@ -62,6 +65,18 @@ class Study:
 
 def _fail(path: str, where: str, value, allowed: str):
     raise ExperimentError(f"{path}: field '{where}': value {value!r}: {allowed}")
+
+
+def _kept_recipe(exp: ExperimentConfig, reference: str) -> str | Path:
+    """An imported study's recipe by name is the one its runs were made with where it is kept beside
+    them (``results/<experiment>/recipes/<name>.yaml``, relative to the working directory, where the
+    workflow reads results), so that runs of an earlier recipe stay readable under their name;
+    otherwise the reference as any other."""
+    if exp.imported and not is_path(reference):
+        kept = Path("results") / exp.name / "recipes" / f"{reference}.yaml"
+        if kept.is_file():
+            return kept
+    return reference
 
 
 def load_study(
@@ -92,7 +107,8 @@ def load_study(
     references += [(f"{added_by}: added recipe", r) for r in add_recipes]
     for where, reference in references:
         try:
-            recipe = load_recipe(reference)
+            recipe = load_recipe(_kept_recipe(exp, reference))
+            check_derived(recipe)
         except RecipeError as err:
             raise ExperimentError(f"{where}: value {reference!r}: {err}") from None
         other = recipes.get(recipe.name)
@@ -115,7 +131,7 @@ def load_study(
 def refresh_intervals(recipe: Recipe, model: ModelConfig) -> set[int]:
     """The refresh intervals K of the periodic tensor scaling a recipe uses on this model."""
     specs = [
-        recipe.linear_specs(layer, model.n_layers, linear)
+        recipe.linear_specs(layer, model.layer_linears, linear)
         for layer, names in enumerate(model.layer_linears)
         for linear in names
     ]

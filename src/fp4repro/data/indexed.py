@@ -16,6 +16,7 @@ import numpy as np
 
 from fp4repro.data.errors import DataError
 from fp4repro.data.megatron_datasets import megatron_datasets
+from fp4repro.util import disk_full
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ def write_indexed_dataset(prefix: Path, documents: Iterable[np.ndarray], dtype: 
     """Write ``documents`` (arrays of token ids, EOD included) as ``prefix.bin``/``prefix.idx``.
 
     Both files are written under temporary names in the same folder, synced, then renamed over
-    the final names, so an interrupted write never leaves a half-written file under a final name.
+    the final names, so an interrupted write never leaves a half-written file under a final name
+    (a full disk: ``DiskFullError`` naming the file, the old files kept).
     """
     prefix.parent.mkdir(parents=True, exist_ok=True)
     staging = prefix.with_name(f".{prefix.name}.{os.getpid()}.tmp")
@@ -67,12 +69,24 @@ def write_indexed_dataset(prefix: Path, documents: Iterable[np.ndarray], dtype: 
             _fsync(staged)
         os.replace(staged_bin, bin_path(prefix))
         os.replace(staged_idx, idx_path(prefix))
+    except OSError as err:
+        if full := disk_full(err, bin_path(prefix)):
+            raise full from err
+        raise
     finally:
         staged_bin.unlink(missing_ok=True)
         staged_idx.unlink(missing_ok=True)
     return IndexedStats(
         documents_written, tokens_written, bin_path(prefix).stat().st_size, idx_path(prefix).stat().st_size
     )
+
+
+def index_dtype(prefix: str | Path) -> type[np.number]:
+    """The dtype the token ids of ``prefix.bin`` are stored in, as its ``.idx`` says."""
+    try:
+        return megatron_datasets().IndexedDataset(str(prefix), mmap=True).index.dtype
+    except (AssertionError, ValueError, OSError) as err:
+        raise DataError(f"{prefix}: not a Megatron indexed dataset ({err})") from None
 
 
 def read_indexed_stats(prefix: str | Path, source_name: str) -> IndexedStats:

@@ -4,6 +4,12 @@ It is written last, atomically, after every file it lists; a folder without one 
 longer have the recorded sizes) is incomplete. Paths inside the folder are stored relative to it,
 so the folder can be moved or copied to another machine; indexed sources used in place keep their
 absolute prefixes.
+
+Two digests: ``inputs_hash``, of what the data is made from (the config, the input files' sizes
+and times: data preparation redoes a folder whose inputs changed), and ``data_hash``, of those
+inputs and the sha256 of every token file (``.bin``/``.idx``) the manifest records: the data a run
+trains on, which enters the run's fingerprint. Training checks the files against their recorded
+digests before it reads them (``fp4repro.data.integrity``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from fp4repro.data.indexed import bin_path, idx_path
 from fp4repro.util import atomic_write_json
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: the sha256 of every token file, data_hash over them (format 1 had neither)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class DatasetEntry:
     tokens: int  # EOD tokens included
     bin_bytes: int
     idx_bytes: int
+    bin_sha256: str
+    idx_sha256: str
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,8 @@ class Manifest:
     """A prepared data folder: tokenizer, vocabulary, EOD id and one indexed dataset per (source, split)."""
 
     root: Path
-    data_hash: str
+    data_hash: str  # the inputs and every token file's digest: what a run trains on
+    inputs_hash: str  # the inputs alone: what data preparation compares to tell whether to redo the folder
     tokenizer_file: str
     tokenizer_sha256: str
     tokenizer_bytes: int
@@ -107,7 +116,16 @@ class Manifest:
         path = Path(stored)
         return path if path.is_absolute() else self.root / path
 
-    # ---- completeness
+    # ---- completeness and integrity
+
+    def token_files(self) -> list[tuple[Path, str]]:
+        """(path, recorded sha256) of every ``.bin`` and ``.idx`` file the manifest lists."""
+        files = []
+        for source in self.sources.values():
+            for entry in source.datasets.values():
+                prefix = self._resolve(entry.prefix)
+                files += [(bin_path(prefix), entry.bin_sha256), (idx_path(prefix), entry.idx_sha256)]
+        return files
 
     def problems(self) -> list[str]:
         """Files the manifest lists that are missing or no longer have the recorded size (an
@@ -131,6 +149,7 @@ class Manifest:
         return {
             "format": MANIFEST_FORMAT,
             "data_hash": self.data_hash,
+            "inputs_hash": self.inputs_hash,
             "tokenizer": {
                 "path": self.tokenizer_file,
                 "sha256": self.tokenizer_sha256,
@@ -152,6 +171,8 @@ class Manifest:
                             "tokens": e.tokens,
                             "bin_bytes": e.bin_bytes,
                             "idx_bytes": e.idx_bytes,
+                            "bin_sha256": e.bin_sha256,
+                            "idx_sha256": e.idx_sha256,
                         }
                         for split, e in s.datasets.items()
                     },
@@ -179,6 +200,7 @@ class Manifest:
         return cls(
             root=Path(root),
             data_hash=raw["data_hash"],
+            inputs_hash=raw["inputs_hash"],
             tokenizer_file=tok["path"],
             tokenizer_sha256=tok["sha256"],
             tokenizer_bytes=tok["bytes"],
@@ -208,9 +230,24 @@ def read_manifest(out_dir: str | Path) -> Manifest | None:
         return None
 
 
+def _format_of(out_dir: str | Path) -> object:
+    """The ``format`` a manifest file says it has (None: no such file, or not a JSON object)."""
+    try:
+        raw = json.loads(manifest_path(out_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return raw.get("format") if isinstance(raw, dict) else None
+
+
 def load_manifest(out_dir: str | Path) -> Manifest:
     """The manifest of a prepared, complete data folder; a clear error otherwise."""
     manifest = read_manifest(out_dir)
+    if manifest is None and _format_of(out_dir) not in (None, MANIFEST_FORMAT):
+        raise DataError(
+            f"{manifest_path(out_dir)}: format {_format_of(out_dir)!r}, written by another version of fp4repro "
+            f"(this one reads format {MANIFEST_FORMAT}, which records a digest of every token file): run "
+            "`fp4repro prepare-data` again"
+        )
     if manifest is None:
         raise DataError(
             f"{manifest_path(out_dir)}: missing or unreadable: the data in {out_dir} is not "

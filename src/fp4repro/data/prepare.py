@@ -4,11 +4,14 @@ Steps: read and split every text source (``corpus``), train the tokenizer on the
 text sources (or copy the given one), tokenize each (source, split) into a Megatron indexed
 dataset, record ``indexed`` sources as they are, and write ``manifest.json`` last.
 
-The manifest stores a hash of everything the outputs depend on: the data config, the format of
-this code, the interpreter version (the standard library is part of the input), the tokenizers
-version, and the size and modification time of every input file. A rerun whose manifest has that
-hash and whose files all have their recorded sizes does nothing; anything else is redone from
-scratch, which is safe because every output is a deterministic function of the inputs.
+The manifest stores a hash of everything the outputs depend on (``inputs_hash``): the data config,
+the format of this code, the interpreter version (the standard library is part of the input), the
+tokenizers version, and the size and modification time of every input file; and the sha256 of
+every token file it lists, which with the inputs make ``data_hash`` (``fp4repro.data.integrity``).
+A rerun whose manifest has that inputs hash and whose files all have their recorded sizes and
+digests does nothing; anything else is redone from scratch, which is safe because every output is
+a deterministic function of the inputs. The token ids of an ``indexed`` source are checked against
+the tokenizer's vocabulary when it is recorded.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from fp4repro.config.experiment import FILE_KINDS, TEXT_KINDS, DataConfig, Exper
 from fp4repro.data.corpus import SPLITS, SplitCorpus, expand_paths, read_corpora
 from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import bin_path, idx_path, read_indexed_stats, token_dtype, write_indexed_dataset
+from fp4repro.data.integrity import VERIFIED, check_token_ids, token_digests, verify_token_files
 from fp4repro.data.manifest import DatasetEntry, Manifest, SourceEntry, manifest_path, read_manifest, write_manifest
 from fp4repro.data.tokenizer import encode_documents, eod_id, file_sha256, load_tokenizer, train_bpe
 from fp4repro.provenance import provenance
@@ -90,7 +94,40 @@ def data_fingerprint(data: DataConfig) -> dict:
 
 
 def data_hash(fingerprint: dict) -> str:
+    """The digest of what the data is made from (``data_fingerprint``): the manifest's ``inputs_hash``."""
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+
+
+def tokens_hash(inputs_hash: str, sources: dict[str, SourceEntry]) -> str:
+    """The manifest's ``data_hash``: the inputs' digest and the sha256 of every token file."""
+    files = {
+        f"{name}/{split}": [entry.bin_sha256, entry.idx_sha256]
+        for name, source in sources.items()
+        for split, entry in source.datasets.items()
+    }
+    return hashlib.sha256(
+        json.dumps({"inputs": inputs_hash, "token_files": files}, sort_keys=True).encode()
+    ).hexdigest()
+
+
+def _dataset_entry(source: str, split: str, prefix: Path, recorded: str, stats) -> DatasetEntry:
+    """The manifest's entry of one indexed dataset, with its files' digests."""
+    bin_sha256, idx_sha256 = token_digests(prefix)
+    return DatasetEntry(
+        source, split, recorded, stats.documents, stats.tokens, stats.bin_bytes, stats.idx_bytes, bin_sha256, idx_sha256
+    )
+
+
+def _up_to_date(existing: Manifest | None, wanted: str, out_dir: Path) -> bool:
+    """Whether ``existing`` is the manifest of these inputs and its files are as it records them
+    (sizes, then digests: a file overwritten in place with as many bytes is redone)."""
+    if existing is None or existing.inputs_hash != wanted or existing.problems():
+        return False
+    try:
+        verify_token_files(existing, out_dir / "cache" / VERIFIED)
+    except DataError:
+        return False
+    return True
 
 
 # ---- steps ------------------------------------------------------------------------------------
@@ -143,9 +180,7 @@ def _write_text_source(
             name = f"{source.name}_{split}"
             texts = corpus.splits[split]
             stats = write_indexed_dataset(out_dir / name, _encoded(tokenizer, texts, eod, dtype, bar), dtype)
-            datasets[split] = DatasetEntry(
-                source.name, split, name, stats.documents, stats.tokens, stats.bin_bytes, stats.idx_bytes
-            )
+            datasets[split] = _dataset_entry(source.name, split, out_dir / name, name, stats)
     return SourceEntry(
         source.name,
         source.kind,
@@ -156,15 +191,15 @@ def _write_text_source(
     )
 
 
-def _use_indexed_source(source: Source) -> SourceEntry:
-    """An already tokenized source, used in place: record its prefixes and sizes."""
+def _use_indexed_source(source: Source, vocab_size: int) -> SourceEntry:
+    """An already tokenized source, used in place: record its prefixes, sizes and digests, once
+    its token ids are known to be the tokenizer's."""
     datasets = {}
     for split, prefix in source.prefixes:
         prefix = _indexed_prefix(prefix)
         stats = read_indexed_stats(prefix, source.name)
-        datasets[split] = DatasetEntry(
-            source.name, split, str(prefix), stats.documents, stats.tokens, stats.bin_bytes, stats.idx_bytes
-        )
+        check_token_ids(prefix, vocab_size)
+        datasets[split] = _dataset_entry(source.name, split, prefix, str(prefix), stats)
     return SourceEntry(source.name, source.kind, datasets)
 
 
@@ -190,7 +225,7 @@ def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True) ->
     fingerprint = data_fingerprint(data)
     wanted = data_hash(fingerprint)
     existing = read_manifest(out_dir)
-    if existing is not None and existing.data_hash == wanted and not existing.problems():
+    if _up_to_date(existing, wanted, out_dir):
         _say(progress, f"{out_dir}: data is up to date (manifest matches the config)")
         return existing
 
@@ -211,11 +246,12 @@ def prepare_data(exp: ExperimentConfig, out_dir: Path, progress: bool = True) ->
                 source, corpora[source.name], tokenizer, eod, dtype, out_dir, progress
             )
         else:
-            sources[source.name] = _use_indexed_source(source)
+            sources[source.name] = _use_indexed_source(source, vocab_size)
 
     manifest = Manifest(
         root=out_dir,
-        data_hash=wanted,
+        data_hash=tokens_hash(wanted, sources),
+        inputs_hash=wanted,
         tokenizer_file=TOKENIZER_FILE,
         tokenizer_sha256=file_sha256(tokenizer_file),
         tokenizer_bytes=tokenizer_file.stat().st_size,

@@ -34,6 +34,7 @@ import torch
 from fp4repro.data.corpus import SPLITS
 from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import read_token_stream
+from fp4repro.data.integrity import check_token_ids
 from fp4repro.data.manifest import Manifest
 from fp4repro.data.megatron_datasets import megatron_datasets
 from fp4repro.data.tokenizer import MegatronTokenizer
@@ -131,6 +132,8 @@ class StageSampler:
         self.seed = seed
         self.sources, self.weights = active_blend(manifest, blend, split)
         self.prefixes = [manifest.prefix(name, split) for name in self.sources]
+        for prefix in self.prefixes:  # ids the model has no embedding for: an error here, not inside the model
+            check_token_ids(prefix, manifest.vocab_size)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else manifest.root / "cache"
         self._dataset = self._build()
 
@@ -234,4 +237,5 @@ def validation_tokens(manifest: Manifest, source: str, split: str = "valid") -> 
     followed by EOD: the input of held-out NLL."""
     if manifest.tokens(source, split) == 0:
         return np.zeros(0, dtype=np.int64)
+    check_token_ids(manifest.prefix(source, split), manifest.vocab_size)
     return read_token_stream(manifest.prefix(source, split), manifest.eod_id)

@@ -58,12 +58,19 @@ from fp4repro.util import deterministic_algorithms, rng_state, set_rng_state
 OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 
 
-def _refuse_pipeline_parallelism(study: Study) -> None:
+def refuse_here(study: Study) -> None:
+    """An error when this backend cannot train the study here: pipeline stages (not yet) or no CUDA
+    device. The loop asks before it reads any data; the engine asks again when it is built."""
     exp = study.experiment
     if exp.parallel.pipeline != 1:
         raise ConfigError(
             f"{exp.path}: field 'parallel.pipeline': value {exp.parallel.pipeline}: training through "
             "megatron-core runs without pipeline parallelism for now (1)"
+        )
+    if not torch.cuda.is_available():
+        raise FP4ReproError(
+            f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "
+            "checkpoints need them) and none is visible; the reference backend trains on a CPU"
         )
 
 
@@ -90,12 +97,7 @@ class MegatronEngine:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         exp, t, config = study.experiment, study.experiment.train, study.model
-        _refuse_pipeline_parallelism(study)
-        if not torch.cuda.is_available():
-            raise FP4ReproError(
-                f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "
-                "checkpoints need them) and none is visible; the reference backend trains on a CPU"
-            )
+        refuse_here(study)
         if deterministic:
             deterministic_algorithms()
         self.layout = initialize(exp.parallel, t.batch_size, seed)

@@ -182,8 +182,9 @@ def check_output(out_png: Path) -> Path:
 
 def save(fig, out_png: Path) -> None:
     """Write ``out_png`` (a name ``check_output`` accepted) and the PDF beside it, each atomically
-    (temp file + fsync + rename); the PDF first, so that a PNG (what the workflow tracks) always
-    has its PDF."""
-    for path, fmt in ((out_png.with_suffix(".pdf"), "pdf"), (out_png, "png")):
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, bbox_inches="tight", dpi=PNG_DPI)
+    (temp file + fsync + rename): both are drawn to temporary files before either replaces its
+    old file (a full disk leaves the old pair), and the PDF is renamed first, so that a PNG (what
+    the workflow tracks) always has its PDF."""
+    with atomic_path(out_png) as png, atomic_path(out_png.with_suffix(".pdf")) as pdf:
+        fig.savefig(pdf, format="pdf", bbox_inches="tight", dpi=PNG_DPI)
+        fig.savefig(png, format="png", bbox_inches="tight", dpi=PNG_DPI)

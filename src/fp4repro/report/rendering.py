@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 
 from fp4repro.config.files import claims_path
-from fp4repro.report.claims import Row, load_claims
+from fp4repro.report.claims import ReportError, Row, load_claims
 from fp4repro.report.measures import measure
 from fp4repro.report.pairing import _divergences
 from fp4repro.report.sections import phase_section, target_section
-from fp4repro.results import study_runs
+from fp4repro.results import eval_dir, run_dir, study_runs
 from fp4repro.util import atomic_write_text
 
 # Said after a telemetry claim's note: how its event arises in the format, and why moving T should
@@ -21,7 +21,7 @@ from fp4repro.util import atomic_write_text
 MECHANISMS = {
     "underflow": "a non-zero block whose scale rounds to zero in the scale format (below UE5M3's 2^-17) loses "
     "every element; raising T lifts every block scale by T'/T, so fewer small blocks fall below",
-    "saturation": "a block scale clamped at the format's maximum (114688 for UE5M3) clips the block; raising T "
+    "saturation": "a block scale clamped at the format's maximum (61,440 for UE5M3) clips the block; raising T "
     "lifts every block scale, so it can only add saturation: the paper's claim needs another reading",
     "clipping": "an element clipped at ±6 although its block scale was not clamped: a block whose scale lands in "
     "the format's subnormal range is rounded down by up to a third, pushing its largest elements past 6 "
@@ -136,18 +136,50 @@ def run_scale(study) -> str:
     exp, config = study.experiment, study.model
     with torch.device("meta"):
         params = NemotronH(config, None).num_parameters()
-    stages = ", ".join(f"{s.name} {s.tokens:,}" for s in exp.train.stages)
+    t = exp.train
+    stages = ", ".join(f"{s.name} {steps * t.tokens_per_step:,}" for s, steps in zip(t.stages, t.stage_steps()))
+    rounded = (
+        f"; budgets of {', '.join(f'{s.name} {budget:,}' for s, budget, _ in t.rounding())} rounded up to whole steps"
+        if t.rounding()
+        else ""
+    )
     return (
         f"model `{exp.model}` ({params:,} parameters, pattern {config.pattern}), "
-        f"{exp.train.total_tokens:,} training tokens ({stages}), backend {exp.backend}"
+        f"{t.trained_tokens:,} training tokens ({stages}{rounded}), backend {exp.backend}"
     )
 
 
+def check_results_found(study, results: str | Path, out: Path) -> None:
+    """A ``ReportError`` when none of ``study``'s runs has a training or evaluation table under
+    ``results`` (a mistyped --results, say): a report of nothing must not replace one of something."""
+    tables = [
+        folder(results, study.name, recipe, seed) / name
+        for recipe, seeds in study.runs.items()
+        for seed in seeds
+        for folder, name in ((run_dir, "metrics.parquet"), (eval_dir, "final_loss.json"))
+    ]
+    if not any(path.is_file() for path in tables):
+        raise ReportError(
+            f"no results of experiment {study.name!r} under {results}/ (none of its {len(tables) // 2} runs has "
+            f"{Path(results) / study.name}/train/<recipe>/seed<s>/metrics.parquet or eval/<recipe>/seed<s>/"
+            f"final_loss.json): {out} was not written; check --results, or give --allow-empty for a report "
+            "without measurements"
+        )
+
+
 def write_report(
-    study, claims: str | Path, out: str | Path, results: str | Path = "results", figures: list[str | Path] = ()
+    study,
+    claims: str | Path,
+    out: str | Path,
+    results: str | Path = "results",
+    figures: list[str | Path] = (),
+    allow_empty: bool = False,
 ) -> list[Row]:
-    """Write the report of ``study``'s results against ``claims`` to ``out``; its lines."""
+    """Write the report of ``study``'s results against ``claims`` to ``out``; its lines. Without
+    any result of the study (``check_results_found``) nothing is written unless ``allow_empty``."""
     paper, claim_list = load_claims(claims_path(claims))
+    if not allow_empty:
+        check_results_found(study, results, Path(out))
     root = Path(results) / study.name
     exp = study.experiment
     blend = dict(exp.train.stages[-1].blend)

@@ -25,6 +25,7 @@ checkpoints saved before it; the run is resumable as any other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -37,15 +38,19 @@ from tqdm import tqdm
 
 from fp4repro.config.files import recorded_name
 from fp4repro.config.study import Study
-from fp4repro.data import RunSampler, load_manifest
+from fp4repro.data import Manifest, RunSampler, load_manifest
+from fp4repro.data.integrity import VERIFIED, verify_token_files
 from fp4repro.errors import FP4ReproError
+from fp4repro.megatron.resume import resume_dirs
 from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
-from fp4repro.train.checkpoint import load_checkpoint, save_checkpoint
+from fp4repro.train.checkpoint import load_checkpoint, resume_checkpoints, save_checkpoint
 from fp4repro.train.engine import Engine, ReferenceEngine
-from fp4repro.train.runs import RunFolder, changed_fields, list_runs, run_fingerprint
+from fp4repro.train.lock import run_lock
+from fp4repro.train.runs import RunFolder, changed_fields, check_owner, list_runs, run_fingerprint, run_owner
 from fp4repro.train.schedule import WSDSchedule
+from fp4repro.train.space import CheckpointSizes, check_free_space, checkpoints_to_write
 from fp4repro.util import deterministic_algorithms
 
 METRICS = ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
@@ -207,30 +212,78 @@ def train(
     resumed GPU run repeats an uninterrupted one bit for bit (slower).
     init_from: an evaluation checkpoint (of either backend's run: both write the reference layout)
     to start from instead of the seed's initialization; its digest enters the run's fingerprint.
+
+    Before any compute: ``out_dir`` must not hold another recipe's or seed's run, the data's token
+    files must have the digests its manifest records, and the filesystem must have room for the
+    checkpoints (``fp4repro.train.space``). The process that writes the run's files then holds
+    ``out_dir``'s lock while it trains (a second training of the folder stops at once).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     exp, t = study.experiment, study.experiment.train
     seed = study.seeds_of(recipe_name)[0] if seed is None else int(seed)
     out_dir = Path(out_dir)
 
-    # ---- model, optimizer, schedule, data: all a function of the config and the seed
-    schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
+    # ---- this config's run folder, and what must hold before it computes anything
+    if exp.backend == "megatron":  # a machine it cannot train on is said before any data is read
+        from fp4repro.megatron.engine import refuse_here
+
+        refuse_here(study)
     initial, init_digest = initial_weights(study, init_from) if init_from is not None else (None, None)
+    manifest = load_manifest(data_dir)
+    numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash, init_digest)
+    run = RunFolder(out_dir, fingerprint)
+    check_owner(out_dir, run_owner(exp.name, study.recipe(recipe_name).name, seed))
+    verify_token_files(manifest, run.path / VERIFIED)
+    end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
+    _check_space(study, recipe_name, run, end_step)
+
+    # ---- model, optimizer, schedule: all a function of the config and the seed
+    schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
     engine = build_engine(study, recipe_name, seed, device, schedule, deterministic, initial)
+    with run_lock(out_dir) if engine.writer else contextlib.nullcontext():
+        return _train(study, recipe_name, seed, engine, manifest, data_dir, run, numerics, end_step, device, progress)
+
+
+def _check_space(study: Study, recipe_name: str, run: RunFolder, end_step: int) -> None:
+    """Room on the run folder's filesystem for the checkpoints the run will write from where it
+    resumes (the newest resume checkpoint on disk) to ``end_step``."""
+    t = study.experiment.train
+    evaluations, resumes = checkpoints_to_write(
+        run.resume_step(),
+        end_step,
+        set(eval_checkpoint_steps(t.total_steps, t.checkpoints)),
+        t.resume_every,
+        len(resume_checkpoints(run.resume)) + len(resume_dirs(run.resume)),
+    )
+    check_free_space(run.out, CheckpointSizes.of(study, recipe_name), evaluations, resumes)
+
+
+def _train(
+    study: Study,
+    recipe_name: str,
+    seed: int,
+    engine: Engine,
+    manifest: Manifest,
+    data_dir: Path,
+    run: RunFolder,
+    numerics: dict,
+    end_step: int,
+    device: str,
+    progress: bool,
+) -> Path:
+    """The run ``train`` checked and built the engine of, up to ``end_step``; returns its ``out_dir``."""
+    exp, t = study.experiment, study.experiment.train
+    out_dir = run.out
     state, writer = engine.quant_state, engine.writer
     recipe = study.recipe(recipe_name)
-    stage_steps = t.stage_steps()
-    plan = StepPlan.build(stage_steps)
-    manifest = load_manifest(data_dir)
+    plan = StepPlan.build(t.stage_steps())
     data = RunSampler.of_run(manifest, t, seed, cache_dir=data_dir / "cache")
     samplers = data.stages
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
 
-    # ---- this config's run folder, resumed where its last attempt left off
-    numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash, init_digest)
-    run = RunFolder(out_dir, fingerprint)
+    # ---- resumed where its last attempt left off
     if writer:
-        _retire_finished_outputs(out_dir, fingerprint)
+        _retire_finished_outputs(out_dir, run.fingerprint)
     start_step = engine.load_resume(run.resume)
     origin = {**provenance(device), "data": manifest.data_hash}  # runs pair only on the same corpus
     attempt = 0
@@ -239,7 +292,7 @@ def train(
         _announce(run, numerics, start_step, t.total_steps)
         if repeats := data.repeats():
             _say(f"{run.out}: warning: {repeats}: the corpus is too small for the run's tokens")
-        attempt = run.start_attempt(numerics, start_step, origin)
+        attempt = run.start_attempt(numerics, start_step, origin, run_owner(exp.name, recipe.name, seed))
     metrics: list[dict] = []  # rows since the last part
     telemetry: list[dict] = []
 
@@ -283,7 +336,6 @@ def train(
                 origin,
             )
 
-    end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
     bar = tqdm(
         total=t.total_steps,
         initial=start_step,

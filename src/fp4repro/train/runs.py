@@ -2,8 +2,10 @@
 
     results/<experiment>/train/<recipe>/seed<seed>/   ``out``: what the workflow reads
       done.json, metrics.parquet, telemetry.parquet    the finished run (written last)
+      .lock                                        held by the training at work (``fp4repro.train.lock``)
       runs/<fingerprint>/                          one run: everything it needs to resume
-        run.json                                   what the fingerprint covers; every attempt on it
+        run.json                                   whose run it is, what the fingerprint covers; every attempt
+        token_files_verified.json                  the data's token files this run checked (size, time, digest)
         resume/resume_<step>.pt                    rolling resume checkpoints (the newest two)
         ckpt/step_<step>.pt                        evaluation checkpoints
         metrics/upto_<step>.parquet                the rows of the steps after the previous part,
@@ -14,6 +16,9 @@ the recipe's numerics, the prepared data, and the training fields that change th
 (``TrainConfig.NUMERIC_FIELDS``). Anything else (telemetry cadence, resume cadence, the final
 window) can change and the run resumes. A changed fingerprint starts a new run folder beside the
 old ones, which are kept until ``fp4repro runs --prune`` removes them.
+
+A folder ``out`` belongs to one experiment, recipe and seed (``check_owner``): its top-level files
+are that run's, so another recipe given the same folder is refused rather than replacing them.
 
 Metrics and telemetry are written as parts, one per resume checkpoint and before it, so a resume
 checkpoint holds only the state to continue from (it does not grow with the run). Resuming from
@@ -32,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from fp4repro.data import SAMPLING
+from fp4repro.errors import FP4ReproError
 from fp4repro.megatron.resume import resume_dirs
 from fp4repro.results import write_table
 from fp4repro.train.checkpoint import resume_checkpoints
@@ -140,10 +146,13 @@ class RunFolder:
     def record(self) -> dict | None:
         return json.loads(self.record_path.read_text()) if self.record_path.is_file() else None
 
-    def start_attempt(self, numerics: dict, from_step: int, provenance: dict) -> int:
+    def start_attempt(self, numerics: dict, from_step: int, provenance: dict, owner: dict | None = None) -> int:
         """Record that a process starts working on this run at ``from_step``; its number among the
-        processes that have worked on this run folder (0 for the first)."""
+        processes that have worked on this run folder (0 for the first). ``owner``: the experiment,
+        recipe and seed whose run it is (``check_owner`` reads it)."""
         record = self.record() or {"fingerprint": self.fingerprint, "numerics": numerics, "attempts": []}
+        if owner is not None:
+            record.setdefault("owner", owner)
         record["attempts"].append({"from_step": from_step, "provenance": provenance})
         atomic_write_json(self.record_path, record)
         return len(record["attempts"]) - 1
@@ -173,6 +182,30 @@ class RunFolder:
         if not tables:
             return pd.DataFrame(columns=columns)
         return pd.concat(tables, ignore_index=True)[columns]
+
+
+def run_owner(experiment: str, recipe: str, seed: int) -> dict:
+    """Whose run a folder ``out`` holds (run.json's ``owner``, done.json's fields of the same names)."""
+    return {"experiment": experiment, "recipe": recipe, "seed": seed}
+
+
+def check_owner(out: Path, owner: dict) -> None:
+    """An error when ``out`` holds another experiment's, recipe's or seed's run (its done.json, or
+    the record of one of its run folders, says whose): two runs given one folder would replace
+    each other's top-level results. Records written before runs named their owner are not read."""
+    out = Path(out)
+    records = (
+        [(out / "done.json", json.loads((out / "done.json").read_text()))] if (out / "done.json").is_file() else []
+    )
+    records += [(run.record_path, run.record().get("owner")) for run in list_runs(out) if run.record()]
+    for where, record in records:
+        found = {key: record.get(key) for key in owner} if isinstance(record, dict) else None
+        if found is not None and None not in found.values() and found != owner:
+            raise FP4ReproError(
+                f"{out}: holds the run of recipe {found['recipe']!r} seed {found['seed']} of experiment "
+                f"{found['experiment']!r} ({where}); recipe {owner['recipe']!r} seed {owner['seed']} of "
+                f"experiment {owner['experiment']!r} would replace its results: give it a folder of its own (--out)"
+            )
 
 
 def list_runs(out: Path) -> list[RunFolder]:
