@@ -184,7 +184,9 @@ def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
     # beyond the per-step noise, but the rates are outcomes of training too: one seed is capped
     assert under.comparison.verdict(under.claim.expect) == REPRODUCED and under.verdict == SUGGESTIVE
     clip = rows["t2048_clipping"]
-    assert clip.recipe_value == pytest.approx(dy["ue5m3"]["clipped_elements"].sum() / dy["ue5m3"]["nonzero_elements"].sum())
+    assert clip.recipe_value == pytest.approx(
+        dy["ue5m3"]["clipped_elements"].sum() / dy["ue5m3"]["nonzero_elements"].sum()
+    )
     assert clip.verdict == OPPOSITE
     assert rows["t2048_saturation"].note.startswith("not resolved: no saturation events")
 

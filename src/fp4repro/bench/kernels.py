@@ -142,7 +142,7 @@ def bench_linear(tokens: int = 8192, in_features: int = 4096, out_features: int 
         }
 
     rows = [row("F.linear BF16", step_bf16, None)]
-    layers = load_model_config("nemotron_h_8b").layer_linears   # layer 0's in_proj of the 8B
+    layers = load_model_config("nemotron_h_8b").layer_linears  # layer 0's in_proj of the 8B
     for recipe in ("ue5m3", "nvfp4", "mxfp4"):
         specs = load_recipe(recipe).linear_specs(0, layers, "in_proj")
         lin = QuantLinear(

@@ -209,9 +209,7 @@ def run(
     result = {"model": config.name, "batch": batch, "length": length, "seed": seed, "rows": []}
     for name, recipe in recipes.items():
         reference, megatron = pair(config, recipe, seed)
-        quantized = (
-            recipe is not None and len(recipe.bf16_layers(config.layer_linears)) < config.n_layers
-        )
+        quantized = recipe is not None and len(recipe.bf16_layers(config.layer_linears)) < config.n_layers
         for bf16 in (False, True):
             if bf16:  # the BF16 effects from the state the BF16 row starts in (after the FP32 row)
                 fp32 = _copy_pass(reference, tokens, seed + 1, False)
