@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fp4repro.config.numerics import UNRECORDED
 from fp4repro.results import METRICS_COLUMNS, eval_dir, read_table, run_dir, table_provenance
 
 EVAL_TABLES = (
@@ -22,6 +23,12 @@ EVAL_TABLES = (
     "downstream_items.parquet",
     "final_loss.json",
 )
+
+
+def _done(results: Path, experiment: str, recipe: str, seed: int) -> dict:
+    """The run's done.json (empty for a run that has not ended, or tables imported without it)."""
+    path = run_dir(results, experiment, recipe, seed) / "done.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_steps: int, tokens_per_step: int) -> dict:
@@ -39,6 +46,9 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
         "tokens": last * tokens_per_step,
         "finished": last == total_steps,
         "corpus": origin.get("data"),
+        "numerics": origin.get("numerics", UNRECORDED),
+        "run_numerics": origin.get("run_numerics"),
+        "deterministic": _done(results, experiment, recipe, seed).get("deterministic"),
         "device": origin.get("device"),
         "commit": origin.get("git_commit"),
         "dirty": origin.get("git_dirty"),

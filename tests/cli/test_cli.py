@@ -1,5 +1,6 @@
 import json
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -21,18 +22,21 @@ def test_console_script_help():
 
 
 def test_recipe_show_and_error(capsys, tmp_path):
-    assert main(["recipe", "nvfp4", "--layers", "8"]) == 0
+    # on the 8B (the default model): the linears most share, then the BF16 final eight blocks
+    assert main(["recipe", "nvfp4"]) == 0
     out = capsys.readouterr().out
-    assert "layers 0-6 of 8" in out and "layers 7 of 8" in out  # 4/52 of 8 layers: 1, the last
-    assert "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
-    for layers, groups in (
-        (52, ["layers 0-47 of 52", "layers 48-51 of 52"]),
-        (16, ["layers 0-14 of 16", "layers 15 of 16"]),
-        (5, ["layers 0-3 of 5", "layers 4 of 5"]),
-    ):
-        assert main(["recipe", "nvfp4", "--layers", str(layers)]) == 0
-        out = capsys.readouterr().out
-        assert [line for line in out.splitlines() if line.startswith("layers ")] == [f"{g}:" for g in groups]
+    assert "104 internal linears: 88 quantized, 16 BF16" in out and "BF16 layers: 8 of 52 (44-51)" in out
+    assert "88 of 104 linears:" in out and "wgrad.dy  e2m1/e4m3 1x16 T=448 SR current RHT" in out
+    assert "layers 44-51 (fc1, fc2, in_proj, out_proj):\n  every operand bf16" in out
+    for model, bf16 in (("small", "BF16 layers: 2 of 16 (14-15)"), ("tiny", "BF16 layers: 1 of 5 (4)")):
+        assert main(["recipe", "nvfp4", "--model", model]) == 0
+        assert bf16 in capsys.readouterr().out
+    # ue5m3: T = 2048 only on wgrad dY of the final 4/24 of the MLP layers' fc2
+    assert main(["recipe", "ue5m3"]) == 0
+    out = capsys.readouterr().out
+    assert "100 of 104 linears:" in out and "BF16 layers:" not in out
+    tail = out.split("layers 45, 47, 49, 51 (fc2):\n")[1].split("\n\n")[0]
+    assert tail == "  wgrad.dy  e2m1/ue5m3 1x16 T=2048 STOCHASTIC_FAST periodic(50) zero-scale-one"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\ndefaults: {block: [3, 3]}\n")
     assert main(["recipe", str(bad)]) == 2
@@ -40,28 +44,26 @@ def test_recipe_show_and_error(capsys, tmp_path):
 
 
 def test_recipe_prints_its_sources_after_the_operand_table(capsys):
-    assert main(["recipe", "ue5m3_t2048", "--layers", "4"]) == 0
+    assert main(["recipe", "ue5m3_t2048_all_dy", "--model", "tiny"]) == 0
     out = capsys.readouterr().out
     table, sources = out.split("\nsources:\n")
-    assert "layers 0-3 of 4:" in table and "dgrad.dy  e2m1/ue5m3 1x16 T=2048 SR periodic(50)" in table
+    assert "10 of 10 linears:" in table and "dgrad.dy  e2m1/ue5m3 1x16 T=2048 STOCHASTIC_FAST periodic(50)" in table
     lines = sources.splitlines()
     starts = [line.split(":")[0].strip() for line in lines if line.startswith("  ") and not line.startswith("   ")]
     assert starts == [
         "element format (quotation, inherited from ue5m3)",
         "scale format (quotation, inherited from ue5m3)",
         "block shapes (quotation, inherited from ue5m3)",
-        "block shapes (reading, inherited from ue5m3)",
         "target T (quotation)",  # its own: the choice it changes
         "target T (reading)",
         "tensor amax (quotation, inherited from ue5m3)",
         "rounding (quotation, inherited from ue5m3)",
-        "rounding (reading, inherited from ue5m3)",
         "RHT (quotation, inherited from ue5m3)",
         "BF16 layers (quotation, inherited from ue5m3)",
         "GEMM model (quotation, inherited from ue5m3)",
     ]
     assert "GEMM model (GEMMs of two quantized operands): probe_matched(group 64, lattice 1/1024)" in table
-    assert '"omits RHT"' in sources and "not cited" not in sources
+    assert "They do not use a randomized" in sources and "not cited" not in sources
     assert all(len(line) <= 100 for line in lines)
 
 
@@ -84,20 +86,24 @@ def test_model_command_counts_8b_and_lists_specs(capsys):
     assert "8,100,852,736" in capsys.readouterr().out
     assert main(["model", "tiny", "--recipe", "ue5m3"]) == 0
     out = capsys.readouterr().out
-    assert "layers.3.mixer.o_proj" in out and "wgrad.dy=e2m1/ue5m3 1x16 T=448 SR periodic(50)" in out
+    assert "layers.3.mixer.o_proj" in out and "wgrad.dy=e2m1/ue5m3 1x16 T=448 STOCHASTIC_FAST periodic(50)" in out
+    assert "layers.4.mixer.fc2" in out and "wgrad.dy=e2m1/ue5m3 1x16 T=2048 STOCHASTIC_FAST" in out
     assert "lm_head                  not quantized: BF16 copies of input and weight multiplied in FP32" in out
 
 
-def test_experiment_command(capsys):
+def test_experiment_command(capsys, monkeypatch):
     assert main(["experiment"]) == 0 and "tiny" in capsys.readouterr().out
     assert main(["experiment", "tiny", "--recipes"]) == 0
-    assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4"]
+    assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"]
     assert main(["experiment", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "stage2: 98,304 tokens (64 steps), blend code 0.6, prose 0.4" in out
     assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
-    assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t2048 0; mxfp4 0\n" in out
+    assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t448 0; mxfp4 0\n" in out
+    # the committed small study, read where the workflow reads it: at the repository's root, whose
+    # results/small/recipes/ holds the recipes its runs were made with
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     assert main(["experiment", "small"]) == 0
     assert (
         "runs: 10, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0; ue5m3_auto 0; ue5m3_t8192 0 (imported"
@@ -110,7 +116,7 @@ def test_experiment_command(capsys):
         (
             "paper8b",
             [
-                "nvfp4: 4 of 52 layers BF16 (7.7%): layers 48-51",
+                "nvfp4: 8 of 52 layers BF16 (15.4%): layers 44-51",
                 "nvfp4_first_last_bf16: 2 of 52 layers BF16 (3.8%): layers 0, 51",
                 "nvfp4_no_bf16_tail: 0 of 52 layers BF16 (0%)",
                 "ue5m3_w1x16: 0 of 52 layers BF16 (0%)",
@@ -197,7 +203,7 @@ def test_configs_resolve_in_the_working_directory_first(tmp_path, capsys, monkey
     (tmp_path / "configs" / "recipes").mkdir(parents=True)
     (tmp_path / "configs" / "recipes" / "ue5m3.yaml").write_text("name: ue5m3\ndescription: mine\ndefaults: bf16\n")
     monkeypatch.chdir(tmp_path)
-    assert main(["recipe", "ue5m3", "--layers", "2"]) == 0
+    assert main(["recipe", "ue5m3", "--model", "tiny"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("ue5m3: mine") and "fprop.x   bf16" in out
     assert "sources: none given\nnot cited: element format, scale format, block shapes, target T" in out

@@ -46,7 +46,7 @@ def test_a_recipe_with_target_2e3_loads_with_t_2000(tmp_path, capsys):
     path = tmp_path / "t2e3.yaml"
     path.write_text("name: t2e3\ndefaults: {element: e2m1, scale: ue5m3, block: [1, 16], target: 2e3, rounding: rne}\n")
     assert load_recipe(path).defaults["target"] == 2000
-    assert main(["recipe", str(path), "--layers", "1"]) == 0
+    assert main(["recipe", str(path), "--model", "tiny"]) == 0
     assert "e2m1/ue5m3 1x16 T=2000" in capsys.readouterr().out
 
 

@@ -66,7 +66,7 @@ def test_a_recipe_citing_what_it_changes_loads_and_shows_what_it_inherits(tmp_pa
     assert changes_from_base(recipe) == ("base448", {"target T": ["defaults.target"]})
     origins = dict(zip((s["choice"] for s in recipe.sources), source_origins(recipe)))
     assert origins["target T"] is None and origins["rounding"] == "base448"
-    assert main(["recipe", str(path), "--layers", "1"]) == 0
+    assert main(["recipe", str(path), "--model", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "changes from base448: defaults.target (target T)" in out
     assert "  target T (reading): T = 1024 on every operand" in out

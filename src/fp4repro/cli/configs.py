@@ -39,9 +39,9 @@ def _list_configs(kind: str) -> None:
 
 
 def _cmd_recipe(args) -> int:
+    from fp4repro.config.model import load_model_config
     from fp4repro.config.recipe import load_recipe
     from fp4repro.config.recipe_sources import changes_from_base, check_derived
-    from fp4repro.config.spec import OPERANDS
 
     if args.recipe is None:
         _list_configs("recipes")
@@ -54,22 +54,50 @@ def _cmd_recipe(args) -> int:
         base, changed = derived
         fields = "; ".join(f"{', '.join(fs)} ({choice})" for choice, fs in changed.items())
         print(f"changes from {base}: {fields or 'no numerics'}")
-    print(f"GEMM model (GEMMs of two quantized operands): {recipe.gemm}\n")
-    groups: list[tuple[list[int], object]] = []
-    for i in range(args.layers):
-        specs = recipe.linear_specs(i, args.layers)
-        if groups and groups[-1][1] == specs:
-            groups[-1][0].append(i)
-        else:
-            groups.append(([i], specs))
-    for layers, specs in groups:
-        span = f"{layers[0]}" if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
-        print(f"layers {span} of {args.layers}:")
-        for name in OPERANDS:
-            spec = specs[name] if specs is not None else None
-            print(f"  {name:9} {spec if spec is not None else 'bf16'}")
+    print(f"GEMM model (GEMMs of two quantized operands): {recipe.gemm}")
+    _print_operand_specs(recipe, load_model_config(args.model), args.model)
     _print_sources(recipe)
     return 0
+
+
+def _print_operand_specs(recipe, config, model_name: str) -> None:
+    """Each operand's QuantSpec on ``config``'s linears: the specs most linears share, then every
+    group of linears (by layers and linear name) whose specs differ, with the operands that do."""
+    from collections import Counter
+
+    from fp4repro.config.spec import OPERANDS
+
+    layers = config.layer_linears
+    specs = {(i, name): recipe.linear_specs(i, layers, name) for i, names in enumerate(layers) for name in names}
+    common, count = Counter(specs.values()).most_common(1)[0]
+    bf16 = sum(s is None for s in specs.values())
+    print(
+        f"\non {model_name} ({config.n_layers} layers, {len(specs)} internal linears: {len(specs) - bf16} quantized, "
+        f"{bf16} BF16; the LM head multiplies BF16 copies in FP32)"
+    )
+    bf16_layers = recipe.bf16_layers(layers)
+    if bf16_layers:
+        print(f"BF16 layers: {len(bf16_layers)} of {config.n_layers} ({_layer_spans(bf16_layers)})")
+    print(f"{count} of {len(specs)} linears:")
+    for name in OPERANDS:
+        print(f"  {name:9} {common[name] if common is not None else 'bf16'}")
+    others: dict[object, list[tuple[int, str]]] = {}
+    for key, s in specs.items():
+        if s != common:
+            others.setdefault(s, []).append(key)
+    for s, keys in others.items():
+        names = sorted({name for _, name in keys})
+        print(f"layers {_layer_spans(sorted({i for i, _ in keys}))} ({', '.join(names)}):")
+        if s is None:
+            print("  every operand bf16")
+            continue
+        if common is None:
+            for name in OPERANDS:
+                print(f"  {name:9} {s[name] if s is not None else 'bf16'}")
+            continue
+        for name in OPERANDS:
+            if s[name] != common[name]:
+                print(f"  {name:9} {s[name] if s[name] is not None else 'bf16'}")
 
 
 def _print_sources(recipe) -> None:
@@ -249,12 +277,17 @@ def _add_recipe(sub: argparse._SubParsersAction) -> None:
         "recipe",
         help="validate a recipe and show each operand's numerics",
         description="Load a recipe (name in configs/recipes/ or a YAML path), validate it "
-        "and print the QuantSpec of each GEMM operand per group of layers, then "
+        "and print the QuantSpec of each GEMM operand on a model's linears (those most linears "
+        "share, then each group of layers and linears that differs), then "
         "the source of each of its choices (quotation or reading). "
         "Without an argument, list the available recipes.",
     )
     r.add_argument("recipe", nargs="?", help="recipe name or path to a YAML file")
-    r.add_argument("--layers", type=int, default=52, help="number of layers to resolve overrides for (default 52)")
+    r.add_argument(
+        "--model",
+        default="nemotron_h_8b",
+        help="model config whose layers the recipe is resolved on (default nemotron_h_8b)",
+    )
     r.set_defaults(func=_cmd_recipe)
 
 

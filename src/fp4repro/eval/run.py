@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from fp4repro.config.eval import EvalConfig
+from fp4repro.config.numerics import suite_fingerprint
 from fp4repro.config.study import Study
 from fp4repro.data import load_manifest, validation_tokens
 from fp4repro.eval.downstream import item_rows, result_rows, run_lm_eval, task_manager, write_groups
@@ -264,7 +265,8 @@ def evaluate(
     tokenizer = manifest.load_tokenizer()
 
     paths.out.mkdir(parents=True, exist_ok=True)
-    origin = {**provenance(device), "data": manifest.data_hash}
+    # evaluated with this suite's numerics, whatever the checkpoint was trained with
+    origin = {**provenance(device), "data": manifest.data_hash, "numerics": suite_fingerprint()}
     metrics = paths.run / "metrics.parquet"
     diverged = json.loads((paths.run / "done.json").read_text()).get("diverged")
     if metrics.is_file():

@@ -2,8 +2,10 @@
 baseline per seed (or the "not measured" / "not paired" line naming what stops it), the runs that
 diverged, the corpora the runs were trained on, and the seeds a set of recipes shares.
 
-A comparison is paired when the runs of one seed saw the same batches: runs that diverged or
-that were trained on different corpora are not, and neither are runs of different seeds.
+A comparison is paired when the runs of one seed saw the same batches and computed with the same
+numerics: runs that diverged, that were trained on different corpora or with different numerics
+(``fp4repro.config.numerics``: the suite's formats, rounding rules and kernels) are not, and
+neither are runs of different seeds.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fp4repro.config.numerics import UNRECORDED
 from fp4repro.report.claims import Claim, Row
 from fp4repro.results import eval_dir, run_dir, table_provenance
 
@@ -28,6 +31,14 @@ def _per_seed(root: Path, claim: Claim, seeds, kind: str, name: str) -> dict[str
     diverged = _divergences(root, {r: seeds for r in (claim.recipe, claim.baseline)})
     if diverged:
         return Row(claim, claim.id, note="not paired: " + "; ".join(diverged))
+    numerics = _numerics(root, (claim.recipe, claim.baseline), seeds)
+    if len(set(numerics.values())) > 1:
+        named = "; ".join(f"{run}: {value}" for run, value in numerics.items())
+        return Row(
+            claim,
+            claim.id,
+            note=f"not paired: the runs were computed with different numerics ({named}), so they are not compared",
+        )
     corpora = _corpora(root, (claim.recipe, claim.baseline), seeds)
     if len(corpora) > 1:
         return Row(
@@ -58,6 +69,18 @@ def _divergences(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
                 found.append(
                     f"{recipe} seed {seed} diverged at step {diverged['step']} (its telemetry holds the failing step)"
                 )
+    return found
+
+
+def _numerics(root: Path, recipes, seeds) -> dict[str, str]:
+    """ "<recipe> seed <s>" -> the numerics fingerprint its training table records
+    (``fp4repro.config.numerics``; tables written before fingerprints were recorded are version 1)."""
+    found = {}
+    for recipe in recipes:
+        for seed in seeds:
+            metrics = run_dir(root.parent, root.name, recipe, seed) / "metrics.parquet"
+            origin = (table_provenance(metrics) if metrics.is_file() else None) or {}
+            found[f"{recipe} seed {seed}"] = origin.get("numerics", UNRECORDED)
     return found
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from fp4repro.config.files import claims_path
 from fp4repro.report.claims import ReportError, Row, load_claims
 from fp4repro.report.measures import measure
-from fp4repro.report.pairing import _divergences
+from fp4repro.report.pairing import _divergences, _numerics
 from fp4repro.report.sections import phase_section, target_section
 from fp4repro.results import eval_dir, run_dir, study_runs
 from fp4repro.util import atomic_write_text
@@ -38,6 +38,21 @@ def _fmt(row: Row, value: float) -> str:
 
 def _signed(row: Row, value: float) -> str:
     return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
+
+
+def numerics_text(root: Path, runs: dict[str, tuple[int, ...]]) -> str:
+    """Which numerics the runs were computed with (``fp4repro.config.numerics``), as a clause for
+    the report's header: one fingerprint, or the runs of each where they differ (such runs are never
+    paired)."""
+    if not runs:
+        return ""
+    by_value: dict[str, list[str]] = {}
+    for recipe, seeds in runs.items():
+        for run, value in _numerics(root, (recipe,), seeds).items():
+            by_value.setdefault(value, []).append(run)
+    if len(by_value) == 1:
+        return f"; numerics {next(iter(by_value))}"
+    return "; numerics " + "; ".join(f"{value}: {', '.join(names)}" for value, names in by_value.items())
 
 
 def runs_text(runs: dict[str, tuple[int, ...]], planned: dict[str, tuple[int, ...]]) -> str:
@@ -197,7 +212,7 @@ def write_report(
         out,
         beyond,
         diverged,
-        runs_text(runs, study.runs),
+        runs_text(runs, study.runs) + numerics_text(root, runs),
     )
     atomic_write_text(out, text)
     return rows

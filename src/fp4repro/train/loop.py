@@ -37,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from fp4repro.config.files import recorded_name
+from fp4repro.config.numerics import numerics_record
 from fp4repro.config.study import Study
 from fp4repro.data import Manifest, RunSampler, load_manifest
 from fp4repro.data.integrity import VERIFIED, verify_token_files
@@ -285,7 +286,9 @@ def _train(
     if writer:
         _retire_finished_outputs(out_dir, run.fingerprint)
     start_step = engine.load_resume(run.resume)
-    origin = {**provenance(device), "data": manifest.data_hash}  # runs pair only on the same corpus
+    # runs pair only on the same corpus and numerics (fp4repro.config.numerics)
+    recorded = numerics_record(recipe, study.model.layer_linears)
+    origin = {**provenance(device), "data": manifest.data_hash, **recorded}
     attempt = 0
     if writer:
         run.drop_parts_after(start_step)
@@ -326,6 +329,8 @@ def _train(
                     "recipe_files": [recorded_name(f) for f in recipe.files],
                     "backend": exp.backend,
                     "fingerprint": run.fingerprint,
+                    **recorded,
+                    "deterministic": torch.are_deterministic_algorithms_enabled(),
                     "steps": last_step,
                     "tokens": last_step * t.tokens_per_step,
                     "diverged": diverged,

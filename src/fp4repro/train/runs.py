@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fp4repro.config.numerics import suite_fingerprint
 from fp4repro.data import SAMPLING
 from fp4repro.errors import FP4ReproError
 from fp4repro.megatron.resume import resume_dirs
@@ -81,6 +82,9 @@ def run_numerics(
         "sampling": SAMPLING,
         "train": train_config.numerics(),
         "seed": seed,
+        # the suite's numerics definition (formats, rounding rules, kernels): a run made under another
+        # computes other numbers from the same recipe (fp4repro.config.numerics)
+        "numerics": suite_fingerprint(),
     }
     if gemm.kind != "fp32":  # (fp32 runs keep the fingerprints made before the GEMM had a model)
         numerics["recipe"]["gemm"] = gemm
