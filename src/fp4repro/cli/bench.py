@@ -165,45 +165,51 @@ def _bench_project(args) -> int:
     return 0
 
 
+#: ``fp4repro bench --help``: what each benchmark measures and where it writes
+DESCRIPTION = (
+    "quant: quantize_dequantize of a size×size float32 tensor with the torch "
+    "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
+    "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
+    "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
+    "against BF16 F.linear for 8192x4096x4096 (default output "
+    "results/bench/kernels.json). sass (no GPU needed): the instructions each "
+    "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
+    "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
+    "held amax (default output results/bench/kernels_sass_smARCH.json). live "
+    "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
+    "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
+    "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
+    "with a 95% confidence interval (default output "
+    "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
+    "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
+    "the experiment's model under the paper's ablation recipes and the "
+    "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
+    "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
+    "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
+    "both; each step a replay of its CUDA graph where every recipe's graph fits "
+    "in memory (small shapes: eager steps there are bound by the host's launches), "
+    "else eager (8B) (fp4repro.bench.throughput); filed per model in "
+    "results/bench/throughput_<device>.json. components (CUDA): the parts of "
+    "those body steps timed alone on the GPU, the projection's calibration: each "
+    "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
+    "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
+    "results/bench/components_<device>.json). project (no GPU needed): the "
+    "Blackwell projection of a throughput file from its components: first the "
+    "H200 check (the measured parts must predict every measured step within 10%), "
+    "then, only if it holds, a column per Blackwell GPU with its band over the "
+    "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
+    "written into the throughput file given by --out). gemm (CUDA): the "
+    "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
+    "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
+    "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json)."
+)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench",
         help="benchmarks (print a table, write JSON under results/bench/)",
-        description="quant: quantize_dequantize of a size×size float32 tensor with the torch "
-        "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
-        "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
-        "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
-        "against BF16 F.linear for 8192x4096x4096 (default output "
-        "results/bench/kernels.json). sass (no GPU needed): the instructions each "
-        "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
-        "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
-        "held amax (default output results/bench/kernels_sass_smARCH.json). live "
-        "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
-        "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
-        "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
-        "with a 95% confidence interval (default output "
-        "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
-        "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
-        "the experiment's model under the paper's ablation recipes and the "
-        "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
-        "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
-        "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
-        "both; each step a replay of its CUDA graph where every recipe's graph fits "
-        "in memory (small shapes: eager steps there are bound by the host's launches), "
-        "else eager (8B) (fp4repro.bench.throughput); filed per model in "
-        "results/bench/throughput_<device>.json. components (CUDA): the parts of "
-        "those body steps timed alone on the GPU, the projection's calibration: each "
-        "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
-        "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
-        "results/bench/components_<device>.json). project (no GPU needed): the "
-        "Blackwell projection of a throughput file from its components: first the "
-        "H200 check (the measured parts must predict every measured step within 10%), "
-        "then, only if it holds, a column per Blackwell GPU with its band over the "
-        "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
-        "written into the throughput file given by --out). gemm (CUDA): the "
-        "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
-        "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
-        "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json).",
+        description=DESCRIPTION,
     )
     b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project", "gemm"])
     b.add_argument(
