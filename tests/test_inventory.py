@@ -46,6 +46,9 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
         "tokens": total * 1536,
         "finished": True,
         "corpus": "d1",
+        "numerics": "v1 (before numerics fingerprints were recorded)",  # a table that records none
+        "run_numerics": None,
+        "deterministic": None,  # no done.json
         "device": "NVIDIA H200",
         "commit": "abc",
         "dirty": False,
@@ -54,7 +57,7 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
         "final_loss": 2.5,
     }
     assert runs["ue5m3"]["finished"] is False and runs["ue5m3"]["tokens"] == 40 * 1536
-    assert {(m["recipe"], m["seed"]) for m in found["missing"]} == {("nvfp4", 0), ("ue5m3_t2048", 0), ("mxfp4", 0)}
+    assert {(m["recipe"], m["seed"]) for m in found["missing"]} == {("nvfp4", 0), ("ue5m3_t448", 0), ("mxfp4", 0)}
     assert found["corpora"] == ["d1", "d2"]
     out = capsys.readouterr().out
     assert "nvfp4" in out and "missing" in out and "corpora: d1, d2" in out

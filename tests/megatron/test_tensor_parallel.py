@@ -247,7 +247,7 @@ def _refresh(rank: int, init: str, out: str) -> None:
             dist.all_reduce(value, op=dist.ReduceOp.MAX)
             return value
 
-        spec = load_recipe("ue5m3").linear_specs(0, 4, linear="fc1").fprop_x  # periodic amax
+        spec = load_recipe("ue5m3_t448").linear_specs(0, 4, linear="fc1").fprop_x  # periodic amax
         state = QuantState()
         state.reduce_max = world_max
         x = _tensor(rank) * (1 + rank)  # each rank's own batch: other amaxes

@@ -596,6 +596,8 @@ def _target_telemetry(recipe: str, with_target: bool = True) -> pd.DataFrame:
                     "ue5m3_t8192": 8192.0,
                     "ue5m3": 448.0,
                     "ue5m3_t2048": 2048.0 if op.endswith(".dy") else 448.0,
+                    "ue5m3_t448": 448.0,
+                    "ue5m3_t2048_all_dy": 2048.0 if op.endswith(".dy") else 448.0,
                     "mxfp4": math.nan,
                 }[recipe]
                 rows.append(
@@ -665,11 +667,11 @@ def test_target_without_an_automatic_recipe_says_so(results, tmp_path):
     assert "No recipe with an automatic target T" in text and "nvfp4, ue5m3, ue5m3_t2048" in text
     assert not [ax for ax in fig.axes if ax.get_label().startswith("target:")]
     # a table written before T was recorded: its recipe's fixed T comes from the recipe file, marked *
-    inputs = write_target_runs(tmp_path, {"ue5m3": True, "ue5m3_t2048": False})
+    inputs = write_target_runs(tmp_path, {"ue5m3_t448": True, "ue5m3_t2048_all_dy": False})
     fig = draw_figure("target", inputs)
     text = " ".join(t.get_text() for t in axis(fig, "none").texts)
-    assert "gradients: 448 (ue5m3); 2048 (ue5m3_t2048*)" in text
-    assert "activations: 448 (ue5m3, ue5m3_t2048*)" in text
+    assert "gradients: 448 (ue5m3_t448); 2048 (ue5m3_t2048_all_dy*)" in text
+    assert "activations: 448 (ue5m3_t2048_all_dy*, ue5m3_t448)" in text
 
 
 # ---------------------------------------------------------------------------------- throughput

@@ -81,16 +81,16 @@ def test_a_copied_workflow_runs_with_the_recipe_edited_in_its_folder(installed, 
     assert "Job stats" in plan.stdout
     # data and the trainings whose recipe files are checked (the local smoke run covers the other
     # rules; here it is the installed package and the copied workflow that are tested)
-    targets = [f"results/smoke/train/{recipe}/seed0/done.json" for recipe in ("ue5m3", "ue5m3_t2048")]
+    targets = [f"results/smoke/train/{recipe}/seed0/done.json" for recipe in ("ue5m3", "ue5m3_t448")]
     run(installed, "-m", "snakemake", "--cores", "2", *targets, "--config", "experiment=smoke", cwd=work)
 
     results = work / "results" / "smoke"
     done = json.loads((results / "train/ue5m3/seed0/done.json").read_text())
     assert done["recipe_files"] == ["configs/recipes/ue5m3.yaml"]  # the user's, from the working directory
     assert done["provenance"]["git_commit"] is None  # an installed wheel, not a checkout
-    chained = json.loads((results / "train/ue5m3_t2048/seed0/done.json").read_text())
-    # ue5m3_t2048 is not in ./configs: the installed package's file, then the edited base from ./configs
-    assert chained["recipe_files"] == ["fp4repro/configs/recipes/ue5m3_t2048.yaml", "configs/recipes/ue5m3.yaml"]
+    chained = json.loads((results / "train/ue5m3_t448/seed0/done.json").read_text())
+    # ue5m3_t448 is not in ./configs: the installed package's file, then the edited base from ./configs
+    assert chained["recipe_files"] == ["fp4repro/configs/recipes/ue5m3_t448.yaml", "configs/recipes/ue5m3.yaml"]
     assert chained["provenance"]["git_commit"] is None
     # the edit is what ran: current scaling holds no amax, the packaged recipe holds one for 50 steps
     telemetry = pd.read_parquet(results / "train/ue5m3/seed0/telemetry.parquet")

@@ -122,7 +122,7 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
     assert "from experiment `smoke`" in report and "| final_loss | UE5M3 < NVFP4 | ue5m3 / nvfp4 |" in report
     for name in FIGURES:
         assert f"![{name}](../../figures/smoke/{name}.png)" in report
-    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048"):
+    for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t448"):
         done = json.loads((smoke_run / f"results/smoke/train/{recipe}/seed0/done.json").read_text())
         assert done["steps"] == 24 and len(done["checkpoints"]) == 3
         nll = pd.read_parquet(smoke_run / f"results/smoke/eval/{recipe}/seed0/nll.parquet")
@@ -155,7 +155,7 @@ def _copy(workdir: Path, to: Path) -> Path:
 @pytest.mark.slow
 def test_editing_a_recipe_reruns_exactly_its_chain_and_a_touch_nothing(smoke_run, snakemake, tmp_path):
     # A recipe in the working directory's configs/ takes the place of the packaged one; it is
-    # ue5m3's file and the base of ue5m3_t2048, so both chains rerun, nothing else. Snakemake 9
+    # ue5m3's file and the base of ue5m3_t448, so both chains rerun, nothing else. Snakemake 9
     # reruns a job when an input's content differs from what its last run recorded: a bare
     # `touch` reruns nothing.
     work = _copy(smoke_run, tmp_path / "work")
@@ -164,13 +164,13 @@ def test_editing_a_recipe_reruns_exactly_its_chain_and_a_touch_nothing(smoke_run
     local.write_text((PACKAGED / "recipes/ue5m3.yaml").read_text() + "\n# an edit\n")
     plan = snakemake(work, "-n", "--config", "experiment=smoke")
     assert snakemake.planned_jobs(plan) == {**CHAIN, "train": 2, "evaluate": 2}
-    assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3", "ue5m3_t2048"}
+    assert set(re.findall(r"wildcards: recipe=(\w+)", plan.stdout)) == {"ue5m3", "ue5m3_t448"}
     # the two trainings (their evaluations, figures and report would only repeat the mechanism)
-    trained = [f"results/smoke/train/{recipe}/seed0/done.json" for recipe in ("ue5m3", "ue5m3_t2048")]
+    trained = [f"results/smoke/train/{recipe}/seed0/done.json" for recipe in ("ue5m3", "ue5m3_t448")]
     snakemake(work, "--cores", "2", *trained, "--config", "experiment=smoke")
     done = json.loads((work / trained[1]).read_text())
     # named without this machine's paths: packaged as in any install, the user's from the working directory
-    assert done["recipe_files"] == ["fp4repro/configs/recipes/ue5m3_t2048.yaml", "configs/recipes/ue5m3.yaml"]
+    assert done["recipe_files"] == ["fp4repro/configs/recipes/ue5m3_t448.yaml", "configs/recipes/ue5m3.yaml"]
     local.touch()
     assert snakemake.planned_jobs(snakemake(work, "-n", *trained, "--config", "experiment=smoke")) == {}
     local.write_text(local.read_text().replace("interval: 50", "interval: 5"))  # the numbers change

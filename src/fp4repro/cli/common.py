@@ -14,7 +14,8 @@ def _study(args):
     from fp4repro.config.study import load_study
 
     added = [*(args.add_recipe or ()), *([args.recipe] if getattr(args, "recipe", None) else [])]
-    return load_study(args.experiment, tuple(added), added_by="the command line")
+    results = getattr(args, "results", None) or "results"
+    return load_study(args.experiment, tuple(added), added_by="the command line", results=results)
 
 
 def _recipe_name(study, reference: str) -> str:

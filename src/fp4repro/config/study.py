@@ -67,13 +67,12 @@ def _fail(path: str, where: str, value, allowed: str):
     raise ExperimentError(f"{path}: field '{where}': value {value!r}: {allowed}")
 
 
-def _kept_recipe(exp: ExperimentConfig, reference: str) -> str | Path:
+def _kept_recipe(exp: ExperimentConfig, reference: str, results: Path) -> str | Path:
     """An imported study's recipe by name is the one its runs were made with where it is kept beside
-    them (``results/<experiment>/recipes/<name>.yaml``, relative to the working directory, where the
-    workflow reads results), so that runs of an earlier recipe stay readable under their name;
-    otherwise the reference as any other."""
+    them (``<results>/<experiment>/recipes/<name>.yaml``), so that runs of an earlier recipe stay
+    readable under their name; otherwise the reference as any other."""
     if exp.imported and not is_path(reference):
-        kept = Path("results") / exp.name / "recipes" / f"{reference}.yaml"
+        kept = Path(results) / exp.name / "recipes" / f"{reference}.yaml"
         if kept.is_file():
             return kept
     return reference
@@ -83,10 +82,12 @@ def load_study(
     experiment: str | Path | ExperimentConfig,
     add_recipes: tuple[str, ...] | list[str] = (),
     added_by: str = "the command line",
+    results: str | Path = "results",
 ) -> Study:
     """The experiment (a name, path or loaded config) with its model config and recipes, plus
     ``add_recipes`` (recipe names or paths given for this run by ``added_by``); every check
-    fails before any compute, naming the file, the field, the value and what is allowed."""
+    fails before any compute, naming the file, the field, the value and what is allowed. ``results``:
+    the results root an imported study's runs are read from (where it may keep their recipes)."""
     exp = experiment if isinstance(experiment, ExperimentConfig) else load_experiment(experiment)
     try:
         model = load_model_config(exp.model)
@@ -107,7 +108,7 @@ def load_study(
     references += [(f"{added_by}: added recipe", r) for r in add_recipes]
     for where, reference in references:
         try:
-            recipe = load_recipe(_kept_recipe(exp, reference))
+            recipe = load_recipe(_kept_recipe(exp, reference, results))
             check_derived(recipe)
         except RecipeError as err:
             raise ExperimentError(f"{where}: value {reference!r}: {err}") from None
