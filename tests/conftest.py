@@ -25,6 +25,17 @@ def _outside_the_checkout(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _process_environment_restored(monkeypatch):
+    """Deterministic mode sets process-wide variables (``fp4repro.util.deterministic_algorithms``,
+    ``fp4repro.model.deterministic_mamba_ssm``): each test leaves them as it found them."""
+    for name in ("MAMBA_DETERMINISTIC", "TRITON_CACHE_AUTOTUNING", "CUBLAS_WORKSPACE_CONFIG"):
+        if name in os.environ:
+            monkeypatch.setenv(name, os.environ[name])
+        else:
+            monkeypatch.delenv(name, raising=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
@@ -197,9 +208,13 @@ def full_disk(monkeypatch):
     disk does; other files are written as usual (``full_disk(None)``: all of them again). The
     temporary file becomes a link to /dev/full, so that writers given a path, such as matplotlib's,
     fail the same way."""
+    import stat
     from types import SimpleNamespace
 
     from fp4repro import util
+
+    if not stat.S_ISCHR(os.stat("/dev/full").st_mode if os.path.exists("/dev/full") else 0):
+        pytest.skip("this machine has no /dev/full device (a character device failing every write with ENOSPC)")
 
     def fill(start: str | None) -> None:
         if start is None:

@@ -33,7 +33,7 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
     # the analogue computes on finite numbers (q·s beyond E4M3's range is clamped, not NaN)
     from fp4repro.bench.fp8_gemm import fp8_timing_gemm
     from fp4repro.model import attach_recipe
-    from fp4repro.quant.linear import gemm_instrument
+    from fp4repro.quant.gemm import gemm_instrument
     from fp4repro.quant.state import QuantState
 
     body = throughput.build_body(load_model_config("tiny"), recipes["nvfp4"], "cuda")

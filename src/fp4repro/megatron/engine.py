@@ -50,7 +50,7 @@ from fp4repro.megatron.distributed import initialize
 from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
-from fp4repro.model import NemotronH
+from fp4repro.model import NemotronH, deterministic_mamba_ssm
 from fp4repro.quant.state import QuantState
 from fp4repro.util import deterministic_algorithms, rng_state, set_rng_state
 
@@ -98,8 +98,9 @@ class MegatronEngine:
 
         exp, t, config = study.experiment, study.experiment.train, study.model
         refuse_here(study)
-        if deterministic:
+        if deterministic:  # build_engine chooses it before megatron-core is imported; here too for direct use
             deterministic_algorithms()
+            deterministic_mamba_ssm()
         self.layout = initialize(exp.parallel, t.batch_size, seed)
         self.config, self.seq_len, self.grad_clip = config, t.seq_len, t.grad_clip
 

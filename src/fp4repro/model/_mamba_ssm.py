@@ -31,7 +31,7 @@ def prepare_mamba_ssm_import() -> bool:
     left in charge). And Triton asked to keep autotuning results on disk: the scan kernels
     autotune over many configs at each new shape in every new process, and Triton reads the
     setting at decoration, i.e. at mamba-ssm's import. A TRITON_CACHE_AUTOTUNING the user set
-    still decides.
+    still decides (``deterministic_mamba_ssm`` sets it off).
     """
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
@@ -43,6 +43,26 @@ def prepare_mamba_ssm_import() -> bool:
             "selective_scan_cuda", "Empty stand-in for mamba-ssm's Mamba-1 CUDA extension (not built)."
         )
         return True
+
+
+def deterministic_mamba_ssm() -> None:
+    """mamba-ssm's deterministic mode, chosen before its import (``MAMBA_DETERMINISTIC=1``): its
+    backward reductions without floating-point atomics, and one fixed launch config per Triton
+    kernel, the cheapest of its list, picked at import without timing. Autotuned configs differ
+    between processes, and the scan's ``tl.cumsum`` gives other bits at another block size
+    (state-spaces/mamba PR 827), so two processes would compute different gradients from the same
+    step. Autotuning results on disk are turned off with it (``TRITON_CACHE_AUTOTUNING=0``): with
+    them mamba-ssm keeps autotuning. A warning if mamba-ssm's kernels were imported already: their
+    configs were fixed then, so a run repeats in this process but not necessarily in another."""
+    if os.environ.get("MAMBA_DETERMINISTIC") != "1" and "mamba_ssm.ops.triton.ssd_combined" in sys.modules:
+        warnings.warn(
+            "mamba-ssm was imported before deterministic mode was chosen: its kernels keep the configs "
+            "this process autotuned, so the run repeats here but may not in another process",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    os.environ["MAMBA_DETERMINISTIC"] = "1"
+    os.environ["TRITON_CACHE_AUTOTUNING"] = "0"
 
 
 @functools.cache

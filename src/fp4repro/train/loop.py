@@ -43,6 +43,7 @@ from fp4repro.data import Manifest, RunSampler, load_manifest
 from fp4repro.data.integrity import VERIFIED, verify_token_files
 from fp4repro.errors import FP4ReproError
 from fp4repro.megatron.resume import resume_dirs
+from fp4repro.model import deterministic_mamba_ssm
 from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
@@ -167,12 +168,13 @@ def build_engine(
     (``fp4repro.megatron.engine``, imported only then: importing megatron-core takes seconds);
     ``initial``: the weights it starts from (reference layout), else the seed's initialization."""
     recipe = study.recipe(recipe_name)
+    if deterministic:  # before megatron-core's import, which imports mamba-ssm (its kernel configs are fixed then)
+        deterministic_algorithms()
+        deterministic_mamba_ssm()
     if study.experiment.backend == "megatron":
         from fp4repro.megatron.engine import MegatronEngine
 
         return MegatronEngine(study, recipe, seed, schedule, deterministic=deterministic, initial=initial)
-    if deterministic:
-        deterministic_algorithms()
     return ReferenceEngine(study, recipe, seed, device, schedule, initial=initial)
 
 
