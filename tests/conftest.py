@@ -1,5 +1,7 @@
 import contextlib
 import dataclasses
+import errno
+import io
 import os
 import re
 import signal
@@ -201,35 +203,50 @@ def smoke_run(smoke_run_started) -> Path:
 # ------------------------------------------------------------------------------- a full disk
 
 
+class _FullFile(io.FileIO):
+    """A file on a full disk: it opens, and every write fails with ENOSPC (as /dev/full's do); no
+    file descriptor is handed out, so that no writer reaches the real file around ``write``."""
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+
 @pytest.fixture
 def full_disk(monkeypatch):
-    """``full_disk("resume_")``: from then on, the atomic writes of ``fp4repro.util`` to a file whose
-    name starts with the given text go to /dev/full, which fails every write with ENOSPC as a full
-    disk does; other files are written as usual (``full_disk(None)``: all of them again). The
-    temporary file becomes a link to /dev/full, so that writers given a path, such as matplotlib's,
-    fail the same way."""
-    import stat
-    from types import SimpleNamespace
+    """``full_disk("resume_")``: from then on, every binary write to a file whose name starts with
+    ``.resume_`` (the temporary file of an atomic writer of ``resume_*``, or a dataset's staged
+    files) fails with ENOSPC, as on a full disk; ``full_disk(None)``: none again. Python's writers
+    are caught where they open the file (``open``: matplotlib, PIL, megatron-core's dataset builder;
+    ``os.fdopen``: ``fp4repro.util``), so that no /dev/full is needed (some machines have none)."""
+    import builtins
 
-    from fp4repro import util
+    filled: list[str] = []
+    real_open, real_fdopen = builtins.open, os.fdopen
 
-    if not stat.S_ISCHR(os.stat("/dev/full").st_mode if os.path.exists("/dev/full") else 0):
-        pytest.skip("this machine has no /dev/full device (a character device failing every write with ENOSPC)")
+    def full(name) -> bool:
+        return bool(filled) and Path(os.fsdecode(name)).name.startswith(f".{filled[0]}")
+
+    def opened(file, mode: str):
+        raw = _FullFile(file, mode.replace("b", ""))
+        return io.BufferedRandom(raw) if "+" in mode else io.BufferedWriter(raw)
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and "b" in mode and mode[0] in "wax" and full(file):
+            return opened(file, mode)
+        return real_open(file, mode, *args, **kwargs)
+
+    def fake_fdopen(fd, mode="r", *args, **kwargs):
+        if "b" in mode and mode[0] in "wax" and full(os.readlink(f"/proc/self/fd/{fd}")):
+            return opened(fd, mode)
+        return real_fdopen(fd, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(os, "fdopen", fake_fdopen)
 
     def fill(start: str | None) -> None:
-        if start is None:
-            monkeypatch.setattr(util, "tempfile", tempfile)
-            return
-
-        def mkstemp(dir, prefix, suffix):
-            fd, name = tempfile.mkstemp(dir=dir, prefix=prefix, suffix=suffix)
-            if prefix.startswith(f".{start}"):
-                os.close(fd)
-                os.unlink(name)
-                os.symlink("/dev/full", name)
-                fd = os.open(name, os.O_WRONLY)
-            return fd, name
-
-        monkeypatch.setattr(util, "tempfile", SimpleNamespace(mkstemp=mkstemp))
+        filled[:] = [] if start is None else [start]
 
     return fill

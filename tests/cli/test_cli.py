@@ -228,7 +228,7 @@ def test_a_full_disk_in_any_writer_is_one_line_naming_the_file_and_debug_keeps_t
     target = tmp_path / "shard.distcp"
 
     def full(args):
-        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+        raise OSError(errno.ENOSPC, "No space left on device", target and str(target))
 
     monkeypatch.setattr(configs, "_cmd_formats", full)
     assert main(["formats"]) == 1
@@ -237,6 +237,11 @@ def test_a_full_disk_in_any_writer_is_one_line_naming_the_file_and_debug_keeps_t
     assert err.endswith(" bytes free\n") and "Traceback" not in err
     with pytest.raises(OSError, match="No space left on device"):
         main(["--debug", "formats"])
+    # a failed write() names no file: no free space of some other filesystem is quoted for it
+    target = None
+    assert main(["formats"]) == 1
+    err = capsys.readouterr().err
+    assert err == "fp4repro formats: error: disk full writing a file; run with --debug to see which\n"
 
 
 def test_text_that_is_not_utf8_in_a_reader_without_its_own_check_is_one_line(monkeypatch, capsys):
@@ -263,6 +268,20 @@ def test_a_closed_pipe_ends_the_command_quietly():
     assert proc.wait(timeout=300) == 141  # a shell's status of a command that SIGPIPE ended
     assert proc.stderr.read() == ""
     proc.stderr.close()
+
+
+def test_debug_keeps_the_traceback_of_a_closed_pipe():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fp4repro.cli", "--debug", "model", "tiny", "--recipe", "nvfp4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    assert proc.wait(timeout=300) not in (0, 141)  # 1, or 120 where the interpreter's last flush fails too
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert "Traceback" in err and "BrokenPipeError" in err
 
 
 def test_a_stop_after_below_one_step_is_a_config_error_before_any_folder_is_made(capsys, tmp_path):

@@ -25,7 +25,9 @@ def test_records_name_config_files_without_this_machines_paths(tmp_path):
 def test_numbers_in_exponent_notation_are_numbers(tmp_path):
     # issue 42: YAML 1.1 reads 2e3 as a string, and the schema's error did not say why
     path = tmp_path / "numbers.yaml"
-    path.write_text("a: 2e3\nb: 2.0e3\nc: 1e-3\nd: 1.4e11\ne: 3.0e-3\nf: '2e3'\ng: ue5m3\nh: 2048\n")
+    path.write_text(
+        "a: 2e3\nb: 2.0e3\nc: 1e-3\nd: 1.4e11\ne: 3.0e-3\nf: '2e3'\ng: ue5m3\nh: 2048\ni: 1.4e+11\nj: 1.5\n"
+    )
     assert read_yaml(path) == {
         "a": 2000,
         "b": 2000,
@@ -35,8 +37,11 @@ def test_numbers_in_exponent_notation_are_numbers(tmp_path):
         "f": "2e3",
         "g": "ue5m3",
         "h": 2048,
+        "i": 140_000_000_000,
+        "j": 1.5,
     }
-    assert all(isinstance(read_yaml(path)[k], int) for k in "abdh")  # a whole number counts (steps, tokens)
+    # a whole number counts (steps, tokens), with a signed exponent too (YAML 1.1 reads that one as a float)
+    assert all(isinstance(read_yaml(path)[k], int) for k in "abdhi")
 
 
 def test_a_recipe_with_target_2e3_loads_with_t_2000(tmp_path, capsys):

@@ -126,20 +126,42 @@ def test_read_stdlib_subset_gives_prose_and_code():
 # ---- installed packages -----------------------------------------------------------------------
 
 
+def _below_roots(files, roots) -> list:
+    """Each file's path below the package root it lies in."""
+    return [f.relative_to(next(r for r in roots if f.is_relative_to(r))) for f in files]
+
+
+def _tests_or_install_hooks(files, roots) -> list:
+    """The files in a test suite or install hooks, judged by the parts below their package root: the
+    folders above it (the checkout, its .venv) may be named anything, `test` included."""
+    return [
+        b
+        for b in _below_roots(files, roots)
+        if set(b.parts) & {"test", "tests", "idle_test", "__pycache__"} or b.name.startswith("__editable__")
+    ]
+
+
 def test_installed_package_files_are_this_environments_without_tests_or_install_hooks():
     roots = package_roots()
     files = package_files()
     assert files == sorted(files) and len(files) > 1000
     assert all(any(f.is_relative_to(r) for r in roots) for f in files)
     assert not any(f.is_relative_to(stdlib_root()) and not any(f.is_relative_to(r) for r in roots) for f in files)
-    # the parts below each package root: the folders above it (the checkout, .venv) may be named anything,
-    # `test` included
-    below = [f.relative_to(next(r for r in roots if f.is_relative_to(r))) for f in files]
-    assert {"torch", "megatron", "pandas"} <= {b.parts[0] for b in below}  # this project's dependencies
-    for b in below:
-        assert not set(b.parts) & {"test", "tests", "idle_test", "__pycache__"} and not b.name.startswith(
-            "__editable__"
-        )
+    assert {"torch", "megatron", "pandas"} <= {b.parts[0] for b in _below_roots(files, roots)}  # our dependencies
+    assert _tests_or_install_hooks(files, roots) == []
+
+
+def test_an_environment_under_a_folder_named_test_keeps_its_packages(tmp_path):
+    # issue 42: a checkout under a folder named `test` (`git clone ... test && cd test && make test`) failed
+    # the test above, which read every part of each file's absolute path
+    root = tmp_path / "test" / ".venv" / "lib" / "site-packages"
+    names = ("pkg/__init__.py", "pkg/tests/test_m.py", "pkg/test/m.py", "pkg/__pycache__/m.py", "__editable___x.py")
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("VALUE = 1\n")
+    files = package_files([root])
+    assert files == [root / "pkg" / "__init__.py"]
+    assert _tests_or_install_hooks(files, [root]) == []
 
 
 def test_read_packages_splits_docstrings_from_code_in_a_given_tree(tmp_path):

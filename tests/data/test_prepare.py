@@ -158,13 +158,10 @@ def test_interrupted_dataset_write_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_full_disk_writing_a_dataset_names_it_and_leaves_no_file(tmp_path):
-    import os
-
+def test_a_full_disk_writing_a_dataset_names_it_and_leaves_no_file(tmp_path, full_disk):
     from fp4repro.errors import DiskFullError
 
-    # the builder writes its staged .bin under this name: a link to /dev/full fails its writes with ENOSPC
-    (tmp_path / f".x_train.{os.getpid()}.tmp.bin").symlink_to("/dev/full")
+    full_disk("x_train")  # the builder writes its staged .bin as .x_train.<pid>.tmp.bin
     documents = [np.arange(1, 2000, dtype=np.uint16) % 100] * 50
     with pytest.raises(DiskFullError, match=rf"^disk full writing {tmp_path / 'x_train.bin'}; [\d,]+ bytes free; "):
         write_indexed_dataset(tmp_path / "x_train", documents, np.uint16)

@@ -101,9 +101,10 @@ def _one_line(err: Exception) -> str | None:
     if isinstance(err, FP4ReproError):
         return str(err)
     if isinstance(err, OSError) and err.errno == errno.ENOSPC:  # a writer other than fp4repro.util's atomic ones
-        where = err.filename or "a file"
-        free = free_bytes(err.filename or ".")
-        return f"disk full writing {where}; {'an unknown number of' if free is None else f'{free:,}'} bytes free"
+        if not err.filename:  # a failed write names no file, and the free space of another disk would mislead
+            return "disk full writing a file; run with --debug to see which"
+        free = free_bytes(err.filename)
+        return f"disk full writing {err.filename}; {'an unknown number of' if free is None else f'{free:,}'} bytes free"
     if isinstance(err, UnicodeDecodeError):  # a reader without its own check; --debug shows which file
         return f"a file is not UTF-8 text ({err}); run with --debug to see which"
     return None

@@ -107,7 +107,16 @@ def _exponent_number(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | fl
     return int(exact) if exact == exact.to_integral_value() else float(text)
 
 
+def _float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
+    """YAML 1.1's floats, those in exponent notation read as ``_exponent_number`` reads the others:
+    ``tokens: 1.4e+11`` is the count 140000000000, as ``1.4e11`` is."""
+    if _EXPONENT_NUMBER.match(loader.construct_scalar(node)):
+        return _exponent_number(loader, node)
+    return loader.construct_yaml_float(node)
+
+
 _ConfigLoader.add_constructor("tag:fp4repro:exponent-number", _exponent_number)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _float)
 _ConfigLoader.add_implicit_resolver("tag:fp4repro:exponent-number", _EXPONENT_NUMBER, list("-+0123456789."))
 
 

@@ -1,0 +1,33 @@
+"""fp4repro.util's atomic writers on a full disk (issue 42: `fp4repro plot` on a full disk ended in
+a zlib.error traceback, never saying "disk full")."""
+
+import errno
+import zlib
+
+import pytest
+
+from fp4repro.errors import DiskFullError
+from fp4repro.util import atomic_path
+
+
+def _writer_failing_on_a_full_disk():
+    """What a PNG writer does on a full disk: its write fails with ENOSPC, and it raises another error
+    while handling that one (zlib.error)."""
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise zlib.error("Error -2 while flushing: inconsistent stream state") from None  # its __context__ stays
+
+
+def test_a_writer_that_fails_on_a_full_disk_with_another_error_is_a_full_disk_and_the_old_file_stays(tmp_path):
+    out = tmp_path / "loss.png"
+    out.write_bytes(b"old")
+    with pytest.raises(DiskFullError, match=rf"^disk full writing {out}; [\d,]+ bytes free; nothing was replaced$"):
+        with atomic_path(out) as tmp:
+            tmp.write_bytes(b"half a figure")
+            _writer_failing_on_a_full_disk()
+    assert out.read_bytes() == b"old" and list(tmp_path.iterdir()) == [out]
+    with pytest.raises(zlib.error, match="corrupt"):  # not a full disk: the writer's error as it was
+        with atomic_path(out):
+            raise zlib.error("corrupt")
+    assert list(tmp_path.iterdir()) == [out]
