@@ -91,6 +91,34 @@ def test_model_command_counts_8b_and_lists_specs(capsys):
     assert "lm_head                  not quantized: BF16 copies of input and weight multiplied in FP32" in out
 
 
+def test_the_papers_8b_under_ue5m3_and_nvfp4(capsys):
+    """`fp4repro model nemotron_h_8b_paper --recipe ...` and `fp4repro recipe ... --model
+    nemotron_h_8b_paper`: 112 FP4 linears under ue5m3, T = 2048 only on wgrad dY of the fc2 of
+    layers 45, 47, 49, 51, the head in FP32; under nvfp4 the final eight blocks' 16 projections BF16."""
+    assert main(["model", "nemotron_h_8b_paper", "--recipe", "ue5m3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "parameters: 8,084,075,520 (7,010,333,696 without embedding and LM head)" in lines
+    linears = [line.split()[0] for line in lines if line.startswith("  layers.")]
+    assert len(linears) == 112 and "layers.7.mixer.v_proj" in linears
+    t2048 = [line.split()[0] for line in lines if "T=2048" in line]
+    assert t2048 == [f"layers.{i}.mixer.fc2" for i in (45, 47, 49, 51)]
+    assert all(
+        line.count("T=2048") == 1 and "wgrad.dy=e2m1/ue5m3 1x16 T=2048" in line for line in lines if "=2048" in line
+    )
+    assert lines[-1].split()[:2] == ["lm_head", "not"] and "multiplied in FP32 (every recipe)" in lines[-1]
+    assert main(["model", "nemotron_h_8b_paper", "--recipe", "nvfp4"]) == 0
+    bf16 = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "all operands bf16" in line]
+    assert len(bf16) == 16 and {name.split(".")[1] for name in bf16} == {str(i) for i in range(44, 52)}
+    assert main(["recipe", "ue5m3", "--model", "nemotron_h_8b_paper"]) == 0
+    out = capsys.readouterr().out
+    assert "112 internal linears: 112 quantized, 0 BF16" in out and "108 of 112 linears:" in out
+    tail = out.split("layers 45, 47, 49, 51 (fc2):\n")[1].split("\n\n")[0]
+    assert tail == "  wgrad.dy  e2m1/ue5m3 1x16 T=2048 STOCHASTIC_FAST periodic(50) zero-scale-one"
+    assert main(["recipe", "nvfp4", "--model", "nemotron_h_8b_paper"]) == 0
+    out = capsys.readouterr().out
+    assert "112 internal linears: 96 quantized, 16 BF16" in out and "BF16 layers: 8 of 52 (44-51)" in out
+
+
 def test_experiment_command(capsys, monkeypatch):
     assert main(["experiment"]) == 0 and "tiny" in capsys.readouterr().out
     assert main(["experiment", "tiny", "--recipes"]) == 0
@@ -98,6 +126,10 @@ def test_experiment_command(capsys, monkeypatch):
     assert main(["experiment", "tiny"]) == 0
     out = capsys.readouterr().out
     assert "stage2: 98,304 tokens (64 steps), blend code 0.6, prose 0.4" in out
+    assert (
+        "\nschedule: lr 0.003 (WSD over 192 steps): a linear warmup over 10 steps, the peak to step 144, then a "
+        "linear decay over the last 48 steps (25%) to 10% of the peak\n"
+    ) in out
     assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
     assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t448 0; mxfp4 0\n" in out

@@ -180,3 +180,32 @@ def test_a_budget_that_is_not_whole_steps_is_rounded_up_and_every_summary_says_s
     scale = run_scale(load_study(path))
     assert "6,400 training tokens (s1 4,352, s2 2,048; budgets of s1 4,100 rounded up to whole steps)" in scale
     assert load_experiment(_write(tmp_path, BASE)).train.rounding() == []  # whole steps: nothing said
+
+
+def test_paper8b_follows_the_authors_schedule():
+    """The authors' 8B schedule: one stage of 30,000 steps x 768 x 8,192 tokens on one 82/18 stream,
+    AdamW at 8e-4 without warmup, a linear decay over the final 15% (4,500 steps) to 1% of the peak,
+    12 checkpoints every 2,500 steps, a final window of the last 250 steps (29,751-30,000). tiny and
+    small keep their stages."""
+    import pandas as pd
+
+    from fp4repro.eval.loss import final_window_loss
+    from fp4repro.train import WSDSchedule, eval_checkpoint_steps
+
+    study = load_study("paper8b")
+    t = study.experiment.train
+    assert study.model.name == "nemotron_h_8b_paper" and len(t.seeds) == 3
+    assert [(s.name, dict(s.blend)) for s in t.stages] == [("stage1", {"dclm": 0.82, "rest": 0.18})]
+    assert (t.total_steps, t.batch_size, t.seq_len, t.rounding()) == (30_000, 768, 8192, [])
+    schedule = WSDSchedule.of(t)
+    assert (schedule.warmup_steps, schedule.decay_steps, schedule.min_lr_ratio) == (0, 4500, 0.01)
+    assert schedule(0) == schedule(25_500) == 8e-4 > schedule(25_501)
+    assert schedule(29_999) == pytest.approx(8e-4 * (0.01 + 0.99 / 4500), rel=1e-12)
+    assert eval_checkpoint_steps(t.total_steps, t.checkpoints) == list(range(2500, 30_001, 2500))
+    steps = range(1, 30_001)
+    metrics = pd.DataFrame(
+        {"step": steps, "tokens": [s * t.tokens_per_step for s in steps], "stage": "stage1", "loss": 1.0}
+    )
+    window = final_window_loss(metrics, t.final_window)
+    assert (window["steps"], window["first_step"], window["last_step"]) == (250, 29_751, 30_000)
+    assert [len(load_experiment(name).train.stages) for name in ("tiny", "small")] == [2, 2]

@@ -14,25 +14,9 @@ def count_on_meta(config: ModelConfig, **kwargs) -> int:
         return NemotronH(config).num_parameters(**kwargs)
 
 
-def test_nemotron_h_8b_parameter_count_is_exact():
-    config = load_model_config("nemotron_h_8b")
-    assert config.n_layers == 52
-    assert (config.pattern.count("M"), config.pattern.count("*"), config.pattern.count("-")) == (24, 4, 24)
-    assert count_on_meta(config) == 8_100_852_736
-
-
-def test_small_and_tiny_sizes_and_layer_mix():
-    small, tiny = load_model_config("small"), load_model_config("tiny")
-    assert 100e6 <= count_on_meta(small) <= 150e6
-    assert 0.8e6 <= count_on_meta(tiny) <= 1.3e6
-    assert 1500 <= tiny.vocab_size <= 4096
-    for config in (small, tiny):
-        assert set(config.pattern) == {"M", "*", "-"}
-
-
-def test_parameter_count_formula(make_config):
-    """Count of one layer of each type, term by term, against the built modules."""
-    c = make_config(pattern="M*-")
+def count_by_formula(config: ModelConfig, include_embeddings: bool = True) -> int:
+    """The parameters of a config, term by term from its sizes (no module built)."""
+    c = config
     d, di, g, n, h, k = (
         c.hidden_size,
         c.mamba_d_inner,
@@ -45,11 +29,47 @@ def test_parameter_count_formula(make_config):
     mamba = d * (2 * di + 2 * g * n + h) + conv_dim * k + conv_dim + 3 * h + di + di * d
     attention = d * (c.attn_heads + 2 * c.attn_kv_heads) * c.attn_head_dim + c.attn_heads * c.attn_head_dim * d
     mlp = 2 * d * c.mlp_hidden_size
-    norms = 3 * d + d
-    embeddings = 2 * c.vocab_size * d
+    layers = {"M": mamba, "*": attention, "-": mlp}
+    body = sum(layers[t] + d for t in c.pattern) + d  # each layer's pre-norm, the final norm
+    return body + (2 * c.vocab_size * d if include_embeddings else 0)
+
+
+def test_nemotron_h_8b_parameter_count_is_exact():
+    config = load_model_config("nemotron_h_8b")
+    assert config.n_layers == 52
+    assert (config.pattern.count("M"), config.pattern.count("*"), config.pattern.count("-")) == (24, 4, 24)
+    assert count_on_meta(config) == count_by_formula(config) == 8_100_852_736
+
+
+def test_the_papers_8b_has_4_kv_heads_chunk_256_and_112_separate_linears():
+    """The authors' Nemotron-H 8B: NVIDIA's with 4 KV heads, Mamba chunks of 256 and separate q/k/v."""
+    paper, nvidia = load_model_config("nemotron_h_8b_paper"), load_model_config("nemotron_h_8b")
+    changed = {k: v for k, v in paper.to_dict().items() if v != nvidia.to_dict()[k]}
+    assert changed == {"name": "nemotron_h_8b_paper", "attn_kv_heads": 4, "mamba_chunk_size": 256, "qkv": "separate"}
+    assert count_by_formula(paper) == 8_084_075_520
+    linears = [name for names in paper.layer_linears for name in names]
+    assert len(linears) == 112  # 24 Mamba x 2, 4 attention x 4, 24 MLP x 2: every FP4-eligible linear
+    assert linears.count("q_proj") == linears.count("k_proj") == linears.count("v_proj") == 4
+    assert "qkv_proj" not in linears and sum(map(len, nvidia.layer_linears)) == 104
+
+
+def test_small_and_tiny_sizes_and_layer_mix():
+    small, tiny = load_model_config("small"), load_model_config("tiny")
+    assert 100e6 <= count_on_meta(small) <= 150e6
+    assert 0.8e6 <= count_on_meta(tiny) <= 1.3e6
+    assert 1500 <= tiny.vocab_size <= 4096
+    for config in (small, tiny):
+        assert set(config.pattern) == {"M", "*", "-"}
+
+
+@pytest.mark.parametrize("qkv", ["fused", "separate"])
+def test_parameter_count_formula(make_config, qkv):
+    """Count of one layer of each type, term by term, against the built modules (separate q/k/v
+    have the fused projection's parameters)."""
+    c = make_config(pattern="M*-", qkv=qkv)
     model = NemotronH(c)
-    assert model.num_parameters(include_embeddings=False) == mamba + attention + mlp + norms
-    assert model.num_parameters() == mamba + attention + mlp + norms + embeddings
+    assert model.num_parameters(include_embeddings=False) == count_by_formula(c, include_embeddings=False)
+    assert model.num_parameters() == count_by_formula(c)
 
 
 def test_mamba_state_dict_keys_follow_mamba_ssm(make_config):
@@ -67,7 +87,7 @@ def test_mamba_state_dict_keys_follow_mamba_ssm(make_config):
     }
 
 
-@pytest.mark.parametrize("name", ["nemotron_h_8b", "small", "tiny"])
+@pytest.mark.parametrize("name", ["nemotron_h_8b", "nemotron_h_8b_paper", "small", "tiny"])
 def test_shipped_configs_round_trip(name):
     config = load_model_config(name)
     assert config.name == name
@@ -86,6 +106,7 @@ def test_shipped_configs_round_trip(name):
         (dict(hidden_size=True), "hidden_size = True: must be of type int"),
         (dict(norm_eps="1e-5"), "norm_eps = '1e-5': must be of type float"),
         (dict(rope=True, attn_head_dim=7), "attn_head_dim = 7: must be even when rope is true"),
+        (dict(qkv="split"), "qkv = 'split': must be one of fused, separate"),
     ],
 )
 def test_invalid_values_name_field_value_and_rule(make_config, overrides, message):

@@ -1,6 +1,8 @@
 """The megatron model's linears get the recipe of the reference model's linear in the same layer
 (global layer numbers, from 1, against the reference's indices, from 0) and its QuantState key."""
 
+import re
+
 import pytest
 
 from fp4repro.config.model import load_model_config
@@ -67,6 +69,28 @@ def test_the_quantizable_linears_are_megatrons_parallel_linears(megatron_cpu):
     }
     assert issubclass(QuantColumnParallelLinear, ColumnParallelLinear)
     assert issubclass(QuantRowParallelLinear, RowParallelLinear)
+
+
+def test_the_backend_refuses_separate_q_k_v_naming_what_it_lacks():
+    """megatron-core fuses q/k/v into linear_qkv: the paper's 8B (qkv: separate) is refused in one
+    line, by the model build and by training before it reads any data; NVIDIA's 8B is not."""
+    from dataclasses import replace
+
+    from fp4repro.config.experiment import load_experiment
+    from fp4repro.config.study import load_study
+    from fp4repro.errors import ConfigError
+    from fp4repro.megatron.engine import refuse_here
+    from fp4repro.megatron.model import build_model, lacks
+
+    lacking = "the megatron backend lacks separate q/k/v linears (qkv: separate): megatron-core's attention fuses"
+    assert lacks(load_model_config("nemotron_h_8b")) is None
+    with pytest.raises(ConfigError, match="^" + re.escape(f"model 'nemotron_h_8b_paper': {lacking} them")) as err:
+        build_model(load_model_config("nemotron_h_8b_paper"))
+    assert "\n" not in str(err.value)
+    experiment = replace(load_experiment("paper8b"), model="nemotron_h_8b_paper")  # tensor 2, on megatron
+    refusal = f"{experiment.path}: field 'model': value 'nemotron_h_8b_paper': {lacking}"
+    with pytest.raises(ConfigError, match="^" + re.escape(refusal)):
+        refuse_here(load_study(experiment))
 
 
 def test_layer_numbers_map_to_reference_indices_and_keys():

@@ -185,6 +185,21 @@ def test_attention_matches_explicit_grouped_query_softmax(make_config):
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_separate_qkv_computes_what_the_fused_projection_does(make_config):
+    """Separate q/k/v whose weights are the fused weight's rows give the fused model's logits, bit
+    for bit (FP32 on the CPU); the two differ only in their linears, and so under a recipe in amaxes."""
+    fused = NemotronH(make_config())
+    separate = NemotronH(make_config(qkv="separate"))
+    state = fused.state_dict()
+    q, k, v = state.pop("layers.3.mixer.qkv_proj.weight").split([32, 16, 16])  # 4 x 8 | 2 x 8 | 2 x 8
+    state.update({f"layers.3.mixer.{name}.weight": w for name, w in zip(("q_proj", "k_proj", "v_proj"), (q, k, v))})
+    separate.load_state_dict(state)  # strict: the same parameters but for the split
+    assert [n.split(".")[-1] for n, _ in separate.linears()][6:10] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    tokens = torch.randint(0, fused.config.vocab_size, (2, 13))
+    with torch.no_grad():
+        torch.testing.assert_close(separate(tokens), fused(tokens), rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.slow  # Triton compiles and autotunes its kernels on first use (about 2 minutes)
 def test_triton_kernels_match_torch_ssd_on_cuda(make_config):

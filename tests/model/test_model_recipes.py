@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import fp4repro.config.recipe as recipes
 import fp4repro.quant as quant
 from fp4repro.config.files import SCHEMAS
-from fp4repro.config.model import load_model_config
+from fp4repro.config.model import SEPARATE_QKV, ModelConfig, load_model_config
 from fp4repro.config.spec import OPERANDS
 from fp4repro.model import NemotronH
 from fp4repro.model.layers import FP32OutputHead
@@ -36,7 +36,9 @@ def test_recipe_schema_knows_every_linear_name():
 
     schema = json.loads((SCHEMAS / "recipe.schema.json").read_text())
     allowed = schema["properties"]["overrides"]["items"]["properties"]["linears"]["items"]["enum"]
-    assert set(allowed) == set(INTERNAL)
+    assert set(allowed) == set(INTERNAL) | set(SEPARATE_QKV)
+    among = schema["$defs"]["layers"]["oneOf"][1]["properties"]["among"]["enum"]
+    assert set(among) == set(INTERNAL) | set(SEPARATE_QKV)
 
 
 def test_every_internal_linear_is_a_quant_linear_sharing_one_state():
@@ -114,6 +116,56 @@ def test_the_config_knows_the_linears_of_each_layer():
         ("qkv_proj", "o_proj"),
         ("fc1", "fc2"),
     )
+
+
+def test_the_papers_8b_under_its_recipes():
+    """nemotron_h_8b_paper's 112 linears: ue5m3 quantizes all, T = 2048 only on wgrad dY of the fc2
+    of layers 45, 47, 49, 51; nvfp4 keeps the 16 projections of the final eight blocks in BF16. The
+    LM head is never quantized (an FP32 GEMM)."""
+    ue5m3 = build("ue5m3", "nemotron_h_8b_paper", device="meta")
+    described = ue5m3.describe()
+    internal = {name: ops for name, ops in described.items() if name != "lm_head"}
+    assert len(internal) == 112 and all(ops == set(OPERANDS) for ops in quantized_operands(ue5m3).values() if ops)
+    assert sum(name.endswith(("q_proj", "k_proj", "v_proj")) for name in internal) == 12
+    t2048 = sorted((name, op) for name, ops in internal.items() for op, spec in ops.items() if "T=2048" in spec)
+    assert t2048 == [(f"layers.{i}.mixer.fc2", "wgrad.dy") for i in (45, 47, 49, 51)]
+    assert_embedding_and_lm_head_plain(ue5m3)
+    nvfp4 = quantized_operands(build("nvfp4", "nemotron_h_8b_paper", device="meta"))
+    bf16 = [name for name, ops in nvfp4.items() if not ops and name != "lm_head"]
+    assert len(bf16) == 16 and {int(name.split(".")[1]) for name in bf16} == set(range(44, 52))
+    assert sum(bool(ops) for ops in nvfp4.values()) == 96
+
+
+def test_qkv_proj_in_a_recipe_names_separate_q_k_v_too(tmp_path):
+    """An override of `qkv_proj` (and a share `among` it) reaches a model's separate q_proj, k_proj
+    and v_proj, so that a recipe means the same on either model; q_proj alone reaches only it."""
+    recipe = tmp_path / "attention_bf16.yaml"
+    recipe.write_text(
+        "name: attention_bf16\nbase: ue5m3\noverrides:\n"
+        "  - {layers: {last_share: 0.5, among: qkv_proj}, linears: [qkv_proj], defaults: bf16}\n"
+        "  - {layers: '0', linears: [q_proj], operands: {fprop.x: {target: 2048}}}\n"
+    )
+    for qkv, bf16 in (("fused", ["qkv_proj"]), ("separate", ["q_proj", "k_proj", "v_proj"])):
+        config = load_model_config("tiny").to_dict() | {"pattern": "*-*-", "qkv": qkv}
+        with torch.device("meta"):
+            model = NemotronH(ModelConfig(**config), recipes.load_recipe(recipe))
+        ops = quantized_operands(model)
+        assert [name for name, o in ops.items() if not o and name != "lm_head"] == [f"layers.2.mixer.{n}" for n in bf16]
+        assert all(ops[f"layers.0.mixer.{n}"] == set(OPERANDS) for n in bf16)
+        fprop_x = {name: ops["fprop.x"] for name, ops in model.describe().items() if name.startswith("layers.0.")}
+        assert [name for name, spec in fprop_x.items() if "T=2048" in spec] == (
+            ["layers.0.mixer.q_proj"] if qkv == "separate" else []
+        )
+
+
+def test_separate_q_k_v_each_hold_their_own_amax():
+    config = ModelConfig(**load_model_config("tiny").to_dict() | {"qkv": "separate"})
+    model = NemotronH(config, recipes.load_recipe("ue5m3"))
+    model(torch.randint(0, config.vocab_size, (2, 16)))
+    held = model.quant_state._held
+    amaxes = [float(held[f"layers.3.mixer.{n}.fprop.w"]) for n in SEPARATE_QKV]
+    assert len(set(amaxes)) == 3
+    assert amaxes == [float(getattr(model.layers[3].mixer, n).weight.detach().abs().max()) for n in SEPARATE_QKV]
 
 
 def test_ue5m3_w1x16_quantizes_weights_in_1x16_blocks():

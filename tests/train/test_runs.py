@@ -3,6 +3,7 @@ same numbers at every tensor size, so the layout stays out of the fingerprint; w
 own amax (``tp_amax: local``) the numbers depend on the split, and the tensor size enters it.
 And whose run a folder holds: another recipe given the same folder is refused."""
 
+import dataclasses
 import json
 import subprocess
 from dataclasses import replace
@@ -26,6 +27,15 @@ def test_the_tensor_size_enters_the_fingerprint_only_with_local_amaxes():
     assert fingerprint(tp_amax="local", tensor=1, sequence_parallel=False) == one  # local = group at size 1
     local = {tp: fingerprint(tp_amax="local", tensor=tp) for tp in (2, 4)}
     assert local[2] != one and local[2] != local[4]
+
+
+def test_separate_q_k_v_enter_the_fingerprint_and_fused_ones_keep_theirs():
+    """A fused model's run keeps the fingerprint it had before the model config had ``qkv``."""
+    study = load_study(PACKAGED / "experiment/paper8b.yaml")
+    args = (study.recipe("ue5m3"), "data", study.experiment.train, 0, "megatron")
+    fused, separate = replace(study.model, qkv="fused"), replace(study.model, qkv="separate")
+    assert run_numerics(fused, *args)["model"] == {k: v for k, v in dataclasses.asdict(fused).items() if k != "qkv"}
+    assert run_numerics(separate, *args)["model"] == dataclasses.asdict(separate)
 
 
 def test_a_second_recipe_given_the_same_out_is_refused_and_the_first_results_stay(guarded, tmp_path, train_command):

@@ -13,6 +13,16 @@ def test_wsd_schedule():
     assert all(s(i) >= s(i + 1) for i in range(10, 99))
 
 
+def test_wsd_schedule_in_words():
+    s = WSDSchedule.from_fractions(8e-4, total_steps=30_000, warmup_fraction=0, decay_fraction=0.15, min_lr_ratio=0.01)
+    assert s.describe() == (
+        "lr 0.0008 (WSD over 30,000 steps): no warmup, the peak to step 25,500, then a linear decay over "
+        "the last 4,500 steps (15%) to 1% of the peak"
+    )
+    s = WSDSchedule.from_fractions(1.0, total_steps=100, warmup_fraction=0.1, decay_fraction=0, min_lr_ratio=0.1)
+    assert s.describe() == "lr 1 (WSD over 100 steps): a linear warmup over 10 steps, the peak to step 100, no decay"
+
+
 def test_twelve_checkpoints_evenly_spaced_in_tokens():
     steps = eval_checkpoint_steps(192, 12)
     assert steps == [16 * i for i in range(1, 13)]

@@ -51,7 +51,13 @@ def test_dry_run_plans_the_whole_study(tmp_path, experiment, runs, snakemake):
 
 
 def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
-    out = snakemake(tmp_path, "-n", "-p", "--config", "experiment=paper8b").stdout
+    proc = snakemake(tmp_path, "-n", "-p", "--config", "experiment=paper8b")
+    # the authors' schedule, as the dry run plans and says it: one stage, 30,000 steps, no warmup
+    assert (
+        "paper8b: 1 stage (stage1), 30,000 steps of 768 x 8192 tokens; lr 0.0008 (WSD over 30,000 steps): no "
+        "warmup, the peak to step 25,500, then a linear decay over the last 4,500 steps (15%) to 1% of the peak"
+    ) in proc.stderr.splitlines()
+    out = proc.stdout
     train = out[out.index("rule train:") :]
     resources = train[train.index("resources:") :].splitlines()[0]
     for expected in ("nodes=32", "tasks=256", "gres=gpu:8", "runtime=20160", "mem_mb=1800000", "mpi=srun"):
@@ -72,10 +78,19 @@ def test_paper8b_training_stops_before_any_compute_without_gpus_or_with_pipeline
             cwd=tmp_path,
         )
 
-    proc = train("paper8b")  # tensor parallelism trains, on GPUs
+    proc = train("paper8b")  # the authors' 8B: separate q/k/v, which the megatron backend lacks
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("fp4repro train: error: ")]
+    assert proc.returncode == 2 and error.endswith(
+        "paper8b.yaml: field 'model': value 'nemotron_h_8b_paper': the megatron backend lacks separate q/k/v "
+        "linears (qkv: separate): megatron-core's attention fuses them into one linear_qkv, one amax for the "
+        "three (the reference backend builds them)"
+    ), proc.stderr
+    fused = tmp_path / "fused.yaml"  # NVIDIA's 8B: tensor parallelism trains, on GPUs
+    fused.write_text((PACKAGED / "experiment/paper8b.yaml").read_text().replace("nemotron_h_8b_paper", "nemotron_h_8b"))
+    proc = train(fused)
     assert proc.returncode == 1 and "backend megatron trains on CUDA GPUs" in proc.stderr, proc.stderr
     staged = tmp_path / "paper8b.yaml"
-    staged.write_text((PACKAGED / "experiment/paper8b.yaml").read_text().replace("pipeline: 1", "pipeline: 2"))
+    staged.write_text(fused.read_text().replace("pipeline: 1", "pipeline: 2"))
     with pytest.raises(
         ConfigError,
         match="field 'parallel.pipeline': value 2: training through megatron-core runs without pipeline parallelism",

@@ -14,6 +14,7 @@ from fp4repro.errors import ConfigError
 from fp4repro.plots.catalog import CATALOG
 from fp4repro.bench.device import throughput_here
 from fp4repro.results import study_runs, throughput_files, unstudied_recipes
+from fp4repro.train.schedule import WSDSchedule
 
 FIGURES = list(CATALOG)  # loss, nll, downstream, telemetry, target: one rule each
 
@@ -29,6 +30,13 @@ except ConfigError as err:  # file, field, value, what is allowed
     raise WorkflowError(f"invalid experiment config: {err}") from None
 
 EXP = STUDY.experiment
+# the schedule every training job follows, said once per invocation (a dry run shows what it plans)
+print(
+    f"{EXP.name}: {len(EXP.train.stages)} stage{'s' if len(EXP.train.stages) > 1 else ''} "
+    f"({', '.join(s.name for s in EXP.train.stages)}), {EXP.train.total_steps:,} steps of "
+    f"{EXP.train.batch_size} x {EXP.train.seq_len} tokens; {WSDSchedule.of(EXP.train).describe()}",
+    file=sys.stderr,
+)
 RECIPES = list(STUDY.recipes)  # recipe names: they name the result folders
 RESULTS = f"results/{EXP.name}"
 # recipe -> seeds: one run each; the same seed gives every recipe the same batches. Fewer seeds

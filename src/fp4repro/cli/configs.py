@@ -142,6 +142,8 @@ def _bf16_share(k: int, n: int) -> str:
 
 
 def _cmd_experiment(args) -> int:
+    from fp4repro.train.schedule import WSDSchedule
+
     if args.experiment is None:
         _list_configs("experiment")
         return 0
@@ -160,6 +162,7 @@ def _cmd_experiment(args) -> int:
         f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.trained_tokens:,} tokens, "
         f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints"
     )
+    print(f"schedule: {WSDSchedule.of(t).describe()}")
     rounded = {stage.name: budget for stage, budget, _ in t.rounding()}
     for stage, steps in zip(t.stages, t.stage_steps()):
         blend = ", ".join(f"{name} {w:g}" for name, w in stage.blend)

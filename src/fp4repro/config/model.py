@@ -24,6 +24,10 @@ from fp4repro.errors import ConfigError
 LAYER_TYPES = {"M": "mamba", "*": "attention", "-": "mlp"}
 #: The internal linears of each layer type, by the names recipes use (the model's mixers take theirs).
 LAYER_LINEARS = {"mamba": ("in_proj", "out_proj"), "attention": ("qkv_proj", "o_proj"), "mlp": ("fc1", "fc2")}
+#: The attention's query, key and value projections of a model with ``qkv: separate`` (in place of
+#: the fused ``qkv_proj``): three linears, so that each is quantized with its own amax.
+SEPARATE_QKV = ("q_proj", "k_proj", "v_proj")
+QKV_LAYOUTS = ("fused", "separate")
 
 
 class ModelConfigError(ConfigError):
@@ -37,7 +41,10 @@ class ModelConfig:
     Mamba-2 sizes follow mamba-ssm's Mamba2: d_inner = mamba_heads · mamba_head_dim, and B, C
     each have mamba_groups · mamba_state_size channels (heads of one group share B and C).
     Attention projects to attn_heads · attn_head_dim queries and attn_kv_heads · attn_head_dim
-    keys and values; each KV head serves attn_heads / attn_kv_heads query heads.
+    keys and values; each KV head serves attn_heads / attn_kv_heads query heads. ``qkv``: one
+    fused linear for the three (``fused``: NVIDIA's Nemotron-H, megatron-core's ``linear_qkv``) or
+    three (``separate``: q_proj, k_proj, v_proj, the paper's authors' model), with the same
+    parameters either way.
     """
 
     pattern: str
@@ -57,6 +64,7 @@ class ModelConfig:
     rope: bool = False
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    qkv: str = "fused"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -77,8 +85,12 @@ class ModelConfig:
 
     @property
     def layer_linears(self) -> tuple[tuple[str, ...], ...]:
-        """The names of each layer's internal linears, in order (see ``LAYER_LINEARS``)."""
-        return tuple(LAYER_LINEARS[t] for t in self.layer_types)
+        """The names of each layer's internal linears, in order (see ``LAYER_LINEARS``; attention's
+        are q_proj, k_proj, v_proj, o_proj with ``qkv: separate``)."""
+        linears = dict(LAYER_LINEARS)
+        if self.qkv == "separate":
+            linears["attention"] = SEPARATE_QKV + ("o_proj",)
+        return tuple(linears[t] for t in self.layer_types)
 
     @property
     def mamba_d_inner(self) -> int:
@@ -154,6 +166,8 @@ class ModelConfig:
             out.append(f"attn_kv_heads = {self.attn_kv_heads}: must divide attn_heads = {self.attn_heads}")
         if self.mamba_groups >= 1 and self.mamba_heads % self.mamba_groups:
             out.append(f"mamba_groups = {self.mamba_groups}: must divide mamba_heads = {self.mamba_heads}")
+        if self.qkv not in QKV_LAYOUTS:
+            out.append(f"qkv = {self.qkv!r}: must be one of {', '.join(QKV_LAYOUTS)}")
         if self.rope and self.attn_head_dim % 2:
             out.append(f"attn_head_dim = {self.attn_head_dim}: must be even when rope is true")
         return out
@@ -185,6 +199,7 @@ class ModelConfig:
 _FIELD_TYPES = {
     "pattern": str,
     "name": str,
+    "qkv": str,
     "rope": bool,
     "norm_eps": float,
     "rope_theta": float,

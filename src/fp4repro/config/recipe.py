@@ -16,6 +16,7 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
         defaults: bf16        # 'bf16' = whole layer unquantized; a dict edits its quantized operands
       - layers: "0:2"         # Python slice over layer indices; negatives count from the end
         linears: [fc2]          # in_proj, out_proj (Mamba), qkv_proj, o_proj (attention), fc1, fc2
+                                # (q_proj, k_proj, v_proj: a model's separate ones; qkv_proj names them too)
         operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
                                                # QuantSpec's defaults if it was bf16)
     gemm: probe_matched       # how its quantized GEMMs compute their output (optional; below)
@@ -60,6 +61,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fp4repro.config.files import find_config, is_path, not_found, read_yaml, schema_error, schema_field
+from fp4repro.config.model import SEPARATE_QKV
 from fp4repro.config.spec import (
     GEMMS,
     OPERANDS,
@@ -73,7 +75,7 @@ from fp4repro.config.spec import (
 )
 from fp4repro.errors import ConfigError
 
-_LINEARS = ("in_proj", "out_proj", "qkv_proj", "o_proj", "fc1", "fc2")
+_LINEARS = ("in_proj", "out_proj", "qkv_proj", "o_proj", "fc1", "fc2") + SEPARATE_QKV
 _SLICE = re.compile(r"^\s*(-?\d*)\s*(?:(:)\s*(-?\d*)\s*)?$")
 _SHARES = ("last_share", "first_share")
 _LAYERS_ALLOWED = (
@@ -243,6 +245,12 @@ def layer_count(layers: ModelLayers) -> int:
     return layers if isinstance(layers, int) else len(layers)
 
 
+def _selects(names, linear: str | None) -> bool:
+    """Whether an override's ``linears`` (or a share's ``among``) names ``linear``: by its name,
+    and ``qkv_proj`` a model's separate q_proj, k_proj and v_proj as well as its fused projection."""
+    return linear in names or (linear in SEPARATE_QKV and "qkv_proj" in names)
+
+
 def _share_indices(selector: dict, layers: ModelLayers) -> list[int]:
     """The layers a share selects: of all layers, or of those holding the linear ``among``."""
     n_layers = layer_count(layers)
@@ -256,7 +264,7 @@ def _share_indices(selector: dict, layers: ModelLayers) -> list[int]:
             "(Recipe.linear_specs given ModelConfig.layer_linears), not only their number"
         )
     else:
-        candidates = [i for i, names in enumerate(layers) if among in names]
+        candidates = [i for i, names in enumerate(layers) if any(_selects((among,), n) for n in names)]
     k = share_count(selector[kind], len(candidates)) if candidates else 0
     return candidates[len(candidates) - k :] if kind == "last_share" else candidates[:k]
 
@@ -343,7 +351,7 @@ class Recipe:
         for ov in self.overrides:
             if layer_index not in _layer_indices(ov["layers"], layers):
                 continue
-            if "linears" in ov and linear not in ov["linears"]:
+            if "linears" in ov and not _selects(ov["linears"], linear):
                 continue
             d = ov.get("defaults")
             for name in OPERANDS:

@@ -37,7 +37,7 @@ def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int
     rows are grouped by KV group, whole groups per rank)."""
     d_inner, bc = model.mamba_d_inner, model.mamba_groups * model.mamba_state_size
     heads, d, width = model.attn_heads, model.attn_head_dim, model.mlp_hidden_size
-    qkv = model.attn_qkv_size
+    qkv, kv = model.attn_qkv_size, model.attn_kv_heads
     return {
         "in_proj": (
             "N",
@@ -50,6 +50,9 @@ def _segments(model: ModelConfig, linear: str) -> tuple[str, list[tuple[str, int
             ],
         ),
         "qkv_proj": ("N", [("query, key and value rows", qkv, str(qkv))]),
+        "q_proj": ("N", [("heads", heads * d, f"{heads} x {d}")]),  # separate q/k/v: whole heads per rank
+        "k_proj": ("N", [("KV heads", kv * d, f"{kv} x {d}")]),
+        "v_proj": ("N", [("KV heads", kv * d, f"{kv} x {d}")]),
         "fc1": ("N", [("width", width, str(width))]),
         "out_proj": ("K", [("d_inner", d_inner, str(d_inner))]),
         "o_proj": ("K", [("heads", heads * d, f"{heads} x {d}")]),

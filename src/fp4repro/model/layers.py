@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fp4repro.config.model import LAYER_LINEARS, ModelConfig
+from fp4repro.config.model import LAYER_LINEARS, SEPARATE_QKV, ModelConfig
 from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
 from fp4repro.model.ssd import ssd_chunked
 
@@ -253,6 +253,8 @@ class CausalSelfAttention(nn.Module):
     """Grouped-query causal self-attention (no position embedding unless config.rope).
 
     [Q | K | V] = qkv_proj(x)          one fused linear: H·d | H_kv·d | H_kv·d
+                                       (config.qkv == "separate": Q = q_proj(x), K = k_proj(x),
+                                       V = v_proj(x), each quantized with its own amax)
     y = softmax(Q·Kᵀ / sqrt(d) + causal mask) · V      (PyTorch SDPA; each KV head serves H/H_kv
                                                         query heads)
     out = o_proj(y)
@@ -266,21 +268,28 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_heads = config.attn_kv_heads
         self.head_dim = config.attn_head_dim
         self.rope_theta = config.rope_theta if config.rope else None
-        self.qkv_proj = make_linear(config.hidden_size, config.attn_qkv_size, "qkv_proj")
+        self.sizes = [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim]
+        self.fused_qkv = config.qkv == "fused"
+        if self.fused_qkv:
+            self.qkv_proj = make_linear(config.hidden_size, config.attn_qkv_size, "qkv_proj")
+        else:
+            self.LINEARS = SEPARATE_QKV + ("o_proj",)  # this model's, as config.layer_linears names them
+            for name, size in zip(SEPARATE_QKV, self.sizes):
+                setattr(self, name, make_linear(config.hidden_size, size, name))
         self.o_proj = make_linear(self.n_heads * self.head_dim, config.hidden_size, "o_proj")
 
     @torch.no_grad()
     def reset_parameters(self, init_std: float, out_std: float) -> None:
-        nn.init.normal_(self.qkv_proj.weight, std=init_std)
+        for name in self.LINEARS[:-1]:
+            nn.init.normal_(getattr(self, name).weight, std=init_std)
         nn.init.normal_(self.o_proj.weight, std=out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
-        q, k, v = torch.split(
-            self.qkv_proj(x),
-            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim],
-            dim=-1,
-        )
+        if self.fused_qkv:
+            q, k, v = torch.split(self.qkv_proj(x), self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)  # (b, H, t, d)
         k = k.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)  # (b, H_kv, t, d)
         v = v.unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(1, 2)

@@ -4,8 +4,8 @@
     h_i   = h_{i−1} + mixer_i(RMSNorm_i(h_{i−1}))        mixer_i: Mamba-2, attention or MLP
     logits = lm_head(RMSNorm(h_L))                         untied from the embedding
 
-Every internal linear (Mamba in_proj/out_proj, attention qkv_proj/o_proj, MLP fc1/fc2) is a
-QuantLinear under the run's recipe, with the specs that
+Every internal linear (Mamba in_proj/out_proj, attention qkv_proj/o_proj, or q_proj, k_proj,
+v_proj, o_proj with ``qkv: separate``, MLP fc1/fc2) is a QuantLinear under the run's recipe, with the specs that
 `recipe.linear_specs(layer, config.layer_linears, linear=name)` gives it (None: BF16). The embedding and the
 LM head are never quantized; the LM head multiplies BF16 copies of its input and weight in FP32,
 as the paper's authors do (``FP32OutputHead``). Without a recipe every linear is a plain
@@ -40,7 +40,7 @@ def _linear_factory(
         return lambda in_features, out_features, name: nn.Linear(in_features, out_features, bias=False)
 
     def make(in_features: int, out_features: int, name: str) -> nn.Module:
-        # A recipe may override single linears by name (in_proj, out_proj, qkv_proj, o_proj, fc1, fc2).
+        # A recipe may override single linears by name (``config.layer_linears``).
         return QuantLinear(
             in_features,
             out_features,

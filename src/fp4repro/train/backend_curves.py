@@ -61,7 +61,7 @@ def loss_curves(study: Study, recipe: str, batches: list[torch.Tensor], seed: in
     from fp4repro.megatron.engine import MegatronEngine
 
     t = study.experiment.train
-    schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
+    schedule = WSDSchedule.of(t)
     r = study.recipe(recipe)
     makers = {
         "reference": lambda: ReferenceEngine(study, r, seed, "cuda", schedule),

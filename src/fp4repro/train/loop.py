@@ -241,7 +241,7 @@ def train(
     _check_space(study, recipe_name, run, end_step)
 
     # ---- model, optimizer, schedule: all a function of the config and the seed
-    schedule = WSDSchedule.from_fractions(t.lr, t.total_steps, t.warmup_fraction, t.decay_fraction, t.min_lr_ratio)
+    schedule = WSDSchedule.of(t)
     engine = build_engine(study, recipe_name, seed, device, schedule, deterministic, initial)
     with run_lock(out_dir) if engine.writer else contextlib.nullcontext():
         return _train(study, recipe_name, seed, engine, manifest, data_dir, run, numerics, end_step, device, progress)

@@ -75,8 +75,11 @@ def run_numerics(
     only with ``tp_amax: local`` (each shard scaled by its own amax: the numbers depend on the
     split); with the group's amax a recipe means the same at every tensor size."""
     defaults, operands, overrides, gemm = recipe.numerics()
+    model = _plain(model_config)
+    if model.get("qkv") == "fused":  # (fused q/k/v keeps the fingerprints made before the field)
+        del model["qkv"]
     numerics = {
-        "model": model_config,
+        "model": model,
         "recipe": {"defaults": defaults, "operands": operands, "overrides": overrides},
         "data": data_hash,
         "sampling": SAMPLING,

@@ -33,6 +33,26 @@ class WSDSchedule:
             min_lr_ratio,
         )
 
+    @classmethod
+    def of(cls, train) -> WSDSchedule:
+        """The schedule of an experiment's ``TrainConfig``."""
+        return cls.from_fractions(
+            train.lr, train.total_steps, train.warmup_fraction, train.decay_fraction, train.min_lr_ratio
+        )
+
+    def describe(self) -> str:
+        """The schedule in words: 'lr 0.0008 (WSD over 30,000 steps): no warmup, the peak to step
+        25,500, then a linear decay over the last 4,500 steps (15%) to 1% of the peak'."""
+        warmup = f"a linear warmup over {self.warmup_steps:,} steps" if self.warmup_steps else "no warmup"
+        decay = (
+            f"then a linear decay over the last {self.decay_steps:,} steps "
+            f"({100 * self.decay_steps / self.total_steps:.3g}%) to {100 * self.min_lr_ratio:.3g}% of the peak"
+            if self.decay_steps
+            else "no decay"
+        )
+        stable = f"the peak to step {self.total_steps - self.decay_steps:,}"
+        return f"lr {self.peak_lr:g} (WSD over {self.total_steps:,} steps): {warmup}, {stable}, {decay}"
+
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
             return self.peak_lr * (step + 1) / self.warmup_steps
