@@ -3,6 +3,8 @@ its field."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from synthetic_runs import CLAIMS
 
@@ -31,4 +33,65 @@ def test_a_broken_claims_file_names_the_field(tmp_path):
     bad = tmp_path / "claims.yaml"
     bad.write_text(CLAIMS.read_text().replace("expect: lower", "expect: smaller", 1))
     with pytest.raises(ReportError, match=r"claims.yaml: field 'claims.0.expect': value 'smaller'"):
+        load_claims(bad)
+
+
+# a path of the authors' artifact (MrHuff/ue5m3-fp4), then where in the file
+ARTIFACT_PATH = re.compile(r"^(docs|reproduce)/[\w./-]+\.(tex|csv|json|yaml|md)\b")
+
+
+def test_every_claim_has_the_papers_number_cited_by_artifact_path_or_says_why_not():
+    _, claims = load_claims(CLAIMS)
+    for c in claims:
+        reported = c.reported
+        assert reported is not None and reported.scale, c.id
+        if reported.measured_at == "summary-only":
+            assert not reported.difference and "summary" in reported.note, c.id
+            continue
+        assert reported.difference, f"{c.id}: measured at {reported.measured_at} but no number"
+        for v in reported.difference + reported.values:
+            assert ARTIFACT_PATH.match(v.source), f"{c.id}: {v.of}: {v.source!r} is not an artifact path"
+    by_id = {c.id: c.reported for c in claims}
+    # the issue's numbers (40, item 4): final-window loss per recipe, the T ablation at 350M only
+    loss = {v.of: v.value for v in by_id["final_loss"].values}
+    assert loss == {
+        "bf16": 2.2651,
+        "ue5m3_te_settings": 2.2902,
+        "ue5m3": 2.3090,
+        "ue5m3_torch_gemm": 2.3157,
+        "ue5m3_b32": 2.3241,
+        "nvfp4": 2.3474,
+        "nvfp4_no_rht_no_bf16_tail": 2.4420,
+    }
+    assert by_id["final_loss"].difference[0].value == pytest.approx(loss["ue5m3"] - loss["nvfp4"], abs=5e-5)
+    assert by_id["throughput_no_rht_no_bf16_tail"].difference[0].value == 21.2
+    assert "batch 1 x 1,024 tokens" in by_id["throughput_no_rht_no_bf16_tail"].scale
+    assert by_id["final_loss_t2048"].measured_at == "350M" and "one run (seed 42)" in by_id["final_loss_t2048"].scale
+    assert {i for i, r in by_id.items() if r.measured_at == "summary-only"} == {
+        "t2048_underflow",
+        "t2048_saturation",
+        "t2048_clipping",
+    }
+
+
+def test_a_paper_number_without_a_source_is_refused(tmp_path):
+    bad = tmp_path / "claims.yaml"
+    text = CLAIMS.read_text()
+    cited = ', source: "docs/technical_report/main.tex, table tab:results (window-mean training loss)"}'
+    assert cited in text
+    bad.write_text(text.replace(cited, "}", 1))
+    with pytest.raises(ReportError, match=r"field 'claims.0.reported.values.0': .*'source' is a required property"):
+        load_claims(bad)
+
+
+def test_a_measured_claim_needs_a_number_and_a_summary_only_one_a_reason(tmp_path):
+    bad = tmp_path / "claims.yaml"
+    text = CLAIMS.read_text()
+    bad.write_text(text.replace("      measured_at: 8B\n", "      measured_at: summary-only\n", 1))
+    with pytest.raises(ReportError, match=r"field 'claims.0.reported'"):
+        load_claims(bad)  # a summary-only claim with the paper's difference
+    start = text.index("    reported: &t_events_summary_only\n")
+    note = text.index("      note: >-\n", start)
+    bad.write_text(text[:note] + text[text.index("  - id: t2048_saturation") :])
+    with pytest.raises(ReportError, match=r"field 'claims\.[4-6]\.reported': .*'note' is a required property"):
         load_claims(bad)

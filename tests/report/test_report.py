@@ -98,3 +98,37 @@ def test_a_full_disk_writing_the_report_is_one_line_and_keeps_the_old_report(tmp
     assert err.count("\n") == 1 and err.startswith("fp4repro report: error: disk full writing paper/tiny/report.md; ")
     assert err.endswith(" bytes free; nothing was replaced\n")
     assert report.read_text() == good and [p.name for p in report.parent.iterdir()] == ["report.md"]
+
+
+def test_the_report_sets_the_papers_number_and_scale_beside_ours_with_their_citations(tmp_path, monkeypatch):
+    _tiny_runs(tmp_path, monkeypatch)
+    write_report(load_study("tiny"), "claims", "paper/tiny/report.md")
+    text = (tmp_path / "paper/tiny/report.md").read_text()
+    paper, claims = load_claims(CLAIMS)
+    where = next(line for line in text.splitlines() if line.startswith("- **Where the paper measured its claims:**"))
+    assert "measured by the paper at 8B: final_loss, heldout_nll, downstream, throughput_no_rht_no_bf16_tail;" in where
+    assert "at 350M only, not at 8B: final_loss_t2048 (the paper has no isolated T ablation at 8B)" in where
+    assert "stated only by the paper's summary, not measured in the paper: t2048_underflow" in where
+    assert paper["artifact"] in where
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    section = text[text.index("## The paper's own numbers") :]
+    for c in claims:
+        reported = c.reported
+        rows = [line for line in table if line.startswith((f"| {c.id} |", f"| {c.id}: "))]
+        assert rows, c.id
+        # beside ours: the paper's difference (or why there is none) and where it was measured
+        beside = (
+            "; ".join(d.text(signed=True) for d in reported.difference) + f" ({reported.measured_at})"
+            if reported.difference
+            else f"no number: {reported.where}"
+        )
+        assert all(f"| {beside} | {c.recipe} / {c.baseline} |" in row for row in rows), c.id
+        entry = section[section.index(f"### {c.id}: {reported.where}\n") :].split("\n### ")[0]
+        assert f"**Paper's scale:** {reported.scale}." in entry, c.id
+        for d in reported.difference:
+            assert f"- **Paper's difference:** {d.text(signed=True)} ({d.source})" in entry, (c.id, d.of)
+        for v in reported.values:
+            assert f"- {v.text(signed=' − ' in v.of)} ({v.source})" in entry, (c.id, v.of)
+        assert reported.note in entry
+    assert "- **Paper's difference:** ue5m3 − nvfp4: -0.0384 (docs/technical_report/main.tex, table tab:results" in text
+    assert "- ue5m3_te_settings − nvfp4: -0.02217 [-0.02501, -0.01951] (reproduce/reference_results/" in text

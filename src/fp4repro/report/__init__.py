@@ -1,10 +1,12 @@
 """``fp4repro report``: each claim of the claims file (``configs/claims.yaml``) beside what one
 experiment measured, judged with paired statistics, written to ``paper/<experiment>/report.md``.
 
-Each line gives the paper's claim (and magnitude, where the paper states one), ours (recipe /
+Each line gives the paper's claim (and magnitude, where the paper states one), the paper's own
+difference and where it measured it (8B, 350M, or only its summary states the claim), ours (recipe /
 baseline), the difference with its 95% interval, the test, its minimum detectable effect (MDE)
-and the verdict. A claim whose inputs the experiment lacks (a recipe it does not train, a measure
-no rule produces yet) says "not measured" and why, never silently dropped.
+and the verdict; a section gives, per claim, the paper's scale and every number it reports, each
+cited by its path in the authors' artifact. A claim whose inputs the experiment lacks (a recipe it
+does not train, a measure no rule produces yet) says "not measured" and why, never silently dropped.
 
 Inputs, per recipe and seed in the results layout (``fp4repro.results``):
     eval/<recipe>/seed<seed>/final_loss.json, nll.parquet, nll_documents.parquet, downstream.parquet,
@@ -12,10 +14,13 @@ Inputs, per recipe and seed in the results layout (``fp4repro.results``):
     train/<recipe>/seed<seed>/metrics.parquet, telemetry.parquet
 
 The modules, by job:
-    claims              the claims file (``load_claims``), ``Claim``, the report's ``Row``, ``ReportError``
+    claims              the claims file (``load_claims``), ``Claim`` with the paper's numbers (``Reported``,
+                        ``PaperValue``), the report's ``Row``, ``ReportError``
     pairing             which runs a comparison reads and whether they pair (seeds, divergence, corpora)
     measures            the measures of training and evaluation, and ``measure``, which picks one per claim
     throughput_measure  throughput claims against the body-throughput benchmark files
+    paper_numbers       the paper's numbers in the report: the table's cell, where each claim was measured,
+                        the section with their scale and citations
     sections            the sections beyond the claims: events by refresh phase, the automatic target T
     rendering           the Markdown (``render``) and ``write_report``
 
@@ -24,9 +29,10 @@ Every public name is importable from here, as it was from the single module this
 
 from __future__ import annotations
 
-from fp4repro.report.claims import VERDICTS, Claim, ReportError, Row, load_claims
+from fp4repro.report.claims import VERDICTS, Claim, PaperValue, Reported, ReportError, Row, load_claims
 from fp4repro.report.measures import downstream, final_loss, heldout_nll, measure, telemetry
 from fp4repro.report.pairing import shared_seeds
+from fp4repro.report.paper_numbers import measured_where, paper_cell, paper_section
 from fp4repro.report.rendering import MECHANISMS, render, run_scale, runs_text, write_report
 from fp4repro.report.sections import (
     AUTO_RECIPE,
@@ -48,7 +54,9 @@ __all__ = [
     "TARGET_RECIPES",
     "VERDICTS",
     "Claim",
+    "PaperValue",
     "ReportError",
+    "Reported",
     "Row",
     "TargetRow",
     "downstream",
@@ -56,6 +64,9 @@ __all__ = [
     "heldout_nll",
     "load_claims",
     "measure",
+    "measured_where",
+    "paper_cell",
+    "paper_section",
     "phase_rates",
     "phase_section",
     "render",

@@ -1,5 +1,7 @@
-"""The claims file and the report's line: ``Claim`` (one claim of ``configs/claims.yaml``), ``Row``
-(one line of the report: a claim and its outcome), ``ReportError`` and ``load_claims``."""
+"""The claims file and the report's line: ``Claim`` (one claim of ``configs/claims.yaml``), with the
+paper's own numbers for it (``Reported``, each number a ``PaperValue`` cited by a path of the
+authors' artifact), ``Row`` (one line of the report: a claim and its outcome), ``ReportError`` and
+``load_claims``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,65 @@ class ReportError(FP4ReproError):
     """A claims file or a results file that cannot be used (file, field, what is wrong)."""
 
 
+# where the paper measured a claim (claims.schema.json's measured_at), as the report says it
+MEASURED_AT = {
+    "8B": "measured by the paper at 8B",
+    "350M": "measured by the paper at 350M only, not at 8B",
+    "summary-only": "stated only by the paper's summary, not measured in the paper",
+}
+UNITS = {"": "", "%": "%", "pp": " pp", "tokens/s": " tokens/s"}
+
+
+@dataclass(frozen=True)
+class PaperValue:
+    """One number of the paper: what it is of, its unit, the authors' 95% interval (if they give
+    one) and the artifact file it is read from."""
+
+    value: float
+    source: str
+    of: str = ""
+    unit: str = ""
+    interval: tuple[float, float] | None = None
+
+    def text(self, signed: bool = False) -> str:
+        """``of value unit [low, high]``; ``signed``: a difference, with its sign."""
+
+        def number(x: float) -> str:
+            return f"{x:+g}" if signed else f"{x:g}"
+
+        out = number(self.value) + UNITS[self.unit]
+        if self.interval is not None:
+            out += f" [{number(self.interval[0])}, {number(self.interval[1])}]"
+        return f"{self.of}: {out}" if self.of else out
+
+
+@dataclass(frozen=True)
+class Reported:
+    """The paper's own numbers for a claim (``reported`` in the claims file): where it measured
+    them, at what scale, its recipe − baseline (one per aggregate), the numbers behind them, and a
+    note (why there is no number or no interval)."""
+
+    measured_at: str  # 8B | 350M | summary-only
+    scale: str
+    difference: tuple[PaperValue, ...] = ()
+    values: tuple[PaperValue, ...] = ()
+    note: str = ""
+
+    @property
+    def where(self) -> str:
+        return MEASURED_AT[self.measured_at]
+
+    @classmethod
+    def from_yaml(cls, raw: dict) -> Reported:
+        def values(key: str) -> tuple[PaperValue, ...]:
+            return tuple(
+                PaperValue(**{**v, "interval": tuple(v["interval"]) if "interval" in v else None})
+                for v in raw.get(key, ())
+            )
+
+        return cls(raw["measured_at"], raw["scale"], values("difference"), values("values"), raw.get("note", ""))
+
+
 @dataclass(frozen=True)
 class Claim:
     id: str
@@ -31,6 +92,7 @@ class Claim:
     event: str | None = None
     operands: tuple[str, ...] = ()
     mechanism: str = ""  # why the measure should move as the paper says (telemetry claims)
+    reported: Reported | None = None  # the paper's own numbers (the claims file requires them)
 
 
 @dataclass(frozen=True)
@@ -68,5 +130,8 @@ def load_claims(path: str | Path) -> tuple[dict, list[Claim]]:
     ids = [c["id"] for c in raw["claims"]]
     if len(set(ids)) != len(ids):
         raise ReportError(f"{path}: field 'claims': ids must be unique, got {ids}")
-    claims = [Claim(**{**c, "operands": tuple(c.get("operands", ()))}) for c in raw["claims"]]
+    claims = [
+        Claim(**{**c, "operands": tuple(c.get("operands", ())), "reported": Reported.from_yaml(c["reported"])})
+        for c in raw["claims"]
+    ]
     return raw["paper"], claims

@@ -12,6 +12,7 @@ from fp4repro.config.files import claims_path
 from fp4repro.report.claims import ReportError, Row, load_claims
 from fp4repro.report.measures import measure
 from fp4repro.report.pairing import _divergences, _numerics
+from fp4repro.report.paper_numbers import claims_of, measured_where, paper_cell, paper_section
 from fp4repro.report.sections import phase_section, target_section
 from fp4repro.results import eval_dir, run_dir, study_runs
 from fp4repro.util import atomic_write_text
@@ -97,6 +98,7 @@ def render(
         "",
         f"- **Paper's scale:** {paper['scale']}.",
         f"- **This run's scale:** {scale}; {runs}.",
+        *measured_where(claims_of(rows), paper.get("artifact")),
         "- **Reading it:** *difference* is recipe − baseline on paired units (the same seeds, batches, "
         "documents, items) with its 95% interval; *MDE* is the smallest true difference the test would "
         "detect (80% power, 5% level). *reproduced*: the interval lies wholly on the paper's side of 0; "
@@ -110,13 +112,14 @@ def render(
             if diverged
             else []
         ),
-        "| claim | paper | recipe / baseline | ours (recipe / baseline) | difference [95% interval] | test | "
-        "MDE | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | paper | paper's difference (scale) | recipe / baseline | ours (recipe / baseline) | "
+        "difference [95% interval] | test | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         c = row.claim
         paper_says = c.paper + (f" ({c.magnitude})" if c.magnitude and c.magnitude not in c.paper else "")
+        paper_says += f" | {paper_cell(c)}"
         if not row.measured:
             lines.append(
                 f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {row.note} | | | | {row.verdict} |"
@@ -134,6 +137,7 @@ def render(
         lines.append(
             f"- **{row.label}** — {row.claim.claim}. {row.note}".rstrip() + ("." if row.note else "") + mechanism
         )
+    lines += paper_section(claims_of(rows))
     lines += list(beyond)
     if figures:
         lines += ["", "## Figures", ""]
