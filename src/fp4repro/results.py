@@ -128,6 +128,10 @@ DOWNSTREAM_ITEM_COLUMNS = (
     "metric",
     "value",
 )
+# the column of the evaluation tables above with the order of the forwards that gave each row
+# (``fp4repro.eval.order``: the cold replay's results depend on it); optional for readers: tables
+# written before it lack it ("not recorded")
+ORDER_COLUMN = "order"
 FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 # each telemetry event: (the column counting it, the column counting the units it can happen to)
 EVENTS = {
@@ -189,7 +193,7 @@ def check_exists(path: Path, error: type[Exception] = ValueError) -> Path:
 # The columns of the tables above that hold names (of a stage, a layer, an operand, a recipe, ...);
 # every other column of them holds numbers.
 TEXT_COLUMNS = frozenset(
-    {"stage", "layer", "operand", "recipe", "policy", "source", "aggregate", "task", "level", "metric"}
+    {"stage", "layer", "operand", "recipe", "policy", "source", "aggregate", "task", "level", "metric", ORDER_COLUMN}
 )
 
 
@@ -219,7 +223,9 @@ def read_table(path: Path, columns, what: str, error: type[Exception] = ValueErr
             f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
             f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})"
         )
-    for column in df.columns:  # those the reader asks for, and the optional ones it may read (``TARGET_COLUMN``)
+    for column in (
+        df.columns
+    ):  # those the reader asks for, and the optional ones it may read (``TARGET_COLUMN``, ``ORDER_COLUMN``)
         if problem := column_problem(df, column):
             raise error(f"{path}: {problem} ({what})")
     return df

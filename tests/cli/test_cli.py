@@ -61,8 +61,10 @@ def test_recipe_prints_its_sources_after_the_operand_table(capsys):
         "RHT (quotation, inherited from ue5m3)",
         "BF16 layers (quotation, inherited from ue5m3)",
         "GEMM model (quotation, inherited from ue5m3)",
+        "inference policy (quotation, inherited from ue5m3)",
     ]
     assert "GEMM model (GEMMs of two quantized operands): probe_matched(group 64, lattice 1/1024)" in table
+    assert "inference policy (eval policy recipe): replay" in table
     assert "They do not use a randomized" in sources and "not cited" not in sources
     assert all(len(line) <= 100 for line in lines)
 

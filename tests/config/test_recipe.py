@@ -402,6 +402,7 @@ def test_sources_merge_per_choice_through_base(tmp_path):
         "RHT",
         "BF16 layers",
         "GEMM model",
+        "inference policy",
     ]
     t = load_recipe("ue5m3_t448").sources
     assert [s["choice"] for s in t] == [
@@ -414,6 +415,7 @@ def test_sources_merge_per_choice_through_base(tmp_path):
         "RHT",
         "BF16 layers",
         "GEMM model",
+        "inference policy",
     ]
     assert [s for s in t if s["choice"] == "target T"] == raw["ue5m3_t448"]
     assert [s for s in t if s["choice"] != "target T"] == [s for s in raw["ue5m3"] if s["choice"] != "target T"]

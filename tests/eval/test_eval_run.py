@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from fp4repro.cli import main
 from fp4repro.config.eval import EvalConfigError
 from fp4repro.config.model import load_model_config
 from fp4repro.config.study import load_study
@@ -40,7 +41,17 @@ def test_every_output_records_its_provenance(evaluated):
 
 def test_nll_table(evaluated):
     nll = pd.read_parquet(evaluated / "nll.parquet")
-    assert list(nll.columns) == ["recipe", "seed", "step", "tokens", "policy", "source", "nll", "tokens_evaluated"]
+    assert list(nll.columns) == [
+        "recipe",
+        "seed",
+        "step",
+        "tokens",
+        "policy",
+        "source",
+        "nll",
+        "tokens_evaluated",
+        "order",
+    ]
     assert len(nll) == len(STEPS) * 2 * 3
     assert set(nll["source"]) == {"prose", "code", "blend"} and set(nll["policy"]) == {"bf16", "quantized"}
     assert (nll["tokens_evaluated"] > 0).all() and nll["nll"].between(0, 20).all()
@@ -89,6 +100,7 @@ def test_document_rows_add_up_to_each_sources_nll(evaluated):
         "document",
         "nll_sum",
         "predicted",
+        "order",
     ]
     assert not docs.duplicated(["step", "policy", "source", "document"]).any()
     assert (docs["predicted"] > 0).all()
@@ -225,3 +237,35 @@ def test_item_outcomes_are_recorded_and_average_to_lm_evals_task_scores(evaluate
         ]
         assert len(mine) == row["n"] and sorted(mine["doc_id"]) == list(range(row["n"]))
         assert mine["value"].mean() == pytest.approx(row["value"])  # lm-eval's own task score
+
+
+def test_the_replay_records_the_order_of_its_forwards_which_changes_its_result(prepared, runs, helpers, tmp_path):
+    """`fp4repro evaluate --policy recipe --policy quantized`: ue5m3 evaluates under its own policy,
+    the cold replay, and the current one. Every row records the order of its measure's forwards;
+    another batch size (8 windows per source: one forward each, or 3 + 3 + 2) is another order,
+    which changes the replay's NLL, not the current policy's."""
+    exp, _, _ = prepared
+    tables = {}
+    for batch in (32, 3):
+        folder = tmp_path / f"batch{batch}"
+        results = folder / "results"
+        (results / exp.name / "train" / "ue5m3").mkdir(parents=True)
+        (results / exp.name / "data").symlink_to(prepared[2] / exp.name / "data")
+        (results / exp.name / "train" / "ue5m3" / "seed0").symlink_to(runs["ue5m3"])
+        path = helpers["write_experiment"](folder, eval={"nll_max_tokens": 512, "batch_size": batch})
+        args = ["--experiment", str(path), "--recipe", "ue5m3", "--results", str(results)]
+        assert (
+            main(["evaluate", *args, "--no-downstream", "--quiet", "--policy", "recipe", "--policy", "quantized"]) == 0
+        )
+        tables[batch] = pd.read_parquet(results / exp.name / "eval" / "ue5m3" / "seed0" / "nll.parquet")
+    for table in tables.values():
+        assert sorted(set(table["policy"])) == ["quantized", "replay"] and len(table) == len(STEPS) * 2 * 3
+        # one order per measure: every source of a checkpoint x policy, the forwards of all of them
+        assert (table.groupby(["step", "policy"])["order"].nunique() == 1).all()
+    wide, narrow = (t.set_index(["step", "policy", "source"]) for t in (tables[32], tables[3]))
+    assert set(wide["order"].str.split(":").str[0]) == {"2"} and set(narrow["order"].str.split(":").str[0]) == {"6"}
+    for step in STEPS:
+        assert (wide.loc[(step, "replay"), "nll"] != narrow.loc[(step, "replay"), "nll"]).all()
+        assert wide.loc[(step, "quantized"), "nll"].to_numpy() == pytest.approx(
+            narrow.loc[(step, "quantized"), "nll"].to_numpy(), rel=1e-6
+        )

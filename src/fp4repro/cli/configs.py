@@ -55,6 +55,7 @@ def _cmd_recipe(args) -> int:
         fields = "; ".join(f"{', '.join(fs)} ({choice})" for choice, fs in changed.items())
         print(f"changes from {base}: {fields or 'no numerics'}")
     print(f"GEMM model (GEMMs of two quantized operands): {recipe.gemm}")
+    print(f"inference policy (eval policy recipe): {recipe.inference_policy}")
     _print_operand_specs(recipe, load_model_config(args.model), args.model)
     _print_sources(recipe)
     return 0

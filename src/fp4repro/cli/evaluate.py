@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fp4repro.cli.common import _experiment_arguments, _recipe_name, _study
+from fp4repro.config.eval import POLICIES, RECIPE_POLICY
 
 
 def _cmd_evaluate(args) -> int:
@@ -21,6 +22,7 @@ def _cmd_evaluate(args) -> int:
         nll=not args.no_nll,
         downstream=not args.no_downstream,
         progress=not args.quiet,
+        policies=tuple(args.policy) if args.policy else None,
     )
     return 0
 
@@ -30,16 +32,26 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "evaluate",
         help="evaluate every checkpoint of a training run (held-out NLL, lm-eval tasks)",
         description="Evaluate every checkpoint that done.json lists under each policy of the "
-        "experiment's eval config (bf16: no quantization; quantized: the recipe's forward "
-        "quantization with current amaxes): held-out NLL per source and for the final "
-        "blend, lm-eval tasks and aggregates with standard errors, and the final-window "
-        "training loss. Writes results/<experiment>/eval/<recipe>/seed<seed>/{nll,downstream}.parquet "
+        "experiment's eval config, or of --policy (bf16: no quantization; quantized: the recipe's "
+        "forward quantization with current amaxes, D = 1; replay: the same under the authors' cold "
+        "D = 50 replay, weight amaxes frozen after loading and activation amaxes sampled on "
+        "forwards 1, 51, 101, ...; recipe: the recipe's own of the two, its inference_policy): "
+        "held-out NLL per source and for the final blend, lm-eval tasks and aggregates with "
+        "standard errors, and the final-window training loss. Every row records its policy and "
+        "the order of the forwards that gave it (column order). Writes "
+        "results/<experiment>/eval/<recipe>/seed<seed>/{nll,downstream}.parquet "
         "and final_loss.json; rerunning skips checkpoint x policy rows already there.",
     )
     _experiment_arguments(ev, recipe=True)
     ev.add_argument("--results", default="results", help="results root (default results)")
     ev.add_argument("--no-nll", action="store_true", help="skip held-out NLL")
     ev.add_argument("--no-downstream", action="store_true", help="skip the lm-eval tasks")
+    ev.add_argument(
+        "--policy",
+        action="append",
+        choices=[*POLICIES, RECIPE_POLICY],
+        help="evaluate under this inference policy instead of the eval config's (repeat for several)",
+    )
     ev.set_defaults(func=_cmd_evaluate)
 
 

@@ -3,7 +3,8 @@
 Every field is optional::
 
     eval:
-      policies: [bf16, quantized]   # inference policies, each evaluated on every checkpoint
+      policies: [bf16, quantized]   # inference policies, each evaluated on every checkpoint; `recipe`:
+                                    # each recipe's own (its `inference_policy`: quantized or replay)
       batch_size: 16                # full windows per forward pass (default: train.batch_size); lm-eval
                                     # items go as many to a pass as fit in batch_size × seq_len tokens
       nll_max_tokens: null          # predicted tokens per source for held-out NLL (null: whole split)
@@ -29,8 +30,14 @@ from dataclasses import dataclass, field
 
 from fp4repro.errors import ConfigError
 
-#: Inference policies (``fp4repro.eval.policy`` says what each computes).
-POLICIES = ("bf16", "quantized")
+#: Inference policies (``fp4repro.eval.policy`` says what each computes): no quantization, the
+#: current amax (D = 1), the cold D = 50 replay.
+POLICIES = ("bf16", "quantized", "replay")
+#: In ``eval.policies`` and ``fp4repro evaluate --policy``: the evaluated recipe's own quantized
+#: policy (``Recipe.inference_policy``), resolved per run by ``resolve_policies``.
+RECIPE_POLICY = "recipe"
+#: ``eval.policies`` when the experiment names none.
+DEFAULT_POLICIES = ("bf16", "quantized")
 #: The offline tasks ``fp4repro.eval.tasks`` builds from held-out data (no download) start with this.
 OFFLINE_PREFIX = "fp4repro_"
 
@@ -75,7 +82,7 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     batch_size: int = 16
     nll_max_tokens: int | None = None
     n_items: int = 200
@@ -92,6 +99,13 @@ class EvalConfig:
     @property
     def uses_offline_tasks(self) -> bool:
         return any(t.startswith(OFFLINE_PREFIX) for t in self.task_names)
+
+
+def resolve_policies(policies: tuple[str, ...], recipe_policy: str) -> tuple[str, ...]:
+    """``policies`` with ``RECIPE_POLICY`` replaced by ``recipe_policy`` (a recipe's own), each once,
+    in their order."""
+    resolved = (recipe_policy if p == RECIPE_POLICY else p for p in policies)
+    return tuple(dict.fromkeys(resolved))
 
 
 def _fail(where: str, field_name: str, value, allowed: str):
@@ -138,14 +152,15 @@ def parse_eval_config(raw, where: str, sources: list[str], default_batch_size: i
     extra = sorted(set(raw) - set(FIELDS))
     if extra:
         raise EvalConfigError(f"{where}: field 'eval': unknown field(s) {extra}; allowed fields: {list(FIELDS)}")
-    policies = raw.get("policies", list(POLICIES))
+    policies = raw.get("policies", list(DEFAULT_POLICIES))
     if (
         not isinstance(policies, list)
         or not policies
-        or any(p not in POLICIES for p in policies)
+        or any(p not in (*POLICIES, RECIPE_POLICY) for p in policies)
         or len(set(policies)) != len(policies)
     ):
-        _fail(where, "policies", policies, f"a non-empty list of distinct policies from {list(POLICIES)}")
+        allowed = [*POLICIES, RECIPE_POLICY]
+        _fail(where, "policies", policies, f"a non-empty list of distinct policies from {allowed}")
     include = raw.get("include_path", [])
     include = [include] if isinstance(include, str) else include
     if not isinstance(include, list) or not all(isinstance(p, str) for p in include):

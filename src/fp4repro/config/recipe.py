@@ -20,6 +20,9 @@ A recipe YAML (``configs/recipes/<name>.yaml``, schema ``fp4repro/config/schemas
         operands: {wgrad.dy: {target: 2048}}   # a dict edits one operand (starting from
                                                # QuantSpec's defaults if it was bf16)
     gemm: probe_matched       # how its quantized GEMMs compute their output (optional; below)
+    inference_policy: replay  # the quantized inference policy its results are evaluated with
+                              # (optional: quantized, the current amax, by default; replay, the
+                              # cold D = 50 replay; ``fp4repro.eval.policy``); not numerics
     sources:                  # where each choice comes from (optional; see below)
       - {choice: scale format, kind: quotation, source: 'Transformer Engine, NVFP4BlockScaling: "..."'}
       - {choice: BF16 layers, kind: reading, source: "why the recipe reads its sources this way"}
@@ -296,6 +299,9 @@ class Recipe:
     sources: tuple = ()  # {choice, kind, source} mappings, `base:` merged
     gemm: GemmModel = GemmModel()  # the model of its GEMMs of two quantized operands
     gemm_config: object = None  # ``gemm:`` as written (None: absent, fp32)
+    # the quantized inference policy its results are evaluated with (eval policy ``recipe``): not
+    # part of its numerics, which are training's
+    inference_policy: str = "quantized"
 
     def numerics(self) -> tuple:
         """What the recipe makes a run compute (not its name, description, files or sources)."""
@@ -314,6 +320,7 @@ class Recipe:
         }
         if self.gemm_config is not None:
             config["gemm"] = self.gemm_config
+        config["inference_policy"] = self.inference_policy
         if self.sources:
             config["sources"] = [dict(s) for s in self.sources]
         return config
@@ -451,6 +458,7 @@ def recipe_from_config(raw: dict, where: str, files: tuple[Path, ...] = ()) -> R
         sources=tuple(raw.get("sources") or ()),
         gemm=gemm_model(raw["gemm"], where) if "gemm" in raw else GemmModel(),
         gemm_config=raw.get("gemm"),
+        inference_policy=raw.get("inference_policy", "quantized"),
     )
     _validate_semantics(recipe)
     return recipe

@@ -15,6 +15,21 @@ A *policy* says how the evaluated model computes its forward pass:
                or on its padding. The scorer says where each sequence ends (``batch_lengths``
                around the forward, as ``fp4repro.eval.nll.logits_of`` does); without it every
                row of the batch is one unpadded sequence.
+    replay     the recipe's forward operands as for 'quantized', under the authors' cold D = 50
+               replay (``fp4repro.quant.replay.ReplayAmaxState``): each weight's amax sampled once
+               after loading and frozen, each linear's activation amax sampled from the whole batch
+               on forwards 1, 51, 101, ... after the cold start and held in between. Its results
+               depend on the batches and their order since the cold start (``cold_start``), which
+               every result records (``forward_order``).
+
+Which quantized policy a recipe's own results use is its ``inference_policy`` (eval policy
+``recipe``), following the authors (artifact MrHuff/ue5m3-fp4,
+reproduce/manifests/reported_experiments.yaml, ``validation_protocol``): the cold replay for B16,
+B32 and the Torch control (ue5m3, ue5m3_b32, ue5m3_torch_gemm), the current amax for the TE
+settings and NVFP4 (ue5m3_te_settings, nvfp4 and every recipe that names none).
+
+Every evaluation model carries a ``ForwardLog`` (``model.forward_log``) of its forwards since the
+cold start, whatever the policy: the order is recorded beside each result (``fp4repro.eval.order``).
 
 Any evaluation checkpoint loads into either build (QuantLinear and nn.Linear share state_dict keys).
 """
@@ -31,8 +46,10 @@ from fp4repro.config.eval import POLICIES
 from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import Recipe, RecipeError, recipe_from_config
 from fp4repro.eval.errors import EvalError
+from fp4repro.eval.order import ForwardLog
 from fp4repro.model import NemotronH
 from fp4repro.model.fit import state_dict_mismatch
+from fp4repro.quant.replay import ReplayAmaxState
 from fp4repro.quant.state import CurrentAmaxState
 from fp4repro.train import load_checkpoint
 
@@ -68,12 +85,44 @@ def check_policy(policy: str) -> str:
 
 def build_model(model_config: str, recipe: Recipe | None, policy: str) -> NemotronH:
     """The evaluation model (random weights, eval mode) for ``policy``: the recipe's forward
-    quantization with current amaxes for 'quantized', plain linears for 'bf16'."""
+    quantization with current amaxes for 'quantized', under the cold replay for 'replay' (a hook
+    advances its state before each forward), plain linears for 'bf16'; with its ``forward_log``."""
     check_policy(policy)
     config = load_model_config(model_config)
     if policy == "bf16" or recipe is None:
-        return NemotronH(config).eval()
-    return NemotronH(config, recipe, state=CurrentAmaxState()).eval()
+        model = NemotronH(config).eval()
+    elif policy == "replay":
+        model = NemotronH(config, recipe, state=ReplayAmaxState()).eval()
+        model.register_forward_pre_hook(_advance_replay)
+    else:
+        model = NemotronH(config, recipe, state=CurrentAmaxState()).eval()
+    model.forward_log = ForwardLog()
+    model.register_forward_pre_hook(model.forward_log.hook)
+    return model
+
+
+def _advance_replay(model: NemotronH, args: tuple) -> None:
+    """One forward, one work unit of the replay (its refreshes count them)."""
+    model.quant_state.advance()
+
+
+def cold_start(model: torch.nn.Module) -> None:
+    """Start the model's evaluation afresh: the replay's state holds nothing and counts from its
+    next forward, and the forward log is empty (the authors reset before each evaluation: their
+    validation and their downstream tasks each start cold)."""
+    state = getattr(model, "quant_state", None)
+    if isinstance(state, ReplayAmaxState):
+        state.reset()
+    log = getattr(model, "forward_log", None)
+    if log is not None:
+        log.reset()
+
+
+def forward_order(model: torch.nn.Module) -> str:
+    """The order of the model's forwards since its cold start (``ForwardLog.digest``), "" for a
+    model without a log."""
+    log = getattr(model, "forward_log", None)
+    return log.digest if log is not None else ""
 
 
 def checkpoint_recipe(ckpt: dict, path: Path) -> Recipe:

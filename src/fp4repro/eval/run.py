@@ -11,6 +11,13 @@ Outputs: results/<exp>/eval/R/nll.parquet               held-out NLL per checkpo
          results/<exp>/eval/R/final_loss.json           final-window training loss
          results/<exp>/eval/tasks/                the offline lm-eval tasks (shared by every run)
 
+Every row records its policy and, in column ``order`` (``fp4repro.eval.order``), the order of the
+forwards that gave it: each measure (NLL over every source, then the lm-eval tasks) of each
+checkpoint × policy starts cold (``fp4repro.eval.policy.cold_start``), so under the cold replay a
+row depends on nothing but its checkpoint and the batches of its measure, in that order. The
+policies are the experiment's (``eval.policies``) or the caller's; ``recipe`` names the recipe's
+own (``Recipe.inference_policy``).
+
 Everything that can be wrong (config, checkpoints, task names) is checked before the first
 forward pass. Rows already present for a checkpoint × policy are kept and not recomputed, and
 each table is rewritten atomically after every checkpoint × policy, so an interrupted run resumes.
@@ -29,7 +36,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from fp4repro.config.eval import EvalConfig
+from fp4repro.config.eval import EvalConfig, resolve_policies
 from fp4repro.config.numerics import suite_fingerprint
 from fp4repro.config.study import Study
 from fp4repro.data import load_manifest, validation_tokens
@@ -37,7 +44,15 @@ from fp4repro.eval.downstream import item_rows, result_rows, run_lm_eval, task_m
 from fp4repro.eval.errors import EvalError
 from fp4repro.eval.loss import final_window_loss
 from fp4repro.eval.nll import blend_nll, document_nll
-from fp4repro.eval.policy import CheckpointInfo, checked_checkpoint, inspect_checkpoint, load_eval_model
+from fp4repro.eval.policy import (
+    CheckpointInfo,
+    check_policy,
+    checked_checkpoint,
+    cold_start,
+    forward_order,
+    inspect_checkpoint,
+    load_eval_model,
+)
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.provenance import provenance
 from fp4repro.results import (
@@ -45,6 +60,7 @@ from fp4repro.results import (
     DOWNSTREAM_ITEM_COLUMNS,
     NLL_COLUMNS,
     NLL_DOCUMENT_COLUMNS,
+    ORDER_COLUMN,
     eval_dir,
     read_table,
     run_dir,
@@ -57,10 +73,13 @@ TASKS_STAMP = "offline_tasks.json"
 MEASURES = {"nll": ("nll", "nll_documents"), "downstream": ("downstream", "downstream_items")}
 #: The tables an evaluation writes (``<name>.parquet`` in its folder) and their columns.
 TABLES = {
-    "nll": NLL_COLUMNS,
-    "nll_documents": NLL_DOCUMENT_COLUMNS,
-    "downstream": DOWNSTREAM_COLUMNS,
-    "downstream_items": DOWNSTREAM_ITEM_COLUMNS,
+    name: (*columns, ORDER_COLUMN)
+    for name, columns in {
+        "nll": NLL_COLUMNS,
+        "nll_documents": NLL_DOCUMENT_COLUMNS,
+        "downstream": DOWNSTREAM_COLUMNS,
+        "downstream_items": DOWNSTREAM_ITEM_COLUMNS,
+    }.items()
 }
 
 
@@ -117,10 +136,13 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
 
 
 def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """This evaluation's earlier rows (checked), or none yet."""
+    """This evaluation's earlier rows (checked), or none yet; rows written before the order was
+    recorded keep an empty ``order``."""
     if not path.is_file():
         return pd.DataFrame(columns=list(columns))
-    return read_table(path, columns, "an evaluation table written by fp4repro evaluate", EvalError)
+    required = tuple(c for c in columns if c != ORDER_COLUMN)
+    table = read_table(path, required, "an evaluation table written by fp4repro evaluate", EvalError)
+    return table if ORDER_COLUMN in table.columns else table.assign(**{ORDER_COLUMN: ""})
 
 
 def _append(table: pd.DataFrame, rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
@@ -182,6 +204,19 @@ def _rows(computed: dict, key: tuple, meta: dict, compute) -> dict[str, list[dic
     return {table: [{**row, **meta} for row in rows] for table, rows in computed[key].items()}
 
 
+def _cold(model, compute):
+    """``compute`` as a measure of its own: ``model`` started cold before it, each row it gives
+    with the order of the forwards it made (``ORDER_COLUMN``)."""
+
+    def measured() -> dict[str, list[dict]]:
+        cold_start(model)
+        tables = compute()
+        order = forward_order(model)
+        return {table: [{**row, ORDER_COLUMN: order} for row in rows] for table, rows in tables.items()}
+
+    return measured
+
+
 def downstream_rows(model, tokenizer, eod_id: int, cfg: EvalConfig, manager, seq_len: int, meta: dict) -> list[dict]:
     from fp4repro.eval.lm import FP4ReproLM
 
@@ -195,9 +230,10 @@ def _model_with(models: dict, policy: str, path: Path, ckpt: dict, device: str, 
 
     Built once per policy (building one took longer than scoring a `small` checkpoint on a GPU:
     commit 928380a), then given each later checkpoint's weights: a run's checkpoints share their recipe (the
-    run's folder is its fingerprint, recipe numerics included), and the evaluation state holds no
-    amax between forwards. The other policies' models wait on the CPU (moving one is a copy of
-    its weights), so the device holds one model, as when each was built afresh.
+    run's folder is its fingerprint, recipe numerics included), and each measure starts the model
+    cold (``_cold``: the replay's held amaxes are those of the weights it measures). The other
+    policies' models wait on the CPU (moving one is a copy of its weights), so the device holds
+    one model, as when each was built afresh.
     """
     for other, model in models.items():
         if other != policy:
@@ -243,19 +279,23 @@ def evaluate(
     nll: bool = True,
     downstream: bool = True,
     progress: bool = True,
+    policies: tuple[str, ...] | None = None,
 ) -> Path:
     """Evaluate every checkpoint of the run of ``recipe`` and ``seed`` (default: the experiment's
-    first) under each policy of the experiment's eval config: held-out NLL, lm-eval downstream
-    tasks, final-window loss. Returns the output folder; raises EvalError with a clear message
-    when something cannot run."""
+    first) under each of ``policies`` (default: the experiment's eval config's; ``recipe``: the
+    recipe's own): held-out NLL, lm-eval downstream tasks, final-window loss. Returns the output
+    folder; raises EvalError with a clear message when something cannot run."""
     started = time.perf_counter()
     exp = study.experiment
-    study.recipe(recipe)
+    own = study.recipe(recipe).inference_policy
     seed = study.seeds_of(recipe)[0] if seed is None else int(seed)
     cfg = exp.eval
     paths = EvalPaths.of(Path(results), exp.name, recipe, seed, Path(data) if data else None)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     seq_len, blend = exp.train.seq_len, dict(exp.train.stages[-1].blend)
+    policies = resolve_policies(tuple(policies or cfg.policies), own)
+    for policy in policies:
+        check_policy(policy)
 
     # ---- every check before any compute
     checkpoints = finished_checkpoints(paths.run, exp.model, recipe)
@@ -286,7 +326,7 @@ def evaluate(
     todo = [
         (c, p)
         for c in checkpoints
-        for p in cfg.policies
+        for p in policies
         if (nll and missing("nll", c.step, p)) or (downstream and missing("downstream", c.step, p))
     ]
     bar = tqdm(
@@ -336,7 +376,7 @@ def evaluate(
                 )
             for measure, compute in measures:
                 began = time.perf_counter()
-                for table, rows in _rows(computed, (info.step, measure, computes), meta, compute).items():
+                for table, rows in _rows(computed, (info.step, measure, computes), meta, _cold(model, compute)).items():
                     tables[table] = _append(tables[table], rows, TABLES[table])
                     write_table(paths.out / f"{table}.parquet", tables[table], origin)
                 seconds[measure] = time.perf_counter() - began

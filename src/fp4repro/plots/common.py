@@ -31,7 +31,7 @@ from fp4repro.statistics import LEVEL  # noqa: E402
 from fp4repro.util import atomic_path  # noqa: E402
 
 PNG_DPI = 150  # the PDF is vector
-POLICY_ORDER = ("bf16", "quantized")
+POLICY_ORDER = ("bf16", "quantized", "replay")
 
 Run = tuple[str, int]  # (recipe, seed)
 

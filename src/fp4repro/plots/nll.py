@@ -37,6 +37,7 @@ from fp4repro.statistics import Comparison, seed_level
 POLICY_TITLES = {
     "bf16": "policy bf16 (no quantization)",
     "quantized": "policy quantized (recipe's forward, current amax)",
+    "replay": "policy replay (recipe's forward, cold D = 50 replay)",
 }
 # Bootstrap resamples at the last checkpoint: the report's (the interval drawn is the one it states);
 # at earlier checkpoints, which the report does not judge, a quarter of them (a figure of the tiny run
