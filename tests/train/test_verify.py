@@ -1,6 +1,7 @@
 """`fp4repro verify` on the tiny model (CPU runs are deterministic: a rerun is identical), what it
 catches (a changed step of data, a changed logged row) and what it refuses before any compute."""
 
+import dataclasses
 import json
 import shutil
 
@@ -121,6 +122,9 @@ def test_judge_names_the_first_differing_step_and_column(committed):
     fewer = run.telemetry[run.telemetry.index != run.telemetry.index[run.telemetry["step"] == 4][-1]]
     line = judge(run, run.metrics, fewer, 8, "run", None).line
     assert line.startswith("differs from step 5: ") and "row(s) committed at that step" in line
+    # NaN (a target not recorded) equals NaN
+    unset = run.telemetry.assign(target=np.nan)
+    assert judge(dataclasses.replace(run, telemetry=unset), run.metrics, unset.copy(), 8, "run", None).identical
     # how a step was computed is not compared: its time, its process
     timed = run.metrics.assign(tokens_per_s=1.0, attempt=3)
     assert judge(run, timed, run.telemetry, 8, "run", None).identical
