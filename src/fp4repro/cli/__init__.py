@@ -29,6 +29,7 @@ ORDER = (
     "experiment",
     "prepare-data",
     "train",
+    "verify",
     "evaluate",
     "model",
     "explain",

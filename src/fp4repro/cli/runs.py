@@ -1,5 +1,5 @@
-"""Commands that make and keep a study's runs: prepare its data, train a recipe, list and prune
-the run folders, and write the inventory of an experiment's results."""
+"""Commands that make and keep a study's runs: prepare its data, train a recipe, re-run a committed
+run to verify it, list and prune the run folders, and write the inventory of an experiment's results."""
 
 from __future__ import annotations
 
@@ -50,6 +50,21 @@ def _cmd_train(args) -> int:
         init_from=args.init_from,
     )
     return 0
+
+
+def _cmd_verify(args) -> int:
+    from fp4repro.train.verify import Refusal, verify
+
+    if args.steps is not None and args.steps < 1:
+        raise Refusal(f"--steps: value {args.steps}: a number of optimizer steps, at least 1")
+    study = _study(args)
+    recipe = _recipe_name(study, args.recipe)
+    seed = study.seeds_of(recipe)[0] if args.seed is None else args.seed
+    data = Path(args.data or f"{args.results}/{study.name}/data")
+    spread = Path(args.spread) if args.spread else None
+    verdict = verify(study, recipe, seed, data, Path(args.results), args.steps, spread, args.scratch, not args.quiet)
+    print(verdict.line)
+    return 0 if verdict.identical else 1
 
 
 def _cmd_inventory(args) -> int:
@@ -188,6 +203,35 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     tr.set_defaults(func=_cmd_train)
 
 
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    ve = sub.add_parser(
+        "verify",
+        help="re-run the first steps of a committed run and compare its logged loss and telemetry",
+        description="Re-run the first N steps of the committed run <results>/<experiment>/train/<recipe>/"
+        "seed<seed>/ (its done.json, metrics.parquet and telemetry.parquet) into a temporary folder, on the "
+        "device it was made on, and compare every logged metrics row (but tokens_per_s and attempt) and "
+        "every telemetry row. A deterministic run (every CPU run; a GPU run made with --deterministic) must "
+        "repeat identically; a fast-mode GPU run must repeat each loss within 1.5 x the run-to-run spread "
+        "measured for that many steps (--spread; without it the run is refused). Prints one line: "
+        "'identical', 'within tolerance' or 'differs from step K' with what differs first. Refuses before "
+        "any compute, when the run is missing or the data's digest, the numerics fingerprints or the "
+        "config's run fingerprint are not the run's. Exit code 0: identical or within tolerance; 1: "
+        "differs; 2: refused.",
+    )
+    _experiment_arguments(ve)
+    ve.add_argument("--recipe", required=True, help="the run's recipe (name or YAML path)")
+    ve.add_argument("--seed", type=int, help="the run's seed (default: the experiment's first, train.seeds)")
+    ve.add_argument("--steps", type=int, metavar="N", help="re-run the first N steps (default: all of the run's)")
+    ve.add_argument("--results", default="results", help="results root holding the committed run (default results)")
+    ve.add_argument("--data", help="prepared data folder (default <results>/<experiment>/data)")
+    ve.add_argument(
+        "--spread",
+        help="the measured run-to-run spread of fast-mode GPU runs (default <results>/bench/determinism/spread.json)",
+    )
+    ve.add_argument("--scratch", help="folder for the rerun's temporary run folder (default: the system's)")
+    ve.set_defaults(func=_cmd_verify)
+
+
 def _add_inventory(sub: argparse._SubParsersAction) -> None:
     iv = sub.add_parser(
         "inventory",
@@ -233,6 +277,7 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
 COMMANDS = {
     "prepare-data": _add_prepare_data,
     "train": _add_train,
+    "verify": _add_verify,
     "inventory": _add_inventory,
     "runs": _add_runs,
 }
