@@ -12,7 +12,7 @@ def _metrics(results, recipe, seed, steps, data="d1", device="NVIDIA H200"):
     table = pd.DataFrame(
         {
             "step": range(1, steps + 1),
-            "tokens": [s * 1536 for s in range(1, steps + 1)],
+            "tokens": [s * 1024 for s in range(1, steps + 1)],
             "stage": "stage1",
             "loss": 3.0,
             "lr": 1e-3,
@@ -30,7 +30,7 @@ def _metrics(results, recipe, seed, steps, data="d1", device="NVIDIA H200"):
 
 def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, capsys):
     results = tmp_path / "results"
-    total = 192  # tiny: 294,912 tokens of 12 x 128
+    total = 150  # tiny: 153,600 tokens of 8 x 128
     _metrics(results, "bf16", 0, total)
     _metrics(results, "ue5m3", 0, 40, data="d2")  # stopped early (a divergence keeps its steps)
     folder = eval_dir(results, "tiny", "bf16", 0)
@@ -43,7 +43,7 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
         "recipe": "bf16",
         "seed": 0,
         "steps": total,
-        "tokens": total * 1536,
+        "tokens": total * 1024,
         "finished": True,
         "corpus": "d1",
         "numerics": "v1 (before numerics fingerprints were recorded)",  # a table that records none
@@ -52,11 +52,11 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
         "device": "NVIDIA H200",
         "commit": "abc",
         "dirty": False,
-        "train_seconds": round(total * 1536 / 1024, 1),
+        "train_seconds": float(total),
         "evaluation": ["final_loss.json"],
         "final_loss": 2.5,
     }
-    assert runs["ue5m3"]["finished"] is False and runs["ue5m3"]["tokens"] == 40 * 1536
+    assert runs["ue5m3"]["finished"] is False and runs["ue5m3"]["tokens"] == 40 * 1024
     assert {(m["recipe"], m["seed"]) for m in found["missing"]} == {("nvfp4", 0), ("ue5m3_t448", 0), ("mxfp4", 0)}
     assert found["corpora"] == ["d1", "d2"]
     out = capsys.readouterr().out

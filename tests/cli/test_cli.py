@@ -127,10 +127,10 @@ def test_experiment_command(capsys, monkeypatch):
     assert capsys.readouterr().out.split() == ["bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"]
     assert main(["experiment", "tiny"]) == 0
     out = capsys.readouterr().out
-    assert "stage2: 98,304 tokens (64 steps), blend code 0.6, prose 0.4" in out
+    assert "stage2: 51,200 tokens (50 steps), blend code 0.6, prose 0.4" in out
     assert (
-        "\nschedule: lr 0.003 (WSD over 192 steps): a linear warmup over 10 steps, the peak to step 144, then a "
-        "linear decay over the last 48 steps (25%) to 10% of the peak\n"
+        "\nschedule: lr 0.003 (WSD over 150 steps): a linear warmup over 8 steps, the peak to step 112, then a "
+        "linear decay over the last 38 steps (25.3%) to 10% of the peak\n"
     ) in out
     assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
