@@ -134,7 +134,8 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
         png, pdf = smoke_run / f"figures/smoke/{name}.png", smoke_run / f"figures/smoke/{name}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
     report = (smoke_run / "paper/smoke/report.md").read_text()
-    assert "from experiment `smoke`" in report and "| final_loss | UE5M3 < NVFP4 | ue5m3 / nvfp4 |" in report
+    assert "from experiment `smoke`" in report
+    assert "| final_loss | UE5M3 < NVFP4 | ue5m3 − nvfp4: -0.0384 (8B) | ue5m3 / nvfp4 |" in report
     for name in FIGURES:
         assert f"![{name}](../../figures/smoke/{name}.png)" in report
     for recipe in ("bf16", "nvfp4", "ue5m3", "ue5m3_t448"):
