@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-all repro slurm-profile clean
+.PHONY: setup test repro slurm-profile clean
 
 setup: $(STAMP)   ## create .venv with the pinned dependencies (idempotent)
 
@@ -16,17 +16,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(STAMP)
 
-test: setup   ## lint and format check, then every test but the slow ones (gpu tests skip without CUDA); exit code 5 = nothing collected
+test: setup   ## lint and format check, then the whole test suite (gpu tests skip without CUDA); exit code 5 = nothing collected
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
-	@$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
-
-# the slow tests run whole workflows (the smoke study locally, through Slurm, from an installed
-# wheel): minutes each on 2 cores, so they run here and in CI rather than in every `make test`
-test-all: test   ## make test, then the slow tests too (what CI runs)
-	@$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test-all: pytest collected no slow tests" >&2; fi; exit $$rc
 
 EXPERIMENT ?= tiny
 CORES      ?= 2
