@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -162,3 +164,19 @@ def deterministic_algorithms() -> None:
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
+
+
+def plain_json(value):
+    """Dataclasses, tuples and mappings as JSON values (for a canonical digest)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: plain_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    return value
+
+
+def json_digest(content) -> str:
+    """The first 16 hex digits of the sha256 of ``content`` as canonical JSON (sorted keys)."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

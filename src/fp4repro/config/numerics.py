@@ -23,39 +23,22 @@ it enters the run's fingerprint). Runs written before fingerprints were recorded
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import json
 
 from fp4repro.formats import FORMAT_NAMES, ROUNDING_MODES, get_format
+from fp4repro.util import json_digest, plain_json
 
 NUMERICS_VERSION = 2
 #: what a run folder, table or result that records no numerics was computed with
 UNRECORDED = "v1 (before numerics fingerprints were recorded)"
 
 
-def _plain(value):
-    """Dataclasses, tuples and mappings as JSON values."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _digest(content) -> str:
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-
-
 @functools.cache
 def suite_fingerprint() -> str:
     """The digest of this suite's numerics definition: its version, every registered format's
     parameters and the rounding modes (16 hex digits)."""
-    formats = {name: _plain(get_format(name)) for name in FORMAT_NAMES}
-    return _digest({"version": NUMERICS_VERSION, "formats": formats, "rounding": list(ROUNDING_MODES)})
+    formats = {name: plain_json(get_format(name)) for name in FORMAT_NAMES}
+    return json_digest({"version": NUMERICS_VERSION, "formats": formats, "rounding": list(ROUNDING_MODES)})
 
 
 def run_numerics_fingerprint(recipe, layers: tuple[tuple[str, ...], ...]) -> str:
@@ -63,9 +46,9 @@ def run_numerics_fingerprint(recipe, layers: tuple[tuple[str, ...], ...]) -> str
     layer_linears``) computes: the suite's fingerprint and each linear's resolved specs, GEMM model
     included (16 hex digits)."""
     linears = [
-        [i, name, _plain(recipe.linear_specs(i, layers, name))] for i, names in enumerate(layers) for name in names
+        [i, name, plain_json(recipe.linear_specs(i, layers, name))] for i, names in enumerate(layers) for name in names
     ]
-    return _digest({"suite": suite_fingerprint(), "linears": linears})
+    return json_digest({"suite": suite_fingerprint(), "linears": linears})
 
 
 def numerics_record(recipe, layers) -> dict:

@@ -27,8 +27,6 @@ step S drops the parts after S (written by an attempt that died before its next 
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import re
 import shutil
@@ -42,21 +40,10 @@ from fp4repro.errors import FP4ReproError
 from fp4repro.megatron.resume import resume_dirs
 from fp4repro.results import write_table
 from fp4repro.train.checkpoint import resume_checkpoints
-from fp4repro.util import atomic_write_json
+from fp4repro.util import atomic_write_json, json_digest, plain_json
 
 RUNS = "runs"
 PART = re.compile(r"^upto_(\d{8})\.parquet$")
-
-
-def _plain(value):
-    """Dataclasses, tuples and mappings as JSON values (for a canonical digest)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def run_numerics(
@@ -75,7 +62,7 @@ def run_numerics(
     only with ``tp_amax: local`` (each shard scaled by its own amax: the numbers depend on the
     split); with the group's amax a recipe means the same at every tensor size."""
     defaults, operands, overrides, gemm = recipe.numerics()
-    model = _plain(model_config)
+    model = plain_json(model_config)
     if model.get("qkv") == "fused":  # (fused q/k/v keeps the fingerprints made before the field)
         del model["qkv"]
     numerics = {
@@ -97,11 +84,11 @@ def run_numerics(
         numerics["init"] = init
     if parallel is not None and parallel.tensor > 1 and parallel.tp_amax == "local":
         numerics["tensor_parallel"] = {"tensor": parallel.tensor, "tp_amax": "local"}
-    return _plain(numerics)
+    return plain_json(numerics)
 
 
 def fingerprint_of(numerics: dict) -> str:
-    return hashlib.sha256(json.dumps(numerics, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(numerics)
 
 
 def run_fingerprint(study, recipe: str, seed: int, data_hash: str, init: str | None = None) -> tuple[dict, str]:
