@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Same-seed runs of the `small` experiment in results/bench/determinism/small.yaml, several
+# processes at once on one GPU, each pair compared bit for bit (scripts/compare_runs.py).
+#
+# Usage: scripts/determinism_pairs.sh SECONDS OUT JOB...
+#   JOB = BACKEND:RECIPE:MODE:STEPS:COPIES, e.g. reference:ue5m3:deterministic:full:2 or
+#         megatron:nvfp4:fast:500:2 (STEPS full: the whole run; MODE deterministic or fast)
+# Prepares the data (results/small/data), starts every copy of every job at once, stops what is
+# still training after SECONDS (stopped runs are compared over the steps they logged), and appends
+# one JSON line per pair (copies 1-2, 3-4, ...) to OUT/pairs.jsonl; train logs go to OUT/train.log.
+set -u
+seconds=$1 out=$2
+shift 2
+experiment=results/bench/determinism/small.yaml
+data=results/small/data
+runs=${RUNS_DIR:-/tmp/determinism_runs}
+mkdir -p "$out" "$runs"
+# the megatron backend: the same experiment with `backend: megatron`
+sed 's/^backend: reference$/backend: megatron/' "$experiment" >"$runs/small_megatron.yaml"
+
+start=$SECONDS
+fp4repro prepare-data --quiet --experiment "$experiment" --out "$data" || exit 1
+echo "prepare-data: $((SECONDS - start)) s" >>"$out/train.log"
+deadline=$((start + seconds))
+
+pairs() { # BACKEND RECIPE MODE STEPS COPIES
+    local backend=$1 recipe=$2 mode=$3 steps=$4 copies=$5 config=$experiment flags=() pids=() i
+    [ "$backend" = megatron ] && config=$runs/small_megatron.yaml
+    [ "$mode" = deterministic ] && flags+=(--deterministic)
+    [ "$steps" != full ] && flags+=(--stop-after "$steps")
+    for i in $(seq 1 "$copies"); do
+        fp4repro train --quiet --experiment "$config" --recipe "$recipe" --seed 0 --data "$data" \
+            --out "$runs/${backend}_${recipe}_${mode}_${steps}_$i" "${flags[@]}" \
+            >"$runs/${backend}_${recipe}_${mode}_${steps}_$i.log" 2>&1 &
+        pids+=($!)
+    done
+    while kill -0 "${pids[@]}" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    kill "${pids[@]}" 2>/dev/null
+    wait "${pids[@]}" 2>/dev/null
+    for i in $(seq 1 2 "$copies"); do
+        python scripts/compare_runs.py "$runs/${backend}_${recipe}_${mode}_${steps}_$i" \
+            "$runs/${backend}_${recipe}_${mode}_${steps}_$((i + 1))" >>"$out/pairs.jsonl"
+    done
+}
+
+for job in "$@"; do
+    IFS=: read -r backend recipe mode steps copies <<<"$job"
+    pairs "$backend" "$recipe" "$mode" "$steps" "$copies" &
+done
+wait
+for log in "$runs"/*.log; do
+    echo "== $log ($((SECONDS - start)) s after the start)" >>"$out/train.log"
+    tail -n 5 "$log" >>"$out/train.log"
+done
