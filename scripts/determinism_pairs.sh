@@ -38,7 +38,7 @@ pairs() { # BACKEND RECIPE MODE STEPS COPIES
     kill "${pids[@]}" 2>/dev/null
     wait "${pids[@]}" 2>/dev/null
     for i in $(seq 1 2 "$copies"); do
-        python scripts/compare_runs.py "$runs/${backend}_${recipe}_${mode}_${steps}_$i" \
+        python3 scripts/compare_runs.py "$runs/${backend}_${recipe}_${mode}_${steps}_$i" \
             "$runs/${backend}_${recipe}_${mode}_${steps}_$((i + 1))" >>"$out/pairs.jsonl"
     done
 }
