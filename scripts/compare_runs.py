@@ -33,6 +33,8 @@ def tables(out: Path):
 
 def main(a: Path, b: Path) -> dict:
     (run_a, metrics_a, telemetry_a), (run_b, metrics_b, telemetry_b) = tables(a), tables(b)
+    if metrics_a.empty or metrics_b.empty:
+        return {"a": str(a), "b": str(b), "steps": 0, "identical": False, "error": "a run logged no steps"}
     steps = int(min(metrics_a["step"].max(), metrics_b["step"].max()))
     metrics_a, metrics_b = metrics_a[metrics_a["step"] <= steps], metrics_b[metrics_b["step"] <= steps]
     telemetry_a, telemetry_b = telemetry_a[telemetry_a["step"] < steps], telemetry_b[telemetry_b["step"] < steps]

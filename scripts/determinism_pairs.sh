@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
-# Same-seed runs of the `small` experiment in results/bench/determinism/small.yaml, several
-# processes at once on one GPU, each pair compared bit for bit (scripts/compare_runs.py).
+# Same-seed runs of one experiment, several processes at once on one GPU, each pair compared bit
+# for bit (scripts/compare_runs.py).
 #
-# Usage: scripts/determinism_pairs.sh SECONDS OUT JOB...
+# Usage: scripts/determinism_pairs.sh EXPERIMENT_YAML SECONDS OUT JOB...
 #   JOB = BACKEND:RECIPE:MODE:STEPS:COPIES, e.g. reference:ue5m3:deterministic:full:2 or
 #         megatron:nvfp4:fast:500:2 (STEPS full: the whole run; MODE deterministic or fast)
-# Prepares the data (results/small/data), starts every copy of every job at once, stops what is
-# still training after SECONDS (stopped runs are compared over the steps they logged), and appends
-# one JSON line per pair (copies 1-2, 3-4, ...) to OUT/pairs.jsonl; train logs go to OUT/train.log.
+# Prepares the data (results/<yaml's file name>/data), starts every copy of every job at once,
+# stops what is still training after SECONDS (a stopped run is compared over the steps it logged
+# by its last resume checkpoint), and appends one JSON line per pair (copies 1-2, 3-4, ...) to
+# OUT/pairs.jsonl; the end of each train log goes to OUT/train.log. Run folders: $RUNS_DIR.
+# One H200 runs about one `small` process's worth of steps at a time (two or more at once share it).
 set -u
-seconds=$1 out=$2
-shift 2
-experiment=results/bench/determinism/small.yaml
-data=results/small/data
-runs=${RUNS_DIR:-/tmp/determinism_runs}
+experiment=$1 seconds=$2 out=$3
+shift 3
+name=$(basename "$experiment" .yaml)
+data=results/$name/data
+runs=${RUNS_DIR:-/tmp/determinism_runs}/$name
 mkdir -p "$out" "$runs"
 # the megatron backend: the same experiment with `backend: megatron`
-sed 's/^backend: reference$/backend: megatron/' "$experiment" >"$runs/small_megatron.yaml"
+sed 's/^backend: reference$/backend: megatron/' "$experiment" >"$runs/megatron.yaml"
+grep -q '^backend: megatron$' "$runs/megatron.yaml" || { echo "$experiment: no 'backend: reference' line" >&2; exit 2; }
 
 start=$SECONDS
 fp4repro prepare-data --quiet --experiment "$experiment" --out "$data" || exit 1
-echo "prepare-data: $((SECONDS - start)) s" >>"$out/train.log"
+echo "$name: prepare-data $((SECONDS - start)) s" >>"$out/train.log"
 deadline=$((start + seconds))
 
 pairs() { # BACKEND RECIPE MODE STEPS COPIES
     local backend=$1 recipe=$2 mode=$3 steps=$4 copies=$5 config=$experiment flags=() pids=() i
-    [ "$backend" = megatron ] && config=$runs/small_megatron.yaml
+    [ "$backend" = megatron ] && config=$runs/megatron.yaml
     [ "$mode" = deterministic ] && flags+=(--deterministic)
     [ "$steps" != full ] && flags+=(--stop-after "$steps")
     for i in $(seq 1 "$copies"); do
