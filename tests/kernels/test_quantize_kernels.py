@@ -463,6 +463,19 @@ def test_large_tensors_on_gpu(name):
     assert rows_cols(x.shape) == (1024, 4096)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("columnwise", [False, True])
+def test_telemetry_sums_repeat_bit_for_bit_on_gpu(columnwise):
+    """Thousands of tiles finish in another order at every launch: float64 sums added as they
+    finish differ in their last bits between launches (a deterministic run's telemetry would not
+    repeat); added in tile order they are the same every time."""
+    spec = SPECS["ue5m3-t2048-sr"]
+    x = _inputs("heavy", (4096, 4096), seed=12).cuda()
+    x = x.t().contiguous().t() if columnwise else x
+    sums = {tuple(quantize_2d(x, spec, seed=5, stats=True)["sums"].tolist()) for _ in range(20)}
+    assert len(sums) == 1, sums
+
+
 # a tensor-parallel rank's part of a fused projection: two segments, each split in halves
 SHARD_ROWS = list(range(16, 32)) + list(range(56, 72))
 SHARD_COLS = list(range(16, 32)) + list(range(64, 80))

@@ -9,7 +9,11 @@ running along its columns (the GEMM's reduction dimension):
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
                        block amax, s_b, element rounding (RNE, or either SR from Philox bytes), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
-                       scale codes, and optionally telemetry counters (atomic adds). The tensor
+                       scale codes, and optionally telemetry: integer counters (atomic adds,
+                       exact in any order) and each tile's float64 sums in a slot of its own
+                       (summed by the caller in a fixed order: float64 atomics would add the
+                       tiles in whatever order they finish, and the last bits would differ
+                       from run to run). The tensor
                        scale g and the decode scale d = 1/g are computed in the kernel from the
                        amax pointer and the runtime float32 Emax·T (not a constexpr: a target T
                        that changes at every amax refresh reuses the compiled kernel), and d is
@@ -685,7 +689,7 @@ def _quantize_kernel(
 
         if STATS:
             # counts: [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32);
-            # sums: [sq_error, sq_norm] (float64)
+            # sums: [sq_error, sq_norm] (float64) of this tile, in its slot (pid_r, pid_c)
             real_r = (pid_r * NB_R + tl.arange(0, NB_R)) * BLOCK_R < rows
             real_c = (pid_c * NB_C + tl.arange(0, NB_C)) * BLOCK_C < cols_padded
             if COLUMNWISE:
@@ -722,8 +726,9 @@ def _quantize_kernel(
             tl.atomic_add(counts_ptr + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
             tl.atomic_add(counts_ptr + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
             tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
-            tl.atomic_add(sums_ptr + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
-            tl.atomic_add(sums_ptr + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
+            tile_sums = sums_ptr + (pid_r * tl.num_programs(1) + pid_c).to(tl.int64) * 2
+            tl.store(tile_sums + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
+            tl.store(tile_sums + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
     if LIVE and (LIVE_TILES > 1):
         live = tl.max(tl.max(live_acc, axis=1), axis=0)
         tl.atomic_max(live_ptr + slot * LIVE_SLOT_STRIDE, live, sem="relaxed")
