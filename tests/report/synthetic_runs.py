@@ -16,7 +16,9 @@ import numpy as np
 import pandas as pd
 
 from fp4repro.config.files import PACKAGED
+from fp4repro.config.study import load_study
 from fp4repro.report import load_claims, measure
+from fp4repro.report.claims import claim_policies
 from fp4repro.results import eval_dir, run_dir
 
 CLAIMS = PACKAGED / "claims.yaml"
@@ -41,10 +43,11 @@ def write_run(
     underflow: float = 0.0,
     clipped: float = 0.0,
     own_noise: float = 0.002,
+    policy: str = "quantized",
 ) -> None:
     """One run (recipe, seed) of experiment `tiny`: loss and NLL offset by ``loss`` and ``nll`` from
     a curve shared by every recipe of the seed, ``correct`` of ITEMS items right per task (the
-    first ones), events at the given per-step rates."""
+    first ones), events at the given per-step rates; its evaluation rows under ``policy``."""
     train, ev = run_dir(results, "tiny", recipe, seed), eval_dir(results, "tiny", recipe, seed)
     train.mkdir(parents=True)
     ev.mkdir(parents=True)
@@ -66,7 +69,7 @@ def write_run(
             }
         )
     )
-    meta = {"recipe": recipe, "seed": seed, "tokens": 4000, "policy": "quantized"}
+    meta = {"recipe": recipe, "seed": seed, "tokens": 4000, "policy": policy}
     docs = []
     for source in BLEND:
         predicted = rng("predicted", source).integers(20, 200, DOCS)
@@ -160,7 +163,9 @@ def claims_by_id() -> dict:
 
 
 def rows_of(claim_id: str, results: Path, seeds=(0,), recipes=("nvfp4", "ue5m3", "ue5m3_t448")):
-    return measure(claims_by_id()[claim_id], results / "tiny", {r: tuple(seeds) for r in recipes}, BLEND)
+    claim = claims_by_id()[claim_id]
+    runs = {r: tuple(seeds) for r in recipes}
+    return measure(claim, results / "tiny", runs, claim_policies(claim, load_study("tiny")), BLEND)
 
 
 def one_seed(tmp_path: Path, claim_id: str, **ue5m3) -> object:

@@ -4,12 +4,15 @@ its field."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 from synthetic_runs import CLAIMS
 
 from fp4repro.config.files import claims_path
+from fp4repro.config.study import load_study
 from fp4repro.report import ReportError, load_claims
+from fp4repro.report.claims import claim_policies
 
 
 def test_the_packaged_claims_file_is_valid_and_a_local_one_comes_first(tmp_path, monkeypatch):
@@ -95,3 +98,19 @@ def test_a_measured_claim_needs_a_number_and_a_summary_only_one_a_reason(tmp_pat
     bad.write_text(text[:note] + text[text.index("  - id: t2048_saturation") :])
     with pytest.raises(ReportError, match=r"field 'claims\.[4-6]\.reported': .*'note' is a required property"):
         load_claims(bad)
+
+
+def test_a_claim_under_each_recipes_own_policy_resolves_per_experiment():
+    """paper8b evaluates each recipe's own policy (eval.policies has recipe): ue5m3 under the cold
+    D = 50 replay and nvfp4 under the current amax, as the authors' validation protocol; tiny does
+    not, and its line says that ue5m3's own policy was not evaluated."""
+    claim = {c.id: c for c in load_claims(CLAIMS)[1]}["heldout_nll"]
+    assert claim.policy == "recipe"
+    paper = claim_policies(claim, load_study("paper8b"))
+    assert paper.of == {"ue5m3": "replay", "nvfp4": "quantized"} and paper.not_evaluated == {}
+    assert paper.text(claim) == "ue5m3 under replay, nvfp4 under quantized"
+    tiny = claim_policies(claim, load_study("tiny"))
+    assert tiny.of == {"ue5m3": "quantized", "nvfp4": "quantized"} and tiny.not_evaluated == {"ue5m3": "replay"}
+    assert tiny.text(claim).startswith("quantized policy (not evaluated under ue5m3's own, replay")
+    fixed = replace(claim, policy="bf16")
+    assert claim_policies(fixed, load_study("paper8b")).of == {"ue5m3": "bf16", "nvfp4": "bf16"}

@@ -11,6 +11,7 @@ import pytest
 from synthetic_runs import BLEND, DOCS, ITEMS, claims_by_id, one_seed, rng, rows_of, write_run
 
 from fp4repro.report import measure, runs_text
+from fp4repro.report.claims import ClaimPolicies
 from fp4repro.results import eval_dir, run_dir
 from fp4repro.statistics import OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
@@ -34,9 +35,9 @@ def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
         write_run(results, "nvfp4", seed)
     write_run(results, "ue5m3", 2, loss=-0.1)
     claim = claims_by_id()["final_loss"]
-    (row,) = measure(claim, results / "tiny", {"nvfp4": (0, 1, 2), "ue5m3": (2,)}, BLEND)
+    (row,) = measure(claim, results / "tiny", {"nvfp4": (0, 1, 2), "ue5m3": (2,)}, ClaimPolicies.same(claim), BLEND)
     assert row.comparison.difference == pytest.approx(-0.1, abs=0.005) and "1 seed(s)" in row.note
-    (apart,) = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (2,)}, BLEND)
+    (apart,) = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (2,)}, ClaimPolicies.same(claim), BLEND)
     assert (
         apart.comparison is None
         and apart.note == "not measured: ue5m3 (seeds [2]) and nvfp4 (seeds [0, 1]) share no seed"
@@ -234,3 +235,21 @@ def test_a_diverged_run_is_named_and_not_paired(tmp_path, monkeypatch):
         (row,) = rows_of(claim, results)
         assert row.comparison is None
         assert row.note == "not paired: ue5m3 seed 0 diverged at step 37 (its telemetry holds the failing step)"
+
+
+# ------------------------------------------------------------------------- each side's own policy
+
+
+def test_each_recipe_is_read_under_its_own_policy(tmp_path):
+    """ue5m3 evaluated only under the cold replay, nvfp4 only under the current amax: the claim
+    compares those two rows, as the authors do, and its line names both policies."""
+    results = tmp_path / "results"
+    write_run(results, "nvfp4", 0)
+    write_run(results, "ue5m3", 0, nll=-0.05, policy="replay")
+    claim = claims_by_id()["heldout_nll"]
+    own = ClaimPolicies({"ue5m3": "replay", "nvfp4": "quantized"}, {})
+    (row,) = measure(claim, results / "tiny", {"nvfp4": (0,), "ue5m3": (0,)}, own, BLEND)
+    assert row.comparison.difference == pytest.approx(-0.05, abs=1e-9)
+    assert "ue5m3 under replay, nvfp4 under quantized" in row.note
+    (same,) = measure(claim, results / "tiny", {"nvfp4": (0,), "ue5m3": (0,)}, ClaimPolicies.same(claim), BLEND)
+    assert same.comparison is None  # no ue5m3 rows under the claim's one policy

@@ -9,6 +9,7 @@ from synthetic_runs import BLEND, CLAIMS, write_run
 
 from fp4repro.config.study import load_study
 from fp4repro.report import load_claims, measure, write_report
+from fp4repro.report.claims import claim_policies
 from fp4repro.statistics import SUGGESTIVE
 
 
@@ -47,12 +48,12 @@ def test_the_report_command_counts_the_verdicts(tmp_path, monkeypatch, capsys):
 
 
 def measure_all(results: Path) -> list:
+    study = load_study("tiny")
+    runs = dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"), (0,))
     return [
         row
         for c in load_claims(CLAIMS)[1]
-        for row in measure(
-            c, results / "tiny", dict.fromkeys(("bf16", "nvfp4", "ue5m3", "ue5m3_t448", "mxfp4"), (0,)), BLEND
-        )
+        for row in measure(c, results / "tiny", runs, claim_policies(c, study), BLEND)
     ]
 
 

@@ -8,6 +8,7 @@ import math
 from synthetic_runs import BLEND, claims_by_id
 
 from fp4repro.report import measure
+from fp4repro.report.claims import ClaimPolicies
 
 
 def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_without_the_native_one(tmp_path):
@@ -33,7 +34,9 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     }
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
-    (row,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
+    (row,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
     assert row.verdict == "not measured natively" and row.comparison is None
     ratio = math.exp(sum(math.log(a / b) for a, b in zip(rows["nvfp4"], rows["nvfp4_no_rht_no_bf16_tail"])) / 5)
     assert f"NVIDIA H200 emulated: {ratio - 1:+.1%}" in row.note and "(raises tokens/s)" in row.note
@@ -48,7 +51,9 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
         },
     }
     throughput.record(results / "bench" / "throughput_h200.json", unresolved, "cpu")
-    (open_row,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
+    (open_row,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
     assert "(does not resolve tokens/s; direction check at FP8's smaller GEMM ratio: not resolved)" in open_row.note
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     assert "compute capability >= 10.0" in row.note
@@ -79,7 +84,9 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
         },
     }
     throughput.record(results / "bench" / "throughput_h200.json", projected, "cpu")
-    (band,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
+    (band,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
     assert (
         "NVIDIA B200 projected from NVIDIA H200: +2.9% [+1.8%, +4.4%] (band over the projection's parameters; "
         "with no non-GEMM time +10.5% [+5.0%, +14.6%]); the paper's +21.2% is not consistent (outside the band)"
@@ -96,20 +103,26 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
         "columns": {**entry["columns"], "native": {"recipes": {}, "effects": throughput.effects(rows)}},
     }
     throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
-    (decided,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
+    (decided,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
     assert decided.verdict == "reproduced" and "native FP4 on 1 device(s)" in decided.note
     assert "NVIDIA B200 native: " in decided.note and "NVIDIA H200 fp8 analogue" in decided.note
     native["columns"]["native"]["effects"] = throughput.effects(slower)
     throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
-    (against,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
+    (against,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
     assert against.verdict == "opposite direction"
     (results / "bench" / "throughput_b200.json").unlink()
     # an analogue measured before its cast clamped is void, and said so
     del entry["columns"]["fp8_analogue"]["cast"]
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
-    (void,) = measure(claim, results / "paper8b", {"nvfp4": (0,)}, BLEND, model="nemotron_h_8b")
+    (void,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
     assert "NVIDIA H200 fp8 analogue: void: made before the FP8 cast clamped" in void.note
     assert void.verdict == "not measured natively"
-    (other,) = measure(claim, results / "small", {"nvfp4": (0,)}, BLEND, model="small")
+    (other,) = measure(claim, results / "small", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="small")
     assert other.note.startswith("not measured: no body-throughput file") and "small's shapes" in other.note
     assert "measured for other shapes, nemotron_h_8b: NVIDIA H200 emulated" in other.note

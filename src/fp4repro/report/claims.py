@@ -1,13 +1,14 @@
 """The claims file and the report's line: ``Claim`` (one claim of ``configs/claims.yaml``), with the
 paper's own numbers for it (``Reported``, each number a ``PaperValue`` cited by a path of the
-authors' artifact), ``Row`` (one line of the report: a claim and its outcome), ``ReportError`` and
-``load_claims``."""
+authors' artifact), ``Row`` (one line of the report: a claim and its outcome), ``ReportError``,
+``load_claims`` and ``claim_policies`` (the inference policy each side of a claim is read under)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from fp4repro.config.eval import RECIPE_POLICY, resolve_policies
 from fp4repro.config.files import read_yaml, schema_error, schema_field
 from fp4repro.errors import FP4ReproError
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE, Comparison
@@ -88,7 +89,7 @@ class Claim:
     expect: str  # lower | higher
     paper: str
     magnitude: str | None = None  # the paper's number, where its summary gives one
-    policy: str = "quantized"
+    policy: str = "quantized"  # or recipe: each side under its own (claim_policies)
     event: str | None = None
     operands: tuple[str, ...] = ()
     mechanism: str = ""  # why the measure should move as the paper says (telemetry claims)
@@ -135,3 +136,42 @@ def load_claims(path: str | Path) -> tuple[dict, list[Claim]]:
         for c in raw["claims"]
     ]
     return raw["paper"], claims
+
+
+@dataclass(frozen=True)
+class ClaimPolicies:
+    """The inference policy each recipe of a claim is read under, and the sides whose own policy
+    (``policy: recipe``) this experiment did not evaluate, read under the current amax instead."""
+
+    of: dict[str, str]
+    not_evaluated: dict[str, str]  # recipe -> its own policy
+
+    @classmethod
+    def same(cls, claim: Claim) -> ClaimPolicies:
+        """Both sides under the claim's policy."""
+        return cls({r: claim.policy for r in (claim.recipe, claim.baseline)}, {})
+
+    def text(self, claim: Claim) -> str:
+        a, b = self.of[claim.recipe], self.of[claim.baseline]
+        said = f"{a} policy" if a == b else f"{claim.recipe} under {a}, {claim.baseline} under {b}"
+        if self.not_evaluated:
+            missed = ", ".join(f"{r}'s own, {p}" for r, p in self.not_evaluated.items())
+            said += f" (not evaluated under {missed}: eval.policies lacks recipe)"
+        return said
+
+
+def claim_policies(claim: Claim, study) -> ClaimPolicies:
+    """Which policy's rows each side of ``claim`` is read from in ``study``: the claim's policy for
+    both, or with ``policy: recipe`` each recipe's own (``Recipe.inference_policy``, as the authors
+    evaluate B16 under the cold D = 50 replay and NVFP4 under the current amax) where the experiment
+    evaluated it (``eval.policies`` names recipe or that policy), else the current amax."""
+    if claim.policy != RECIPE_POLICY:
+        return ClaimPolicies.same(claim)
+    of, missed = {}, {}
+    for r in (claim.recipe, claim.baseline):
+        own = study.recipes[r].inference_policy if r in study.recipes else "quantized"
+        if own in resolve_policies(study.experiment.eval.policies, own):
+            of[r] = own
+        else:
+            of[r], missed[r] = "quantized", own
+    return ClaimPolicies(of, missed)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
-from fp4repro.report.claims import Claim, ReportError, Row
+from fp4repro.report.claims import Claim, ClaimPolicies, ReportError, Row
 from fp4repro.report.pairing import _per_seed, shared_seeds
 from fp4repro.report.throughput_measure import throughput
 from fp4repro.results import (
@@ -82,14 +82,15 @@ def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
     return last_checkpoint(table[table["policy"] == policy], [])
 
 
-def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> list[Row]:
-    """Blend NLL at the last checkpoint: seed-level paired t, or a paired bootstrap over the
-    held-out documents (stratified by source), then at most "suggestive"."""
+def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], policies: ClaimPolicies) -> list[Row]:
+    """Blend NLL at the last checkpoint, each side under its policy: seed-level paired t, or a
+    paired bootstrap over the held-out documents (stratified by source), then at most "suggestive"."""
     files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
     if isinstance(files, Row):
         return [files]
     last = {
-        r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", claim.policy) for s in seeds} for r in files
+        r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", policies.of[r]) for s in seeds}
+        for r in files
     }
     steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
     if len(steps) != 1:
@@ -105,7 +106,7 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> lis
         docs = _per_seed(root, claim, seeds, "eval", "nll_documents.parquet")
         if isinstance(docs, Row):
             return [docs]
-        comparison = _document_bootstrap(docs, seeds[0], claim.policy, step, blend)
+        comparison = _document_bootstrap(docs, seeds[0], policies, step, blend)
     return [
         Row(
             claim,
@@ -113,28 +114,30 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float]) -> lis
             float(a.mean()),
             float(b.mean()),
             comparison,
-            note=f"blend NLL (nats/token) at step {step}, {claim.policy} policy, {len(seeds)} seed(s)",
+            note=f"blend NLL (nats/token) at step {step}, {policies.text(claim)}, {len(seeds)} seed(s)",
         )
     ]
 
 
-def _document_bootstrap(docs: dict, seed: int, policy: str, step: int, blend: dict[str, float]) -> Comparison:
+def _document_bootstrap(
+    docs: dict, seed: int, policies: ClaimPolicies, step: int, blend: dict[str, float]
+) -> Comparison:
     """Paired bootstrap of the blend-NLL difference over the documents both runs scored."""
     tables = []
-    for runs in docs.values():
+    for recipe, runs in docs.items():
         t = read_table(runs[seed], NLL_DOCUMENT_COLUMNS, "a per-document NLL table", ReportError)
-        tables.append(t[(t["policy"] == policy) & (t["step"] == step)])
+        tables.append(t[(t["policy"] == policies.of[recipe]) & (t["step"] == step)])
     return document_difference(*tables, blend)
 
 
-def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
-    """Each aggregate at the last checkpoint: seed-level paired t, or a paired item-level test over
-    the aggregate's items, then at most "suggestive"."""
+def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list[Row]:
+    """Each aggregate at the last checkpoint, each side under its policy: seed-level paired t, or a
+    paired item-level test over the aggregate's items, then at most "suggestive"."""
     files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
     if isinstance(files, Row):
         return [files]
     last = {
-        r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", claim.policy) for s in seeds}
+        r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", policies.of[r]) for s in seeds}
         for r in files
     }
     steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
@@ -158,7 +161,7 @@ def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
         if len(seeds) > 1:
             comparison = seed_level(a - b)
         else:
-            comparison = _item_test(items, seeds[0], claim, step, name, metric)
+            comparison = _item_test(items, seeds[0], claim, policies, step, name, metric)
         rows.append(
             Row(
                 claim,
@@ -166,20 +169,22 @@ def downstream(claim: Claim, root: Path, seeds) -> list[Row]:
                 float(a.mean()),
                 float(b.mean()),
                 comparison,
-                note=f"{metric} at step {step}, {claim.policy} policy, {len(seeds)} seed(s)",
+                note=f"{metric} at step {step}, {policies.text(claim)}, {len(seeds)} seed(s)",
             )
         )
     return rows
 
 
-def _item_test(items: dict, seed: int, claim: Claim, step: int, aggregate: str, metric: str) -> Comparison:
+def _item_test(
+    items: dict, seed: int, claim: Claim, policies: ClaimPolicies, step: int, aggregate: str, metric: str
+) -> Comparison:
     """The paired item-level test of one aggregate: each task's items under both recipes."""
     per = []
     for recipe in (claim.recipe, claim.baseline):
         t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
         per.append(
             t[
-                (t["policy"] == claim.policy)
+                (t["policy"] == policies.of[recipe])
                 & (t["step"] == step)
                 & (t["aggregate"] == aggregate)
                 & (t["metric"] == metric)
@@ -226,12 +231,14 @@ def measure(
     claim: Claim,
     root: Path,
     runs: dict[str, tuple[int, ...]],
+    policies: ClaimPolicies,
     blend: dict[str, float] | None = None,
     model: str | None = None,
 ) -> list[Row]:
     """The report lines of one claim against the results under ``root`` (results/<exp>) of
-    ``runs`` (recipe -> seeds), paired on the seeds that recipe and baseline share; a throughput
-    claim reads the benchmark files beside it (results/bench) for ``model``."""
+    ``runs`` (recipe -> seeds), paired on the seeds that recipe and baseline share, each side's
+    evaluation rows read under its policy (``fp4repro.report.claims.claim_policies``); a
+    throughput claim reads the benchmark files beside it (results/bench) for ``model``."""
     if claim.measure == "throughput":
         return throughput(claim, root.parent / "bench", model)
     absent = [r for r in (claim.recipe, claim.baseline) if not runs.get(r)]
@@ -250,9 +257,9 @@ def measure(
     if claim.measure == "final_loss":
         rows = final_loss(claim, root, seeds)
     elif claim.measure == "heldout_nll":
-        rows = heldout_nll(claim, root, seeds, blend or {})
+        rows = heldout_nll(claim, root, seeds, blend or {}, policies)
     elif claim.measure == "downstream":
-        rows = downstream(claim, root, seeds)
+        rows = downstream(claim, root, seeds, policies)
     else:
         rows = telemetry(claim, root, seeds)  # the claims schema allows no other measure
     # Every one of these is an outcome of training, the event rates too: the runs' weights part from

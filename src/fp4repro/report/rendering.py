@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from fp4repro.config.files import claims_path
-from fp4repro.report.claims import ReportError, Row, load_claims
+from fp4repro.report.claims import ReportError, Row, claim_policies, load_claims
 from fp4repro.report.measures import measure
 from fp4repro.report.pairing import _divergences, _numerics
 from fp4repro.report.paper_numbers import claims_of, measured_where, paper_cell, paper_section
@@ -203,7 +203,11 @@ def write_report(
     exp = study.experiment
     blend = dict(exp.train.stages[-1].blend)
     runs = study_runs(study, results)
-    rows = [row for claim in claim_list for row in measure(claim, root, runs, blend, study.model.name)]
+    rows = [
+        row
+        for claim in claim_list
+        for row in measure(claim, root, runs, claim_policies(claim, study), blend, study.model.name)
+    ]
     out = Path(out)
     beyond = phase_section(root, runs) + target_section(root, runs)
     diverged = _divergences(root, runs)
