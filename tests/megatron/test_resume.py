@@ -30,3 +30,45 @@ def test_the_megatron_backend_without_cuda_says_so_before_reading_data(tmp_path)
     )
     with pytest.raises(FP4ReproError, match="backend megatron trains on CUDA GPUs .* none is visible"):
         train(load_study(path), "bf16", tmp_path / "no_data", tmp_path / "out")
+
+
+# A process importing megatron-core (and so mamba-ssm) records the environment it sees then.
+_SEE_IMPORT_OF_MEGATRON_CORE = """
+import os, sys
+from fp4repro.config.study import load_study
+from fp4repro.errors import FP4ReproError
+from fp4repro.train import train
+
+seen = []
+class See:
+    def find_spec(self, name, path=None, target=None):
+        if name == "megatron.core" and not seen:
+            seen.append(os.environ.get("MAMBA_DETERMINISTIC"))
+        return None
+sys.meta_path.insert(0, See())
+try:
+    train(load_study(sys.argv[1]), "bf16", sys.argv[2], sys.argv[3], deterministic=True)
+except FP4ReproError:
+    pass
+print(seen)
+"""
+
+
+def test_deterministic_mode_is_chosen_before_megatron_core_is_imported(tmp_path):
+    """mamba-ssm fixes its kernels' launch configs when megatron-core imports it: a deterministic
+    run must have chosen mamba-ssm's deterministic mode by then, whatever imports megatron-core
+    first (the backend's refusal of a machine without CUDA does, before the engine is built)."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        "name: m\nmodel: tiny\nrecipes: [bf16]\nbackend: megatron\n"
+        "data: {sources: {prose: {kind: stdlib_prose}}, tokenizer: {vocab_size: 2048}}\n"
+        "train: {seq_len: 64, batch_size: 4, stages: [{name: s, tokens: 2560, blend: {prose: 1.0}}]}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MAMBA_DETERMINISTIC"}
+    argv = [sys.executable, "-c", _SEE_IMPORT_OF_MEGATRON_CORE, str(path), str(tmp_path / "d"), str(tmp_path / "o")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "['1']", done.stderr

@@ -155,6 +155,15 @@ def _retire_finished_outputs(out_dir: Path, fingerprint: str) -> None:
     )
 
 
+def choose_deterministic_mode() -> None:
+    """Deterministic algorithms only: torch's (with cuBLAS's workspace) and mamba-ssm's. Chosen
+    before anything imports megatron-core, which imports mamba-ssm, whose kernels fix their
+    launch configs at import: imported first, they autotune per process and two processes of the
+    same run part after a few steps."""
+    deterministic_algorithms()
+    deterministic_mamba_ssm()
+
+
 def build_engine(
     study: Study,
     recipe_name: str,
@@ -168,9 +177,8 @@ def build_engine(
     (``fp4repro.megatron.engine``, imported only then: importing megatron-core takes seconds);
     ``initial``: the weights it starts from (reference layout), else the seed's initialization."""
     recipe = study.recipe(recipe_name)
-    if deterministic:  # before megatron-core's import, which imports mamba-ssm (its kernel configs are fixed then)
-        deterministic_algorithms()
-        deterministic_mamba_ssm()
+    if deterministic:
+        choose_deterministic_mode()
     if study.experiment.backend == "megatron":
         from fp4repro.megatron.engine import MegatronEngine
 
@@ -227,6 +235,8 @@ def train(
     out_dir = Path(out_dir)
 
     # ---- this config's run folder, and what must hold before it computes anything
+    if deterministic:  # first: refuse_here's import below imports megatron-core, and with it mamba-ssm
+        choose_deterministic_mode()
     if exp.backend == "megatron":  # a machine it cannot train on is said before any data is read
         from fp4repro.megatron.engine import refuse_here
 
