@@ -37,7 +37,12 @@ pairs() { # BACKEND RECIPE MODE STEPS COPIES
             >"$runs/${backend}_${recipe}_${mode}_${steps}_$i.log" 2>&1 &
         pids+=($!)
     done
-    while kill -0 "${pids[@]}" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 5; done
+    while kill -0 "${pids[@]}" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+        sleep 5
+        if [ $(((SECONDS - start) % 60)) -lt 5 ]; then # progress: evaluation checkpoints written so far
+            echo "$((SECONDS - start)) s: ${backend}_${recipe}_${mode}_${steps}: $(ls "$runs/${backend}_${recipe}_${mode}_${steps}_1/ckpt" 2>/dev/null | tail -n 1)" >>"$out/train.log"
+        fi
+    done
     kill "${pids[@]}" 2>/dev/null
     wait "${pids[@]}" 2>/dev/null
     for i in $(seq 1 2 "$copies"); do
