@@ -40,7 +40,7 @@ pairs() { # BACKEND RECIPE MODE STEPS COPIES
     while kill -0 "${pids[@]}" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
         sleep 5
         if [ $(((SECONDS - start) % 60)) -lt 5 ]; then # progress: evaluation checkpoints written so far
-            echo "$((SECONDS - start)) s: ${backend}_${recipe}_${mode}_${steps}: $(ls "$runs/${backend}_${recipe}_${mode}_${steps}_1/ckpt" 2>/dev/null | tail -n 1)" >>"$out/train.log"
+            echo "$((SECONDS - start)) s: ${backend}_${recipe}_${mode}_${steps}: $(find "$runs/${backend}_${recipe}_${mode}_${steps}_1" -name "step_*.pt" 2>/dev/null | sort | tail -n 1 | xargs -r basename)" >>"$out/train.log"
         fi
     done
     kill "${pids[@]}" 2>/dev/null
