@@ -4,6 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+TEST_WORKERS ?= auto   # pytest-xdist workers: one per core; whole test folders per worker (tests/conftest.py)
 
 .PHONY: setup test repro slurm-profile clean
 
@@ -16,10 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(STAMP)
 
-test: setup   ## lint and format check, then the whole test suite (gpu tests skip without CUDA); exit code 5 = nothing collected
+test: setup   ## lint and format check, then the whole test suite on every core (gpu tests skip without CUDA); exit code 5 = nothing collected
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
-	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 EXPERIMENT ?= tiny

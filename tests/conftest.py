@@ -38,13 +38,34 @@ def _process_environment_restored(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
+#: pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): each worker runs whole groups, so a
+#: session fixture (prepared data, trained runs, the smoke study) is built in one worker, not in
+#: each. A group is a folder under tests/; the workflow and Slurm tests share the smoke study and
+#: are one group, the longest, put first so that it starts at once.
+WORKFLOW_GROUP = ("workflow", "slurm")
+
+
+def _group(item: pytest.Item) -> str:
+    parts = Path(str(item.path)).relative_to(Path(__file__).parent).parts
+    folder = parts[0] if len(parts) > 1 else "tests"
+    return "workflow" if folder in WORKFLOW_GROUP else folder
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    items.sort(key=lambda item: _group(item) != "workflow")  # stable: the order inside a group stays
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    # the workers share the machine's cores: torch's threads in each would otherwise contend
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 # ---------------------------------------------------------------------------- model configs
@@ -187,6 +208,8 @@ def _smoke_run_ahead(request):
     priority: most tests before the first that needs it keep one core of two busy, and the run
     (about three minutes of CPU time) takes what they leave instead of adding a minute or more to
     the session's wall time."""
+    if "PYTEST_XDIST_WORKER" in os.environ:  # its group runs first in one worker (pytest_collection_modifyitems)
+        return
     if any("smoke_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("smoke_run_started")
 
