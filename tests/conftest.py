@@ -38,23 +38,15 @@ def _process_environment_restored(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
-#: pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``): each worker runs whole groups, so a
-#: session fixture (prepared data, trained runs, the smoke study) is built in one worker, not in
-#: each. A group is a folder under tests/; the workflow and Slurm tests share the smoke study and
-#: are one group, the longest, put first so that it starts at once.
-WORKFLOW_GROUP = ("workflow", "slurm")
-
-
-def _group(item: pytest.Item) -> str:
-    parts = Path(str(item.path)).relative_to(Path(__file__).parent).parts
-    folder = parts[0] if len(parts) > 1 else "tests"
-    return "workflow" if folder in WORKFLOW_GROUP else folder
+#: ``make test`` runs pytest-xdist with ``--dist loadfile``: each file's tests in one worker, so a
+#: module fixture is built once. The workflow tests are the longest file and build the smoke study
+#: the Slurm tests also read: they go first, so that they start at once.
+FIRST = "workflow"
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: _group(item) != "workflow")  # stable: the order inside a group stays
+    tests = Path(__file__).parent
+    items.sort(key=lambda item: Path(str(item.path)).relative_to(tests).parts[0] != FIRST)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -207,19 +199,51 @@ def _smoke_run_ahead(request):
     """Where a selected test needs `smoke_run`, its run starts with the session, at the lowest CPU
     priority: most tests before the first that needs it keep one core of two busy, and the run
     (about three minutes of CPU time) takes what they leave instead of adding a minute or more to
-    the session's wall time."""
-    if "PYTEST_XDIST_WORKER" in os.environ:  # its group runs first in one worker (pytest_collection_modifyitems)
+    the session's wall time. Not under pytest-xdist, whose workers keep every core busy."""
+    if XDIST_WORKER in os.environ:
         return
     if any("smoke_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("smoke_run_started")
 
 
+XDIST_WORKER = "PYTEST_XDIST_WORKER"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (created), held while the block runs."""
+    import fcntl
+
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def smoke_run(smoke_run_started) -> Path:
+def smoke_run(request, tmp_path_factory, snakemake) -> Path:
     """The reduced study (the packaged configs/experiment/smoke.yaml) run locally through Snakemake,
-    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/)."""
-    workdir, run = smoke_run_started
-    run.wait()
+    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/).
+    Under pytest-xdist the workers share one run: the first to need it makes it in the session's
+    common temporary folder while holding a lock, and the others wait for it there."""
+    if XDIST_WORKER not in os.environ:
+        workdir, run = request.getfixturevalue("smoke_run_started")
+        run.wait()
+        return workdir
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's own
+    workdir, made = shared / "smoke-local", shared / "smoke-local.done"
+    with _locked(shared / "smoke-local.lock"):
+        if not made.exists():
+            workdir.mkdir(exist_ok=True)
+            run = snakemake.start(workdir, "--cores", "2", "--config", "experiment=smoke")
+            try:
+                run.wait()
+            finally:
+                run.stop()
+                run.output.close()
+            made.touch()
     return workdir
 
 
