@@ -26,6 +26,13 @@ PROVENANCE_KEY = "fp4repro.provenance"
 SEED_FOLDER = re.compile(r"^seed(\d+)$")
 
 
+#: the measured run-to-run spread of fast-mode GPU runs, under the results root (written by
+#: scripts/spread.py; read by ``fp4repro verify`` and the report):
+#: {"experiments": {<experiment>: {"device": <GPU name>, "pairs": n, "steps": n, "max_abs_dloss": [the
+#: largest |Δloss| over the measured pairs of same-seed runs at step 1, 2, ...]}}}
+SPREAD = Path("bench/determinism/spread.json")
+
+
 def run_dir(results: Path, experiment: str, recipe: str, seed: int) -> Path:
     """The training run of one recipe and seed."""
     return Path(results) / experiment / "train" / recipe / f"seed{seed}"

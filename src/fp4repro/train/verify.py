@@ -41,14 +41,10 @@ import pandas as pd
 from fp4repro.config.numerics import UNRECORDED, numerics_record
 from fp4repro.data import load_manifest
 from fp4repro.errors import ConfigError, FP4ReproError
-from fp4repro.results import METRICS_COLUMNS, read_table, run_dir, table_provenance
+from fp4repro.results import METRICS_COLUMNS, SPREAD, read_table, run_dir, table_provenance
 from fp4repro.train.loop import METRICS, TELEMETRY, train
 from fp4repro.train.runs import RunFolder, changed_fields, run_fingerprint
 
-#: the measured run-to-run spread of fast-mode GPU runs (issue 41), under the results root:
-#: {"experiments": {<experiment>: {"device": <GPU name>, "max_abs_dloss": [the largest |Δloss| over
-#: the measured pairs of same-seed runs at step 1, 2, ...]}}}
-SPREAD = Path("bench/determinism/spread.json")
 TOLERANCE_FACTOR = 1.5
 #: the metrics columns that say how a step was computed, not what: never compared
 UNCOMPARED = ("tokens_per_s", "attempt")
