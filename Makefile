@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-TEST_WORKERS ?= auto   # pytest-xdist workers, one per core; each test file runs in one of them (tests/conftest.py)
+TEST_WORKERS ?= auto   # pytest-xdist workers, one per core; each test folder runs in one of them (tests/conftest.py)
 
 .PHONY: setup test repro slurm-profile clean
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 test: setup   ## lint and format check, then the whole test suite on every core (gpu tests skip without CUDA); exit code 5 = nothing collected
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
-	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 EXPERIMENT ?= tiny

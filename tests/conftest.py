@@ -38,15 +38,32 @@ def _process_environment_restored(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
-#: ``make test`` runs pytest-xdist with ``--dist loadfile``: each file's tests in one worker, so a
-#: module fixture is built once. The workflow tests are the longest file and build the smoke study
-#: the Slurm tests also read: they go first, so that they start at once.
-FIRST = "workflow"
+#: ``make test`` runs pytest-xdist (``-n auto``) with the scheduler below: a test folder is a unit of
+#: work, run whole by one worker, so the session fixtures of its conftest are built once. The
+#: workflow and Slurm tests are one unit, the first: they share the smoke study, and two workers
+#: cannot each start the one local Slurm (the second's tests would skip).
+SHARED_UNIT = {"workflow": "workflow", "slurm": "workflow"}
+
+
+def _unit(path: str) -> str:
+    parts = Path(path).parts
+    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else "tests"
+    return SHARED_UNIT.get(folder, folder)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist it is never called
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FolderScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid.split("::")[0])
+
+    return FolderScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    tests = Path(__file__).parent
-    items.sort(key=lambda item: Path(str(item.path)).relative_to(tests).parts[0] != FIRST)  # stable
+    items.sort(key=lambda item: _unit(item.nodeid.split("::")[0]) != "workflow")  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -200,50 +217,18 @@ def _smoke_run_ahead(request):
     priority: most tests before the first that needs it keep one core of two busy, and the run
     (about three minutes of CPU time) takes what they leave instead of adding a minute or more to
     the session's wall time. Not under pytest-xdist, whose workers keep every core busy."""
-    if XDIST_WORKER in os.environ:
+    if "PYTEST_XDIST_WORKER" in os.environ:
         return
     if any("smoke_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("smoke_run_started")
 
 
-XDIST_WORKER = "PYTEST_XDIST_WORKER"
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` (created), held while the block runs."""
-    import fcntl
-
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
-def smoke_run(request, tmp_path_factory, snakemake) -> Path:
+def smoke_run(smoke_run_started) -> Path:
     """The reduced study (the packaged configs/experiment/smoke.yaml) run locally through Snakemake,
-    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/).
-    Under pytest-xdist the workers share one run: the first to need it makes it in the session's
-    common temporary folder while holding a lock, and the others wait for it there."""
-    if XDIST_WORKER not in os.environ:
-        workdir, run = request.getfixturevalue("smoke_run_started")
-        run.wait()
-        return workdir
-    shared = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's own
-    workdir, made = shared / "smoke-local", shared / "smoke-local.done"
-    with _locked(shared / "smoke-local.lock"):
-        if not made.exists():
-            workdir.mkdir(exist_ok=True)
-            run = snakemake.start(workdir, "--cores", "2", "--config", "experiment=smoke")
-            try:
-                run.wait()
-            finally:
-                run.stop()
-                run.output.close()
-            made.touch()
+    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/)."""
+    workdir, run = smoke_run_started
+    run.wait()
     return workdir
 
 
