@@ -13,7 +13,7 @@ from fp4repro.report.claims import ReportError, Row, claim_policies, load_claims
 from fp4repro.report.measures import measure
 from fp4repro.report.pairing import _divergences, _numerics
 from fp4repro.report.paper_numbers import claims_of, measured_where, paper_cell, paper_section
-from fp4repro.report.repeatability import repeatability_section
+from fp4repro.report.run_spread import spread_section
 from fp4repro.report.sections import phase_section, target_section
 from fp4repro.results import eval_dir, run_dir, study_runs
 from fp4repro.util import atomic_write_text
@@ -213,7 +213,7 @@ def write_report(
     beyond = (
         phase_section(root, runs)
         + target_section(root, runs)
-        + repeatability_section(Path(results), root, runs, exp.train.final_window)
+        + spread_section(Path(results), root, runs, exp.train.final_window)
     )
     diverged = _divergences(root, runs)
     text = render(

@@ -80,7 +80,7 @@ def _seed_to_seed(root: Path, runs: dict[str, tuple[int, ...]]) -> str:
     return "- **Seed to seed** (standard deviation of a recipe's final-window loss): " + "; ".join(parts) + "."
 
 
-def repeatability_section(
+def spread_section(
     results: Path, root: Path, runs: dict[str, tuple[int, ...]], final_window: float
 ) -> list[str]:
     """The section's Markdown lines: the run-to-run spread measured for this experiment (from

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fp4repro.report.repeatability import final_window_spread, repeatability_section
+from fp4repro.report.run_spread import final_window_spread, spread_section
 
 
 def _write(path: Path, record: dict) -> None:
@@ -42,7 +42,7 @@ def results(tmp_path):
 def test_the_section_sets_the_measured_run_to_run_spread_beside_the_seed_to_seed_one(results):
     spread = {"device": "NVIDIA H200", "pairs": 3, "steps": 4, "max_abs_dloss": [0.0, 0.5, 0.02, 0.04]}
     _write(results / "bench" / "determinism" / "spread.json", {"experiments": {"exp": spread}})
-    text = "\n".join(repeatability_section(results, results / "exp", {"a": (0, 1), "b": (0,)}, 0.5))
+    text = "\n".join(spread_section(results, results / "exp", {"a": (0, 1), "b": (0,)}, 0.5))
     assert "over 3 pairs of 4-step runs on NVIDIA H200, a step's loss differs by up to 0.5000" in text
     assert "over steps 3-4 (the last 50%) by up to 0.0400, and by 0.0300 on average" in text
     assert "2 repeat bit for bit (made on a CPU or with `--deterministic`), 1 were made in fast mode" in text
@@ -52,6 +52,6 @@ def test_the_section_sets_the_measured_run_to_run_spread_beside_the_seed_to_seed
 
 def test_an_experiment_without_a_measured_spread_says_so(results):
     _write(results / "bench" / "determinism" / "spread.json", {"experiments": {"other": {}}})
-    text = "\n".join(repeatability_section(results, results / "exp", {"b": (0,)}, 0.1))
+    text = "\n".join(spread_section(results, results / "exp", {"b": (0,)}, 0.1))
     assert "not measured for `exp`" in text
     assert "no recipe here has two seeds" in text
