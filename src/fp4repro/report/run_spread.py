@@ -80,9 +80,7 @@ def _seed_to_seed(root: Path, runs: dict[str, tuple[int, ...]]) -> str:
     return "- **Seed to seed** (standard deviation of a recipe's final-window loss): " + "; ".join(parts) + "."
 
 
-def spread_section(
-    results: Path, root: Path, runs: dict[str, tuple[int, ...]], final_window: float
-) -> list[str]:
+def spread_section(results: Path, root: Path, runs: dict[str, tuple[int, ...]], final_window: float) -> list[str]:
     """The section's Markdown lines: the run-to-run spread measured for this experiment (from
     ``results``/SPREAD), how this report's runs were made, and the seed-to-seed spread of each
     recipe's final-window loss (``root`` = results/<experiment>, ``runs``: recipe -> seeds)."""
