@@ -38,32 +38,36 @@ def _process_environment_restored(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
-#: ``make test`` runs pytest-xdist (``-n auto``) with the scheduler below: a test folder is a unit of
-#: work, run whole by one worker, so the session fixtures of its conftest are built once. The
-#: workflow and Slurm tests are one unit, the first: they share the smoke study, and two workers
-#: cannot each start the one local Slurm (the second's tests would skip).
-SHARED_UNIT = {"workflow": "workflow", "slurm": "workflow"}
+#: ``make test`` runs pytest-xdist (``-n auto``) with the scheduler below: a test file is a unit of
+#: work, run whole by one worker (its module fixtures are built once), but the Slurm tests are one
+#: unit (one machine runs one test Slurm: a second worker's would skip) and go first, then the
+#: workflow tests; both read the smoke study, which the workers share (``smoke_run``).
+FIRST_UNITS = ("tests/slurm", "tests/workflow/test_workflow.py")
 
 
-def _unit(path: str) -> str:
-    parts = Path(path).parts
-    folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else "tests"
-    return SHARED_UNIT.get(folder, folder)
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return "tests/slurm" if path.startswith("tests/slurm/") else path
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist it is never called
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class FolderScheduling(LoadScopeScheduling):
+    class UnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid.split("::")[0])
+            return _unit(nodeid)
 
-    return FolderScheduling(config, log)
+    config.option.loadscopereorder = False  # the units in the order of the collection
+    return UnitScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: _unit(item.nodeid.split("::")[0]) != "workflow")  # stable
+    def rank(item) -> int:
+        unit = _unit(item.nodeid)
+        return FIRST_UNITS.index(unit) if unit in FIRST_UNITS else len(FIRST_UNITS)
+
+    items.sort(key=rank)  # stable: the order inside a unit stays
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
@@ -223,12 +227,41 @@ def _smoke_run_ahead(request):
         request.getfixturevalue("smoke_run_started")
 
 
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (created), held while the block runs."""
+    import fcntl
+
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def smoke_run(smoke_run_started) -> Path:
+def smoke_run(request, tmp_path_factory, snakemake) -> Path:
     """The reduced study (the packaged configs/experiment/smoke.yaml) run locally through Snakemake,
-    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/)."""
-    workdir, run = smoke_run_started
-    run.wait()
+    once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/).
+    Under pytest-xdist the workers share one run: the first to need it makes it in the session's
+    common temporary folder while holding a lock, and the others wait for it there."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        workdir, run = request.getfixturevalue("smoke_run_started")
+        run.wait()
+        return workdir
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's own
+    workdir, made = shared / "smoke-local", shared / "smoke-local.done"
+    with _locked(shared / "smoke-local.lock"):
+        if not made.exists():
+            workdir.mkdir(exist_ok=True)
+            run = snakemake.start(workdir, "--cores", "2", "--config", "experiment=smoke")
+            try:
+                run.wait()
+            finally:
+                run.stop()
+                run.output.close()
+            made.touch()
     return workdir
 
 
