@@ -38,16 +38,12 @@ def _process_environment_restored(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
-#: ``make test`` runs pytest-xdist (``-n auto``) with the scheduler below: a test file is a unit of
-#: work, run whole by one worker (its module fixtures are built once), but the Slurm tests are one
-#: unit (one machine runs one test Slurm: a second worker's would skip) and go first, then the
-#: workflow tests; both read the smoke study, which the workers share (``smoke_run``).
-FIRST_UNITS = ("tests/slurm", "tests/workflow/test_workflow.py")
-
-
+#: ``make test`` runs pytest-xdist (``-n auto``) with the scheduler below: each test is a unit of work
+#: of its own, as in xdist's ``load``, but the Slurm tests are one unit, run whole by one worker:
+#: one machine runs one test Slurm, and a second worker's would skip. The workers share one run of
+#: the smoke study (``smoke_run``).
 def _unit(nodeid: str) -> str:
-    path = nodeid.split("::")[0]
-    return "tests/slurm" if path.startswith("tests/slurm/") else path
+    return "tests/slurm" if nodeid.startswith("tests/slurm/") else nodeid
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist it is never called
@@ -63,22 +59,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        unit = _unit(item.nodeid)
-        return FIRST_UNITS.index(unit) if unit in FIRST_UNITS else len(FIRST_UNITS)
-
-    items.sort(key=rank)  # stable: the order inside a unit stays
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
-    # the workers share the machine's cores: torch's threads in each would otherwise contend
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 # ---------------------------------------------------------------------------- model configs
