@@ -33,6 +33,12 @@ SEED_FOLDER = re.compile(r"^seed(\d+)$")
 SPREAD = Path("bench/determinism/spread.json")
 
 
+def repeats_bit_for_bit(device: str, deterministic: bool | None) -> bool:
+    """Whether a run repeats bit for bit: every CPU run (``device`` as provenance records it,
+    ``cpu (...)``) and every GPU run made with ``--deterministic`` (done.json's ``deterministic``)."""
+    return device.startswith("cpu") or bool(deterministic)
+
+
 def run_dir(results: Path, experiment: str, recipe: str, seed: int) -> Path:
     """The training run of one recipe and seed."""
     return Path(results) / experiment / "train" / recipe / f"seed{seed}"

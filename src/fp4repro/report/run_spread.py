@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from fp4repro.results import SPREAD, eval_dir, run_dir
+from fp4repro.results import SPREAD, eval_dir, repeats_bit_for_bit, run_dir
 
 
 def final_window_spread(max_abs_dloss: list[float], final_window: float) -> tuple[int, int, float, float]:
@@ -57,8 +57,8 @@ def _deterministic_text(root: Path, runs: dict[str, tuple[int, ...]]) -> str:
             done = run_dir(root.parent, root.name, recipe, seed) / "done.json"
             if done.is_file():
                 record = json.loads(done.read_text())
-                cpu = str(record.get("provenance", {}).get("device", "")).startswith("cpu")
-                made["bit for bit" if cpu or record.get("deterministic") else "fast mode"] += 1
+                device = str(record.get("provenance", {}).get("device", ""))
+                made["bit for bit" if repeats_bit_for_bit(device, record.get("deterministic")) else "fast mode"] += 1
     return (
         f"- **This report's runs:** {made['bit for bit']} repeat bit for bit (made on a CPU or with "
         f"`--deterministic`), {made['fast mode']} were made in fast mode on a GPU."

@@ -41,7 +41,7 @@ import pandas as pd
 from fp4repro.config.numerics import UNRECORDED, numerics_record
 from fp4repro.data import load_manifest
 from fp4repro.errors import ConfigError, FP4ReproError
-from fp4repro.results import METRICS_COLUMNS, SPREAD, read_table, run_dir, table_provenance
+from fp4repro.results import METRICS_COLUMNS, SPREAD, read_table, repeats_bit_for_bit, run_dir, table_provenance
 from fp4repro.train.loop import METRICS, TELEMETRY, train
 from fp4repro.train.runs import RunFolder, changed_fields, run_fingerprint
 
@@ -182,7 +182,7 @@ def verify(
         raise Refusal(f"--steps {steps}: the committed run of {name} has {total} steps (give 1 to {total})")
     check_repeatable(study, recipe, seed, run, Path(data_dir), name)
     device = rerun_device(run.device, name)
-    deterministic = device == "cpu" or bool(run.done.get("deterministic"))
+    deterministic = repeats_bit_for_bit(run.device, run.done.get("deterministic"))
     tolerance = (
         None if deterministic else fast_tolerance(spread or Path(results) / SPREAD, study.name, run.device, steps)
     )
