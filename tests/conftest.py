@@ -1,15 +1,11 @@
 import contextlib
-import dataclasses
 import errno
 import io
 import os
 import re
-import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
-from typing import IO
 
 import pytest
 import torch
@@ -127,25 +123,6 @@ class Snakemake:
             )
         return proc
 
-    def start(self, workdir: Path, *args: str) -> "Background":
-        """The same command started in the background at the lowest CPU priority, in a process
-        group of its own (its jobs with it), its output kept in a temporary file."""
-        cmd = ["nice", "-n", "19", *self.command(workdir, *args)]
-        output = tempfile.TemporaryFile("w+")
-        proc = subprocess.Popen(
-            cmd,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        # Where the kernel shares the CPU out between sessions first (autogroup), a nice value counts
-        # only within its session: the run's session is made as nice as the run.
-        with contextlib.suppress(OSError):
-            Path(f"/proc/{proc.pid}/autogroup").write_text("19")
-        return Background(cmd, proc, output)
-
     @staticmethod
     def planned_jobs(proc: subprocess.CompletedProcess) -> dict[str, int]:
         """Rule -> job count from a dry run's 'Job stats' table ({} when nothing is to be done)."""
@@ -159,58 +136,6 @@ class Snakemake:
 @pytest.fixture(scope="session")
 def snakemake() -> Snakemake:
     return Snakemake()
-
-
-@dataclasses.dataclass
-class Background:
-    """A Snakemake run started by Snakemake.start."""
-
-    cmd: list[str]
-    proc: subprocess.Popen
-    output: IO[str]
-
-    def wait(self, timeout: float = 900) -> None:
-        """Waits for the run to end; fails with the end of its output where it did not succeed."""
-        try:
-            returncode = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            returncode = f"still running after {timeout:.0f} s"
-        if returncode != 0:
-            self.output.seek(0)
-            raise AssertionError(f"{' '.join(self.cmd)} failed ({returncode}):\n{self.output.read()[-8000:]}")
-
-    def stop(self) -> None:
-        """Ends the run and its jobs where it still runs."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
-@pytest.fixture(scope="session")
-def smoke_run_started(tmp_path_factory, snakemake):
-    """The run of `smoke_run`, started (its working directory, its Background)."""
-    workdir = tmp_path_factory.mktemp("smoke-local")
-    run = snakemake.start(workdir, "--cores", "2", "--config", "experiment=smoke")
-    yield workdir, run
-    run.stop()
-    run.output.close()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _smoke_run_ahead(request):
-    """Where a selected test needs `smoke_run`, its run starts with the session, at the lowest CPU
-    priority: most tests before the first that needs it keep one core of two busy, and the run
-    (about three minutes of CPU time) takes what they leave instead of adding a minute or more to
-    the session's wall time. Not under pytest-xdist, whose workers keep every core busy."""
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        return
-    if any("smoke_run" in getattr(item, "fixturenames", ()) for item in request.session.items):
-        request.getfixturevalue("smoke_run_started")
 
 
 @contextlib.contextmanager
@@ -227,15 +152,20 @@ def _locked(path: Path):
 
 
 @pytest.fixture(scope="session")
-def smoke_run(request, tmp_path_factory, snakemake) -> Path:
+def smoke_run(tmp_path_factory, snakemake) -> Path:
     """The reduced study (the packaged configs/experiment/smoke.yaml) run locally through Snakemake,
     once per session: its working directory (results/, figures/, paper/smoke/report.md, logs/).
-    Under pytest-xdist the workers share one run: the first to need it makes it in the session's
-    common temporary folder while holding a lock, and the others wait for it there."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        workdir, run = request.getfixturevalue("smoke_run_started")
-        run.wait()
-        return workdir
+    pytest-xdist's workers share it: the first to need it makes it in the session's temporary
+    folder while holding a lock, and the others wait for it there."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base  # above every worker's own
+    workdir, made = shared / "smoke-local", shared / "smoke-local.done"
+    with _locked(shared / "smoke-local.lock"):
+        if not made.exists():
+            workdir.mkdir(exist_ok=True)
+            snakemake(workdir, "--cores", "2", "--config", "experiment=smoke")
+            made.touch()
+    return workdir
     shared = tmp_path_factory.getbasetemp().parent  # this session's, above every worker's own
     workdir, made = shared / "smoke-local", shared / "smoke-local.done"
     with _locked(shared / "smoke-local.lock"):
