@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-TEST_WORKERS ?= auto   # pytest-xdist workers, one per core; each test folder runs in one of them (tests/conftest.py)
+TEST_WORKERS ?= auto   # pytest-xdist workers, one per core (0: one process); tests/conftest.py shares the tests out
 
 .PHONY: setup test repro slurm-profile clean
 
