@@ -2,19 +2,21 @@
 # Same-seed runs of one experiment, several processes at once on one GPU, each pair compared bit
 # for bit (scripts/compare_runs.py).
 #
-# Usage: scripts/determinism_pairs.sh EXPERIMENT_YAML SECONDS OUT JOB...
-#   JOB = BACKEND:RECIPE:MODE:STEPS:COPIES, e.g. reference:ue5m3:deterministic:full:2 or
-#         megatron:nvfp4:fast:500:2 (STEPS full: the whole run; MODE deterministic or fast)
-# Prepares the data (results/<yaml's file name>/data), starts every copy of every job at once,
-# stops what is still training after SECONDS (a stopped run is compared over the steps it logged
-# by its last resume checkpoint), and appends one JSON line per pair (copies 1-2, 3-4, ...) to
-# OUT/pairs.jsonl; the end of each train log goes to OUT/train.log. Run folders: $RUNS_DIR.
+# Usage: scripts/determinism_pairs.sh EXPERIMENT_YAML SECONDS OUT LANE...
+#   LANE = JOB[,JOB...]: the lanes run at once, the jobs of a lane one after another
+#   JOB  = BACKEND:RECIPE:MODE:STEPS:COPIES, e.g. reference:ue5m3:deterministic:full:2 or
+#          megatron:nvfp4:fast:500:2 (STEPS full: the whole run; MODE deterministic or fast)
+# Prepares the data (results/<yaml's file name>/data, or $DATA_DIR), starts every copy of a job at
+# once, stops what is still training after SECONDS (a stopped run is compared over the steps it
+# logged by its last resume checkpoint; a job not started by then is skipped), and appends one JSON
+# line per pair (copies 1-2, 3-4, ...) to OUT/pairs.jsonl; the end of each train log goes to
+# OUT/train.log, and OUT/finished marks the end. Run folders: $RUNS_DIR.
 # One H200 runs about one `small` process's worth of steps at a time (two or more at once share it).
 set -u
 experiment=$1 seconds=$2 out=$3
 shift 3
 name=$(basename "$experiment" .yaml)
-data=results/$name/data
+data=${DATA_DIR:-results/$name/data}
 runs=${RUNS_DIR:-/tmp/determinism_runs}/$name
 mkdir -p "$out" "$runs"
 # the megatron backend: the same experiment with `backend: megatron`
@@ -51,12 +53,22 @@ pairs() { # BACKEND RECIPE MODE STEPS COPIES
     done
 }
 
-for job in "$@"; do
-    IFS=: read -r backend recipe mode steps copies <<<"$job"
-    pairs "$backend" "$recipe" "$mode" "$steps" "$copies" &
+lane() { # JOB,JOB,...
+    local job backend recipe mode steps copies jobs
+    IFS=, read -ra jobs <<<"$1"
+    for job in "${jobs[@]}"; do
+        [ $SECONDS -lt $deadline ] || { echo "$job: not started (deadline)" >>"$out/train.log"; continue; }
+        IFS=: read -r backend recipe mode steps copies <<<"$job"
+        pairs "$backend" "$recipe" "$mode" "$steps" "$copies"
+    done
+}
+
+for jobs in "$@"; do
+    lane "$jobs" &
 done
 wait
 for log in "$runs"/*.log; do
     echo "== $log ($((SECONDS - start)) s after the start)" >>"$out/train.log"
     tail -n 5 "$log" >>"$out/train.log"
 done
+touch "$out/finished"
