@@ -135,6 +135,9 @@ def test_experiment_command(capsys, monkeypatch):
     assert "\n  nvfp4: 1 of 5 layers BF16 (20%): layer 4\n" in out and "\n  ue5m3: 0 of 5 layers BF16 (0%)\n" in out
     assert "\n  bf16: 5 of 5 layers BF16 (100%)\n" in out
     assert "\nruns: 5, seeds bf16 0; nvfp4 0; ue5m3 0; ue5m3_t448 0; mxfp4 0\n" in out
+    assert "12 checkpoints\n" in out  # tiny trains in fast mode: nothing said
+    assert main(["experiment", "small_megatron"]) == 0
+    assert "lr 0.001 (WSD), 12 checkpoints, deterministic GPU algorithms\n" in capsys.readouterr().out
     # the committed small study, read where the workflow reads it: at the repository's root, whose
     # results/small/recipes/ holds the recipes its runs were made with
     monkeypatch.chdir(Path(__file__).resolve().parents[2])

@@ -41,6 +41,12 @@ def test_base_loads(tmp_path):
     assert exp.backend == "reference" and exp.parallel == ParallelConfig()
 
 
+def test_deterministic_mode_is_a_train_field_off_unless_asked(tmp_path):
+    assert load_experiment(_write(tmp_path, BASE)).train.deterministic is False
+    asked = BASE.replace("batch_size: 4", "batch_size: 4\n  deterministic: true")
+    assert load_experiment(_write(tmp_path, asked)).train.deterministic is True
+
+
 def test_a_parallel_split_that_fits_the_model_loads(tmp_path):
     text = BASE.replace(
         "model: tiny",
@@ -62,6 +68,11 @@ BAD = {
     "stage without tokens": (("tokens: 2048", "tokens: 0"), "train.stages.1.tokens", "minimum"),
     "unknown source": (("prose: 0.4, code: 0.6", "prose: 0.4, web: 0.6"), "train.stages.1.blend.web", "unknown source"),
     "sequence length": (("seq_len: 64", "seq_len: 60"), "train.seq_len", "multiple of 16"),
+    "deterministic not a boolean": (
+        ("batch_size: 4", "batch_size: 4\n  deterministic: sometimes"),
+        "train.deterministic",
+        "boolean",
+    ),
     "unknown field": (("batch_size: 4", "batch_size: 4\n  momentum: 0.9"), "train", "momentum"),
     "source kind": (("{kind: stdlib_code}", "{kind: web}"), "data.sources.code.kind", "web"),
     "jsonl without paths": (("{kind: stdlib_code}", "{kind: jsonl}"), "data.sources.code.paths", "path glob"),

@@ -46,7 +46,7 @@ def _cmd_train(args) -> int:
         device=args.device,
         progress=not args.quiet,
         stop_after=args.stop_after,
-        deterministic=args.deterministic,
+        deterministic=args.deterministic or exp.train.deterministic,
         init_from=args.init_from,
     )
     return 0
@@ -198,7 +198,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument(
         "--deterministic",
         action="store_true",
-        help="deterministic GPU algorithms only (slower), so a resumed run repeats an uninterrupted one bit for bit",
+        help="deterministic GPU algorithms only (slower), so that a run repeats bit for bit, resumed or not "
+        "(the default of an experiment with train.deterministic: true)",
     )
     tr.set_defaults(func=_cmd_train)
 

@@ -117,6 +117,10 @@ class TrainConfig:
     telemetry_every: int | None = None  # None: the study chooses one that sees every phase
     resume_every: int = 50
     final_window: float = 0.1
+    #: GPU runs with deterministic algorithms only (``fp4repro train --deterministic``): they repeat
+    #: bit for bit, at the cost results/bench/determinism/cost_h200.json measures. A CPU run repeats
+    #: either way. Not in NUMERIC_FIELDS: a fast-mode run has no bits of its own to keep.
+    deterministic: bool = False
 
     #: The fields that change what a run computes (besides the run's own seed). The others (the
     #: other seeds, how often to record telemetry or save a resume checkpoint, the final-window
