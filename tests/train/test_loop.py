@@ -476,7 +476,7 @@ def test_a_full_disk_during_training_is_one_line_and_the_run_resumes_from_its_la
     assert [p.name for p in resume_checkpoints(run.resume)] == ["resume_00000010.pt", "resume_00000005.pt"]
 
 
-def test_an_experiment_asking_for_deterministic_mode_trains_in_it_without_the_flag(guarded, tmp_path, monkeypatch):
+def test_an_experiment_asking_for_deterministic_mode_trains_in_it_without_the_flag(guarded, tmp_path):
     # issue 41: committed runs are made in deterministic mode (its cost is measured in
     # results/bench/determinism/cost_h200.json); the experiment says so, the workflow passes no flag
     path, data = guarded
@@ -484,13 +484,11 @@ def test_an_experiment_asking_for_deterministic_mode_trains_in_it_without_the_fl
     asked.write_text(
         path.read_text().replace("resume_every: 5", "resume_every: 5\n  deterministic: true").replace("12800", "256")
     )
-    for name in ("CUBLAS_WORKSPACE_CONFIG", "MAMBA_DETERMINISTIC", "TRITON_CACHE_AUTOTUNING"):
-        monkeypatch.setenv(name, os.environ.get(name, ""))  # restored after the test, as is torch's mode below
     out = tmp_path / "run"
     try:
         assert (
             main(["train", "--experiment", str(asked), "--recipe", "bf16", "--data", str(data), "--out", str(out)]) == 0
         )
-    finally:
+    finally:  # (the variables it set are restored by conftest's _process_environment_restored)
         torch.use_deterministic_algorithms(False)
     assert json.loads((out / "done.json").read_text())["deterministic"] is True
