@@ -44,9 +44,7 @@ def _process_environment_restored(monkeypatch):
 
 #: ``make test`` runs pytest-xdist (``-n auto``) with the scheduler below: each test is a unit of work
 #: of its own, as in xdist's ``load``, but the Slurm tests are one unit, run whole by one worker:
-#: one machine runs one test Slurm, and a second worker's would skip. That unit, the longest, goes
-#: first (xdist orders units by their number of tests, and keeps the collection's order among the
-#: single tests), so that no worker ends the session alone with it. The workers share one run of
+#: one machine runs one test Slurm, and a second worker's would skip. The workers share one run of
 #: the smoke study (``smoke_run``).
 def _unit(nodeid: str) -> str:
     return "tests/slurm" if nodeid.startswith("tests/slurm/") else nodeid
@@ -60,7 +58,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)
 
-    config.option.loadscopereorder = True  # the Slurm unit first, then the single tests as collected
+    config.option.loadscopereorder = False  # the units in the order of the collection
     return UnitScheduling(config, log)
 
 
