@@ -35,3 +35,13 @@ def test_a_recipes_inference_policy_is_validated_and_not_numerics(tmp_path):
     path.write_text(yaml.safe_dump({"name": "mine", "base": str(ue5m3.files[0]), "inference_policy": "d50"}))
     with pytest.raises(RecipeError, match=r"field 'inference_policy': value 'd50': allowed: \['quantized', 'replay'\]"):
         load_recipe(path)
+
+
+def test_curve_seeds_choose_which_runs_are_evaluated_at_every_checkpoint():
+    every = parse_eval_config(None, "x.yaml", ["prose"], 8)
+    assert every.curve_seeds is None and every.every_checkpoint(5)
+    some = parse_eval_config({"curve_seeds": [2, 0]}, "x.yaml", ["prose"], 8)
+    assert some.curve_seeds == (0, 2) and some.every_checkpoint(0) and not some.every_checkpoint(1)
+    for bad in ([], [0, 0], [-1], ["0"], [True], 0):
+        with pytest.raises(EvalConfigError, match=r"x.yaml: field 'eval.curve_seeds': .*a non-empty list of distinct"):
+            parse_eval_config({"curve_seeds": bad}, "x.yaml", ["prose"], 8)

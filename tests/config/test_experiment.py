@@ -102,6 +102,11 @@ BAD = {
         "train.recipe_seeds.nvfp4",
         "not one of the experiment's recipes",
     ),
+    "curve seeds that are not the study's": (
+        ("code: 0.6}}\n", "code: 0.6}}\neval: {curve_seeds: [0, 2]}\n"),
+        "eval.curve_seeds",
+        "a subset of train.seeds [0]",
+    ),
     "fewer seeds that are not the study's": (
         ("  batch_size: 4", "  batch_size: 4\n  seeds: [0, 1, 2]\n  recipe_seeds: {bf16: [3]}"),
         "train.recipe_seeds.bf16",

@@ -269,3 +269,16 @@ def test_the_replay_records_the_order_of_its_forwards_which_changes_its_result(p
         assert wide.loc[(step, "quantized"), "nll"].to_numpy() == pytest.approx(
             narrow.loc[(step, "quantized"), "nll"].to_numpy(), rel=1e-6
         )
+
+
+def test_a_seed_outside_curve_seeds_is_evaluated_at_its_final_checkpoint_only(prepared, helpers, tmp_path):
+    exp, _, results = prepared
+    train = {**yaml.safe_load(helpers["write_experiment"](tmp_path).read_text())["train"], "seeds": [0, 1]}
+    path = helpers["write_experiment"](
+        tmp_path, name="curves", train=train, eval={"n_items": 4, "nll_max_tokens": 512, "curve_seeds": [1]}
+    )
+    helpers["make_run"](results, "curves", "bf16")
+    (results / "curves" / "data").symlink_to(results / exp.name / "data")
+    evaluate_main(str(path), "bf16", seed=0, results=results, downstream=False, progress=False)
+    nll = pd.read_parquet(results / "curves" / "eval" / "bf16" / "seed0" / "nll.parquet")
+    assert set(nll["step"]) == {STEPS[-1]}

@@ -793,3 +793,48 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_figure_and_its_pdf(results, t
     assert err.endswith(" bytes free; nothing was replaced\n")
     assert (out.read_bytes(), out.with_suffix(".pdf").read_bytes()) == old  # the PDF too: the pair stays whole
     assert sorted(p.name for p in out.parent.iterdir()) == ["loss.pdf", "loss.png"]
+
+
+def _final_checkpoint_only(results: Path, seeds) -> None:
+    """The evaluation tables of ``seeds`` cut to their final checkpoint (an experiment's
+    eval.curve_seeds evaluates the other seeds there only)."""
+    for table in ("nll", "nll_documents", "downstream", "downstream_items"):
+        for seed in seeds:
+            for path in results.glob(f"eval/*/seed{seed}/{table}.parquet"):
+                rows = pd.read_parquet(path)
+                rows[rows["step"] == CHECKPOINTS[-1]].to_parquet(path, index=False)
+
+
+def test_curves_are_drawn_over_the_seeds_evaluated_at_every_checkpoint(tmp_path):
+    results = write_results(tmp_path, (0, 1, 2))
+    _final_checkpoint_only(results, (1, 2))
+    nll = draw_figure("nll", inputs_of(results, "nll"), **EXTRA["nll"])  # steps of one seed: the document bootstrap
+    seed0 = pd.read_parquet(results / "eval/nvfp4/seed0/nll.parquet").query("source == 'blend' and policy == 'bf16'")
+    curve = artist(axis(nll, "nll:blend:bf16"), "mean:nvfp4")
+    np.testing.assert_allclose(curve.get_ydata(), seed0.sort_values("step")["nll"])  # no jump at the last point
+    assert "; curves over 1 seed, the other seeds at their final checkpoint only" in nll._suptitle.get_text()
+    # the final checkpoint's difference is still over all three seeds
+    final = [
+        pd.read_parquet(results / f"eval/{r}/seed{s}/nll.parquet")
+        .query(f"step == {CHECKPOINTS[-1]} and policy == 'bf16' and source == 'blend'")["nll"]
+        .iloc[0]
+        for r in ("bf16", "nvfp4")
+        for s in (0, 1, 2)
+    ]
+    expected = seed_level(np.array(final[:3]) - np.array(final[3:]))
+    segment = artist(axis(nll, "difference:bf16"), "interval:bf16:bf16").get_segments()[-1]
+    assert (segment[0][1], segment[1][1]) == pytest.approx((expected.low, expected.high))
+    down = draw_figure("downstream", inputs_of(results, "downstream"))
+    rows = pd.read_parquet(results / "eval/nvfp4/seed0/downstream.parquet").query(
+        "policy == 'bf16' and level == 'aggregate'"
+    )
+    a, m = rows["aggregate"].iloc[0], rows["metric"].iloc[0]
+    (curve,) = [
+        line
+        for ax in down.axes
+        if ax.get_title().startswith(f"{a} ({m})\n")
+        for line in ax.lines
+        if line.get_gid() == "curve:nvfp4:bf16"
+    ]
+    expected = rows[(rows["aggregate"] == a) & (rows["metric"] == m)].sort_values("step")["value"]
+    np.testing.assert_allclose(curve.get_ydata(), expected)

@@ -13,6 +13,8 @@ Every field is optional::
       num_fewshot: null             # lm-eval few-shot examples (null: each task's own default)
       limit: null                   # lm-eval: at most this many items per task (null: all)
       include_path: []              # extra folders of lm-eval task YAMLs
+      curve_seeds: null             # seeds whose every checkpoint is evaluated (null: every seed); the
+                                    # other seeds' runs only their final checkpoint, which the claims read
       tasks:                        # aggregate -> lm-eval task/group/tag names (default: offline tasks)
         prose_next_line: [fp4repro_prose_next_line]
         code_next_line: [fp4repro_code_next_line]
@@ -50,6 +52,7 @@ FIELDS = (
     "num_fewshot",
     "limit",
     "include_path",
+    "curve_seeds",
     "tasks",
 )
 AGGREGATE_FIELDS = ("tasks", "metric", "weight_by_size")
@@ -91,6 +94,11 @@ class EvalConfig:
     limit: int | None = None
     include_path: tuple[str, ...] = ()
     aggregates: tuple[Aggregate, ...] = field(default_factory=tuple)
+    curve_seeds: tuple[int, ...] | None = None  # None: every seed's every checkpoint
+
+    def every_checkpoint(self, seed: int) -> bool:
+        """Whether the run of ``seed`` is evaluated at every checkpoint (else at its final one)."""
+        return self.curve_seeds is None or seed in self.curve_seeds
 
     @property
     def task_names(self) -> list[str]:
@@ -170,6 +178,14 @@ def parse_eval_config(raw, where: str, sources: list[str], default_batch_size: i
         _fail(where, "tasks", tasks, "a non-empty mapping of aggregate name -> lm-eval task names")
     aggregates = tuple(_aggregate(where, str(name), value) for name, value in tasks.items())
     _check_disjoint(where, aggregates)
+    curve_seeds = raw.get("curve_seeds")
+    if curve_seeds is not None and (
+        not isinstance(curve_seeds, list)
+        or not curve_seeds
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in curve_seeds)
+        or len(set(curve_seeds)) != len(curve_seeds)
+    ):
+        _fail(where, "curve_seeds", curve_seeds, "a non-empty list of distinct seeds (integers >= 0), or null")
     return EvalConfig(
         policies=tuple(policies),
         batch_size=_int(where, raw, "batch_size", default_batch_size, 1),
@@ -180,6 +196,7 @@ def parse_eval_config(raw, where: str, sources: list[str], default_batch_size: i
         limit=_int(where, raw, "limit", None, 1, nullable=True),
         include_path=tuple(include),
         aggregates=aggregates,
+        curve_seeds=None if curve_seeds is None else tuple(sorted(curve_seeds)),
     )
 
 

@@ -305,6 +305,8 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
             "a multiple of 16, so that FP4 blocks along tokens never straddle sequences unevenly",
         )
     eval_config = parse_eval_config(raw.get("eval", {}), str(path), [s.name for s in sources], train.batch_size)
+    if eval_config.curve_seeds is not None and not set(eval_config.curve_seeds) <= set(train.seeds):
+        _fail(path, "eval.curve_seeds", list(eval_config.curve_seeds), f"a subset of train.seeds {list(train.seeds)}")
     backend = raw.get("backend", "reference")
     try:
         parallel = parse_parallel(raw.get("parallel", {}), backend, train.batch_size)

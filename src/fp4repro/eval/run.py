@@ -282,9 +282,10 @@ def evaluate(
     policies: tuple[str, ...] | None = None,
 ) -> Path:
     """Evaluate every checkpoint of the run of ``recipe`` and ``seed`` (default: the experiment's
-    first) under each of ``policies`` (default: the experiment's eval config's; ``recipe``: the
-    recipe's own): held-out NLL, lm-eval downstream tasks, final-window loss. Returns the output
-    folder; raises EvalError with a clear message when something cannot run."""
+    first; a seed outside the experiment's ``eval.curve_seeds``: its final checkpoint) under each
+    of ``policies`` (default: the experiment's eval config's; ``recipe``: the recipe's own):
+    held-out NLL, lm-eval downstream tasks, final-window loss. Returns the output folder; raises
+    EvalError with a clear message when something cannot run."""
     started = time.perf_counter()
     exp = study.experiment
     own = study.recipe(recipe).inference_policy
@@ -299,6 +300,8 @@ def evaluate(
 
     # ---- every check before any compute
     checkpoints = finished_checkpoints(paths.run, exp.model, recipe)
+    if not cfg.every_checkpoint(seed):  # eval.curve_seeds: the claims read the final checkpoint only
+        checkpoints = checkpoints[-1:]
     manifest = load_manifest(paths.data)
     streams = validation_streams(manifest, blend) if nll else {}
     manager = prepare_tasks(cfg, manifest, paths) if downstream else None

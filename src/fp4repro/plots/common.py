@@ -133,6 +133,25 @@ def seed_counts(counts: dict[str, int]) -> str:
     return "seeds (" + "; ".join(f"{', '.join(names)}: {n}" for n, names in groups) + ")"
 
 
+def curve_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the runs a figure draws as curves over checkpoints: of each recipe, the seeds
+    evaluated at as many checkpoints as its most evaluated seed. An experiment with
+    ``eval.curve_seeds`` evaluates the other seeds at their final checkpoint only: averaged into the
+    curves, they would make their last point a mean over more seeds than the points before it."""
+    steps = df.groupby(["recipe", "seed"])["step"].nunique()
+    kept = steps[steps == steps.groupby(level="recipe").transform("max")].index
+    return df[pd.MultiIndex.from_frame(df[["recipe", "seed"]]).isin(kept)]
+
+
+def curve_note(df: pd.DataFrame) -> str:
+    """What a title adds when the curves leave seeds out (``curve_runs``), else ""."""
+    curves = curve_runs(df)
+    if len(curves) == len(df):
+        return ""
+    counts = curves.groupby("recipe")["seed"].nunique().to_dict()
+    return f"; curves over {seed_counts(counts)}, the other seeds at their final checkpoint only"
+
+
 def ordered(names, order: tuple[str, ...] = RECIPE_ORDER) -> list[str]:
     """``names`` in the study's order, unknown names after, alphabetically."""
     names = list(dict.fromkeys(names))

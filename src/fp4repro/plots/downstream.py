@@ -19,6 +19,8 @@ from fp4repro.plots.common import (
     by_run,
     choose_baseline,
     combine,
+    curve_note,
+    curve_runs,
     ordered,
     read_runs,
     read_table,
@@ -216,8 +218,15 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
 
     if bottom is not None:
         axes = bottom.subplots(1, len(keys), sharex=True, squeeze=False)[0]
+        curves = (
+            curve_runs(df)
+            .groupby(["recipe", "policy", "aggregate", "metric", "step"], as_index=False, sort=False)[
+                ["tokens", "value", "stderr"]
+            ]
+            .mean()
+        )
         for ax, (a, m), label in zip(axes, keys, labels):
-            part = mean[(mean["aggregate"] == a) & (mean["metric"] == m)]
+            part = curves[(curves["aggregate"] == a) & (curves["metric"] == m)]
             for r in recipes:
                 for policy in policies:
                     rows = part[(part["recipe"] == r) & (part["policy"] == policy)].sort_values("tokens")
@@ -231,6 +240,7 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
                         ms=3.5,
                         color=colors[r],
                         lw=1.2,
+                        gid=f"curve:{r}:{policy}",
                     )
             typical = float(part["stderr"].median())
             ax.set_title(f"{label.replace(chr(10), ' ')}\ntypical ±1 stderr: {typical:.3f}", fontsize=10)
@@ -249,7 +259,9 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
         ]
         bottom.legend(handles=handles, loc="outside right center", fontsize=9)
         bottom.suptitle(
-            "Downstream aggregates vs checkpoint" + ("" if set(n_seeds) == {1} else " (mean over seeds)"), fontsize=11
+            "Downstream aggregates vs checkpoint"
+            + ("" if set(n_seeds) == {1} else " (mean over seeds" + curve_note(df) + ")"),
+            fontsize=11,
         )
     return fig
 

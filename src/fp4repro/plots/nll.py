@@ -22,6 +22,8 @@ from fp4repro.plots.common import (
     by_run,
     choose_baseline,
     combine,
+    curve_note,
+    curve_runs,
     ordered,
     read_runs,
     read_table,
@@ -185,24 +187,30 @@ def plot_nll(
         sharey="row",
         squeeze=False,
     )
-    mean = df.groupby(["recipe", "policy", "source", "step"], as_index=False)[["tokens", "nll"]].mean()
-    last = last_checkpoint(mean, ["recipe", "policy", "source"])
+    # the text: each recipe's last checkpoint, over every seed; the curves: the seeds evaluated at every one
+    last = last_checkpoint(
+        df.groupby(["recipe", "policy", "source", "step"], as_index=False)[["tokens", "nll"]].mean(),
+        ["recipe", "policy", "source"],
+    )
+    curves = curve_runs(df)
+    n_curve_seeds = curves.groupby("recipe")["seed"].nunique()
+    mean = curves.groupby(["recipe", "policy", "source", "step"], as_index=False)[["tokens", "nll"]].mean()
     for i, source in enumerate(sources):
         for j, policy in enumerate(policies):
             ax = axes[i][j]
             ax.set_label(f"nll:{source}:{policy}")
             part = df[(df["source"] == source) & (df["policy"] == policy)]
             for r in recipes:
-                runs = part[part["recipe"] == r]
+                runs = curves[(curves["source"] == source) & (curves["policy"] == policy) & (curves["recipe"] == r)]
                 if runs.empty:
                     continue
-                if n_seeds[r] > 1:
+                if n_curve_seeds[r] > 1:
                     for _, seed_rows in runs.groupby("seed"):
                         seed_rows = seed_rows.sort_values("tokens")
                         ax.plot(seed_rows["tokens"], seed_rows["nll"], color=colors[r], alpha=0.3, lw=0.8)
                 m = mean[(mean["recipe"] == r) & (mean["source"] == source) & (mean["policy"] == policy)]
                 m = m.sort_values("tokens")
-                ax.plot(m["tokens"], m["nll"], color=colors[r], marker="o", ms=5, lw=1.5)
+                ax.plot(m["tokens"], m["nll"], color=colors[r], marker="o", ms=5, lw=1.5, gid=f"mean:{r}")
             # the final values, as text: too close to read off the curves at this scale
             lines = []
             for r in recipes:
@@ -253,7 +261,7 @@ def plot_nll(
         title_fontsize=9,
     )
     mean = "" if set(n_seeds) == {1} else f": mean over {seed_counts(n_seeds.to_dict())} (faint: each)"
-    fig.suptitle("Held-out NLL per checkpoint" + mean, y=1.0)
+    fig.suptitle("Held-out NLL per checkpoint" + mean + curve_note(df), y=1.0)
     fig.tight_layout(rect=(0, 0.06 + 0.02 / n_rows, 1, 1))
     return fig
 
