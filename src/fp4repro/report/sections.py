@@ -216,8 +216,8 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
     for cls in OPERAND_CLASSES:
         saturated, blocks = auto.count(cls, "saturation")
         sat = (
-            f"has no block-saturation event (0 of {blocks:,} blocks)"
-            if saturated == 0
+            f"has no block-saturation event at the sampled telemetry steps (0 of {blocks:,} blocks)"
+            if saturated == 0  # a saturation between two telemetry steps is not seen
             else f"has block-saturation events ({saturated:,} of {blocks:,} blocks)"
         )
         mine = auto.rate(cls, "underflow") + auto.rate(cls, "clipping")
