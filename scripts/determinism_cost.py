@@ -3,7 +3,7 @@ one GPU, alternating the modes (so that a drift of the machine does not fall on 
 ratio deterministic / fast per backend. Prints a table and writes the JSON (results/bench/determinism/).
 
 Usage: python scripts/determinism_cost.py OUT_JSON DEVICE COMMIT BACKEND:MODE=RUN_FOLDER...
-  RUN_FOLDER: a `fp4repro train --out` folder (its runs/<fingerprint>/metrics parts are read);
+  RUN_FOLDER: a `fp4repro train --out` folder holding one run (its metrics parts are read);
   the steps before --skip (default 20: compilation and autotuning) are left out of the median.
 """
 
@@ -12,15 +12,16 @@ import json
 import statistics
 from pathlib import Path
 
-import pandas as pd
+from fp4repro.train.loop import METRICS
+from fp4repro.train.runs import list_runs
 
 
 def median_tokens_per_s(out: Path, skip: int) -> tuple[float, int]:
     """The median tokens/s of a run folder's steps after ``skip``, and how many steps that is."""
-    parts = sorted(out.glob("runs/*/metrics/upto_*.parquet"))
-    if not parts:
-        raise SystemExit(f"{out}: no metrics parts under runs/*/metrics/")
-    metrics = pd.concat(pd.read_parquet(p) for p in parts)
+    runs = list_runs(out)
+    if len(runs) != 1:
+        raise SystemExit(f"{out}: expected one run under runs/, found {len(runs)}")
+    metrics = runs[0].assemble("metrics", METRICS)
     kept = metrics.loc[metrics["step"] > skip, "tokens_per_s"]
     if kept.empty:
         raise SystemExit(f"{out}: no steps after step {skip}")
