@@ -53,6 +53,8 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
         "commit": "abc",
         "dirty": False,
         "train_seconds": float(total),
+        "seconds": {"train": None, "evaluate": None},  # neither process recorded its time
+        "gpu_minutes": None,
         "evaluation": ["final_loss.json"],
         "final_loss": 2.5,
     }
@@ -61,6 +63,45 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
     assert found["corpora"] == ["d1", "d2"]
     out = capsys.readouterr().out
     assert "nvfp4" in out and "missing" in out and "corpora: d1, d2" in out
+
+
+def _timed(results, recipe, seed, train_wall, eval_wall):
+    """A run whose training and evaluation processes recorded their seconds."""
+    (run_dir(results, "tiny", recipe, seed) / "done.json").write_text(
+        json.dumps(
+            {"deterministic": True, "process_seconds": {"setup": 5.0, "steps": train_wall - 5, "wall": train_wall}}
+        )
+    )
+    folder = eval_dir(results, "tiny", recipe, seed)
+    folder.mkdir(parents=True)
+    (folder / "seconds.json").write_text(
+        json.dumps({"evaluated": 1, "nll": eval_wall, "wall": eval_wall, "provenance": {}})
+    )
+
+
+def test_the_inventory_sums_gpu_minutes_of_the_runs_that_recorded_them_beside_the_budget(tmp_path):
+    from fp4repro.config.experiment import GpuBudget
+    from fp4repro.inventory import gpu_minutes_line, inventory
+
+    results = tmp_path / "results"
+    for recipe, train_wall, eval_wall in (("bf16", 240.0, 60.0), ("ue5m3", 300.0, 60.0)):
+        _metrics(results, recipe, 0, 150)
+        _timed(results, recipe, 0, train_wall, eval_wall)
+    _metrics(results, "nvfp4", 0, 150)  # no recorded seconds: no GPU minutes
+    _metrics(results, "mxfp4", 0, 150, device="cpu (2 threads)")
+    _timed(results, "mxfp4", 0, 100.0, 20.0)  # a CPU run: no GPU minutes
+    found = inventory(results, "tiny", {r: (0,) for r in ("bf16", "ue5m3", "nvfp4", "mxfp4")}, 150, 1024)
+    runs = {r["recipe"]: r for r in found["runs"]}
+    assert runs["bf16"]["gpu_minutes"] == 5.0 and runs["ue5m3"]["gpu_minutes"] == 6.0
+    assert runs["nvfp4"]["gpu_minutes"] is None and runs["mxfp4"]["gpu_minutes"] is None
+    assert runs["ue5m3"]["seconds"] == {
+        "train": {"setup": 5.0, "steps": 295.0, "wall": 300.0},
+        "evaluate": {"evaluated": 1, "nll": 60.0, "wall": 60.0},
+    }
+    assert gpu_minutes_line(found, GpuBudget(5, 85)) == (
+        "GPU minutes: 11.0 over 2 run(s) that recorded them, median 5.5 per run (budget: 5 per run, 85 for the study)"
+    )
+    assert gpu_minutes_line({"runs": [runs["nvfp4"]]}) is None
 
 
 def test_an_imported_study_reads_the_runs_that_are_there_and_a_run_study_plans_them_all(tmp_path):

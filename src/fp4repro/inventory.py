@@ -5,7 +5,11 @@ One entry per training run found (``train/<recipe>/seed<seed>/metrics.parquet``)
 optimizer steps and tokens reached, whether it finished (its last step is the experiment's last)
 or stopped early (a divergence keeps the steps before it), the corpus digest, the device and the
 commit that computed it (the table's provenance), the training wall time (the sum of its steps'
-times), whether its evaluation tables are there, and the final-window loss if evaluated.
+times), whether its evaluation tables are there, and the final-window loss if evaluated; where the
+training and evaluation processes recorded them, their seconds by phase (``process_seconds`` of
+done.json, the evaluation's seconds.json) and the run's GPU minutes: the two processes' wall time
+on the GPU they held, from the call of ``train`` and ``evaluate`` (the interpreter's start-up before
+them not counted; none for a run on a CPU, or one whose processes did not record their time).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from pathlib import Path
 
 from fp4repro.config.numerics import UNRECORDED
 from fp4repro.results import METRICS_COLUMNS, eval_dir, read_table, run_dir, table_provenance
+
+EVAL_SECONDS = "seconds.json"  # fp4repro.eval.run.SECONDS_FILE (eval sits above this module)
 
 EVAL_TABLES = (
     "nll.parquet",
@@ -31,6 +37,25 @@ def _done(results: Path, experiment: str, recipe: str, seed: int) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _seconds(done: dict, evaluated: Path) -> dict:
+    """The recorded seconds by phase of the run's training and evaluation processes (None where
+    one did not record them)."""
+    path = evaluated / EVAL_SECONDS
+    evaluation = json.loads(path.read_text()) if path.is_file() else None
+    return {
+        "train": done.get("process_seconds"),
+        "evaluate": {k: v for k, v in evaluation.items() if k != "provenance"} if evaluation else None,
+    }
+
+
+def gpu_minutes(device: str | None, seconds: dict) -> float | None:
+    """The wall minutes of the run's training and evaluation processes on the GPU they held; None
+    on a CPU or where either process's time is not recorded."""
+    if not device or device.startswith("cpu") or not all(seconds.values()):
+        return None
+    return round(sum(phases["wall"] for phases in seconds.values()) / 60, 2)
+
+
 def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_steps: int, tokens_per_step: int) -> dict:
     metrics_path = run_dir(results, experiment, recipe, seed) / "metrics.parquet"
     metrics = read_table(metrics_path, METRICS_COLUMNS, "a training metrics table (fp4repro train)")
@@ -39,6 +64,8 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
     evaluated = eval_dir(results, experiment, recipe, seed)
     final = evaluated / "final_loss.json"
     step_seconds = tokens_per_step / metrics["tokens_per_s"] if "tokens_per_s" in metrics else None
+    done = _done(results, experiment, recipe, seed)
+    seconds = _seconds(done, evaluated)
     return {
         "recipe": recipe,
         "seed": seed,
@@ -48,11 +75,13 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
         "corpus": origin.get("data"),
         "numerics": origin.get("numerics", UNRECORDED),
         "run_numerics": origin.get("run_numerics"),
-        "deterministic": _done(results, experiment, recipe, seed).get("deterministic"),
+        "deterministic": done.get("deterministic"),
         "device": origin.get("device"),
         "commit": origin.get("git_commit"),
         "dirty": origin.get("git_dirty"),
         "train_seconds": round(float(step_seconds.sum()), 1) if step_seconds is not None else None,
+        "seconds": seconds,
+        "gpu_minutes": gpu_minutes(origin.get("device"), seconds),
         "evaluation": sorted(t for t in EVAL_TABLES if (evaluated / t).is_file()),
         "final_loss": json.loads(final.read_text())["loss"] if final.is_file() else None,
     }
@@ -71,3 +100,17 @@ def inventory(
                 missing.append({"recipe": recipe, "seed": seed})
     corpora = sorted({r["corpus"] for r in runs if r["corpus"]})
     return {"experiment": experiment, "runs": runs, "missing": missing, "corpora": corpora}
+
+
+def gpu_minutes_line(found: dict, budget=None) -> str | None:
+    """The GPU minutes of an inventory's runs that recorded them (their sum and median) beside the
+    experiment's ``gpu_budget``; None when no run recorded them."""
+    minutes = sorted(r["gpu_minutes"] for r in found["runs"] if r["gpu_minutes"] is not None)
+    if not minutes:
+        return None
+    n, total = len(minutes), sum(minutes)
+    median = (minutes[(n - 1) // 2] + minutes[n // 2]) / 2
+    line = f"GPU minutes: {total:.1f} over {n} run(s) that recorded them, median {median:.1f} per run"
+    if budget is not None:
+        line += f" (budget: {budget.minutes_per_run:g} per run, {budget.minutes:g} for the study)"
+    return line

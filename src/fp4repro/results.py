@@ -145,6 +145,11 @@ DOWNSTREAM_ITEM_COLUMNS = (
 # (``fp4repro.eval.order``: the cold replay's results depend on it); optional for readers: tables
 # written before it lack it ("not recorded")
 ORDER_COLUMN = "order"
+# the column of downstream_items with each item's held-out source document (its index in the
+# source's test split: items cut from one document are not independent); optional for readers:
+# tables written before it lack it (``NO_DOCUMENT``)
+DOCUMENT_COLUMN = "document"
+NO_DOCUMENT = -1
 FINAL_LOSS_KEYS = ("final_window", "loss", "tokens_from", "tokens_to")
 # each telemetry event: (the column counting it, the column counting the units it can happen to)
 EVENTS = {
@@ -236,9 +241,9 @@ def read_table(path: Path, columns, what: str, error: type[Exception] = ValueErr
             f"{path}: missing column(s) {', '.join(missing)}: expected {what} with columns "
             f"{', '.join(columns)} (has {', '.join(map(str, df.columns)) or 'none'})"
         )
-    for column in (
-        df.columns
-    ):  # those the reader asks for, and the optional ones it may read (``TARGET_COLUMN``, ``ORDER_COLUMN``)
+    # those the reader asks for, and the optional ones it may read (``TARGET_COLUMN``, ``ORDER_COLUMN``,
+    # ``DOCUMENT_COLUMN``)
+    for column in df.columns:
         if problem := column_problem(df, column):
             raise error(f"{path}: {problem} ({what})")
     return df

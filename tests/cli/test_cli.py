@@ -138,13 +138,20 @@ def test_experiment_command(capsys, monkeypatch):
     assert "12 checkpoints\n" in out  # tiny trains in fast mode: nothing said
     assert main(["experiment", "small_megatron"]) == 0
     assert "lr 0.001 (WSD), 12 checkpoints, deterministic GPU algorithms\n" in capsys.readouterr().out
-    # the committed small study, read where the workflow reads it: at the repository's root, whose
-    # results/small/recipes/ holds the recipes its runs were made with
+    # the committed first small study, read where the workflow reads it: at the repository's root,
+    # whose results/small_v1/recipes/ holds the recipes its runs were made with
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
-    assert main(["experiment", "small"]) == 0
+    assert main(["experiment", "small_v1"]) == 0
     assert (
         "runs: 10, seeds bf16 0; nvfp4 0, 1, 2; ue5m3 0, 1, 2; ue5m3_t2048 0; ue5m3_auto 0; ue5m3_t8192 0 (imported"
     ) in capsys.readouterr().out
+    # the study of the paper's own recipes: its plan and GPU budget
+    assert main(["experiment", "small"]) == 0
+    out = capsys.readouterr().out
+    assert "runs: 27, seeds nvfp4 0, 1, 2, 3, 4, 5, 6, 7; ue5m3 0, 1, 2, 3, 4, 5, 6, 7; ue5m3_te_settings 0, 1, 2;" in (
+        out
+    )
+    assert "\nGPU budget: 5 minutes per run (median), 150 for the study\n" in out
 
 
 @pytest.mark.parametrize(

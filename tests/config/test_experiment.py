@@ -41,6 +41,13 @@ def test_base_loads(tmp_path):
     assert exp.backend == "reference" and exp.parallel == ParallelConfig()
 
 
+def test_a_gpu_budget_is_read_where_given(tmp_path):
+    assert load_experiment(_write(tmp_path, BASE)).gpu_budget is None
+    given = BASE.replace("model: tiny", "model: tiny\ngpu_budget: {minutes_per_run: 4.5, minutes: 60}")
+    budget = load_experiment(_write(tmp_path, given)).gpu_budget
+    assert (budget.minutes_per_run, budget.minutes) == (4.5, 60)
+
+
 def test_deterministic_mode_is_a_train_field_off_unless_asked(tmp_path):
     assert load_experiment(_write(tmp_path, BASE)).train.deterministic is False
     asked = BASE.replace("batch_size: 4", "batch_size: 4\n  deterministic: true")
@@ -74,6 +81,16 @@ BAD = {
         "boolean",
     ),
     "unknown field": (("batch_size: 4", "batch_size: 4\n  momentum: 0.9"), "train", "momentum"),
+    "GPU budget of no minutes": (
+        ("model: tiny", "model: tiny\ngpu_budget: {minutes_per_run: 0, minutes: 100}"),
+        "gpu_budget.minutes_per_run",
+        "less than or equal to the minimum of 0",
+    ),
+    "GPU budget without the study's minutes": (
+        ("model: tiny", "model: tiny\ngpu_budget: {minutes_per_run: 5}"),
+        "gpu_budget",
+        "minutes",
+    ),
     "source kind": (("{kind: stdlib_code}", "{kind: web}"), "data.sources.code.kind", "web"),
     "jsonl without paths": (("{kind: stdlib_code}", "{kind: jsonl}"), "data.sources.code.paths", "path glob"),
     "tensor parallel on the reference backend": (

@@ -39,6 +39,15 @@ def test_every_output_records_its_provenance(evaluated):
     assert json.loads((evaluated / "final_loss.json").read_text())["provenance"]["packages"]["lm-eval"]
 
 
+def test_the_evaluation_records_where_its_time_went(evaluated):
+    seconds = json.loads((evaluated / "seconds.json").read_text())
+    assert seconds["evaluated"] == len(STEPS) * 2  # checkpoints x policies (bf16, quantized)
+    assert min(seconds[p] for p in ("setup", "load", "nll", "downstream")) > 0
+    parts = ("setup", "load", "nll", "downstream", "other")
+    assert sum(seconds[p] for p in parts) == pytest.approx(seconds["wall"], abs=0.3)
+    assert seconds["provenance"]["device"].startswith("cpu")
+
+
 def test_nll_table(evaluated):
     nll = pd.read_parquet(evaluated / "nll.parquet")
     assert list(nll.columns) == [
@@ -237,6 +246,10 @@ def test_item_outcomes_are_recorded_and_average_to_lm_evals_task_scores(evaluate
         ]
         assert len(mine) == row["n"] and sorted(mine["doc_id"]) == list(range(row["n"]))
         assert mine["value"].mean() == pytest.approx(row["value"])  # lm-eval's own task score
+        # each item's held-out document, as its task file names it
+        tasks_dir = evaluated.parent.parent / "tasks"
+        named = [json.loads(line)["document"] for line in (tasks_dir / f"{row['task']}.jsonl").read_text().splitlines()]
+        assert mine.sort_values("doc_id")["document"].tolist() == named
 
 
 def test_the_replay_records_the_order_of_its_forwards_which_changes_its_result(prepared, runs, helpers, tmp_path):

@@ -33,6 +33,7 @@ def test_items_come_from_held_out_documents(manifest, offline_tasks):
                 truth = item["context"] + choices[label]
                 home = [d for d in docs[source] if truth in d]
                 assert home, "the context and the true answer continue a test document"
+                assert truth in docs[source][item["document"]], "the item names the document it was cut from"
                 own = (
                     {line.strip() for line in home[0].split("\n")}
                     if kind == "next_line"

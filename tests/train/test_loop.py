@@ -170,6 +170,14 @@ def test_outputs_of_a_finished_run(prepared):
     assert list(m.columns) == ["step", "tokens", "stage", "loss", "lr", "grad_norm", "tokens_per_s", "attempt"]
     assert m["stage"].tolist() == ["s1"] * 40 + ["s2"] * 20
     assert m["loss"].iloc[-5:].mean() < m["loss"].iloc[:5].mean()  # it learns
+    # the process's seconds by phase: its steps' sum is what the metrics' step times add up to
+    seconds = done["process_seconds"]
+    step_seconds = (m["tokens"].diff().fillna(m["tokens"].iloc[0]) / m["tokens_per_s"]).to_numpy()
+    assert seconds["first_step"] == pytest.approx(step_seconds[0], abs=0.051)
+    assert seconds["steps"] == pytest.approx(step_seconds[1:].sum(), abs=0.051)
+    assert seconds["checkpoints"] > 0 and seconds["setup"] > 0
+    parts = ("setup", "first_step", "steps", "checkpoints", "other")
+    assert sum(seconds[p] for p in parts) == pytest.approx(seconds["wall"], abs=0.3)
     t = pd.read_parquet(out / "telemetry.parquet")
     assert set(t["step"]) == set(range(60)) and (t["blocks"] > 0).all()
     assert set(t["layer"].str.split(".").str[1].astype(int)) == {0, 1, 2, 3}  # nvfp4: the last of 5 layers BF16
@@ -492,3 +500,23 @@ def test_an_experiment_asking_for_deterministic_mode_trains_in_it_without_the_fl
     finally:  # (the variables it set are restored by conftest's _process_environment_restored)
         torch.use_deterministic_algorithms(False)
     assert json.loads((out / "done.json").read_text())["deterministic"] is True
+
+
+def test_telemetry_at_refresh_records_every_amax_sample_besides_the_cadence(prepared, tmp_path):
+    study, _, root = prepared
+    recipe = tmp_path / "ue5m3_k5.yaml"
+    recipe.write_text(
+        "name: ue5m3_k5\nbase: ue5m3\ndescription: ue5m3 with its amaxes sampled every 5 steps.\n"
+        "defaults: {tensor_scaling: {kind: periodic, interval: 5}}\n"
+        "sources: [{choice: tensor amax, kind: reading, source: 'a sample every 5 steps: a choice of this test'}]\n"
+    )
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        EXPERIMENT.replace("recipes: [bf16, nvfp4, ue5m3]", f"recipes: [{recipe}]").replace(
+            "telemetry_every: 1", "telemetry_every: 7\n  telemetry_at_refresh: true"
+        )
+    )
+    out = tmp_path / "run"
+    train(load_study(path), "ue5m3_k5", root / "data", out, device="cpu", progress=False, stop_after=12)
+    steps = set(_run_folder(out).assemble("telemetry", TELEMETRY)["step"])
+    assert steps == {0, 5, 7, 10}  # the cadence's 0 and 7, the samples at 0, 5 and 10

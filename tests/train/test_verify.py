@@ -156,9 +156,14 @@ def test_a_fast_mode_rerun_is_judged_by_the_measured_spread(committed, tmp_path)
 
 def test_a_changed_telemetry_cadence_is_refused():
     t = pd.DataFrame({"step": [0, 0, 3, 6]})
-    check_cadence(t, 8, 3, "run")
+    check_cadence(t, 8, 3, frozenset(), "run")
     with pytest.raises(Refusal, match=r"telemetry_every: 2 does \(first at step 3\)"):
-        check_cadence(t, 8, 2, "run")
+        check_cadence(t, 8, 2, frozenset(), "run")
+    # with telemetry at every sample of a 5-step amax hold: steps 0, 3, 5, 6 (and 9, 10, ... later)
+    at_refresh = pd.DataFrame({"step": [0, 3, 5, 6, 9, 10]})
+    check_cadence(at_refresh, 11, 3, frozenset({5}), "run")
+    with pytest.raises(Refusal, match=r"telemetry_every: 3 with telemetry_at_refresh does \(first at step 6\)"):
+        check_cadence(at_refresh[at_refresh["step"] != 5], 11, 3, frozenset({5}), "run")
 
 
 # ---- refusals: one line, exit code 2, nothing computed --------------------------------------------

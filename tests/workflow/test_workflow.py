@@ -360,14 +360,14 @@ def test_imported_results_rebuild_figures_and_report_without_data_training_or_ev
 
 
 def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, tmp_path):
-    """results/small/ holds runs made on H200s: on a CPU the DAG draws from them and trains nothing,
-    and the committed manifest lists exactly the runs whose tables are there."""
+    """results/small_v1/ holds runs made on H200s: on a CPU the DAG draws from them and trains
+    nothing, and the committed manifest lists exactly the runs whose tables are there."""
     from fp4repro.cli import main
 
-    work = tmp_path / "small"
-    shutil.copytree(REPO / "results/small", work / "results/small")
+    work = tmp_path / "small_v1"
+    shutil.copytree(REPO / "results/small_v1", work / "results/small_v1")
     shutil.copytree(REPO / "results/bench", work / "results/bench")
-    plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=small"))
+    plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=small_v1"))
     assert plan == {
         "figure_loss": 1,
         "figure_nll": 1,
@@ -383,7 +383,7 @@ def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, 
             [
                 "inventory",
                 "--experiment",
-                "small",
+                "small_v1",
                 "--results",
                 str(work / "results"),
                 "--out",
@@ -392,7 +392,7 @@ def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, 
         )
         == 0
     )
-    listed = json.loads((REPO / "results/small/runs.json").read_text())
+    listed = json.loads((REPO / "results/small_v1/runs.json").read_text())
     found = json.loads((tmp_path / "runs.json").read_text())
     assert [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in found["runs"]] == [
         (r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in listed["runs"]

@@ -180,6 +180,8 @@ def _cmd_experiment(args) -> int:
             else ""
         )
     )
+    if b := exp.gpu_budget:
+        print(f"GPU budget: {b.minutes_per_run:g} minutes per run (median), {b.minutes:g} for the study")
     p = exp.parallel
     if exp.backend != "reference":
         print(

@@ -68,7 +68,7 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_inventory(args) -> int:
-    from fp4repro.inventory import inventory
+    from fp4repro.inventory import gpu_minutes_line, inventory
     from fp4repro.provenance import provenance
     from fp4repro.results import write_json
 
@@ -79,17 +79,20 @@ def _cmd_inventory(args) -> int:
     write_json(out, found, provenance())
     print(
         f"{'recipe':16} {'seed':>4} {'steps':>7} {'tokens':>13} {'done':>5} {'train s':>8} {'evaluated':>9} "
-        f"{'final loss':>10}  device"
+        f"{'final loss':>10} {'GPU min':>7}  device"
     )
     for r in found["runs"]:
         loss = f"{r['final_loss']:.4f}" if r["final_loss"] is not None else "-"
+        minutes = f"{r['gpu_minutes']:.1f}" if r["gpu_minutes"] is not None else "-"
         print(
             f"{r['recipe']:16} {r['seed']:>4} {r['steps']:>7} {r['tokens']:>13,} {'yes' if r['finished'] else 'no':>5} "
-            f"{r['train_seconds'] or 0:>8.0f} {len(r['evaluation']):>9} {loss:>10}  {r['device']}"
+            f"{r['train_seconds'] or 0:>8.0f} {len(r['evaluation']):>9} {loss:>10} {minutes:>7}  {r['device']}"
         )
     for m in found["missing"]:
         print(f"{m['recipe']:16} {m['seed']:>4}  missing")
     print(f"corpora: {', '.join(found['corpora']) or 'not recorded'}; wrote {out}")
+    if line := gpu_minutes_line(found, study.experiment.gpu_budget):
+        print(line)
     return 0
 
 

@@ -115,6 +115,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     checkpoints: int = 12
     telemetry_every: int | None = None  # None: the study chooses one that sees every phase
+    #: telemetry also at every step that samples a held amax (a multiple of a refresh interval K of
+    #: the recipe), so that the fresh phase is sampled once per interval (``fp4repro.train.cadence``)
+    telemetry_at_refresh: bool = False
     resume_every: int = 50
     final_window: float = 0.1
     #: GPU runs with deterministic algorithms only (``fp4repro train --deterministic``): they repeat
@@ -180,6 +183,15 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class GpuBudget:
+    """The GPU minutes a study's plan allows: the median run (training and evaluation of one
+    recipe and seed) and the whole study."""
+
+    minutes_per_run: float
+    minutes: float
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str
     path: str
@@ -191,6 +203,7 @@ class ExperimentConfig:
     backend: str = "reference"
     parallel: ParallelConfig = ParallelConfig()
     imported: bool = False  # runs made elsewhere: the workflow only draws figures and the report
+    gpu_budget: GpuBudget | None = None
     description: str = ""
     resources: dict = field(default_factory=dict, hash=False, compare=False)  # rule -> workflow resources
 
@@ -323,6 +336,7 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         backend=backend,
         parallel=parallel,
         imported=bool(raw.get("imported", False)),
+        gpu_budget=GpuBudget(**raw["gpu_budget"]) if "gpu_budget" in raw else None,
         description=raw.get("description", ""),
         resources=raw.get("resources", {}),
     )

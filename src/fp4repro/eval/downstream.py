@@ -17,6 +17,7 @@ import yaml
 from fp4repro.config.eval import EvalConfig
 from fp4repro.eval.errors import EvalError
 from fp4repro.eval.tasks import group_config
+from fp4repro.results import DOCUMENT_COLUMN, NO_DOCUMENT
 from fp4repro.util import atomic_write_text
 
 GROUP_PREFIX = "fp4repro_aggregate_"
@@ -125,8 +126,9 @@ def _aggregate_of(results: dict) -> dict[str, str]:
 
 def item_rows(results: dict, meta: dict) -> list[dict]:
     """One row per task × item × metric of lm-eval's logged samples (the same items in the same
-    order under every recipe, so recipes compare paired by item): ``doc_id`` and the item's
-    metric value (acc, acc_norm: 0 or 1)."""
+    order under every recipe, so recipes compare paired by item): ``doc_id``, the held-out
+    document the item was cut from (``NO_DOCUMENT`` for a task whose items do not say) and the
+    item's metric value (acc, acc_norm: 0 or 1)."""
     owner = _aggregate_of(results)
     rows = []
     for task, samples in results.get("samples", {}).items():
@@ -140,6 +142,7 @@ def item_rows(results: dict, meta: dict) -> list[dict]:
                             "aggregate": owner.get(task, ""),
                             "task": task,
                             "doc_id": int(sample["doc_id"]),
+                            DOCUMENT_COLUMN: int(sample.get("doc", {}).get(DOCUMENT_COLUMN, NO_DOCUMENT)),
                             "metric": metric,
                             "value": value,
                         }

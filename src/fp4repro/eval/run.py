@@ -56,10 +56,12 @@ from fp4repro.eval.policy import (
 from fp4repro.eval.tasks import TASKS_FORMAT, write_offline_tasks
 from fp4repro.provenance import provenance
 from fp4repro.results import (
+    DOCUMENT_COLUMN,
     DOWNSTREAM_COLUMNS,
     DOWNSTREAM_ITEM_COLUMNS,
     NLL_COLUMNS,
     NLL_DOCUMENT_COLUMNS,
+    NO_DOCUMENT,
     ORDER_COLUMN,
     eval_dir,
     read_table,
@@ -69,6 +71,10 @@ from fp4repro.results import (
 )
 
 TASKS_STAMP = "offline_tasks.json"
+#: Where this process's time went (seconds): setup (checks, tasks, held-out streams), load
+#: (checkpoints into models), nll, downstream, other, wall; ``evaluated``: its checkpoint × policy
+#: pairs (a resumed evaluation's file holds the process that ended it).
+SECONDS_FILE = "seconds.json"
 #: The tables each measure writes, together.
 MEASURES = {"nll": ("nll", "nll_documents"), "downstream": ("downstream", "downstream_items")}
 #: The tables an evaluation writes (``<name>.parquet`` in its folder) and their columns.
@@ -78,9 +84,11 @@ TABLES = {
         "nll": NLL_COLUMNS,
         "nll_documents": NLL_DOCUMENT_COLUMNS,
         "downstream": DOWNSTREAM_COLUMNS,
-        "downstream_items": DOWNSTREAM_ITEM_COLUMNS,
+        "downstream_items": (*DOWNSTREAM_ITEM_COLUMNS, DOCUMENT_COLUMN),
     }.items()
 }
+#: Columns an evaluation writes that earlier evaluations lacked, with the value their rows keep.
+LATER_COLUMNS = {ORDER_COLUMN: "", DOCUMENT_COLUMN: NO_DOCUMENT}
 
 
 @dataclass(frozen=True)
@@ -136,13 +144,14 @@ def ensure_offline_tasks(manifest, out_dir: Path, n_items: int, seed: int) -> Pa
 
 
 def _read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """This evaluation's earlier rows (checked), or none yet; rows written before the order was
-    recorded keep an empty ``order``."""
+    """This evaluation's earlier rows (checked), or none yet; rows written before a column of
+    ``LATER_COLUMNS`` was recorded keep its value there."""
     if not path.is_file():
         return pd.DataFrame(columns=list(columns))
-    required = tuple(c for c in columns if c != ORDER_COLUMN)
+    required = tuple(c for c in columns if c not in LATER_COLUMNS)
     table = read_table(path, required, "an evaluation table written by fp4repro evaluate", EvalError)
-    return table if ORDER_COLUMN in table.columns else table.assign(**{ORDER_COLUMN: ""})
+    lacking = {c: v for c, v in LATER_COLUMNS.items() if c in columns and c not in table.columns}
+    return table.assign(**lacking)
 
 
 def _append(table: pd.DataFrame, rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
@@ -340,11 +349,9 @@ def evaluate(
         dynamic_ncols=True,
         file=sys.stderr,
     )
+    phases = {"setup": time.perf_counter() - started, "load": 0.0, "nll": 0.0, "downstream": 0.0}
     if progress:
-        bar.write(
-            f"inputs checked, tasks and held-out streams ready in {time.perf_counter() - started:.1f} s",
-            file=sys.stderr,
-        )
+        bar.write(f"inputs checked, tasks and held-out streams ready in {phases['setup']:.1f} s", file=sys.stderr)
     ckpt_path = ckpt = None
     models: dict[str, torch.nn.Module] = {}  # policy -> its model (see _model_with)
     computed: dict[tuple, dict] = {}  # (step, measure, what the model computes) -> table -> rows
@@ -383,6 +390,8 @@ def evaluate(
                     tables[table] = _append(tables[table], rows, TABLES[table])
                     write_table(paths.out / f"{table}.parquet", tables[table], origin)
                 seconds[measure] = time.perf_counter() - began
+            for phase, spent in seconds.items():
+                phases[phase] += spent
             if progress:  # where the time of a long evaluation goes, in its log
                 bar.write(
                     f"step {info.step} {policy}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()),
@@ -395,4 +404,7 @@ def evaluate(
     for table in wanted:  # a run that diverged before its first checkpoint: empty tables
         if not (paths.out / f"{table}.parquet").is_file():
             write_table(paths.out / f"{table}.parquet", tables[table], origin)
+    wall = time.perf_counter() - started
+    timing = {"evaluated": len(todo), **phases, "other": wall - sum(phases.values()), "wall": wall}
+    write_json(paths.out / SECONDS_FILE, {k: round(v, 1) for k, v in timing.items()}, origin)
     return paths.out

@@ -16,7 +16,9 @@ Documents come from the test split's token stream, decoded with the tokenizer (b
 decodes exactly to the stored, normalized text). Everything is a function of the documents,
 ``n_items`` and ``seed``: the same inputs write byte-identical files.
 
-Files written to ``out_dir``: ``<task>.jsonl`` (fields id, context, choices, label) and
+Files written to ``out_dir``: ``<task>.jsonl`` (fields id, context, choices, label, and document: the
+index of the held-out document the item was cut from, so that a paired test can resample
+documents rather than items) and
 ``<task>.yaml`` (an lm-eval task over that file, metrics acc and acc_norm), and
 ``fp4repro_offline.yaml``, a group of the default aggregates, so that the command-line
 ``lm_eval --include_path <out_dir> --tasks fp4repro_offline`` runs the same thing.
@@ -39,7 +41,7 @@ import yaml
 from fp4repro.config.eval import default_aggregates, task_name
 from fp4repro.util import atomic_write_text
 
-TASKS_FORMAT = 1  # bump when item generation changes, so that stored tasks are rebuilt
+TASKS_FORMAT = 2  # bump when item generation changes, so that stored tasks are rebuilt (2: each item's document)
 N_CHOICES = 4
 CONTEXT_LINES = 4  # at most this many lines before the next line / the cloze line
 CONTEXT_CHARS = 400  # ... and at most this many characters of context
@@ -57,6 +59,7 @@ class Item:
     context: str
     choices: tuple[str, ...]
     label: int
+    document: int  # the held-out document the item was cut from: its index in the source's test split
 
 
 # ---------------------------------------------------------------------------------- documents
@@ -159,7 +162,7 @@ def next_line_items(docs: list[str], n_items: int, rng: random.Random) -> list[I
         if distractors is None:
             continue
         choices, label = _shuffled(true, distractors, rng)
-        items.append(Item(_context_before(split[d], i, indent), choices, label))
+        items.append(Item(_context_before(split[d], i, indent), choices, label, d))
         if len(items) == n_items:
             break
     return items
@@ -196,7 +199,7 @@ def cloze_items(docs: list[str], n_items: int, rng: random.Random) -> list[Item]
         if distractors is None:
             continue
         choices, label = _shuffled(word, distractors, rng)
-        items.append(Item(context, choices, label))
+        items.append(Item(context, choices, label, d))
         if len(items) == n_items:
             break
     return items
@@ -278,7 +281,13 @@ def write_offline_tasks(
                 jsonl,
                 "".join(
                     json.dumps(
-                        {"id": k, "context": it.context, "choices": list(it.choices), "label": it.label},
+                        {
+                            "id": k,
+                            "context": it.context,
+                            "choices": list(it.choices),
+                            "label": it.label,
+                            "document": it.document,
+                        },
                         ensure_ascii=False,
                     )
                     + "\n"

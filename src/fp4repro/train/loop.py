@@ -14,8 +14,11 @@ one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). 
     metrics.parquet     one row per step: step, tokens, stage, loss, lr, grad_norm, tokens_per_s,
                         attempt (which process computed the step: 0 for the first to work on the
                         run folder, +1 for each later one, a resume or a restart)
-    telemetry.parquet   every ``telemetry_every`` steps, one row per layer × operand × quantization
-    done.json           written last: the run finished, its fingerprint and its evaluation checkpoints
+    telemetry.parquet   every ``telemetry_every`` steps (and at each amax sample with
+                        ``telemetry_at_refresh``: ``fp4repro.train.cadence``), one row per layer ×
+                        operand × quantization
+    done.json           written last: the run finished, its fingerprint, its evaluation checkpoints
+                        and where its process spent its time (``fp4repro.train.phases``)
 
 A run whose loss or gradient norm turns non-finite has ended too: it is a result, not a crash. Its
 tables hold the steps before and the failing step's telemetry (the step redone with telemetry on),
@@ -47,9 +50,11 @@ from fp4repro.model import deterministic_mamba_ssm
 from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
+from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of
 from fp4repro.train.checkpoint import load_checkpoint, resume_checkpoints, save_checkpoint
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.lock import run_lock
+from fp4repro.train.phases import PhaseSeconds
 from fp4repro.train.runs import RunFolder, changed_fields, check_owner, list_runs, run_fingerprint, run_owner
 from fp4repro.train.schedule import WSDSchedule
 from fp4repro.train.space import CheckpointSizes, check_free_space, checkpoints_to_write
@@ -229,6 +234,7 @@ def train(
     checkpoints (``fp4repro.train.space``). The process that writes the run's files then holds
     ``out_dir``'s lock while it trains (a second training of the folder stops at once).
     """
+    started = time.perf_counter()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     exp, t = study.experiment, study.experiment.train
     seed = study.seeds_of(recipe_name)[0] if seed is None else int(seed)
@@ -254,7 +260,9 @@ def train(
     schedule = WSDSchedule.of(t)
     engine = build_engine(study, recipe_name, seed, device, schedule, deterministic, initial)
     with run_lock(out_dir) if engine.writer else contextlib.nullcontext():
-        return _train(study, recipe_name, seed, engine, manifest, data_dir, run, numerics, end_step, device, progress)
+        return _train(
+            study, recipe_name, seed, engine, manifest, data_dir, run, numerics, end_step, device, progress, started
+        )
 
 
 def _check_space(study: Study, recipe_name: str, run: RunFolder, end_step: int) -> None:
@@ -283,8 +291,10 @@ def _train(
     end_step: int,
     device: str,
     progress: bool,
+    started: float,
 ) -> Path:
-    """The run ``train`` checked and built the engine of, up to ``end_step``; returns its ``out_dir``."""
+    """The run ``train`` checked and built the engine of, up to ``end_step``; returns its ``out_dir``.
+    ``started``: when ``train`` was called (``time.perf_counter``), for the phases' seconds."""
     exp, t = study.experiment, study.experiment.train
     out_dir = run.out
     state, writer = engine.quant_state, engine.writer
@@ -293,6 +303,7 @@ def _train(
     data = RunSampler.of_run(manifest, t, seed, cache_dir=data_dir / "cache")
     samplers = data.stages
     eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
+    refreshes = refresh_steps_of(study, recipe_name)  # telemetry at the amax samples too, where asked
 
     # ---- resumed where its last attempt left off
     if writer:
@@ -310,6 +321,7 @@ def _train(
         attempt = run.start_attempt(numerics, start_step, origin, run_owner(exp.name, recipe.name, seed))
     metrics: list[dict] = []  # rows since the last part
     telemetry: list[dict] = []
+    seconds = PhaseSeconds(setup=time.perf_counter() - started)
 
     def write_parts(step: int) -> None:
         nonlocal metrics, telemetry
@@ -349,6 +361,7 @@ def _train(
                     "checkpoints": sorted(
                         run.relative(run.ckpt / f"step_{s:08d}.pt") for s in eval_steps if s <= last_step
                     ),
+                    "process_seconds": seconds.record(time.perf_counter() - started),
                 },
                 origin,
             )
@@ -364,10 +377,10 @@ def _train(
     )
     try:
         for step in range(start_step, end_step):
-            started = time.perf_counter()
+            began = time.perf_counter()
             stage = plan.stage_of_step[step]
             batch = samplers[stage].batch((step - plan.first_step_of_stage[stage]) * t.batch_size, t.batch_size)
-            state.telemetry = step % t.telemetry_every == 0
+            state.telemetry = is_telemetry_step(step, t.telemetry_every, refreshes)
 
             loss, grad_norm, lr = engine.step(step, batch)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -375,7 +388,8 @@ def _train(
             state.advance()
             telemetry.extend(state.pop_telemetry())
 
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - began
+            seconds.add_step(elapsed)
             tokens = (step + 1) * t.tokens_per_step
             metrics.append(
                 {
@@ -393,6 +407,7 @@ def _train(
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}", stage=t.stages[stage].name)
 
             done = step + 1
+            saving = time.perf_counter()
             if done in eval_steps:
                 weights = engine.eval_state_dict()
                 if writer:
@@ -414,6 +429,7 @@ def _train(
                     )
             if done % t.resume_every == 0 or done == end_step:
                 save_resume(done)
+            seconds.checkpoints += time.perf_counter() - saving
     except NonFiniteLoss as err:
         telemetry.extend(err.rows)
         write_parts(step + 1)  # the steps before the failure and the failing step's telemetry (a part

@@ -42,6 +42,7 @@ from fp4repro.config.numerics import UNRECORDED, numerics_record
 from fp4repro.data import load_manifest
 from fp4repro.errors import ConfigError, FP4ReproError
 from fp4repro.results import METRICS_COLUMNS, SPREAD, read_table, repeats_bit_for_bit, run_dir, table_provenance
+from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of
 from fp4repro.train.loop import METRICS, TELEMETRY, train
 from fp4repro.train.runs import RunFolder, changed_fields, run_fingerprint
 
@@ -186,7 +187,7 @@ def verify(
     tolerance = (
         None if deterministic else fast_tolerance(spread or Path(results) / SPREAD, study.name, run.device, steps)
     )
-    check_cadence(run.telemetry, steps, study.experiment.train.telemetry_every, name)
+    check_cadence(run.telemetry, steps, study.experiment.train.telemetry_every, refresh_steps_of(study, recipe), name)
     with tempfile.TemporaryDirectory(prefix="fp4repro-verify-", dir=scratch) as tmp, recorded_threads(run.device):
         out = Path(tmp) / "run"
         train(
@@ -205,16 +206,18 @@ def verify(
     return judge(run, metrics, telemetry, steps, name, tolerance)
 
 
-def check_cadence(telemetry: pd.DataFrame, steps: int, every: int, name: str) -> None:
-    """Refuse a run whose telemetry was logged at other steps than ``telemetry_every`` logs now (it
-    is outside the fingerprint: a changed cadence would read as a difference of every row)."""
+def check_cadence(telemetry: pd.DataFrame, steps: int, every: int, refreshes: frozenset[int], name: str) -> None:
+    """Refuse a run whose telemetry was logged at other steps than ``telemetry_every`` (and
+    ``telemetry_at_refresh``: ``refreshes``) log now (the cadence is outside the fingerprint: a
+    changed one would read as a difference of every row)."""
     logged = set(telemetry.loc[telemetry["step"] < steps, "step"].astype(int))
-    expected = set(range(0, steps, every))
+    expected = {s for s in range(steps) if is_telemetry_step(s, every, refreshes)}
     if logged and logged != expected:
         odd = min(logged ^ expected)
         raise Refusal(
-            f"{name}: the committed run logged telemetry at other steps than telemetry_every: {every} does "
-            f"(first at step {odd + 1}): set the cadence it was made with"
+            f"{name}: the committed run logged telemetry at other steps than telemetry_every: {every}"
+            f"{' with telemetry_at_refresh' if refreshes else ''} does (first at step {odd + 1}): set the cadence "
+            "it was made with"
         )
 
 
