@@ -8,8 +8,11 @@ keys, and only units both runs have are compared:
 
     step_difference      per-step values (final-window loss, an event rate): batch means over steps
     document_difference  held-out documents: the blend NLL recomputed on each bootstrap resample,
-                         documents resampled within their source
-    item_difference      downstream items of one aggregate: paired item-level t, per task
+                         documents resampled within their source; the test names the documents'
+                         effective sample size (a few long documents weigh as much as many)
+    item_difference      downstream items of one aggregate: a cluster bootstrap over the held-out
+                         documents the items were cut from (items of one document are not
+                         independent), or, for tables that do not name them, paired item-level t
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fp4repro.results import EVENTS
+from fp4repro.results import DOCUMENT_COLUMN, EVENTS, NO_DOCUMENT
 from fp4repro.statistics import Comparison, batch_means, paired_bootstrap, paired_items
 
 
@@ -75,15 +78,55 @@ def document_difference(
             out += w / norm * (nll_a - nll_b)
         return out
 
-    return paired_bootstrap(difference, len(sources), resamples=resamples, strata=sources, what="documents")
+    what = f"documents (effective sample size {effective_documents(cols['predicted_a'], sources, used):.0f})"
+    return paired_bootstrap(difference, len(sources), resamples=resamples, strata=sources, what=what)
 
 
-def item_difference(recipe: pd.DataFrame, baseline: pd.DataFrame) -> Comparison:
-    """Paired item-level test of one aggregate: rows of ``downstream_items.parquet`` (task, doc_id,
-    value) of one checkpoint, policy, aggregate and metric; each task's items under both recipes."""
+def effective_documents(predicted: np.ndarray, sources: np.ndarray, blend: dict[str, float]) -> float:
+    """Kish's effective sample size (Σ_d v_d)² / Σ_d v_d² of the documents' weights in the blend
+    NLL: v_d = w_s · predicted_d / Σ_{d' in s} predicted_d' for document d of source s (a source
+    of the blend without documents adds nothing). Equal weights give the number of documents; one
+    document that holds most tokens counts about once."""
+    v = np.zeros(len(predicted))
+    for source, w in blend.items():
+        m = sources == source
+        if m.any():
+            v[m] = w * predicted[m] / predicted[m].sum()
+    return float(v.sum() ** 2 / np.square(v).sum())
+
+
+def item_difference(recipe: pd.DataFrame, baseline: pd.DataFrame, resamples: int = 2000) -> Comparison:
+    """Paired test of one aggregate: rows of ``downstream_items.parquet`` (task, doc_id, value, and
+    the item's held-out ``document`` where recorded) of one checkpoint, policy, aggregate and
+    metric; each task's items under both recipes. The aggregate is the mean over its tasks of each
+    task's mean paired difference. Where every item names its document, a cluster bootstrap: each
+    resample draws a task's documents with replacement (as many as it has), every item of a drawn
+    document counting once per draw; otherwise the paired item-level t (``paired_items``)."""
     keys = ["task", "doc_id"]
     joined = pd.concat(
         [recipe.set_index(keys)["value"], baseline.set_index(keys)["value"]], axis=1, join="inner", keys=["a", "b"]
     )
+    if DOCUMENT_COLUMN in recipe.columns and not (recipe[DOCUMENT_COLUMN] == NO_DOCUMENT).any():
+        documents = recipe.set_index(keys)[DOCUMENT_COLUMN].reindex(joined.index)
+        return _document_clusters(joined, documents.to_numpy(), resamples)
     tasks = [(g["a"].to_numpy(), g["b"].to_numpy()) for _, g in joined.groupby(level="task", sort=True)]
     return paired_items(tasks)
+
+
+def _document_clusters(joined: pd.DataFrame, documents: np.ndarray, resamples: int) -> Comparison:
+    """The cluster bootstrap of ``item_difference``: units are (task, document) pairs, resampled
+    within their task; the statistic weights each item by its document's count in the resample."""
+    task_of_item = joined.index.get_level_values("task").astype(str).to_numpy()
+    d = (joined["a"] - joined["b"]).to_numpy(dtype=np.float64)
+    clusters = pd.MultiIndex.from_arrays([task_of_item, documents])
+    codes, units = pd.factorize(clusters)
+    tasks = sorted(set(task_of_item))
+    in_task = [task_of_item == t for t in tasks]
+
+    def difference(weights: np.ndarray) -> float:
+        w = weights[codes]
+        return float(np.mean([(w[m] * d[m]).sum() / w[m].sum() for m in in_task]))
+
+    strata = units.get_level_values(0).to_numpy()
+    what = f"held-out documents of {len(d)} items in {len(tasks)} task(s)"
+    return paired_bootstrap(difference, len(units), resamples=resamples, strata=strata, what=what)

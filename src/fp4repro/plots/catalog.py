@@ -42,7 +42,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "downstream": (
         "downstream aggregates (±1 stderr, mean over seeds) per recipe and policy at the final checkpoint; the "
         "paired difference recipe − baseline in each aggregate at the final checkpoint with its 95% interval "
-        "(paired t over seeds, or with one seed the paired item-level t, the report's); each aggregate vs "
+        "(paired t over seeds, or with one seed the report's paired test over items: a bootstrap over their "
+        "held-out documents where the table names them, else the item-level t); each aggregate vs "
         "checkpoint",
         "results/<exp>/eval/<recipe>/seed<s>/downstream.parquet for each run to draw (its aggregate rows are "
         "drawn), and its downstream_items.parquet (needed for the intervals of one-seed differences; written by "

@@ -81,8 +81,9 @@ def downstream_differences(
 ) -> pd.DataFrame:
     """recipe − baseline in each aggregate (and metric) at the last checkpoint both evaluated under
     ``policy`` in every seed they share: with two or more seeds a paired t over seeds
-    (``statistics.seed_level``), with one the paired item-level test (``paired.item_difference``
-    on downstream_items.parquet), as the report computes them. One row per aggregate and metric.
+    (``statistics.seed_level``), with one the paired test over items (``paired.item_difference``
+    on downstream_items.parquet: a bootstrap over the items' held-out documents where the table
+    names them), as the report computes them. One row per aggregate and metric.
     ``cache``: run -> items table already read."""
     cache = {} if cache is None else cache
     rows = df[df["policy"] == policy]
@@ -106,6 +107,13 @@ def downstream_differences(
             comparison = item_difference(*picked)
         out.append({"aggregate": aggregate, "metric": metric, "step": int(step), "seeds": n, "comparison": comparison})
     return pd.DataFrame(out, columns=["aggregate", "metric", "step", "seeds", "comparison"])
+
+
+def _test_name(seeds: int, comparison) -> str:
+    """The test of a difference in a few words, for the figure's note."""
+    if seeds > 1:
+        return "paired t over seeds"
+    return "bootstrap over the items' documents" if "documents" in comparison.test else "paired item-level t"
 
 
 def _items(
@@ -298,7 +306,7 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
                     fontsize=6.5,
                     color="0.2",
                 )
-            tests |= {"paired t over seeds" if n > 1 else "paired item-level t" for n in d["seeds"]}
+            tests |= {_test_name(n, c) for n, c in zip(d["seeds"], d["comparison"])}
             steps |= set(d["step"])
         if not any(not diffs[(r, policy)].empty for r in others):
             ax.text(

@@ -132,7 +132,7 @@ def _document_bootstrap(
 
 def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list[Row]:
     """Each aggregate at the last checkpoint, each side under its policy: seed-level paired t, or a
-    paired item-level test over the aggregate's items, then at most "suggestive"."""
+    paired test over the aggregate's items (``paired.item_difference``), then at most "suggestive"."""
     files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
     if isinstance(files, Row):
         return [files]
@@ -178,7 +178,8 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
 def _item_test(
     items: dict, seed: int, claim: Claim, policies: ClaimPolicies, step: int, aggregate: str, metric: str
 ) -> Comparison:
-    """The paired item-level test of one aggregate: each task's items under both recipes."""
+    """The paired test over one aggregate's items (``paired.item_difference``): each task's items
+    under both recipes."""
     per = []
     for recipe in (claim.recipe, claim.baseline):
         t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
