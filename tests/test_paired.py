@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fp4repro.paired import effective_documents, item_difference
+from fp4repro.paired import effective_documents, held_minus_fresh, item_difference
 from fp4repro.results import NO_DOCUMENT
 
 
@@ -69,3 +69,48 @@ def test_effective_documents_is_kishs_size_of_the_blend_weights():
     skewed = effective_documents(np.array([97.0, 1, 1, 1]), sources[:4], {"code": 1.0})
     assert skewed == pytest.approx(1 / (0.97**2 + 3 * 0.01**2))
     assert effective_documents(np.ones(10), np.array(["code"] * 10), {"code": 0.8, "prose": 0.2}) == pytest.approx(10)
+
+
+def _telemetry(rate_at, steps, interval, layers=("layers.0", "layers.1")):
+    """Rows of a telemetry table: every layer's wgrad.dy at each step, 1000 blocks each, with
+    ``rate_at(step, since)`` of them underflowing; a fprop.w row that never does."""
+    rows = []
+    for step in steps:
+        since = step % interval
+        for layer in layers:
+            for operand, rate in (("wgrad.dy", rate_at(step, since)), ("fprop.w", 0.0)):
+                rows.append(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "operand": operand,
+                        "steps_since_refresh": since,
+                        "blocks": 1000,
+                        "saturated_blocks": 0,
+                        "underflow_blocks": round(1000 * rate),
+                        "nonzero_elements": 16000,
+                        "clipped_elements": 0,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_held_minus_fresh_pairs_each_interval_with_its_own_sample_and_leaves_out_step_0():
+    # step 0 (the initial weights' amax) would pull the fresh rate up if it were counted
+    table = _telemetry(lambda step, since: 0.9 if step == 0 else 0.1 if since == 0 else 0.3, range(30), 5)
+    r = held_minus_fresh(table, "underflow", "wgrad.dy")
+    assert (r.fresh, r.fresh_steps, r.held, r.held_steps) == pytest.approx((0.1, 5, 0.3, 24))
+    assert r.intervals == 5 and r.difference.difference == pytest.approx(0.2)
+    assert r.difference.test == "batch means: 5 refresh intervals in 2 contiguous batches"
+    # an interval's held steps are compared with its own sample: a drift that lifts both by the
+    # same amount over training leaves held − fresh at 0.2 in every interval
+    drift = _telemetry(lambda step, since: step / 100 + (0.0 if since == 0 else 0.2), range(1, 30, 2), 5)
+    r = held_minus_fresh(drift, "underflow", "wgrad.dy")
+    assert r.fresh_steps == 3 and r.intervals == 3 and r.difference is None  # too few intervals
+    every = _telemetry(lambda step, since: step / 100 + (0.0 if since == 0 else 0.2), range(1, 60), 5)
+    r = held_minus_fresh(every, "underflow", "wgrad.dy")
+    held_mean = np.mean([(s / 100 + 0.2) for s in range(1, 60) if s % 5])
+    assert r.held == pytest.approx(held_mean, abs=1e-3)
+    # within an interval the held steps sit 1-4 steps after the sample: +0.2 + 0.025 on average
+    assert r.difference.difference == pytest.approx(0.225, abs=1e-3)
+    assert held_minus_fresh(table, "underflow", "fprop.w").difference.difference == 0

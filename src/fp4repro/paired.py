@@ -10,12 +10,18 @@ keys, and only units both runs have are compared:
     document_difference  held-out documents: the blend NLL recomputed on each bootstrap resample,
                          documents resampled within their source; the test names the documents'
                          effective sample size (a few long documents weigh as much as many)
+    held_minus_fresh     one run's telemetry: an event's rate on the steps quantized with a held amax
+                         minus its rate at the step that sampled it, per refresh interval (the same
+                         amax, nearly the same weights), batch means over the intervals
     item_difference      downstream items of one aggregate: a cluster bootstrap over the held-out
                          documents the items were cut from (items of one document are not
                          independent), or, for tables that do not name them, paired item-level t
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -42,6 +48,52 @@ def step_rate(steps: pd.DataFrame, event: str) -> pd.Series:
     """The event's rate per step of an ``event_steps`` table (a step without units: 0)."""
     count, units = EVENTS[event]
     return (steps[count] / steps[units].where(steps[units] > 0)).fillna(0.0)
+
+
+@dataclass(frozen=True)
+class HeldAndFresh:
+    """An event's rate on one operand at the amax samples (fresh) and between them (held), each
+    pooled over layers and steps, with how many telemetry steps each rests on, and held − fresh
+    per refresh interval (None with fewer than 4 intervals sampled in both phases)."""
+
+    fresh: float
+    fresh_steps: int
+    held: float
+    held_steps: int
+    difference: Comparison | None
+    intervals: int
+
+
+def held_minus_fresh(telemetry: pd.DataFrame, event: str, operand: str) -> HeldAndFresh:
+    """``telemetry``: one run's table (``TELEMETRY_COLUMNS``). Step 0 is left out: its "fresh"
+    amax is that of the initial weights, not of training. A step's refresh interval is the step
+    of its amax sample (step − steps_since_refresh); each interval with a recorded sample and
+    held steps gives the mean held rate − the fresh rate, and the intervals (in step order, their
+    differences autocorrelated over training) are batch-meaned."""
+    count, units = EVENTS[event]
+    rows = telemetry[(telemetry["operand"] == operand) & (telemetry["step"] > 0)]
+    steps = rows.groupby("step").agg(count=(count, "sum"), units=(units, "sum"), since=("steps_since_refresh", "max"))
+    steps = steps.assign(
+        rate=(steps["count"] / steps["units"].where(steps["units"] > 0)).fillna(0.0),
+        interval=steps.index.to_numpy() - steps["since"].to_numpy(),
+    )
+    fresh, held = steps[steps["since"] == 0], steps[steps["since"] > 0]
+
+    def pooled(part: pd.DataFrame) -> float:
+        return float(part["count"].sum() / part["units"].sum()) if part["units"].sum() > 0 else math.nan
+
+    per_interval = pd.concat(
+        [fresh.set_index("interval")["rate"], held.groupby("interval")["rate"].mean()],
+        axis=1,
+        join="inner",
+        keys=["fresh", "held"],
+    ).sort_index()
+    d = (per_interval["held"] - per_interval["fresh"]).to_numpy()
+    test = None
+    if len(d) >= 4:
+        test = batch_means(d)
+        test = replace(test, test=test.test.replace(" steps in ", " refresh intervals in "))
+    return HeldAndFresh(pooled(fresh), len(fresh), pooled(held), len(held), test, len(d))
 
 
 def document_difference(

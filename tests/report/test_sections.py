@@ -200,15 +200,25 @@ def test_event_rates_by_operand_and_refresh_phase(tmp_path):
     _phase_telemetry(results, "ue5m3", 1, fresh=1, held=6)
     # ue5m3's seed 1 has no nvfp4 run to stand beside: the recipes are read on seed 0
     lines = phase_section(results / "tiny", {"bf16": (0,), "nvfp4": (0,), "ue5m3": (0, 1)})
-    assert "(seed 0, the seeds every recipe here has; not read: ue5m3 seed 1)" in lines[3]
+    assert (
+        "after step 0 (whose amax is the initial weights'), seed 0, the seeds every recipe here has; not read: "
+        in (lines[3])
+        and "ue5m3 seed 1:" in lines[3]
+    )
     underflow = lines[lines.index("**underflow**") + 2 :]
     assert underflow[0] == "| operand | nvfp4 (current amax) | ue5m3 fresh | ue5m3 held |"
     assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 4.000e-03 |" in underflow[:8]
     assert "| fprop.x | – | – | – |" in underflow[:8]
     _phase_telemetry(results, "nvfp4", 1, fresh=2, held=None)
     both = phase_section(results / "tiny", {"bf16": (0,), "nvfp4": (0, 1), "ue5m3": (0, 1)})
-    assert "(the mean over seeds 0, 1, the seeds every recipe here has)" in both[3]
+    assert "the mean over seeds 0, 1, the seeds every recipe here has:" in both[3]
     assert "| dgrad.dy | 2.000e-03 | 1.000e-03 | 5.000e-03 |" in both  # held: (4 + 6) / 2 per 1000
+    # held − fresh: the fresh rate rests on step 3 alone (step 0 is the initialization), one
+    # interval per seed has both phases: too few for an interval
+    assert (
+        "| ue5m3 | dgrad.dy | 1.000e-03 (2) | 5.000e-03 (8) | – | refresh intervals sampled in both phases: 1, 1, "
+        "too few for an interval |"
+    ) in both
     apart = phase_section(results / "tiny", {"nvfp4": (1,), "ue5m3": (0,)})
     assert apart[-1] == "Not compared: these recipes share no seed (seeds: nvfp4 1; ue5m3 0)."
     assert phase_section(results / "tiny", {"bf16": (0,)}) == []

@@ -81,8 +81,9 @@ def mean_over_seeds(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 def phase_rates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Event rates of the held-amax operands per recipe and steps since refresh, and per recipe and
-    phase (fresh: 0, held: >= 1); means over seeds."""
-    held = held_operands(df)
+    phase (fresh: 0, held: >= 1), after step 0 (whose amax is the initial weights', not one of
+    training: the report leaves it out too); means over seeds."""
+    held = held_operands(df[df["step"] > 0])
     if held.empty:
         return held, held
     by_step = mean_over_seeds(held, ["recipe", "steps_since_refresh"])

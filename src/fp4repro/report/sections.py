@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from fp4repro.config.spec import OPERANDS
+from fp4repro.paired import held_minus_fresh
 from fp4repro.report.claims import ReportError
 from fp4repro.report.pairing import shared_seeds
 from fp4repro.results import (
@@ -28,6 +29,7 @@ from fp4repro.results import (
     run_dir,
     with_operand_class,
 )
+from fp4repro.statistics import seed_level
 
 # ------------------------------------------------------------ events by operand and refresh phase
 
@@ -44,12 +46,9 @@ def _no_shared_seed(runs: dict[str, tuple[int, ...]], recipes) -> str:
     return f"Not compared: these recipes share no seed (seeds: {listed})."
 
 
-def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, dict[int, pd.DataFrame]]:
-    """recipe -> seed -> event rates (``EVENTS``) per operand and phase: the run's count / units
-    over every layer and recorded step. Phase "fresh": a step whose held amax was sampled at that
-    step (and every step of current scaling); "held": the steps between refreshes, quantized with
-    an amax from before. Runs without a telemetry file or rows (BF16) are left out, and recipes
-    with none."""
+def telemetry_tables(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, dict[int, pd.DataFrame]]:
+    """recipe -> seed -> the run's telemetry without step 0 (the initial weights' amax, not one
+    of training); runs without a telemetry file or rows (BF16) are left out, and recipes with none."""
     found: dict[str, dict[int, pd.DataFrame]] = {}
     for recipe, seeds in runs.items():
         for seed in seeds:
@@ -58,11 +57,24 @@ def phase_rates(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, dict[
                 continue
             table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
             if len(table):
-                table = table.assign(phase=np.where(table["steps_since_refresh"] > 0, "held", "fresh"))
-                found.setdefault(recipe, {})[seed] = event_rates(table, ["operand", "phase"]).set_index(
-                    ["operand", "phase"]
-                )[list(EVENTS)]
+                found.setdefault(recipe, {})[seed] = table[table["step"] > 0]
     return found
+
+
+def phase_rates(tables: dict[str, dict[int, pd.DataFrame]]) -> dict[str, dict[int, pd.DataFrame]]:
+    """recipe -> seed -> event rates (``EVENTS``) per operand and phase of ``telemetry_tables``:
+    the run's count / units over every layer and recorded step. Phase "fresh": a step whose held
+    amax was sampled at that step (and every step of current scaling); "held": the steps between
+    samples, quantized with an amax from before."""
+    return {
+        recipe: {
+            seed: event_rates(
+                table.assign(phase=np.where(table["steps_since_refresh"] > 0, "held", "fresh")), ["operand", "phase"]
+            ).set_index(["operand", "phase"])[list(EVENTS)]
+            for seed, table in per_seed.items()
+        }
+        for recipe, per_seed in tables.items()
+    }
 
 
 def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
@@ -71,7 +83,8 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     the mean over the seeds every recipe with telemetry has); none without telemetry. The T = 2048
     claims above compare dY's rates summed over phases on their shared seeds; this is where the
     other operands and the held amax's share show."""
-    per_seed = phase_rates(Path(root), runs)
+    tables = telemetry_tables(Path(root), runs)
+    per_seed = phase_rates(tables)
     if not per_seed:
         return []
     heading = ["", "## Quantization events by operand and refresh phase", ""]
@@ -93,7 +106,8 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
     lines = [
         *heading,
-        f"Rates over every layer and recorded step of each run ({_seeds_text(found, list(found), seeds)}): "
+        f"Rates over every layer and recorded step of each run after step 0 (whose amax is the initial "
+        f"weights'), {_seeds_text(found, list(found), seeds)}: "
         "underflow and saturation per block, clipping per non-zero element. *fresh*: the steps at which "
         "a periodic recipe samples its amax (and every step of current scaling); *held*: the steps between "
         "refreshes, quantized with an amax up to K − 1 steps old. Measurements; the claims' verdicts are in "
@@ -104,7 +118,60 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
         for operand in OPERANDS:  # fp4repro.config.spec's GEMM order
             cells = [_rate_text(float(rates[r][event].get((operand, p), math.nan))) for r, p in columns]
             lines.append(f"| {operand} | " + " | ".join(cells) + " |")
+    return lines + held_lines({r: {s: tables[r][s] for s in seeds} for r in held})
+
+
+def held_lines(tables: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
+    """The held amax's effect per operand that holds one (``paired.held_minus_fresh``): for each
+    recipe that holds an amax and each event but saturation, the fresh and the held rate with the
+    telemetry steps each rests on, and held − fresh per refresh interval with its 95% interval
+    (batch means over one seed's intervals; with several seeds a paired t over the seeds' mean
+    differences). Markdown lines; none without such a recipe."""
+    lines = []
+    for event in ("underflow", "clipping"):
+        rows = []
+        for recipe, per_seed in tables.items():
+            for operand in OPERANDS:
+                runs = [held_minus_fresh(t, event, operand) for t in per_seed.values()]
+                runs = [r for r in runs if r.held_steps and r.fresh_steps]
+                if not runs:
+                    continue
+                rows.append(f"| {recipe} | {operand} | " + _held_cells(runs) + " |")
+        if rows:
+            lines += [
+                "",
+                f"**{event}: held − fresh per refresh interval**",
+                "",
+                "| recipe | operand | fresh (steps) | held (steps) | held − fresh [95% interval] | test |",
+                "|---|---|---|---|---|---|",
+                *rows,
+            ]
+    if lines:
+        lines = [
+            "",
+            "Per refresh interval, the mean rate of its held steps minus the rate at its amax sample (the same "
+            "amax, nearly the same weights); the fresh and held rates are pooled over the runs' steps, each "
+            "with the number of telemetry steps it rests on (summed over seeds).",
+            *lines,
+        ]
     return lines
+
+
+def _held_cells(runs: list) -> str:
+    """The cells of one recipe and operand: pooled rates with their steps, the difference and its test."""
+    fresh = np.mean([r.fresh for r in runs])
+    held = np.mean([r.held for r in runs])
+    counts = f"{_rate_text(float(fresh))} ({sum(r.fresh_steps for r in runs)}) | {_rate_text(float(held))} " + (
+        f"({sum(r.held_steps for r in runs)})"
+    )
+    if len(runs) > 1 and all(r.difference is not None for r in runs):
+        c = seed_level(np.array([r.difference.difference for r in runs]))
+    else:
+        c = runs[0].difference if len(runs) == 1 else None
+    if c is None:
+        sampled = ", ".join(str(r.intervals) for r in runs)
+        return counts + f" | – | refresh intervals sampled in both phases: {sampled}, too few for an interval"
+    return counts + f" | {c.difference:+.3e} [{c.low:+.3e}, {c.high:+.3e}] | {c.test}"
 
 
 # ------------------------------------------------------------------- beyond the paper: automatic T
