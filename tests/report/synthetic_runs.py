@@ -33,6 +33,10 @@ def rng(*key) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
+OTHER_LAYER = "layers.0.mixer.in_proj"
+OVERRIDDEN_LAYER = "layers.1.mixer.fc2"  # ue5m3 quantizes its wgrad dY at T = 2048
+
+
 def write_run(
     results: Path,
     recipe: str,
@@ -47,7 +51,8 @@ def write_run(
 ) -> None:
     """One run (recipe, seed) of experiment `tiny`: loss and NLL offset by ``loss`` and ``nll`` from
     a curve shared by every recipe of the seed, ``correct`` of ITEMS items right per task (the
-    first ones), events at the given per-step rates; its evaluation rows under ``policy``."""
+    first ones), events at the given per-step rates in OVERRIDDEN_LAYER (and at one rate shared by
+    every recipe in OTHER_LAYER); its evaluation rows under ``policy``."""
     train, ev = run_dir(results, "tiny", recipe, seed), eval_dir(results, "tiny", recipe, seed)
     train.mkdir(parents=True)
     ev.mkdir(parents=True)
@@ -139,22 +144,26 @@ def write_run(
     pd.DataFrame(aggregates).to_parquet(ev / "downstream.parquet")
     telemetry = []
     for step in range(STEPS):
-        for operand in ("dgrad.dy", "wgrad.dy", "fprop.x"):
-            wiggle = rng("events", recipe, seed, step, operand).uniform(0.8, 1.2)
-            small = operand != "fprop.x"
-            telemetry.append(
-                {
-                    "step": step,
-                    "layer": "layers.0.mixer.in_proj",
-                    "operand": operand,
-                    "steps_since_refresh": step % 3,
-                    "blocks": 10_000,
-                    "saturated_blocks": 0,
-                    "underflow_blocks": round(10_000 * underflow * wiggle) if small else 7,
-                    "nonzero_elements": 100_000,
-                    "clipped_elements": round(100_000 * clipped * wiggle) if small else 3,
-                }
-            )
+        for layer in (OTHER_LAYER, OVERRIDDEN_LAYER):
+            for operand in ("dgrad.dy", "wgrad.dy", "fprop.x"):
+                wiggle = rng("events", recipe, seed, step, operand, layer).uniform(0.8, 1.2)
+                small = operand != "fprop.x"
+                given = layer == OVERRIDDEN_LAYER  # the other layer's rates are the same for every recipe
+                override = recipe == "ue5m3" and given and operand == "wgrad.dy"  # ue5m3's T = 2048
+                telemetry.append(
+                    {
+                        "step": step,
+                        "layer": layer,
+                        "operand": operand,
+                        "steps_since_refresh": step % 3,
+                        "blocks": 10_000,
+                        "saturated_blocks": 0,
+                        "underflow_blocks": round(10_000 * (underflow if given else 0.05) * wiggle) if small else 7,
+                        "nonzero_elements": 100_000,
+                        "clipped_elements": round(100_000 * (clipped if given else 0.05) * wiggle) if small else 3,
+                        "target": 2048.0 if override else 448.0,
+                    }
+                )
     pd.DataFrame(telemetry).to_parquet(train / "telemetry.parquet")
 
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from synthetic_runs import BLEND, DOCS, ITEMS, claims_by_id, one_seed, rng, rows_of, write_run
+from synthetic_runs import BLEND, DOCS, ITEMS, OVERRIDDEN_LAYER, claims_by_id, one_seed, rng, rows_of, write_run
 
 from fp4repro.report import measure, runs_text
 from fp4repro.report.claims import ClaimPolicies
@@ -172,7 +172,8 @@ def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
     rows = {c: rows_of(c, results)[0] for c in ("t2048_underflow", "t2048_saturation", "t2048_clipping")}
     under = rows["t2048_underflow"]
     tele = {r: pd.read_parquet(run_dir(results, "tiny", r, 0) / "telemetry.parquet") for r in ("ue5m3_t448", "ue5m3")}
-    dy = {r: t[t["operand"] == "wgrad.dy"] for r, t in tele.items()}
+    # only the layer ue5m3 quantizes at T = 2048, in both runs (the other layer's rates would dilute it)
+    dy = {r: t[(t["operand"] == "wgrad.dy") & (t["layer"] == OVERRIDDEN_LAYER)] for r, t in tele.items()}
     assert under.recipe_value == pytest.approx(dy["ue5m3"]["underflow_blocks"].sum() / dy["ue5m3"]["blocks"].sum())
     assert under.baseline_value == pytest.approx(
         dy["ue5m3_t448"]["underflow_blocks"].sum() / dy["ue5m3_t448"]["blocks"].sum()
@@ -190,6 +191,17 @@ def test_telemetry_rates_are_paired_per_step_and_capped_with_one_seed(tmp_path):
     )
     assert clip.verdict == OPPOSITE
     assert rows["t2048_saturation"].note.startswith("not resolved: no saturation events")
+    assert f"in the layer(s) ue5m3 quantizes at T = 2048 ({OVERRIDDEN_LAYER})" in under.note
+
+
+def test_a_claim_at_a_target_no_layer_was_quantized_at_is_not_measured(tmp_path):
+    results = tmp_path / "results"
+    write_run(results, "ue5m3_t448", 0, underflow=0.004)
+    write_run(results, "ue5m3", 0, underflow=0.001)
+    path = run_dir(results, "tiny", "ue5m3", 0) / "telemetry.parquet"
+    pd.read_parquet(path).assign(target=448.0).to_parquet(path)  # no override recorded
+    (row,) = rows_of("t2048_underflow", results)
+    assert row.note == "not measured: ue5m3's telemetry records no wgrad.dy quantized at T = 2048"
 
 
 # ---------------------------------------------------------------- what is not measured or paired

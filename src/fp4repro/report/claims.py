@@ -92,6 +92,7 @@ class Claim:
     policy: str = "quantized"  # or recipe: each side under its own (claim_policies)
     event: str | None = None
     operands: tuple[str, ...] = ()
+    at_target: float | None = None  # telemetry: only the layers the recipe quantizes at this T
     mechanism: str = ""  # why the measure should move as the paper says (telemetry claims)
     reported: Reported | None = None  # the paper's own numbers (the claims file requires them)
 

@@ -34,6 +34,7 @@ from fp4repro.results import (
     METRICS_COLUMNS,
     NLL_COLUMNS,
     NLL_DOCUMENT_COLUMNS,
+    TARGET_COLUMN,
     TELEMETRY_COLUMNS,
     last_checkpoint,
     read_json,
@@ -194,24 +195,48 @@ def _item_test(
     return item_difference(*per)
 
 
-def _event_steps(path: Path, event: str, operands: tuple[str, ...]) -> pd.DataFrame:
-    table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
-    return event_steps(table, event, operands)
+def _telemetry_table(path: Path) -> pd.DataFrame:
+    return read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
+
+
+def layers_at_target(table: pd.DataFrame, operands: tuple[str, ...], target: float) -> list[str]:
+    """The layers whose ``operands`` a run quantized at target T = ``target`` (a recipe's override),
+    sorted; none when the table records no T (``TARGET_COLUMN``)."""
+    if TARGET_COLUMN not in table.columns:
+        return []
+    rows = table[table["operand"].isin(list(operands)) & (table[TARGET_COLUMN] == target)]
+    return sorted(set(rows["layer"]))
 
 
 def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
     """The share of units with an event over the whole run: seed-level paired t, or one run's
-    per-step rate differences (the same batches at the same steps) with batch means."""
+    per-step rate differences (the same batches at the same steps) with batch means. With
+    ``at_target``, only the layers where the recipe quantized the operands at that T, in both runs."""
     files = _per_seed(root, claim, seeds, "train", "telemetry.parquet")
     if isinstance(files, Row):
         return [files]
     count, units = EVENTS[claim.event]
-    steps = {r: {s: _event_steps(files[r][s], claim.event, claim.operands) for s in seeds} for r in files}
+    tables = {r: {s: _telemetry_table(files[r][s]) for s in seeds} for r in files}
+    where = ""
+    if claim.at_target is not None:
+        layers = layers_at_target(tables[claim.recipe][seeds[0]], claim.operands, claim.at_target)
+        if not layers:
+            return [
+                Row(
+                    claim,
+                    claim.id,
+                    note=f"not measured: {claim.recipe}'s telemetry records no {', '.join(claim.operands)} "
+                    f"quantized at T = {claim.at_target:g}",
+                )
+            ]
+        tables = {r: {s: t[t["layer"].isin(layers)] for s, t in runs.items()} for r, runs in tables.items()}
+        where = f" in the layer(s) {claim.recipe} quantizes at T = {claim.at_target:g} ({', '.join(layers)})"
+    steps = {r: {s: event_steps(t, claim.event, claim.operands) for s, t in runs.items()} for r, runs in tables.items()}
     totals = {r: [(int(t[count].sum()), int(t[units].sum())) for t in runs.values()] for r, runs in steps.items()}
     rates = {r: np.array([e / n if n else math.nan for e, n in totals[r]]) for r in totals}
     detail = (
         f"{claim.event} ({count.replace('_', ' ')} / {units.replace('_', ' ')}) of "
-        f"{', '.join(claim.operands)}: {sum(e for e, _ in totals[claim.recipe]):,} of "
+        f"{', '.join(claim.operands)}{where}: {sum(e for e, _ in totals[claim.recipe]):,} of "
         f"{sum(n for _, n in totals[claim.recipe]):,} vs {sum(e for e, _ in totals[claim.baseline]):,} of "
         f"{sum(n for _, n in totals[claim.baseline]):,}"
     )
