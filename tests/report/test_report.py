@@ -114,6 +114,12 @@ def test_the_report_sets_the_papers_number_and_scale_beside_ours_with_their_cita
     assert "at 350M only, not at 8B: final_loss_t2048 (the paper has no isolated T ablation at 8B)" in where
     assert "stated only by the paper's summary, not measured in the paper: t2048_underflow" in where
     assert paper["artifact"] in where
+    # what tiny can say about the paper's run: tiny's and paper8b's sizes, counted from their configs
+    scale = text[text.index("## What this scale can and cannot say about the paper's") :].split("\n## ")[0]
+    tiny, paper8b = load_study("tiny"), load_study("paper8b")
+    assert f"the paper trained 8,084,075,520 on {30_000 * 768 * 8_192:,} (23.3 per parameter" in scale
+    assert f"on {tiny.experiment.train.trained_tokens:,} tokens" in scale and "after 30,000 steps" in scale
+    assert paper8b.experiment.train.total_steps == 30_000
     table = [line for line in text.splitlines() if line.startswith("| ")]
     section = text[text.index("## The paper's own numbers") :]
     for c in claims:

@@ -359,15 +359,16 @@ def test_imported_results_rebuild_figures_and_report_without_data_training_or_ev
     assert proc.returncode != 0 and "results/smoke/eval/ue5m3/seed0/nll.parquet" in proc.stdout + proc.stderr
 
 
-def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, tmp_path):
-    """results/small_v1/ holds runs made on H200s: on a CPU the DAG draws from them and trains
-    nothing, and the committed manifest lists exactly the runs whose tables are there."""
+@pytest.mark.parametrize("study", ["small_v1", "small"])
+def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, tmp_path, study):
+    """results/small_v1/ and results/small/ hold runs made on H200s: on a CPU the DAG draws from
+    them and trains nothing, and the committed manifest lists exactly the runs whose tables are there."""
     from fp4repro.cli import main
 
-    work = tmp_path / "small_v1"
-    shutil.copytree(REPO / "results/small_v1", work / "results/small_v1")
+    work = tmp_path / study
+    shutil.copytree(REPO / "results" / study, work / "results" / study)
     shutil.copytree(REPO / "results/bench", work / "results/bench")
-    plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", "experiment=small_v1"))
+    plan = snakemake.planned_jobs(snakemake(work, "-n", "--config", f"experiment={study}"))
     assert plan == {
         "figure_loss": 1,
         "figure_nll": 1,
@@ -383,7 +384,7 @@ def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, 
             [
                 "inventory",
                 "--experiment",
-                "small_v1",
+                study,
                 "--results",
                 str(work / "results"),
                 "--out",
@@ -392,7 +393,7 @@ def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, 
         )
         == 0
     )
-    listed = json.loads((REPO / "results/small_v1/runs.json").read_text())
+    listed = json.loads((REPO / "results" / study / "runs.json").read_text())
     found = json.loads((tmp_path / "runs.json").read_text())
     assert [(r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in found["runs"]] == [
         (r["recipe"], r["seed"], r["tokens"], r["corpus"]) for r in listed["runs"]

@@ -14,6 +14,7 @@ from fp4repro.report.measures import measure
 from fp4repro.report.pairing import _divergences, _numerics
 from fp4repro.report.paper_numbers import claims_of, measured_where, paper_cell, paper_section
 from fp4repro.report.run_spread import spread_section
+from fp4repro.report.scale import scale_paragraph
 from fp4repro.report.sections import phase_section, target_section
 from fp4repro.results import eval_dir, run_dir, study_runs
 from fp4repro.util import atomic_write_text
@@ -87,11 +88,13 @@ def render(
     beyond: list[str] = (),
     diverged: list[str] = (),
     runs: str = "",
+    scale_note: list[str] = (),
 ) -> str:
     """The report as Markdown (figure links relative to the report's folder); ``beyond``: the lines
     of sections beyond the paper's claims (``target_section``), after the claims; ``diverged``: the
     runs whose loss became non-finite (``_divergences``), results in their own right; ``runs``:
-    which runs it reads (``runs_text``)."""
+    which runs it reads (``runs_text``); ``scale_note``: what this scale can say about the paper's
+    (``fp4repro.report.scale``), after the claims."""
     lines = [
         f"# Reproduction report: {paper['title']}",
         "",
@@ -132,6 +135,7 @@ def render(
             f"{_fmt(row, row.baseline_value)} | {_signed(row, k.difference)} [{_signed(row, k.low)}, "
             f"{_signed(row, k.high)}] | {k.test} | {_fmt(row, k.mde)} | **{row.verdict}** |"
         )
+    lines += list(scale_note)
     lines += ["", "## Claims", ""]
     for row in rows:
         mechanism = f" Mechanism: {MECHANISMS[row.claim.event]}." if row.claim.event in MECHANISMS else ""
@@ -148,14 +152,19 @@ def render(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def run_scale(study) -> str:
+def model_parameters(study) -> int:
+    """The parameters of the study's model (built on the meta device: no memory)."""
     import torch
 
     from fp4repro.model import NemotronH
 
-    exp, config = study.experiment, study.model
     with torch.device("meta"):
-        params = NemotronH(config, None).num_parameters()
+        return NemotronH(study.model, None).num_parameters()
+
+
+def run_scale(study) -> str:
+    exp, config = study.experiment, study.model
+    params = model_parameters(study)
     t = exp.train
     stages = ", ".join(f"{s.name} {steps * t.tokens_per_step:,}" for s, steps in zip(t.stages, t.stage_steps()))
     rounded = (
@@ -166,6 +175,20 @@ def run_scale(study) -> str:
     return (
         f"model `{exp.model}` ({params:,} parameters, pattern {config.pattern}), "
         f"{t.trained_tokens:,} training tokens ({stages}{rounded}), backend {exp.backend}"
+    )
+
+
+def _scale_note(paper: dict, study) -> list[str]:
+    """``scale_paragraph`` of ``study`` against the claims file's ``paper.experiment`` (none without one)."""
+    if not paper.get("experiment"):
+        return []
+    from fp4repro.config.study import load_study
+
+    theirs = load_study(paper["experiment"])
+    return scale_paragraph(
+        (model_parameters(study), study.experiment.train.trained_tokens),
+        (model_parameters(theirs), theirs.experiment.train.trained_tokens, theirs.experiment.train.total_steps),
+        theirs.name,
     )
 
 
@@ -226,6 +249,7 @@ def write_report(
         beyond,
         diverged,
         runs_text(runs, study.runs) + numerics_text(root, runs),
+        _scale_note(paper, study),
     )
     atomic_write_text(out, text)
     return rows
