@@ -42,7 +42,7 @@ def test_every_output_records_its_provenance(evaluated):
 def test_the_evaluation_records_where_its_time_went(evaluated):
     seconds = json.loads((evaluated / "seconds.json").read_text())
     assert seconds["evaluated"] == len(STEPS) * 2  # checkpoints x policies (bf16, quantized)
-    assert min(seconds[p] for p in ("setup", "load", "nll", "downstream")) > 0
+    assert min(seconds[p] for p in ("setup", "nll", "downstream")) > 0 and seconds["load"] >= 0  # 0.1 s resolution
     parts = ("setup", "load", "nll", "downstream", "other")
     assert sum(seconds[p] for p in parts) == pytest.approx(seconds["wall"], abs=0.3)
     assert seconds["provenance"]["device"].startswith("cpu")

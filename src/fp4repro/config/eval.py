@@ -15,6 +15,7 @@ Every field is optional::
       include_path: []              # extra folders of lm-eval task YAMLs
       curve_seeds: null             # seeds whose every checkpoint is evaluated (null: every seed); the
                                     # other seeds' runs only their final checkpoint, which the claims read
+                                    # (and their training saves no other)
       tasks:                        # aggregate -> lm-eval task/group/tag names (default: offline tasks)
         prose_next_line: [fp4repro_prose_next_line]
         code_next_line: [fp4repro_code_next_line]

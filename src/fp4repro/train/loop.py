@@ -6,7 +6,8 @@ only the step), let the backend's engine (``fp4repro.train.engine``) take one op
 (forward under BF16 autocast on CUDA, FP32 on CPU, cross-entropy, backward, clip, AdamW), stop on a
 non-finite loss or gradient, advance the quantization state (periodic amax refresh counts
 optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
-spaced in tokens; a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
+spaced in tokens (for a seed outside ``eval.curve_seeds`` only the last: ``saved_checkpoint_steps``);
+a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
 step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
 one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). Outputs in
 ``out_dir``, written when the run finishes:
@@ -110,6 +111,15 @@ def eval_checkpoint_steps(total_steps: int, count: int) -> list[int]:
     """Steps after which evaluation checkpoints are saved: ``count`` points evenly spaced in
     tokens (every step has the same tokens), the last one at the end of training."""
     return sorted({max(1, round(i * total_steps / count)) for i in range(1, count + 1)})
+
+
+def saved_checkpoint_steps(study: Study, seed: int) -> list[int]:
+    """The evaluation checkpoints a run of ``seed`` saves: every one of ``eval_checkpoint_steps``
+    for a seed whose every checkpoint is evaluated (``eval.curve_seeds``), else only the final one
+    (the only one its evaluation reads; the others would cost their writing time and disk)."""
+    t = study.experiment.train
+    steps = eval_checkpoint_steps(t.total_steps, t.checkpoints)
+    return steps if study.experiment.eval.every_checkpoint(seed) else steps[-1:]
 
 
 def _worst_operands(rows: list[dict], n: int = 5) -> str:
@@ -254,7 +264,7 @@ def train(
     check_owner(out_dir, run_owner(exp.name, study.recipe(recipe_name).name, seed))
     verify_token_files(manifest, run.path / VERIFIED)
     end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
-    _check_space(study, recipe_name, run, end_step)
+    _check_space(study, recipe_name, seed, run, end_step)
 
     # ---- model, optimizer, schedule: all a function of the config and the seed
     schedule = WSDSchedule.of(t)
@@ -265,14 +275,14 @@ def train(
         )
 
 
-def _check_space(study: Study, recipe_name: str, run: RunFolder, end_step: int) -> None:
+def _check_space(study: Study, recipe_name: str, seed: int, run: RunFolder, end_step: int) -> None:
     """Room on the run folder's filesystem for the checkpoints the run will write from where it
     resumes (the newest resume checkpoint on disk) to ``end_step``."""
     t = study.experiment.train
     evaluations, resumes = checkpoints_to_write(
         run.resume_step(),
         end_step,
-        set(eval_checkpoint_steps(t.total_steps, t.checkpoints)),
+        set(saved_checkpoint_steps(study, seed)),
         t.resume_every,
         len(resume_checkpoints(run.resume)) + len(resume_dirs(run.resume)),
     )
@@ -302,7 +312,7 @@ def _train(
     plan = StepPlan.build(t.stage_steps())
     data = RunSampler.of_run(manifest, t, seed, cache_dir=data_dir / "cache")
     samplers = data.stages
-    eval_steps = set(eval_checkpoint_steps(t.total_steps, t.checkpoints))
+    eval_steps = set(saved_checkpoint_steps(study, seed))
     refreshes = refresh_steps_of(study, recipe_name)  # telemetry at the amax samples too, where asked
 
     # ---- resumed where its last attempt left off
