@@ -526,16 +526,17 @@ def test_a_seed_outside_curve_seeds_saves_only_its_final_evaluation_checkpoint(p
     _, _, root = prepared
     path = tmp_path / "exp.yaml"
     path.write_text(
-        EXPERIMENT.replace("recipes: [bf16, nvfp4, ue5m3]", "recipes: [bf16]").replace(
-            "  batch_size: 4\n", "  batch_size: 4\n  seeds: [0, 1]\n"
-        )
+        EXPERIMENT.replace("recipes: [bf16, nvfp4, ue5m3]", "recipes: [bf16]")
+        .replace("  batch_size: 4\n", "  batch_size: 4\n  seeds: [0, 1]\n")
+        .replace("tokens: 10240", "tokens: 2048")  # 8 + 4 steps of 256 tokens, a checkpoint after each
+        .replace("tokens: 5120", "tokens: 1024")
         + "eval: {curve_seeds: [0]}\n"
     )
     study = load_study(path)
     out = tmp_path / "seed1"
     train(study, "bf16", root / "data", out, seed=1, device="cpu", progress=False)
     run = _run_folder(out)
-    assert [p.name for p in run.ckpt.glob("step_*.pt")] == ["step_00000060.pt"]  # the evaluation reads no other
+    assert [p.name for p in run.ckpt.glob("step_*.pt")] == ["step_00000012.pt"]  # the evaluation reads no other
     assert json.loads((out / "done.json").read_text())["checkpoints"] == [
-        f"runs/{run.fingerprint}/ckpt/step_00000060.pt"
+        f"runs/{run.fingerprint}/ckpt/step_00000012.pt"
     ]
