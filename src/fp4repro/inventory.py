@@ -15,12 +15,11 @@ them not counted; none for a run on a CPU, or one whose processes did not record
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from fp4repro.config.numerics import UNRECORDED
-from fp4repro.results import METRICS_COLUMNS, eval_dir, read_table, run_dir, table_provenance
-
-EVAL_SECONDS = "seconds.json"  # fp4repro.eval.run.SECONDS_FILE (eval sits above this module)
+from fp4repro.results import EVAL_SECONDS_FILE, METRICS_COLUMNS, eval_dir, read_table, run_dir, table_provenance
 
 EVAL_TABLES = (
     "nll.parquet",
@@ -40,7 +39,7 @@ def _done(results: Path, experiment: str, recipe: str, seed: int) -> dict:
 def _seconds(done: dict, evaluated: Path) -> dict:
     """The recorded seconds by phase of the run's training and evaluation processes (None where
     one did not record them)."""
-    path = evaluated / EVAL_SECONDS
+    path = evaluated / EVAL_SECONDS_FILE
     evaluation = json.loads(path.read_text()) if path.is_file() else None
     return {
         "train": done.get("process_seconds"),
@@ -105,12 +104,13 @@ def inventory(
 def gpu_minutes_line(found: dict, budget=None) -> str | None:
     """The GPU minutes of an inventory's runs that recorded them (their sum and median) beside the
     experiment's ``gpu_budget``; None when no run recorded them."""
-    minutes = sorted(r["gpu_minutes"] for r in found["runs"] if r["gpu_minutes"] is not None)
+    minutes = [r["gpu_minutes"] for r in found["runs"] if r["gpu_minutes"] is not None]
     if not minutes:
         return None
-    n, total = len(minutes), sum(minutes)
-    median = (minutes[(n - 1) // 2] + minutes[n // 2]) / 2
-    line = f"GPU minutes: {total:.1f} over {n} run(s) that recorded them, median {median:.1f} per run"
+    line = (
+        f"GPU minutes: {sum(minutes):.1f} over {len(minutes)} run(s) that recorded them, "
+        f"median {statistics.median(minutes):.1f} per run"
+    )
     if budget is not None:
         line += f" (budget: {budget.minutes_per_run:g} per run, {budget.minutes:g} for the study)"
     return line

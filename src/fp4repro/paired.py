@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from fp4repro.results import DOCUMENT_COLUMN, EVENTS, NO_DOCUMENT
+from fp4repro.results import DOCUMENT_COLUMN, EVENTS, NO_DOCUMENT, after_initialization
 from fp4repro.statistics import Comparison, batch_means, paired_bootstrap, paired_items
 
 
@@ -71,16 +71,15 @@ def held_minus_fresh(telemetry: pd.DataFrame, event: str, operand: str) -> HeldA
     held steps gives the mean held rate − the fresh rate, and the intervals (in step order, their
     differences autocorrelated over training) are batch-meaned."""
     count, units = EVENTS[event]
-    rows = telemetry[(telemetry["operand"] == operand) & (telemetry["step"] > 0)]
-    steps = rows.groupby("step").agg(count=(count, "sum"), units=(units, "sum"), since=("steps_since_refresh", "max"))
-    steps = steps.assign(
-        rate=(steps["count"] / steps["units"].where(steps["units"] > 0)).fillna(0.0),
-        interval=steps.index.to_numpy() - steps["since"].to_numpy(),
-    )
+    rows = after_initialization(telemetry)
+    rows = rows[rows["operand"] == operand]
+    steps = event_steps(rows, event, [operand])
+    since = rows.groupby("step")["steps_since_refresh"].max()
+    steps = steps.assign(rate=step_rate(steps, event), since=since, interval=steps.index.to_numpy() - since.to_numpy())
     fresh, held = steps[steps["since"] == 0], steps[steps["since"] > 0]
 
     def pooled(part: pd.DataFrame) -> float:
-        return float(part["count"].sum() / part["units"].sum()) if part["units"].sum() > 0 else math.nan
+        return float(part[count].sum() / part[units].sum()) if part[units].sum() > 0 else math.nan
 
     per_interval = pd.concat(
         [fresh.set_index("interval")["rate"], held.groupby("interval")["rate"].mean()],

@@ -145,6 +145,8 @@ DOWNSTREAM_ITEM_COLUMNS = (
 # (``fp4repro.eval.order``: the cold replay's results depend on it); optional for readers: tables
 # written before it lack it ("not recorded")
 ORDER_COLUMN = "order"
+# where an evaluation process's time went (fp4repro evaluate writes it beside its tables)
+EVAL_SECONDS_FILE = "seconds.json"
 # the column of downstream_items with each item's held-out source document (its index in the
 # source's test split: items cut from one document are not independent); optional for readers:
 # tables written before it lack it (``NO_DOCUMENT``)
@@ -163,6 +165,12 @@ OPERAND_CLASSES = {
     "weights": ("fprop.w", "dgrad.w"),
     "gradients": ("dgrad.dy", "wgrad.dy"),
 }
+
+
+def after_initialization(telemetry: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a telemetry table after step 0: step 0's amax is the initial weights', not one of
+    training, so it is no "fresh" sample of a held amax (the report and the figures leave it out)."""
+    return telemetry[telemetry["step"] > 0]
 
 
 def with_operand_class(telemetry: pd.DataFrame) -> pd.DataFrame:

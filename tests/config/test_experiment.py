@@ -198,7 +198,7 @@ def test_recipe_seeds_give_named_recipes_fewer_runs(tmp_path):
 def test_a_budget_that_is_not_whole_steps_is_rounded_up_and_every_summary_says_so(tmp_path, capsys):
     # issue 42: 4,100 tokens at 256 a step trained 17 steps (4,352 tokens) while the summary said 6,148 in all
     from fp4repro.cli import main
-    from fp4repro.report.rendering import run_scale
+    from fp4repro.report.rendering import model_parameters, run_scale
 
     path = _write(tmp_path, BASE.replace("tokens: 4096", "tokens: 4100"))
     t = load_experiment(path).train
@@ -210,7 +210,8 @@ def test_a_budget_that_is_not_whole_steps_is_rounded_up_and_every_summary_says_s
     assert "25 steps, 6,400 tokens," in out and "6,148" not in out
     assert "  s1: 4,352 tokens (budget 4,100 rounded up to whole steps) (17 steps)" in out
     assert "  s2: 2,048 tokens (8 steps)" in out
-    scale = run_scale(load_study(path))
+    study = load_study(path)
+    scale = run_scale(study, model_parameters(study))
     assert "6,400 training tokens (s1 4,352, s2 2,048; budgets of s1 4,100 rounded up to whole steps)" in scale
     assert load_experiment(_write(tmp_path, BASE)).train.rounding() == []  # whole steps: nothing said
 

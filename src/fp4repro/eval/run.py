@@ -59,6 +59,7 @@ from fp4repro.results import (
     DOCUMENT_COLUMN,
     DOWNSTREAM_COLUMNS,
     DOWNSTREAM_ITEM_COLUMNS,
+    EVAL_SECONDS_FILE,
     NLL_COLUMNS,
     NLL_DOCUMENT_COLUMNS,
     NO_DOCUMENT,
@@ -71,10 +72,9 @@ from fp4repro.results import (
 )
 
 TASKS_STAMP = "offline_tasks.json"
-#: Where this process's time went (seconds): setup (checks, tasks, held-out streams), load
-#: (checkpoints into models), nll, downstream, other, wall; ``evaluated``: its checkpoint × policy
-#: pairs (a resumed evaluation's file holds the process that ended it).
-SECONDS_FILE = "seconds.json"
+# EVAL_SECONDS_FILE: where this process's time went (seconds): setup (checks, tasks, held-out
+# streams), load (checkpoints into models), nll, downstream, other, wall; ``evaluated``: its
+# checkpoint × policy pairs (a resumed evaluation's file holds the process that ended it).
 #: The tables each measure writes, together.
 MEASURES = {"nll": ("nll", "nll_documents"), "downstream": ("downstream", "downstream_items")}
 #: The tables an evaluation writes (``<name>.parquet`` in its folder) and their columns.
@@ -406,5 +406,5 @@ def evaluate(
             write_table(paths.out / f"{table}.parquet", tables[table], origin)
     wall = time.perf_counter() - started
     timing = {"evaluated": len(todo), **phases, "other": wall - sum(phases.values()), "wall": wall}
-    write_json(paths.out / SECONDS_FILE, {k: round(v, 1) for k, v in timing.items()}, origin)
+    write_json(paths.out / EVAL_SECONDS_FILE, {k: round(v, 1) for k, v in timing.items()}, origin)
     return paths.out

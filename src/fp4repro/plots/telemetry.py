@@ -23,7 +23,7 @@ from fp4repro.plots.common import (
     split_inputs,
     theme,
 )
-from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, event_rates
+from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, after_initialization, event_rates
 
 # What sets a recipe's scale range, for the legend (other recipes are shown by name only).
 RECIPE_NOTES = {
@@ -83,7 +83,7 @@ def phase_rates(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Event rates of the held-amax operands per recipe and steps since refresh, and per recipe and
     phase (fresh: 0, held: >= 1), after step 0 (whose amax is the initial weights', not one of
     training: the report leaves it out too); means over seeds."""
-    held = held_operands(df[df["step"] > 0])
+    held = held_operands(after_initialization(df))
     if held.empty:
         return held, held
     by_step = mean_over_seeds(held, ["recipe", "steps_since_refresh"])

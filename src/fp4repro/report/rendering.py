@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from fp4repro.config.files import claims_path
+from fp4repro.config.study import load_study
 from fp4repro.report.claims import ReportError, Row, claim_policies, load_claims
 from fp4repro.report.measures import measure
 from fp4repro.report.pairing import _divergences, _numerics
@@ -162,9 +163,9 @@ def model_parameters(study) -> int:
         return NemotronH(study.model, None).num_parameters()
 
 
-def run_scale(study) -> str:
+def run_scale(study, params: int) -> str:
+    """The study's scale in words: its model with ``params`` parameters, its tokens and backend."""
     exp, config = study.experiment, study.model
-    params = model_parameters(study)
     t = exp.train
     stages = ", ".join(f"{s.name} {steps * t.tokens_per_step:,}" for s, steps in zip(t.stages, t.stage_steps()))
     rounded = (
@@ -178,15 +179,14 @@ def run_scale(study) -> str:
     )
 
 
-def _scale_note(paper: dict, study) -> list[str]:
-    """``scale_paragraph`` of ``study`` against the claims file's ``paper.experiment`` (none without one)."""
+def _scale_note(paper: dict, study, params: int) -> list[str]:
+    """``scale_paragraph`` of ``study`` (its model has ``params`` parameters) against the claims
+    file's ``paper.experiment`` (none without one)."""
     if not paper.get("experiment"):
         return []
-    from fp4repro.config.study import load_study
-
     theirs = load_study(paper["experiment"])
     return scale_paragraph(
-        (model_parameters(study), study.experiment.train.trained_tokens),
+        (params, study.experiment.train.trained_tokens),
         (model_parameters(theirs), theirs.experiment.train.trained_tokens, theirs.experiment.train.total_steps),
         theirs.name,
     )
@@ -239,17 +239,18 @@ def write_report(
         + spread_section(Path(results), root, runs, exp.train.final_window)
     )
     diverged = _divergences(root, runs)
+    params = model_parameters(study)
     text = render(
         paper,
         rows,
         study.experiment,
-        run_scale(study),
+        run_scale(study, params),
         [Path(f) for f in figures],
         out,
         beyond,
         diverged,
         runs_text(runs, study.runs) + numerics_text(root, runs),
-        _scale_note(paper, study),
+        _scale_note(paper, study, params),
     )
     atomic_write_text(out, text)
     return rows

@@ -22,6 +22,7 @@ from fp4repro.results import (
     OPERAND_CLASSES,
     TARGET_COLUMN,
     TELEMETRY_COLUMNS,
+    after_initialization,
     eval_dir,
     event_rates,
     read_json,
@@ -57,7 +58,7 @@ def telemetry_tables(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, 
                 continue
             table = read_table(path, TELEMETRY_COLUMNS, "a quantization telemetry table (fp4repro train)", ReportError)
             if len(table):
-                found.setdefault(recipe, {})[seed] = table[table["step"] > 0]
+                found.setdefault(recipe, {})[seed] = after_initialization(table)
     return found
 
 
