@@ -5,10 +5,11 @@ import subprocess
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 import fp4repro
-from fp4repro.provenance import describe_device, provenance
+from fp4repro.provenance import describe_device, device_uuid, provenance
 from fp4repro.results import table_provenance, write_json, write_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,3 +53,14 @@ def test_a_copied_tree_names_its_commit_in_the_environment(monkeypatch):
     finally:
         monkeypatch.delenv("FP4REPRO_SOURCE_COMMIT")
         prov._git.cache_clear()
+
+
+def test_a_cpu_result_names_no_gpu():
+    assert "device_uuid" not in provenance("cpu") and device_uuid("cpu") is None and device_uuid() is None
+
+
+@pytest.mark.gpu
+def test_a_cuda_result_names_its_physical_gpu():
+    record = provenance("cuda")
+    assert record["device_uuid"] == str(torch.cuda.get_device_properties(0).uuid)
+    assert record["device_uuid"] == provenance("cuda:0")["device_uuid"] != ""

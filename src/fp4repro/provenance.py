@@ -7,6 +7,10 @@
 Training and evaluation add ``"data"``: the digest of the prepared corpus (``Manifest.data_hash``),
 which the report compares before it pairs two runs.
 
+A result computed on a CUDA device adds ``"device_uuid"``: the UUID of that physical GPU. Records
+that share it and overlap in time (``created`` less their wall time) ran on one GPU at once, which
+is how ``fp4repro inventory`` shares a GPU's minutes among the runs that used it together.
+
 ``git_commit`` is the commit of the source tree the package was imported from (an editable
 install or a checkout); null for an installed wheel, whose ``fp4repro`` version says what it is.
 A working tree copied to another machine without its history (a GPU machine given a checkout's
@@ -88,9 +92,20 @@ def describe_device(device: str | None = None) -> str:
     return f"cpu ({platform.machine()}, {threads} thread{'s' if threads != 1 else ''})"
 
 
+def device_uuid(device: str | None = None) -> str | None:
+    """The UUID of the CUDA device ``device`` names (the current one for a bare "cuda"); None off
+    CUDA or when torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if device is None or not str(device).startswith("cuda") or torch is None or not torch.cuda.is_available():
+        return None
+    index = torch.device(device).index
+    return str(torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).uuid)
+
+
 def provenance(device: str | None = None) -> dict:
     """The record described in the module docstring, for a result computed on ``device``."""
     commit, dirty = _git()
+    uuid = device_uuid(device)
     return {
         "fp4repro": fp4repro.__version__,
         "git_commit": commit,
@@ -99,4 +114,5 @@ def provenance(device: str | None = None) -> dict:
         "python": platform.python_version(),
         "device": describe_device(device),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **({"device_uuid": uuid} if uuid else {}),
     }
