@@ -41,7 +41,7 @@ fi
 export PYTHONPATH="${WHEELS:+$site:}$repo/src${PYTHONPATH:+:$PYTHONPATH}"
 fp4repro() { python -c 'import sys; from fp4repro.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
 cd "$repo"
-phase "start: $experiment $recipe seed $seed, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+phase "start: $experiment $recipe seed $seed, commit ${FP4REPRO_SOURCE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 if [ ! -f "$data/manifest.json" ]; then
     fp4repro prepare-data --experiment "$experiment" --out "$data" > "$out/prepare_$experiment.log" 2>&1 \

@@ -65,17 +65,26 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
     assert "nvfp4" in out and "missing" in out and "corpora: d1, d2" in out
 
 
-def _timed(results, recipe, seed, train_wall, eval_wall):
-    """A run whose training and evaluation processes recorded their seconds."""
+def _timed(results, recipe, seed, train_wall, eval_wall, gpu=None, trained_at=None, evaluated_at=None):
+    """A run whose training and evaluation processes recorded their seconds (and, given ``gpu``,
+    the GPU's UUID and when each process ended: ISO times)."""
+
+    def origin(created):
+        return {"device_uuid": gpu, "created": created} if gpu else {}
+
     (run_dir(results, "tiny", recipe, seed) / "done.json").write_text(
         json.dumps(
-            {"deterministic": True, "process_seconds": {"setup": 5.0, "steps": train_wall - 5, "wall": train_wall}}
+            {
+                "deterministic": True,
+                "process_seconds": {"setup": 5.0, "steps": train_wall - 5, "wall": train_wall},
+                "provenance": origin(trained_at),
+            }
         )
     )
     folder = eval_dir(results, "tiny", recipe, seed)
     folder.mkdir(parents=True)
     (folder / "seconds.json").write_text(
-        json.dumps({"evaluated": 1, "nll": eval_wall, "wall": eval_wall, "provenance": {}})
+        json.dumps({"evaluated": 1, "nll": eval_wall, "wall": eval_wall, "provenance": origin(evaluated_at)})
     )
 
 
@@ -120,3 +129,29 @@ def test_an_imported_study_reads_the_runs_that_are_there_and_a_run_study_plans_t
     assert study_runs(study, results) == dict.fromkeys(study.recipes, (0,))
     imported = replace(study, experiment=replace(study.experiment, imported=True))
     assert study_runs(imported, results) == {"bf16": (0,), "ue5m3": (0,)}
+
+
+def test_runs_on_one_gpu_at_once_share_its_minutes(tmp_path):
+    from fp4repro.inventory import inventory
+
+    results = tmp_path / "results"
+    for recipe in ("bf16", "ue5m3", "nvfp4"):
+        _metrics(results, recipe, 0, 150)
+    # bf16 and ue5m3 train on GPU "a" at once (10:00-10:06); ue5m3's evaluation then has it alone
+    # for 60 s, bf16's after it another 60 s. nvfp4 trains on GPU "b" at the same time, alone.
+    _timed(results, "bf16", 0, 360.0, 60.0, "a", "2026-01-01T10:06:00+00:00", "2026-01-01T10:08:00+00:00")
+    _timed(results, "ue5m3", 0, 360.0, 60.0, "a", "2026-01-01T10:06:00+00:00", "2026-01-01T10:07:00+00:00")
+    _timed(results, "nvfp4", 0, 360.0, 60.0, "b", "2026-01-01T10:06:00+00:00", "2026-01-01T10:07:00+00:00")
+    found = inventory(results, "tiny", {r: (0,) for r in ("bf16", "ue5m3", "nvfp4")}, 150, 1024)
+    minutes = {r["recipe"]: r["gpu_minutes"] for r in found["runs"]}
+    assert minutes == {"bf16": 3 + 1, "ue5m3": 3 + 1, "nvfp4": 6 + 1}
+
+
+def test_an_overlap_is_shared_only_for_the_seconds_it_lasts(tmp_path):
+    from fp4repro.inventory import GpuProcess, shared_seconds
+
+    first, second = GpuProcess("a", 0.0, 100.0), GpuProcess("a", 40.0, 160.0)
+    others = [first, second, GpuProcess(None, 0.0, 200.0), GpuProcess("c", 0.0, 200.0)]
+    assert shared_seconds(first, others) == 40 + 60 / 2
+    assert shared_seconds(second, others) == 60 / 2 + 60
+    assert shared_seconds(GpuProcess(None, 10.0, 35.5), others) == 25.5  # no GPU named: its wall time

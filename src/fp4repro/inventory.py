@@ -10,12 +10,19 @@ training and evaluation processes recorded them, their seconds by phase (``proce
 done.json, the evaluation's seconds.json) and the run's GPU minutes: the two processes' wall time
 on the GPU they held, from the call of ``train`` and ``evaluate`` (the interpreter's start-up before
 them not counted; none for a run on a CPU, or one whose processes did not record their time).
+
+Processes that ran on one GPU at once share its minutes: each second of a process counts 1/n, n the
+processes of the inventory running on the same physical GPU (provenance ``device_uuid``) in that
+second, each process's span being [``created`` - wall, ``created``]. A process that recorded no
+GPU UUID is taken to have held its GPU alone.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from fp4repro.config.numerics import UNRECORDED
@@ -36,26 +43,67 @@ def _done(results: Path, experiment: str, recipe: str, seed: int) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _seconds(done: dict, evaluated: Path) -> dict:
+def _evaluation_seconds(evaluated: Path) -> dict:
+    path = evaluated / EVAL_SECONDS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _seconds(done: dict, evaluation: dict) -> dict:
     """The recorded seconds by phase of the run's training and evaluation processes (None where
     one did not record them)."""
-    path = evaluated / EVAL_SECONDS_FILE
-    evaluation = json.loads(path.read_text()) if path.is_file() else None
     return {
         "train": done.get("process_seconds"),
-        "evaluate": {k: v for k, v in evaluation.items() if k != "provenance"} if evaluation else None,
+        "evaluate": {k: v for k, v in evaluation.items() if k != "provenance"} or None,
     }
 
 
-def gpu_minutes(device: str | None, seconds: dict) -> float | None:
-    """The wall minutes of the run's training and evaluation processes on the GPU they held; None
-    on a CPU or where either process's time is not recorded."""
+@dataclass(frozen=True)
+class GpuProcess:
+    """A training or evaluation process's span on a GPU, in seconds since the epoch."""
+
+    gpu: str | None  # the physical GPU's UUID; None when the process did not record it
+    start: float
+    end: float
+
+
+def gpu_process(wall: float, origin: dict) -> GpuProcess:
+    """The span [created - wall, created] of a process whose provenance is ``origin``."""
+    end = datetime.datetime.fromisoformat(origin["created"]).timestamp() if origin.get("created") else 0.0
+    return GpuProcess(origin.get("device_uuid"), end - wall, end)
+
+
+def shared_seconds(process: GpuProcess, processes: list[GpuProcess]) -> float:
+    """The GPU seconds of ``process``: its span, each moment weighted by 1/n, n the processes of
+    ``processes`` (``process`` among them) running on its GPU at that moment; its wall time when it
+    named no GPU."""
+    if process.gpu is None:
+        return process.end - process.start
+    peers = [p for p in processes if p.gpu == process.gpu and p.start < process.end and p.end > process.start]
+    cuts = sorted({process.start, process.end, *(t for p in peers for t in (p.start, p.end))})
+    total = 0.0
+    for left, right in zip(cuts, cuts[1:]):
+        if process.start <= left and right <= process.end:
+            running = sum(p.start <= left and right <= p.end for p in peers)
+            total += (right - left) / max(running, 1)
+    return total
+
+
+def _gpu_processes(device: str | None, seconds: dict, done: dict, evaluation: dict) -> list[GpuProcess] | None:
+    """The run's training and evaluation processes on a GPU; None on a CPU or where either process's
+    time is not recorded."""
     if not device or device.startswith("cpu") or not all(seconds.values()):
         return None
-    return round(sum(phases["wall"] for phases in seconds.values()) / 60, 2)
+    return [
+        gpu_process(seconds["train"]["wall"], done.get("provenance", {})),
+        gpu_process(seconds["evaluate"]["wall"], evaluation.get("provenance", {})),
+    ]
 
 
-def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_steps: int, tokens_per_step: int) -> dict:
+def run_entry(
+    results: Path, experiment: str, recipe: str, seed: int, total_steps: int, tokens_per_step: int
+) -> tuple[dict, list[GpuProcess] | None]:
+    """The run's inventory entry (its ``gpu_minutes`` None until ``inventory`` shares them) and its
+    processes on a GPU."""
     metrics_path = run_dir(results, experiment, recipe, seed) / "metrics.parquet"
     metrics = read_table(metrics_path, METRICS_COLUMNS, "a training metrics table (fp4repro train)")
     origin = table_provenance(metrics_path) or {}
@@ -64,8 +112,9 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
     final = evaluated / "final_loss.json"
     step_seconds = tokens_per_step / metrics["tokens_per_s"] if "tokens_per_s" in metrics else None
     done = _done(results, experiment, recipe, seed)
-    seconds = _seconds(done, evaluated)
-    return {
+    evaluation = _evaluation_seconds(evaluated)
+    seconds = _seconds(done, evaluation)
+    entry = {
         "recipe": recipe,
         "seed": seed,
         "steps": last,
@@ -80,23 +129,30 @@ def run_entry(results: Path, experiment: str, recipe: str, seed: int, total_step
         "dirty": origin.get("git_dirty"),
         "train_seconds": round(float(step_seconds.sum()), 1) if step_seconds is not None else None,
         "seconds": seconds,
-        "gpu_minutes": gpu_minutes(origin.get("device"), seconds),
+        "gpu_minutes": None,
         "evaluation": sorted(t for t in EVAL_TABLES if (evaluated / t).is_file()),
         "final_loss": json.loads(final.read_text())["loss"] if final.is_file() else None,
     }
+    return entry, _gpu_processes(origin.get("device"), seconds, done, evaluation)
 
 
 def inventory(
     results: Path, experiment: str, planned: dict[str, tuple[int, ...]], total_steps: int, tokens_per_step: int
 ) -> dict:
     """Every run of ``planned`` (recipe -> seeds) whose metrics table exists, and the runs missing."""
-    runs, missing = [], []
+    runs, missing, spans = [], [], []
     for recipe, seeds in planned.items():
         for seed in seeds:
             if (run_dir(results, experiment, recipe, seed) / "metrics.parquet").is_file():
-                runs.append(run_entry(results, experiment, recipe, seed, total_steps, tokens_per_step))
+                entry, processes = run_entry(results, experiment, recipe, seed, total_steps, tokens_per_step)
+                runs.append(entry)
+                spans.append(processes)
             else:
                 missing.append({"recipe": recipe, "seed": seed})
+    everyone = [p for processes in spans if processes for p in processes]
+    for entry, processes in zip(runs, spans):
+        if processes:
+            entry["gpu_minutes"] = round(sum(shared_seconds(p, everyone) for p in processes) / 60, 2)
     corpora = sorted({r["corpus"] for r in runs if r["corpus"]})
     return {"experiment": experiment, "runs": runs, "missing": missing, "corpora": corpora}
 
