@@ -17,6 +17,7 @@ from fp4repro.statistics import (
     paired_bootstrap,
     paired_items,
     seed_level,
+    seeds_and_items,
 )
 
 T975_2 = 4.302652729911275  # t quantiles, df = 2 (scipy.stats.t.ppf written out)
@@ -104,3 +105,22 @@ def test_a_stratified_bootstrap_keeps_each_stratum_whole():
     seen = []
     paired_bootstrap(lambda w: seen.append((w[:10].sum(), w[10:].sum())) or 0.0, 100, resamples=50, strata=strata)
     assert set(seen) == {(10.0, 90.0)}
+
+
+def test_seeds_and_items_adds_the_items_variance_with_satterthwaite_degrees_of_freedom():
+    items = Comparison(0.0, -0.02, 0.02, 0.01, "bootstrap over documents", 100, 0.03)
+    k = seeds_and_items([0.01, 0.03, 0.02], items)
+    # sd of the seeds 0.01: SE² = 0.01²/3 + 0.01² = 4/3 · 1e-4; df = SE⁴ · 2 / (0.01²/3)² = 32
+    se = math.sqrt(4 / 3) * 0.01
+    assert k.stderr == pytest.approx(se) and k.difference == pytest.approx(0.02) and k.units == 3
+    assert k.high - k.difference == pytest.approx(2.036933343460101 * se)  # t_{0.975, 32}
+    assert k.test == "paired t over 3 seeds, with the noise of the bootstrap over documents"
+
+
+def test_seeds_that_agree_exactly_leave_the_items_noise_as_a_normal_interval():
+    items = Comparison(0.0, -0.02, 0.02, 0.01, "bootstrap", 100, 0.03)
+    k = seeds_and_items([-0.015, -0.015], items)
+    assert k.stderr == pytest.approx(0.01)
+    assert (k.low, k.high) == (pytest.approx(-0.015 - 1.959963984540054 * 0.01), pytest.approx(-0.015 + 0.0195996398))
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        seeds_and_items([0.01], items)

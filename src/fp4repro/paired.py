@@ -95,6 +95,18 @@ def held_minus_fresh(telemetry: pd.DataFrame, event: str, operand: str) -> HeldA
     return HeldAndFresh(pooled(fresh), len(fresh), pooled(held), len(held), test, len(d))
 
 
+def seed_mean(tables: list[pd.DataFrame], keys: list[str], values: list[str]) -> pd.DataFrame:
+    """The seeds' rows of one evaluation set (every seed scores the same documents or items)
+    averaged per unit (``keys``): a unit's ``values`` are their mean over the seeds, its other
+    columns (its source document, its token count) the first seed's. One table is returned as it is."""
+    if len(tables) == 1:
+        return tables[0]
+    joined = pd.concat(tables)
+    mean = joined.groupby(keys, sort=False)[values].mean()
+    rest = joined.drop(columns=values).groupby(keys, sort=False).first()
+    return mean.join(rest).reset_index()
+
+
 def document_difference(
     recipe: pd.DataFrame, baseline: pd.DataFrame, blend: dict[str, float], resamples: int = 2000
 ) -> Comparison:

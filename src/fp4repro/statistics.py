@@ -6,6 +6,13 @@ documents, the same downstream items. Every test works on the per-unit differenc
 d_u = recipe_u − baseline_u and gives a 95% interval for their mean:
 
     seed_level        one difference per seed (>= 2 seeds): mean ± t_{0.975, n−1} · sd/√n
+    seeds_and_items   one difference per seed, every seed scored on the same evaluation items: the
+                      items' sampling noise is shared by the seeds, so the seed spread does not see
+                      it: SE² = sd²/n + SE_items², SE_items the paired test over the items (or
+                      documents) of the seed-averaged differences; t quantile with Welch-Satterthwaite
+                      degrees of freedom SE⁴ / ((sd²/n)²/(n−1)), the items' term taken as normal
+                      (a bootstrap, or a t over hundreds of items). It counts the seed × item
+                      interaction twice, once in each term: conservative.
     batch_means       one run's per-step differences, which are autocorrelated (consecutive steps
                       share weights and a learning rate): the steps are cut into B contiguous batches
                       (B = ⌊√n⌋, 2..20) and the batch means treated as independent:
@@ -86,6 +93,19 @@ def seed_level(differences) -> Comparison:
     return _t_interval(
         float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1, len(d), f"paired t over {len(d)} seeds"
     )
+
+
+def seeds_and_items(differences, items: Comparison) -> Comparison:
+    """``seed_level`` over the seeds' ``differences`` (at least 2), widened by ``items``: the paired
+    test of the seed-averaged differences over the evaluation's items (module docstring)."""
+    d = np.asarray(differences, dtype=np.float64)
+    if len(d) < 2:
+        raise ValueError(f"a seed-level test needs at least 2 seeds, got {len(d)}")
+    seeds_var, items_var = float(d.var(ddof=1)) / len(d), items.stderr**2
+    total = seeds_var + items_var
+    df = total**2 * (len(d) - 1) / seeds_var**2 if seeds_var > 0 else math.inf
+    test = f"paired t over {len(d)} seeds, with the noise of the {items.test}"
+    return _t_interval(float(d.mean()), math.sqrt(total), df, len(d), test)
 
 
 def batch_count(n: int) -> int:

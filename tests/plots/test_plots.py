@@ -17,7 +17,7 @@ from fp4repro.eval.loss import final_window_loss
 from fp4repro.paired import document_difference, item_difference, step_difference
 from fp4repro.plots import FIGURE_INPUTS, FIGURES, OPTIONS, PlotError, draw_figure, plot_figure
 from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS, NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, event_rates
-from fp4repro.statistics import seed_level
+from fp4repro.statistics import seed_level, seeds_and_items
 from fp4repro.train.loop import METRICS, TELEMETRY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -266,7 +266,7 @@ def test_figure_writes_png_and_pdf(results, tmp_path, figure):
 
 @pytest.mark.parametrize("figure", RUN_FIGURES)
 def test_figure_from_several_seeds_draws_the_mean(results_seeds, figure):
-    fig = rendered(draw_figure(figure, inputs_of(results_seeds, figure)))  # several seeds: no blend needed
+    fig = rendered(draw_figure(figure, inputs_of(results_seeds, figure), **EXTRA.get(figure, {})))
     if figure == "loss":  # the bold line is the mean over seeds of the smoothed per-seed curves
         from fp4repro.plots.loss import smooth, smoothing_window
 
@@ -411,8 +411,24 @@ def test_nll_interval_from_one_seed_is_the_document_bootstrap(results):
     assert "paired bootstrap over documents\n(2000 resamples at the last checkpoint, 500 before)" in ax.get_title()
 
 
-def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds):
-    fig = draw_figure("nll", inputs_of(results_seeds, "nll"))
+def _seed_averaged_documents(root: Path, step: int) -> list[pd.DataFrame]:
+    """bf16's and nvfp4's per-document NLL under policy bf16 at ``step``, averaged over seeds 0-2."""
+    return [
+        pd.concat(
+            pd.read_parquet(root / f"eval/{r}/seed{s}/nll_documents.parquet").query(
+                f"step == {step} and policy == 'bf16'"
+            )
+            for s in (0, 1, 2)
+        )
+        .groupby(["source", "document"], sort=False)[["nll_sum", "predicted"]]
+        .mean()
+        .reset_index()
+        for r in ("bf16", "nvfp4")
+    ]
+
+
+def test_nll_interval_over_seeds_is_the_seed_level_t_widened_by_the_documents(results_seeds):
+    fig = draw_figure("nll", inputs_of(results_seeds, "nll"), blend=BLEND)
     blend = {
         r: [
             pd.read_parquet(results_seeds / f"eval/{r}/seed{s}/nll.parquet")
@@ -422,7 +438,12 @@ def test_nll_interval_over_seeds_is_the_seed_level_t(results_seeds):
         ]
         for r in ("bf16", "nvfp4")
     }
-    expected = seed_level(np.array(blend["bf16"]) - np.array(blend["nvfp4"]))
+    documents = _seed_averaged_documents(results_seeds, 20)
+    expected = seeds_and_items(
+        np.array(blend["bf16"]) - np.array(blend["nvfp4"]),
+        document_difference(*documents, BLEND, 500),  # 500: step 20 is before the last checkpoint
+    )
+    assert expected.stderr > seed_level(np.array(blend["bf16"]) - np.array(blend["nvfp4"])).stderr
     segment = artist(axis(fig, "difference:bf16"), "interval:bf16:bf16").get_segments()[0]
     assert (segment[0][1], segment[1][1]) == pytest.approx((expected.low, expected.high))
 
@@ -821,7 +842,8 @@ def test_curves_are_drawn_over_the_seeds_evaluated_at_every_checkpoint(tmp_path)
         for r in ("bf16", "nvfp4")
         for s in (0, 1, 2)
     ]
-    expected = seed_level(np.array(final[:3]) - np.array(final[3:]))
+    documents = document_difference(*_seed_averaged_documents(results, CHECKPOINTS[-1]), BLEND)
+    expected = seeds_and_items(np.array(final[:3]) - np.array(final[3:]), documents)
     segment = artist(axis(nll, "difference:bf16"), "interval:bf16:bf16").get_segments()[-1]
     assert (segment[0][1], segment[1][1]) == pytest.approx((expected.low, expected.high))
     down = draw_figure("downstream", inputs_of(results, "downstream"))

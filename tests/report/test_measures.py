@@ -123,6 +123,28 @@ def test_nll_bootstrap_width_follows_the_per_document_noise(tmp_path):
     assert row.verdict in (WITHIN_NOISE, OPPOSITE, SUGGESTIVE)
 
 
+def test_nll_with_seeds_adds_the_documents_noise_to_the_seed_spread(tmp_path):
+    """Two seeds whose blend differences agree (-0.02 on every document): the seed spread is 0
+    and so is the documents' noise; noise on ue5m3's documents of seed 1 widens the interval
+    through the bootstrap of the seed-averaged documents, not through the seeds."""
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_run(results, "nvfp4", seed)
+        write_run(results, "ue5m3", seed, nll=-0.02)
+    (row,) = rows_of("heldout_nll", results, seeds=(0, 1))
+    assert row.comparison.stderr == pytest.approx(0.0, abs=1e-9)
+    path = eval_dir(results, "tiny", "ue5m3", 1) / "nll_documents.parquet"
+    docs = pd.read_parquet(path)
+    noise = rng("doc noise").normal(0, 0.1, len(docs))
+    docs["nll_sum"] += (noise - noise.mean()) * docs["predicted"]
+    docs.to_parquet(path)
+    (row,) = rows_of("heldout_nll", results, seeds=(0, 1))
+    k = row.comparison
+    assert k.test.startswith("paired t over 2 seeds, with the noise of the paired bootstrap over")
+    # half the noise (averaged with a noiseless seed) over 120 documents, as in the one-seed case
+    assert 0.003 < k.stderr < 0.0065
+
+
 def test_a_missing_document_table_is_not_measured_and_named(tmp_path):
     results = tmp_path / "results"
     write_run(results, "nvfp4", 0)
@@ -150,15 +172,35 @@ def test_one_seed_downstream_is_a_paired_item_test(tmp_path):
     assert k.units == 2 * ITEMS and row.verdict == SUGGESTIVE
 
 
-def test_downstream_with_seeds_uses_the_aggregate_per_seed(tmp_path):
+def test_downstream_with_seeds_adds_the_items_noise_to_the_seed_spread(tmp_path):
     results = tmp_path / "results"
     for seed, (b, a) in enumerate(((20, 30), (22, 30), (21, 29))):
         write_run(results, "nvfp4", seed, correct=b)
         write_run(results, "ue5m3", seed, correct=a)
     (row,) = rows_of("downstream", results, seeds=(0, 1, 2))
-    assert row.comparison.test == "paired t over 3 seeds"
-    assert row.comparison.difference == pytest.approx((10 + 8 + 8) / 3 / ITEMS)
-    assert row.verdict == REPRODUCED
+    k = row.comparison
+    assert k.test == "paired t over 3 seeds, with the noise of the paired item-level t over 100 items in 2 task(s)"
+    seeds = np.array([10, 8, 8]) / ITEMS
+    assert k.difference == pytest.approx(seeds.mean())
+    # the seed-averaged item differences, the same in both tasks: items 20 (1/3 of the seeds), 21
+    # (2/3), 22..28 (all three) and 29 (2/3) differ
+    d = np.zeros(ITEMS)
+    d[20], d[21], d[22:29], d[29] = 1 / 3, 2 / 3, 1.0, 2 / 3
+    items_se2 = 2 * 0.25 * d.var(ddof=1) / ITEMS
+    assert k.stderr == pytest.approx(np.sqrt(seeds.var(ddof=1) / 3 + items_se2))
+    assert k.units == 3 and row.verdict == REPRODUCED
+
+
+def test_seeds_that_agree_exactly_keep_the_items_noise(tmp_path):
+    # both seeds differ by the same 10 items: the seed spread is 0, the items' noise is not
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_run(results, "nvfp4", seed, correct=20)
+        write_run(results, "ue5m3", seed, correct=30)
+    (row,) = rows_of("downstream", results, seeds=(0, 1))
+    var = 10 * 40 / (ITEMS * (ITEMS - 1))
+    assert row.comparison.stderr == pytest.approx(np.sqrt(2 * 0.25 * var / ITEMS))
+    assert row.comparison.low < row.comparison.difference - 0.05
 
 
 # ---------------------------------------------------------------------------------------- telemetry

@@ -114,7 +114,7 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
         "--blend",
         default=None,
         metavar="SOURCE=W,...",
-        help="nll only: the final stage's blend weights for the one-seed document bootstrap, e.g. "
+        help="nll only: the final stage's blend weights for the document bootstrap, e.g. "
         "prose=0.4,code=0.6 (default: the experiment config's)",
     )
     pl.add_argument(

@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from fp4repro.paired import item_difference
+from fp4repro.paired import item_difference, seed_mean
 from fp4repro.plots.common import (
     POLICY_ORDER,
     PlotError,
@@ -31,7 +31,7 @@ from fp4repro.plots.common import (
     tokens_formatter,
 )
 from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS
-from fp4repro.statistics import seed_level
+from fp4repro.statistics import seeds_and_items
 
 POLICY_STYLE = {"bf16": "-", "quantized": "--"}
 POLICY_MARKER = {"bf16": "o", "quantized": "s"}
@@ -80,10 +80,10 @@ def downstream_differences(
     df: pd.DataFrame, items: dict[Run, Path], recipe: str, baseline: str, policy: str, cache: dict | None = None
 ) -> pd.DataFrame:
     """recipe − baseline in each aggregate (and metric) at the last checkpoint both evaluated under
-    ``policy`` in every seed they share: with two or more seeds a paired t over seeds
-    (``statistics.seed_level``), with one the paired test over items (``paired.item_difference``
-    on downstream_items.parquet: a bootstrap over the items' held-out documents where the table
-    names them), as the report computes them. One row per aggregate and metric.
+    ``policy`` in every seed they share: the paired test over items (``paired.item_difference``
+    on downstream_items.parquet, each item's value averaged over the seeds: a bootstrap over the
+    items' held-out documents where the table names them), with two or more seeds widening a paired
+    t over seeds (``statistics.seeds_and_items``), as the report computes them. One row per aggregate and metric.
     ``cache``: run -> items table already read."""
     cache = {} if cache is None else cache
     rows = df[df["policy"] == policy]
@@ -99,12 +99,17 @@ def downstream_differences(
     d = (a - b).dropna()
     for (aggregate, metric), per_seed in d.groupby(level=["aggregate", "metric"], sort=False):
         n = len(per_seed)
-        if n > 1:
-            comparison = seed_level(per_seed.to_numpy())
-        else:
-            seed = int(per_seed.index.get_level_values("seed")[0])
-            picked = [_items(items, cache, (r, seed), step, policy, aggregate, metric) for r in (recipe, baseline)]
-            comparison = item_difference(*picked)
+        seeds = [int(s) for s in per_seed.index.get_level_values("seed")]
+        averaged = [
+            seed_mean(
+                [_items(items, cache, (r, s), step, policy, aggregate, metric) for s in seeds],
+                ["task", "doc_id"],
+                ["value"],
+            )
+            for r in (recipe, baseline)
+        ]
+        on_items = item_difference(*averaged)
+        comparison = seeds_and_items(per_seed.to_numpy(), on_items) if n > 1 else on_items
         out.append({"aggregate": aggregate, "metric": metric, "step": int(step), "seeds": n, "comparison": comparison})
     return pd.DataFrame(out, columns=["aggregate", "metric", "step", "seeds", "comparison"])
 
@@ -112,7 +117,7 @@ def downstream_differences(
 def _test_name(seeds: int, comparison) -> str:
     """The test of a difference in a few words, for the figure's note."""
     if seeds > 1:
-        return "paired t over seeds"
+        return "paired t over seeds and the items' noise"
     return "bootstrap over the items' documents" if "documents" in comparison.test else "paired item-level t"
 
 
@@ -121,7 +126,7 @@ def _items(
 ) -> pd.DataFrame:
     if run not in items:
         raise PlotError(
-            f"figure 'downstream': the difference of recipe {run[0]!r} (one seed, {run[1]}) needs the "
+            f"figure 'downstream': the difference of recipe {run[0]!r} (seed {run[1]}) needs the "
             f"paired item-level test: give downstream_items.parquet of {run[0]}/seed{run[1]} too"
         )
     if run not in cache:

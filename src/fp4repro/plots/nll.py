@@ -14,7 +14,7 @@ from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.ticker import FuncFormatter
 from matplotlib.transforms import offset_copy
 
-from fp4repro.paired import document_difference
+from fp4repro.paired import document_difference, seed_mean
 from fp4repro.plots.common import (
     POLICY_ORDER,
     PlotError,
@@ -34,7 +34,7 @@ from fp4repro.plots.common import (
     tokens_formatter,
 )
 from fp4repro.results import NLL_COLUMNS, NLL_DOCUMENT_COLUMNS, experiment_of, last_checkpoint
-from fp4repro.statistics import Comparison, seed_level
+from fp4repro.statistics import Comparison, seeds_and_items
 
 POLICY_TITLES = {
     "bf16": "policy bf16 (no quantization)",
@@ -85,13 +85,13 @@ def blend_weights(blend: dict[str, float] | None, paths) -> dict[str, float]:
     if len(names) == 1 and (name := names.pop()) in available_experiments():
         return dict(load_experiment(name).train.stages[-1].blend)
     raise PlotError(
-        "figure 'nll': cannot tell the final blend's weights for the one-seed document bootstrap (the "
+        "figure 'nll': cannot tell the final blend's weights for the document bootstrap (the "
         "inputs are not under results/<experiment>/ of a known experiment); pass --blend SOURCE=W,..."
     )
 
 
 class _Documents:
-    """The per-document tables of the runs, read once each when a one-seed comparison needs them."""
+    """The per-document tables of the runs, read once each when a comparison needs them."""
 
     def __init__(self, paths: dict[Run, Path]):
         self.paths, self.tables = paths, {}
@@ -99,7 +99,7 @@ class _Documents:
     def rows(self, run: Run, step: int, policy: str) -> pd.DataFrame:
         if run not in self.paths:
             raise PlotError(
-                f"figure 'nll': the difference of recipe {run[0]!r} (one seed, {run[1]}) needs the "
+                f"figure 'nll': the difference of recipe {run[0]!r} (seed {run[1]}) needs the "
                 f"interval of a paired bootstrap over documents: give nll_documents.parquet of "
                 f"{run[0]}/seed{run[1]} too"
             )
@@ -120,9 +120,10 @@ def nll_differences(
     resamples: int = RESAMPLES,
 ) -> pd.DataFrame:
     """recipe − baseline in blend NLL at every checkpoint both evaluated under ``policy``: with two
-    or more seeds both have there, a paired t over seeds (``statistics.seed_level``); with one, a
-    paired bootstrap over the held-out documents (``paired.document_difference``), as the report
-    computes them: ``resamples`` at the last checkpoint (the report's), ``earlier_resamples`` before.
+    or more seeds both have there, a paired t over seeds widened by the paired bootstrap over the
+    held-out documents of the seed-averaged NLL (``statistics.seeds_and_items``); with one, that
+    bootstrap (``paired.document_difference``), as the report computes them: ``resamples`` at
+    the last checkpoint (the report's), ``earlier_resamples`` before.
     One row per checkpoint: step, tokens, seeds and the Comparison."""
     rows = df[(df["source"] == "blend") & (df["policy"] == policy)]
     a = rows[rows["recipe"] == recipe].set_index(["step", "seed"])["nll"]
@@ -134,16 +135,15 @@ def nll_differences(
     last = d.index.get_level_values("step").max() if len(d) else None
     for step, per_seed in d.groupby(level="step"):
         seeds = sorted(per_seed.index.get_level_values("seed"))
-        if len(seeds) > 1:
-            comparison = seed_level(per_seed.to_numpy())
-        else:
-            weights = blend() if callable(blend) else blend
-            comparison = document_difference(
-                docs.rows((recipe, seeds[0]), step, policy),
-                docs.rows((baseline, seeds[0]), step, policy),
-                weights,
-                resamples if step == last else earlier_resamples(resamples),
+        weights = blend() if callable(blend) else blend
+        averaged = [
+            seed_mean(
+                [docs.rows((r, s), step, policy) for s in seeds], ["source", "document"], ["nll_sum", "predicted"]
             )
+            for r in (recipe, baseline)
+        ]
+        documents = document_difference(*averaged, weights, resamples if step == last else earlier_resamples(resamples))
+        comparison = seeds_and_items(per_seed.to_numpy(), documents) if len(seeds) > 1 else documents
         out.append(
             {"step": int(step), "tokens": float(tokens.loc[step]), "seeds": len(seeds), "comparison": comparison}
         )

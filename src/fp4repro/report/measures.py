@@ -1,17 +1,19 @@
-"""The measures of training and evaluation: each claim's report lines from the runs' final-window
-loss, held-out NLL, downstream scores and quantization telemetry, and ``measure``, which sends a
-claim to its measure (a throughput claim to ``fp4repro.report.throughput_measure``).
+"""The measures of training and evaluation: each claim's report lines from the runs' final-window loss,
+held-out NLL, downstream scores and quantization telemetry, and ``measure``, which sends a claim to
+its measure (a throughput claim to ``fp4repro.report.throughput_measure``).
 
 Every claim compares a recipe with a baseline. Runs of the same seed see the same batches, and
 evaluation scores the same documents and items, so every comparison is paired
 (``fp4repro.statistics``): with two seeds or more, the verdict uses the per-seed difference (paired
-t over seeds); with one seed, each measure uses the test that fits its units: the final-window loss
-the per-step difference with a batch-means standard error (steps are autocorrelated), held-out
-NLL a paired bootstrap over documents (stratified by source), downstream aggregates a paired
-item-level test, the telemetry events per-step rate differences with batch means. With one seed an
-outcome of training (loss, NLL, downstream, and the event rates, which the diverging weights and
-the seed's batches move too) cannot be told apart from the seed: its verdict is at most
-"suggestive".
+t over seeds), and for held-out NLL and downstream aggregates, whose documents and items every seed
+shares, widens it by the paired test over those units of the seed-averaged differences
+(``seeds_and_items``: more seeds do not average the evaluation set's own noise away); with one seed,
+each measure uses the test that fits its units: the final-window loss the per-step difference with a
+batch-means standard error (steps are autocorrelated), held-out NLL a paired bootstrap over
+documents (stratified by source), downstream aggregates a paired item-level test, the telemetry
+events per-step rate differences with batch means. With one seed an outcome of training (loss, NLL,
+downstream, and the event rates, which the diverging weights and the seed's batches move too) cannot
+be told apart from the seed: its verdict is at most "suggestive".
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fp4repro.paired import document_difference, event_steps, item_difference, step_difference, step_rate
+from fp4repro.paired import (
+    document_difference,
+    event_steps,
+    item_difference,
+    seed_mean,
+    step_difference,
+    step_rate,
+)
 from fp4repro.report.claims import Claim, ClaimPolicies, ReportError, Row
 from fp4repro.report.pairing import _per_seed, shared_seeds
 from fp4repro.report.throughput_measure import throughput
@@ -40,7 +49,7 @@ from fp4repro.results import (
     read_json,
     read_table,
 )
-from fp4repro.statistics import Comparison, seed_level
+from fp4repro.statistics import Comparison, seed_level, seeds_and_items
 
 
 def _final_window(metrics: Path, summary: Path) -> pd.DataFrame:
@@ -84,8 +93,9 @@ def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
 
 
 def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], policies: ClaimPolicies) -> list[Row]:
-    """Blend NLL at the last checkpoint, each side under its policy: seed-level paired t, or a
-    paired bootstrap over the held-out documents (stratified by source), then at most "suggestive"."""
+    """Blend NLL at the last checkpoint, each side under its policy: a paired bootstrap over the
+    held-out documents (stratified by source) of the seed-averaged NLL, with several seeds widening
+    the seed-level paired t (``seeds_and_items``), with one at most "suggestive"."""
     files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
     if isinstance(files, Row):
         return [files]
@@ -101,13 +111,11 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], polici
         r: np.array([float(t.loc[t["source"] == "blend", "nll"].iloc[0]) for t in last[r].values()]) for r in last
     }
     a, b = blend_of[claim.recipe], blend_of[claim.baseline]
-    if len(seeds) > 1:
-        comparison = seed_level(a - b)
-    else:
-        docs = _per_seed(root, claim, seeds, "eval", "nll_documents.parquet")
-        if isinstance(docs, Row):
-            return [docs]
-        comparison = _document_bootstrap(docs, seeds[0], policies, step, blend)
+    docs = _per_seed(root, claim, seeds, "eval", "nll_documents.parquet")
+    if isinstance(docs, Row):
+        return [docs]
+    documents = _document_bootstrap(docs, seeds, policies, step, blend)
+    comparison = seeds_and_items(a - b, documents) if len(seeds) > 1 else documents
     return [
         Row(
             claim,
@@ -120,20 +128,23 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], polici
     ]
 
 
-def _document_bootstrap(
-    docs: dict, seed: int, policies: ClaimPolicies, step: int, blend: dict[str, float]
-) -> Comparison:
-    """Paired bootstrap of the blend-NLL difference over the documents both runs scored."""
+def _document_bootstrap(docs: dict, seeds, policies: ClaimPolicies, step: int, blend: dict[str, float]) -> Comparison:
+    """Paired bootstrap of the blend-NLL difference over the documents both recipes scored, each
+    document's NLL sum averaged over the seeds (every seed scores the same documents)."""
     tables = []
-    for recipe, runs in docs.items():
-        t = read_table(runs[seed], NLL_DOCUMENT_COLUMNS, "a per-document NLL table", ReportError)
-        tables.append(t[(t["policy"] == policies.of[recipe]) & (t["step"] == step)])
+    for recipe in docs:
+        per_seed = []
+        for seed in seeds:
+            t = read_table(docs[recipe][seed], NLL_DOCUMENT_COLUMNS, "a per-document NLL table", ReportError)
+            per_seed.append(t[(t["policy"] == policies.of[recipe]) & (t["step"] == step)])
+        tables.append(seed_mean(per_seed, ["source", "document"], ["nll_sum", "predicted"]))
     return document_difference(*tables, blend)
 
 
 def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list[Row]:
-    """Each aggregate at the last checkpoint, each side under its policy: seed-level paired t, or a
-    paired test over the aggregate's items (``paired.item_difference``), then at most "suggestive"."""
+    """Each aggregate at the last checkpoint, each side under its policy: the paired test over the
+    aggregate's items (``paired.item_difference``) of the seed-averaged values, with several seeds
+    widening the seed-level paired t (``seeds_and_items``), with one at most "suggestive"."""
     files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
     if isinstance(files, Row):
         return [files]
@@ -151,7 +162,7 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
     names = sorted(set.intersection(*(set(t.index) for runs in aggregates.values() for t in runs.values())))
     if not names:
         return [Row(claim, claim.id, note="not measured: no aggregate rows in downstream.parquet")]
-    items = None if len(seeds) > 1 else _per_seed(root, claim, seeds, "eval", "downstream_items.parquet")
+    items = _per_seed(root, claim, seeds, "eval", "downstream_items.parquet")
     if isinstance(items, Row):
         return [items]
     rows = []
@@ -159,10 +170,8 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
         values = {r: np.array([float(aggregates[r][s].loc[name, "value"]) for s in seeds]) for r in aggregates}
         a, b = values[claim.recipe], values[claim.baseline]
         metric = str(aggregates[claim.recipe][seeds[0]].loc[name, "metric"])
-        if len(seeds) > 1:
-            comparison = seed_level(a - b)
-        else:
-            comparison = _item_test(items, seeds[0], claim, policies, step, name, metric)
+        on_items = _item_test(items, seeds, claim, policies, step, name, metric)
+        comparison = seeds_and_items(a - b, on_items) if len(seeds) > 1 else on_items
         rows.append(
             Row(
                 claim,
@@ -177,21 +186,24 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
 
 
 def _item_test(
-    items: dict, seed: int, claim: Claim, policies: ClaimPolicies, step: int, aggregate: str, metric: str
+    items: dict, seeds, claim: Claim, policies: ClaimPolicies, step: int, aggregate: str, metric: str
 ) -> Comparison:
     """The paired test over one aggregate's items (``paired.item_difference``): each task's items
-    under both recipes."""
+    under both recipes, each item's value averaged over the seeds (every seed scores the same items)."""
     per = []
     for recipe in (claim.recipe, claim.baseline):
-        t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
-        per.append(
-            t[
-                (t["policy"] == policies.of[recipe])
-                & (t["step"] == step)
-                & (t["aggregate"] == aggregate)
-                & (t["metric"] == metric)
-            ]
-        )
+        per_seed = []
+        for seed in seeds:
+            t = read_table(items[recipe][seed], DOWNSTREAM_ITEM_COLUMNS, "a downstream items table", ReportError)
+            per_seed.append(
+                t[
+                    (t["policy"] == policies.of[recipe])
+                    & (t["step"] == step)
+                    & (t["aggregate"] == aggregate)
+                    & (t["metric"] == metric)
+                ]
+            )
+        per.append(seed_mean(per_seed, ["task", "doc_id"], ["value"]))
     return item_difference(*per)
 
 
