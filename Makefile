@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(STAMP)
 
-test: setup   ## lint and format check, then the whole test suite on every core (gpu tests skip without CUDA); exit code 5 = nothing collected
+test: setup   ## lint and format check, the docs site built strictly, then the whole test suite on every core (gpu tests skip without CUDA; tests/cli/test_docs.py checks the generated pages); exit code 5 = nothing collected
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
+	@site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
 	@$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 

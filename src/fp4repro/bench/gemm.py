@@ -124,11 +124,21 @@ def bench_gemm(out: str | Path, rounds: int = 3) -> dict:
         "timing": f"CUDA-graph replays, median of {rounds} interleaved rounds",
         "shapes": rows,
     }
-    print(f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}")
-    for r in rows:
-        print(
+    print(table(result))
+    write_json(Path(out), result, provenance("cuda"))
+    return result
+
+
+def table(result: dict) -> str:
+    """Per GEMM shape: cuBLAS BF16, the probe-matched model and the MMA-accumulating variant (ms),
+    and cuBLAS's time over the model's."""
+    lines = [
+        f"{result['device']}, {result['model']}; {result['timing']}",
+        f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}",
+    ]
+    for r in result["shapes"]:
+        lines.append(
             f"{r['name']:10} {r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['cublas_bf16_ms']:>10.3f} "
             f"{r['probe_matched_ms']:>9.3f} {r['mma_accumulates_ms']:>10.3f} {r['ratio_to_cublas']:>6.2f}"
         )
-    write_json(Path(out), result, provenance("cuda"))
-    return result
+    return "\n".join(lines)

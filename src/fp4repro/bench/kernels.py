@@ -178,21 +178,24 @@ def run(out: Path | None = None) -> dict:
     return result
 
 
-def print_table(result: dict) -> None:
-    print(f"{result['device']}, torch {result['torch']}, triton {result['triton']}")
-    print(f"{'case':34} {'shape':>11} {'ms':>8} {'GB/s':>7} {'of copy':>8}")
+def table(result: dict) -> str:
+    """The benchmark's table, as `fp4repro bench` prints it, from its JSON record."""
+    lines = []
+    lines.append(f"{result['device']}, torch {result['torch']}, triton {result['triton']}")
+    lines.append(f"{'case':34} {'shape':>11} {'ms':>8} {'GB/s':>7} {'of copy':>8}")
     for r in result["quantize"]:
-        print(
+        lines.append(
             f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['ms']:>8.4f} {r['gb_per_s']:>7.0f} "
             f"{r['fraction_of_copy']:>8.2f}"
         )
-    print(
+    lines.append(
         f"\n{'layer fwd+bwd':24} {'tokens x in x out':>17} {'eager ms':>9} {'vs BF16':>8} "
         f"{'one step':>9} {'vs BF16':>8} {'graph ms':>9} {'vs BF16':>8} {'host ms':>8}"
     )
     for r in result["linear"]:
-        print(
+        lines.append(
             f"{r['layer']:24} {'x'.join(map(str, r['shape'])):>17} {r['ms']:>9.3f} {r['ratio']:>8.2f} "
             f"{r['one_step_ms']:>9.3f} {r['one_step_ratio']:>8.2f} {r['graph_ms']:>9.3f} "
             f"{r['graph_ratio']:>8.2f} {r['host_ms']:>8.3f}"
         )
+    return "\n".join(lines)

@@ -133,14 +133,17 @@ def run(out: Path | None = None, pairs: int = 50, inner: int = 10, shape=SHAPE) 
     return result
 
 
-def print_table(result: dict) -> None:
-    print(
+def table(result: dict) -> str:
+    """The benchmark's table, as `fp4repro bench` prints it, from its JSON record."""
+    lines = []
+    lines.append(
         f"{result['device']}, torch {result['torch']}, triton {result['triton']}; "
         f"{result['pairs']} interleaved pairs of {result['inner']} calls"
     )
-    print(f"{'case':34} {'shape':>11} {'plain ms':>9} {'live ms':>9} {'live/plain':>10} {'95% CI':>17}")
+    lines.append(f"{'case':34} {'shape':>11} {'plain ms':>9} {'live ms':>9} {'live/plain':>10} {'95% CI':>17}")
     for r in result["cases"]:
-        print(
+        lines.append(
             f"{r['case']:34} {'x'.join(map(str, r['shape'])):>11} {r['plain_ms']:>9.4f} {r['live_ms']:>9.4f} "
             f"{r['ratio']:>10.4f} {'[' + format(r['ci_low'], '.4f') + ', ' + format(r['ci_high'], '.4f') + ']':>17}"
         )
+    return "\n".join(lines)

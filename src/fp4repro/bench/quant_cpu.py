@@ -51,3 +51,16 @@ def run(size: int = 4096, repeats: int = 5, out: Path | None = None) -> list[dic
     if out is not None:
         write_json(out, result, provenance("cpu"))
     return rows
+
+
+def table(result: dict) -> str:
+    """Per quantizer spec: the median seconds and millions of elements per second."""
+    lines = [
+        f"{result['benchmark']}: torch {result['torch']}, {result['threads']} threads, {result['machine']}",
+        f"{'spec':28} {'shape':>11} {'median s':>9} {'Melem/s':>8}",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['spec']:28} {'x'.join(map(str, r['shape'])):>11} {r['median_s']:>9.3f} {r['melem_per_s']:>8.1f}"
+        )
+    return "\n".join(lines)

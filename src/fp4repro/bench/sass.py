@@ -115,9 +115,14 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
     return result
 
 
-def print_table(result: dict) -> None:
-    print(f"SASS of _quantize_kernel for {result['arch']}, BF16 {'x'.join(map(str, result['shape']))}, held amax")
-    print(f"{'case':34} {'main path':>9} {'per elem':>8} {'regs':>5}  most issued")
+def table(result: dict) -> str:
+    """The benchmark's table, as `fp4repro bench` prints it, from its JSON record."""
+    lines = []
+    lines.append(
+        f"SASS of _quantize_kernel for {result['arch']}, BF16 {'x'.join(map(str, result['shape']))}, held amax"
+    )
+    lines.append(f"{'case':34} {'main path':>9} {'per elem':>8} {'regs':>5}  most issued")
     for r in result["cases"]:
         top = ", ".join(f"{op} {n}" for op, n in list(r["mix"].items())[:4])
-        print(f"{r['case']:34} {r['main']:>9} {r['per_element']:>8.1f} {r['registers']:>5}  {top}")
+        lines.append(f"{r['case']:34} {r['main']:>9} {r['per_element']:>8.1f} {r['registers']:>5}  {top}")
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fp4repro.cli import bench, configs, evaluate, figures, parity, runs
+from fp4repro.cli import bench, configs, docs, evaluate, figures, parity, runs
 
 DESCRIPTION = """\
 fp4repro reproduces and benchmarks FP4 (E2M1) LLM pretraining with UE5M3 block scales.
@@ -36,6 +36,7 @@ ORDER = (
     "plot",
     "bench",
     "report",
+    "docs",
     "parity",
     "parity-curves",
     "inventory",
@@ -54,12 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="<command>")
     adders = {}
-    for group in (configs, runs, evaluate, figures, bench, parity):
+    for group in (configs, runs, evaluate, figures, bench, parity, docs):
         adders.update(group.COMMANDS)
     # a command a group adds but ORDER forgets would silently vanish from the command line
     assert sorted(adders) == sorted(ORDER), f"commands of the groups {sorted(adders)} are not those of ORDER"
     for command in ORDER:
         adders[command](sub)
+    p.set_defaults(command_line=p)  # for `docs`, which renders what commands print
     return p
 
 

@@ -4,6 +4,7 @@ live, throughput, components, project, gemm), each printing a table and writing 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -14,18 +15,18 @@ def _cmd_bench(args) -> int:
     if args.what == "kernels":
         if not _cuda_present("bench kernels"):
             return 2
-        from fp4repro.bench.kernels import print_table, run
+        from fp4repro.bench.kernels import run, table
 
         out = Path(args.out or "results/bench/kernels.json")
-        print_table(run(out=out))
+        print(table(run(out=out)))
         print(f"wrote {out}")
     if args.what == "live":
         if not _cuda_present("bench live", "it times the Triton kernel on a GPU"):
             return 2
-        from fp4repro.bench.live import print_table, run
+        from fp4repro.bench.live import run, table
 
         out = Path(args.out or "results/bench/live_amax.json")
-        print_table(run(out=out, pairs=args.pairs))
+        print(table(run(out=out, pairs=args.pairs)))
         print(f"wrote {out}")
     if args.what == "gemm":
         if not _cuda_present("bench gemm", "it times the Triton GEMM against cuBLAS on a GPU"):
@@ -42,19 +43,17 @@ def _cmd_bench(args) -> int:
     if args.what == "project":
         return _bench_project(args)
     if args.what == "sass":
-        from fp4repro.bench.sass import print_table, run
+        from fp4repro.bench.sass import run, table
 
         out = Path(args.out or f"results/bench/kernels_sass_sm{args.arch}.json")
-        print_table(run(arch=args.arch, out=out))
+        print(table(run(arch=args.arch, out=out)))
         print(f"wrote {out}")
     if args.what == "quant":
-        from fp4repro.bench.quant_cpu import run
+        from fp4repro.bench.quant_cpu import run, table
 
         args.out = args.out or "results/bench/quant_cpu.json"
-        rows = run(size=args.size, repeats=args.repeats, out=Path(args.out))
-        print(f"{'spec':28} {'shape':>11} {'median s':>9} {'Melem/s':>8}")
-        for r in rows:
-            print(f"{r['spec']:28} {'x'.join(map(str, r['shape'])):>11} {r['median_s']:>9.3f} {r['melem_per_s']:>8.1f}")
+        run(size=args.size, repeats=args.repeats, out=Path(args.out))
+        print(table(json.loads(Path(args.out).read_text())))
         print(f"wrote {args.out}")
     return 0
 

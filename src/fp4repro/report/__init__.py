@@ -22,7 +22,7 @@ The modules, by job:
     paper_numbers       the paper's numbers in the report: the table's cell, where each claim was measured,
                         the section with their scale and citations
     sections            the sections beyond the claims: events by refresh phase, the automatic target T
-    rendering           the Markdown (``render``) and ``write_report``
+    rendering           the Markdown (``render``, ``report_text``) and ``write_report``
 
 Every public name is importable from here, as it was from the single module this package replaced.
 """
@@ -33,7 +33,15 @@ from fp4repro.report.claims import VERDICTS, Claim, PaperValue, Reported, Report
 from fp4repro.report.measures import downstream, final_loss, heldout_nll, measure, telemetry
 from fp4repro.report.pairing import shared_seeds
 from fp4repro.report.paper_numbers import measured_where, paper_cell, paper_section
-from fp4repro.report.rendering import MECHANISMS, render, run_scale, runs_text, write_report
+from fp4repro.report.rendering import (
+    MECHANISMS,
+    difference_text,
+    render,
+    report_text,
+    run_scale,
+    runs_text,
+    write_report,
+)
 from fp4repro.report.sections import (
     AUTO_RECIPE,
     FIXED_RIVALS,
@@ -69,7 +77,9 @@ __all__ = [
     "paper_section",
     "phase_rates",
     "phase_section",
+    "difference_text",
     "render",
+    "report_text",
     "run_scale",
     "runs_text",
     "shared_seeds",

@@ -44,6 +44,12 @@ def _signed(row: Row, value: float) -> str:
     return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
 
 
+def difference_text(row: Row) -> str:
+    """A measured row's difference with its 95% interval, as the report's table gives it."""
+    k = row.comparison
+    return f"{_signed(row, k.difference)} [{_signed(row, k.low)}, {_signed(row, k.high)}]"
+
+
 def numerics_text(root: Path, runs: dict[str, tuple[int, ...]]) -> str:
     """Which numerics the runs were computed with (``fp4repro.config.numerics``), as a clause for
     the report's header: one fingerprint, or the runs of each where they differ (such runs are never
@@ -133,8 +139,8 @@ def render(
         k = row.comparison
         lines.append(
             f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {_fmt(row, row.recipe_value)} / "
-            f"{_fmt(row, row.baseline_value)} | {_signed(row, k.difference)} [{_signed(row, k.low)}, "
-            f"{_signed(row, k.high)}] | {k.test} | {_fmt(row, k.mde)} | **{row.verdict}** |"
+            f"{_fmt(row, row.baseline_value)} | {difference_text(row)} | {k.test} | {_fmt(row, k.mde)} | "
+            f"**{row.verdict}** |"
         )
     lines += list(scale_note)
     lines += ["", "## Claims", ""]
@@ -220,9 +226,19 @@ def write_report(
 ) -> list[Row]:
     """Write the report of ``study``'s results against ``claims`` to ``out``; its lines. Without
     any result of the study (``check_results_found``) nothing is written unless ``allow_empty``."""
-    paper, claim_list = load_claims(claims_path(claims))
     if not allow_empty:
         check_results_found(study, results, Path(out))
+    text, rows = report_text(study, claims, Path(out), results, figures)
+    atomic_write_text(Path(out), text)
+    return rows
+
+
+def report_text(
+    study, claims: str | Path, out: Path, results: str | Path = "results", figures: list[str | Path] = ()
+) -> tuple[str, list[Row]]:
+    """The report of ``study``'s results against ``claims`` (figure links relative to ``out``'s
+    folder) and its lines."""
+    paper, claim_list = load_claims(claims_path(claims))
     root = Path(results) / study.name
     exp = study.experiment
     blend = dict(exp.train.stages[-1].blend)
@@ -252,5 +268,4 @@ def write_report(
         runs_text(runs, study.runs) + numerics_text(root, runs),
         _scale_note(paper, study, params),
     )
-    atomic_write_text(out, text)
-    return rows
+    return text, rows

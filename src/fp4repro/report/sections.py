@@ -103,7 +103,7 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
         for phase in ("fresh", "held")
         if phase in table.index.get_level_values("phase")
     ]
-    held = {recipe for recipe, phase in columns if phase == "held"}
+    held = [recipe for recipe, phase in columns if phase == "held"]  # the study's order: a set's would vary by process
     head = [f"{recipe} {phase}" if recipe in held else f"{recipe} (current amax)" for recipe, phase in columns]
     lines = [
         *heading,
