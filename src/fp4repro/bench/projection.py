@@ -14,7 +14,7 @@ with the measured median step of each recipe in the emulated and FP8-analogue co
 within ``CHECK_BOUND`` (10%, fixed before the first comparison); the projection is recorded only
 when it holds. ``other`` comes from the step being predicted, so the check bounds the error of the
 parts timed alone plus the GPU's idle time, as a share of the whole step (of which ``other`` is a
-large part: README, *Model-body throughput (one H200)*); it also records, per part, how far the time
+large part: results/bench/README.md, *Model-body throughput (one H200)*); it also records, per part, how far the time
 alone is from the same part in the step (``parts_vs_step``), which the bound does not limit.
 
 On a Blackwell GPU ``d`` (``native_step``), as Transformer Engine runs it natively:

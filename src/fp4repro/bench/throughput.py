@@ -17,7 +17,7 @@ captured in a CUDA graph where every recipe's graph fits in memory (``graph_timi
 time without the host's launch cost, which at ``small`` shapes is most of an eager step (the GPU
 idled through most of it, and two processes disagreed widely); at 8B shapes one step's activations
 fill the GPU, so the step runs eagerly, which is device-bound there (the GPU hardly idles). Both
-measurements: README, *Model-body throughput (one H200)*. The result says which (``timing``) and
+measurements: results/bench/README.md, *Model-body throughput (one H200)*. The result says which (``timing``) and
 why. Per recipe: the median step, its quartiles, body tokens/s = batch·seq_len / median; per column
 the peak memory. Per column, the effects the paper's +21.2% mixes (``EFFECTS``): the speed-up
 time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and both, as the geometric mean of

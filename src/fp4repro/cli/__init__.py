@@ -18,7 +18,7 @@ fp4repro reproduces and benchmarks FP4 (E2M1) LLM pretraining with UE5M3 block s
 
 Every step of the study is a subcommand; the Snakemake workflow calls them, and you can too.
 Numerics: x̂ = q · s_b / g with g = Emax·T/amax (tensor scale), s_b the block scale in the
-recipe's scale format and q the E2M1 element (see README, "Numerics").
+recipe's scale format and q the E2M1 element (see docs/numerics.md).
 """
 
 #: The order `fp4repro --help` lists the commands in. It crosses the groups, so it is kept here, in

@@ -87,7 +87,7 @@ class AutoTarget:
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """Numerics of one GEMM operand (see the numerics contract in the README).
+    """Numerics of one GEMM operand (see the numerics contract, docs/numerics.md).
 
     element:        payload format (signed), e.g. "e2m1"
     scale:          block-scale format with a NaN code, e.g. "e4m3" (used unsigned), "ue5m3", "ue8m0"

@@ -195,7 +195,7 @@ def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
     its warps and its atomic once, however many tiles it folds in. Row-wise tiles of 1-row blocks
     without the RHT: RNE 2 unrolled, SR 4 in a loop; everything else 1. Chosen by timing live
     against plain quantizations on an H200 (``fp4repro bench live``, three alternating processes
-    each; the ratios are in the README, *Triton kernels (one H200)*, "Row tiles per program"):
+    each; the ratios are in results/bench/README.md, *Triton kernels (one H200)*, "Row tiles per program"):
     for those tiles these came closest to the plain kernel, while 16x16 and column-wise tiles got
     slower with more tiles a program. With the RHT a tile's amax is reduced inside the butterfly
     (``_rht16``), so more tiles a program would not save its reductions."""

@@ -2,7 +2,7 @@
 
 ``kernel[grid](*args, **constexprs)`` binds and specializes every argument on every call and then
 looks the compiled kernel up; for the quantization kernel (17 runtime and 29 constexpr arguments)
-that host time is several times the driver launch itself (measured on an H200: README, *Triton
+that host time is several times the driver launch itself (measured on an H200: results/bench/README.md, *Triton
 kernels (one H200)*). An emulated FP4 linear issues six quantizations per step, so the binder
 alone would cost about as much host time as the whole BF16 step.
 

@@ -62,7 +62,7 @@ instruction issue, not memory. The floor/compare form takes several times the in
 element, two of them float/int conversions; the carry is a shift and mask of the byte, an add, a
 clear, and for values below 2^emin one rounded-up add and its undo. The counts per thread are
 ``fp4repro bench sass``'s (results/bench/kernels_sass_sm90.json; the floor/compare kernel's in
-the README, *Triton kernels (one H200)*).
+results/bench/README.md, *Triton kernels (one H200)*).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def _rht16(x, K: tl.constexpr, N: tl.constexpr, SIGN_BITS: tl.constexpr):
     column-wise tile is (16, N) as it lies in memory (M's 16 columns are its rows), and a row-major
     (TILE_R, TILE_C) tile is passed as (TILE_R · TILE_C, 1). Transposing the column-wise tile for
     a butterfly along axis 1, as before, cost it a second copy of the butterfly's instructions
-    (``fp4repro bench sass``'s counts before and after: README, *Triton kernels (one H200)*).
+    (``fp4repro bench sass``'s counts before and after: results/bench/README.md, *Triton kernels (one H200)*).
 
     The amax comes from the last stage's inputs a, b, before the outputs a ± b are joined:
     max(|fl(a + b)|, |fl(a - b)|) = fl(|a| + |b|) (one of a ± b adds the magnitudes, rounding is
@@ -220,7 +220,7 @@ def _rht16(x, K: tl.constexpr, N: tl.constexpr, SIGN_BITS: tl.constexpr):
     commutes with it). Reduced there, in the butterfly's own layout, it costs the tile a
     reduction and no second copy of y (reducing |y| after the reshape made Triton's layout pass
     keep y in a second layout as well, a second shared-memory round trip; both variants'
-    instruction counts: README, *Triton kernels (one H200)*, "With the RHT"). Unused, it compiles
+    instruction counts: results/bench/README.md, *Triton kernels (one H200)*, "With the RHT"). Unused, it compiles
     to nothing."""
     row = tl.arange(0, K) % 16
     sign = tl.where(((SIGN_BITS >> row) & 1) == 1, -1.0, 1.0)
@@ -560,7 +560,7 @@ def _quantize_kernel(
     NB_C: tl.constexpr = TILE_C // BLOCK_C
     # The live amax (LIVE) a program finds is max-folded by an integer atomic max (as _amax_kernel)
     # into one of LIVE_SLOTS running maxima, one 128-byte line apart: tens of thousands of
-    # programs on one address serialize in L2 (measured: README, *Triton kernels (one H200)*,
+    # programs on one address serialize in L2 (measured: results/bench/README.md, *Triton kernels (one H200)*,
     # "Slots"). Its reduction across the program's warps (shared memory and two barriers) and the
     # atomic are a visible share of a short row-wise 1x16 tile's time; with LIVE_TILES > 1
     # (row-wise tiles without the RHT, see kernels._live_tiles) a program quantizes that many row
@@ -634,7 +634,7 @@ def _quantize_kernel(
             # across the program's warps once, after the loop; one tile reduces them right after
             # the block math, before the stores, so that the values it reads need not be kept
             # across them (fewer registers per thread, and column-wise RNE's live variant close to
-            # the plain one: README, *Triton kernels (one H200)*, "Before the stores";
+            # the plain one: results/bench/README.md, *Triton kernels (one H200)*, "Before the stores";
             # results/bench/logs/live_amax_placements.log).
             if RHT:
                 live = tl.minimum(rht_amax, 0x7F800000)
