@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -116,3 +117,35 @@ def assert_no_overlap(fig, tolerance: float = TOLERANCE) -> None:
         FigureCanvasAgg(fig)
     with no_overlap(tolerance):
         fig.canvas.draw()
+
+
+def study_figures(results: Path, bench: list[Path], model: str) -> dict[str, tuple[list[Path], dict]]:
+    """Each figure of a study (``results``: its results/<experiment>) with the inputs
+    workflow/rules/figures.smk gives it, and its options: figure -> (inputs, options)."""
+
+    def runs(*patterns):
+        return [p for pattern in patterns for p in sorted(results.glob(pattern))]
+
+    telemetry = runs("train/*/seed*/telemetry.parquet")
+    return {
+        "loss": (runs("train/*/seed*/metrics.parquet", "eval/*/seed*/final_loss.json"), {}),
+        "nll": (runs("eval/*/seed*/nll.parquet", "eval/*/seed*/nll_documents.parquet"), {}),
+        "downstream": (runs("eval/*/seed*/downstream.parquet", "eval/*/seed*/downstream_items.parquet"), {}),
+        "telemetry": (telemetry, {}),
+        "target": (telemetry, {}),
+        "throughput": (bench, {"model": model}),
+    }
+
+
+def figures_overlapping(figures: dict[str, tuple[list[Path], dict]]) -> list[str]:
+    """``study_figures``'s figures drawn (``draw_figure``) and checked: one entry per figure with
+    overlapping texts (its name may carry a note after a space: "throughput (tiny)")."""
+    from fp4repro.plots import draw_figure
+
+    failures = []
+    for name, (inputs, options) in figures.items():
+        try:
+            assert_no_overlap(draw_figure(name.split()[0], inputs, **options))
+        except AssertionError as err:
+            failures.append(f"figure {name}: {err}")
+    return failures

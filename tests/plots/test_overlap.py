@@ -1,7 +1,6 @@
 """The overlap check (tests/plots/overlap.py) itself, and every figure of the committed small study
 (results/small, results/bench) drawn and checked: no two texts overprint."""
 
-import time
 from pathlib import Path
 
 import matplotlib
@@ -10,9 +9,9 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from overlap import assert_no_overlap, no_overlap  # noqa: E402
+from overlap import assert_no_overlap, figures_overlapping, no_overlap, study_figures  # noqa: E402
 
-from fp4repro.plots import FIGURES, draw_figure  # noqa: E402
+from fp4repro.plots import FIGURES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,37 +59,14 @@ def test_a_block_that_draws_nothing_checks_nothing_and_fails():
             pass
 
 
-def _small_figures() -> dict[str, tuple[list[Path], dict]]:
-    """Each figure of the committed small study with the inputs workflow/rules/figures.smk gives
-    it, and the throughput figure of the tiny study (its model has no measured shapes: the figure
-    shows the committed ones, side by side)."""
-    results, bench = REPO / "results" / "small", [REPO / "results" / "bench" / "throughput_h200.json"]
-
-    def runs(*patterns):
-        return [p for pattern in patterns for p in sorted(results.glob(pattern))]
-
-    telemetry = runs("train/*/seed*/telemetry.parquet")
-    return {
-        "loss": (runs("train/*/seed*/metrics.parquet", "eval/*/seed*/final_loss.json"), {}),
-        "nll": (runs("eval/*/seed*/nll.parquet", "eval/*/seed*/nll_documents.parquet"), {}),
-        "downstream": (runs("eval/*/seed*/downstream.parquet", "eval/*/seed*/downstream_items.parquet"), {}),
-        "telemetry": (telemetry, {}),
-        "target": (telemetry, {}),
-        "throughput": (bench, {"model": "small"}),
-        "throughput (tiny)": (bench, {"model": "tiny"}),
-    }
-
-
 def test_every_figure_of_the_committed_small_study_has_no_overlapping_texts():
-    figures = _small_figures()
-    assert {name.split()[0] for name in figures} == set(FIGURES)  # a new figure joins this test
-    failures, seconds = [], {}
-    for name, (inputs, options) in figures.items():
+    bench = [REPO / "results" / "bench" / "throughput_h200.json"]
+    figures = study_figures(REPO / "results" / "small", bench, "small")
+    # the tiny study's throughput figure: its model has no measured shapes, so it shows the
+    # committed ones side by side (a second column, whose label ran into the suptitle)
+    figures["throughput (tiny)"] = (bench, {"model": "tiny"})
+    assert set(figures) - {"throughput (tiny)"} == set(FIGURES)  # a new figure joins this test
+    for name, (inputs, _) in figures.items():
         assert inputs and all(p.exists() for p in inputs), f"{name}: committed inputs missing"
-        start = time.perf_counter()
-        try:
-            assert_no_overlap(draw_figure(name.split()[0], inputs, **options))
-        except AssertionError as err:
-            failures.append(f"figure {name}: {err}")
-        seconds[name] = round(time.perf_counter() - start, 1)
-    assert not failures, "\n".join(failures) + f"\n(seconds per figure: {seconds})"
+    failures = figures_overlapping(figures)
+    assert not failures, "\n".join(failures)

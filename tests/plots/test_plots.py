@@ -751,7 +751,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert [t.get_text() for t in emulated.get_yticklabels()] == ["bf16", "nvfp4", "nvfp4_no_rht_no_bf16_tail", "ue5m3"]
     assert [p.get_width() for p in analogue.patches] == pytest.approx([w / 0.95 for w in widths])
     assert "x1.010 [1.010, 1.010]" in emulated.get_title()
-    assert "8,192  (1.111x BF16 time)" in [t.get_text() for t in emulated.texts]
+    assert not emulated.texts  # no number beside each bar: the panel's one message is its title's speed-up
     assert "compute capability >= 10.0" in " ".join(native.texts[0].get_text().split())
     assert "not made yet" in projection.texts[0].get_text()
     assert emulated.get_ylabel().endswith("median of 5 steps")  # recorded without a timing: eager
