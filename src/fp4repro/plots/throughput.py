@@ -167,9 +167,10 @@ def plot_throughput(inputs: list[Path], model: str | None = None):
     for panels, entry in zip(axes.T, entries):
         for ax, column in zip(panels, columns):
             _panel(ax, entry, column)
+        # three short lines: a long label, rotated, stood taller than its panel, into the suptitle
         panels[0].set_ylabel(
             f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
-            f"tokens, median of {entry['steps']} {_timed_as(entry)}"
+            f"tokens\nmedian of {entry['steps']} {_timed_as(entry)}"
         )
     fig.suptitle(
         textwrap.fill(
