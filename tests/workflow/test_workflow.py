@@ -150,6 +150,24 @@ def test_smoke_dag_produces_every_figure_and_the_report(smoke_run, snakemake):
         nll = pd.read_parquet(smoke_run / f"results/smoke/eval/{recipe}/seed0/nll.parquet")
         assert sorted(set(nll["step"])) == [8, 16, 24] and set(nll["policy"]) == {"bf16", "quantized"}
     assert snakemake.planned_jobs(snakemake(smoke_run, "-n", "--config", "experiment=smoke")) == {}
+    # no two texts of a figure overprint: the figures are drawn again from the run's results
+    # (the workflow drew them in subprocesses, out of the check's reach; a few seconds)
+    overlap = _plots_helper("overlap")
+    bench = [smoke_run / "results" / "bench"]  # none measured there: the folder, as the rule gives it
+    figures = overlap.study_figures(smoke_run / "results" / "smoke", bench, load_study("smoke").model.name)
+    assert sorted(figures) == sorted(FIGURES)
+    failures = overlap.figures_overlapping(figures)
+    assert not failures, "\n".join(failures)
+
+
+def _plots_helper(name: str):
+    """A helper module of tests/plots (not a package: imported from its file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "plots" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow

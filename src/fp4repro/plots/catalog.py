@@ -69,8 +69,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "throughput": (
         "model-body tokens/s per recipe (decoder layers, forward + backward), one panel per column (emulated, FP8 "
         "timing analogue, Blackwell projection, native; a column not measured says why) and one row per device "
-        "measured, for one model's shapes: the interquartile range over the timed steps as error bars, each "
-        "recipe's time relative to BF16, and the speed-up of removing RHT and the BF16 tail together with its 95% "
+        "measured, for one model's shapes: the interquartile range over the timed steps as error bars, and the "
+        "speed-up of removing RHT and the BF16 tail together with its 95% "
         "interval (the paper's +21.2%)",
         "results/bench/throughput_<device>.json files (fp4repro bench throughput), or the folder holding them "
         "(results/bench; one that does not exist holds none); --model picks the shapes when they hold several (a "

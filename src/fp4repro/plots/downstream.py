@@ -3,6 +3,7 @@ paired differences from the baseline at the final checkpoint, and their course o
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -138,7 +139,9 @@ def _items(
 
 def plot_downstream(inputs: list[Path], baseline: str | None = None):
     """Top: each aggregate at every recipe's last evaluated checkpoint (mean over seeds; dots: each
-    seed), one panel per policy, error bars ±1 stderr. Middle: each recipe − baseline in each
+    seed), one panel per policy, error bars ±1 stderr. No number beside each point: with a few
+    recipes close together they printed over each other (".200.200.200"); the numbers are the
+    report's tables'. Middle: each recipe − baseline in each
     aggregate at the final checkpoint, error bars the 95% interval the report states. Bottom (when
     some recipe has more than one checkpoint): each aggregate vs checkpoint tokens, a line per recipe
     and policy. Returns the figure (drawn, not saved)."""
@@ -188,17 +191,6 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
             ax.errorbar(
                 xs, vals, yerr=np.where(np.isfinite(errs), errs, 0), fmt="o", color=colors[r], capsize=3, ms=5, lw=1.2
             )
-            for x, v in zip(xs, vals):
-                ax.annotate(
-                    f"{v:.3f}".lstrip("0"),
-                    (x, v),
-                    xytext=(3, 0),
-                    textcoords="offset points",
-                    ha="left",
-                    va="center",
-                    fontsize=6.5,
-                    color="0.2",
-                )
         ax.set_xticks(range(len(keys)), labels)
         for i in range(1, len(keys)):
             ax.axvline(i - 0.5, color="0.85", lw=0.8)
@@ -219,9 +211,12 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     )
     seeds_note = "" if set(n_seeds) == {1} else f", mean over {seed_counts(n_seeds.to_dict())} (dots: each seed)"
     top.suptitle(
-        f"Downstream aggregates at the final checkpoint ({tokens_formatter(df['tokens'].max())} tokens)"
-        + seeds_note
-        + note,
+        _wrapped(
+            f"Downstream aggregates at the final checkpoint ({tokens_formatter(df['tokens'].max())} tokens)"
+            + seeds_note
+            + note,
+            fig,
+        ),
         fontsize=11,
     )
     handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=r) for r in recipes]
@@ -272,11 +267,21 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
         ]
         bottom.legend(handles=handles, loc="outside right center", fontsize=9)
         bottom.suptitle(
-            "Downstream aggregates vs checkpoint"
-            + ("" if set(n_seeds) == {1} else " (mean over seeds" + curve_note(df) + ")"),
+            _wrapped(
+                "Downstream aggregates vs checkpoint"
+                + ("" if set(n_seeds) == {1} else " (mean over seeds" + curve_note(df) + ")"),
+                fig,
+            ),
             fontsize=11,
         )
     return fig
+
+
+def _wrapped(text: str, fig) -> str:
+    """``text`` wrapped to the figure's width (about 13 characters an inch at the titles' 11 pt,
+    less the legends' column), each of its lines kept: a title wider than the figure runs off it."""
+    width = max(40, int(13 * (fig.get_figwidth() - 1.5)))
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
 def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policies, colors) -> None:
@@ -300,17 +305,6 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
             bars = ax.errorbar(xs, y, yerr=err, fmt="o", color=colors[r], capsize=3, ms=5, lw=1.2)
             bars.lines[0].set_gid(f"difference:{r}:{policy}")
             bars.lines[2][0].set_gid(f"interval:{r}:{policy}")
-            for x, c in zip(xs, comps):
-                ax.annotate(
-                    f"{c.difference:+.3f}",
-                    (x, c.difference),
-                    xytext=(3, 0),
-                    textcoords="offset points",
-                    ha="left",
-                    va="center",
-                    fontsize=6.5,
-                    color="0.2",
-                )
             tests |= {_test_name(n, c) for n, c in zip(d["seeds"], d["comparison"])}
             steps |= set(d["step"])
         if not any(not diffs[(r, policy)].empty for r in others):
@@ -336,7 +330,10 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
         sub.legend(handles=handles, loc="outside right center", fontsize=9)
     at = f" (step {steps.pop()})" if len(steps) == 1 else ""
     sub.suptitle(
-        f"Paired difference recipe − {base} at the last checkpoint both evaluated{at}: "
-        f"bars: 95% interval, {'; '.join(sorted(tests)) or 'no pair'}",
+        _wrapped(
+            f"Paired difference recipe − {base} at the last checkpoint both evaluated{at}: "
+            f"bars: 95% interval, {'; '.join(sorted(tests)) or 'no pair'}",
+            sub.get_figure(root=True),
+        ),
         fontsize=11,
     )

@@ -177,22 +177,14 @@ def _operand_panel(ax, event: str, per_operand: pd.DataFrame, recipes, operands,
             x, v = i - 0.4 + width * (k + 0.5), float(rows.loc[op, event])
             if v > 0:
                 bar = ax.bar(x, v - limits[0], width=width * 0.92, bottom=limits[0], color=colors[r])
+                # no count above the bar: a tall bar's ran into the panel's title; the counts are
+                # the report's telemetry tables'
                 bar.patches[0].set_gid(f"rate:{r}:{op}")
-                ax.text(
-                    x,
-                    v * 1.15,
-                    f"{int(rows.loc[op, count]):,}",
-                    ha="center",
-                    va="bottom",
-                    fontsize=6.5,
-                    rotation=90,
-                    color="0.25",
-                )
             else:
                 ax.text(
                     x, limits[0] * 1.3, "0", ha="center", va="bottom", fontsize=8, color=colors[r], fontweight="bold"
                 )
-    ax.set_xlabel("GEMM operand (numbers above bars: events, summed over the seeds)")
+    ax.set_xlabel("GEMM operand")
     ax.set_ylabel(EVENT_TEXT[event] + "\n(log scale; 0 written as '0')", fontsize=9)
 
 

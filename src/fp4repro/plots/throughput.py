@@ -1,8 +1,8 @@
 """Figure ``throughput``: model-body tokens/s per recipe, one panel per column (emulated, FP8
 timing analogue, one Blackwell projection per GPU projected, native), one row per measured device,
 for one model's shapes; each measured bar's interquartile range over the timed steps as its error
-bar (a projected bar's band over the uncertain parameters), its time relative to BF16 beside it,
-and in each panel's title the speed-up of removing RHT and the BF16 tail together (nvfp4's time
+bar (a projected bar's band over the uncertain parameters), and in each panel's title, its one
+message, the speed-up of removing RHT and the BF16 tail together (nvfp4's time
 over nvfp4_no_rht_no_bf16_tail's: 95% interval, or the projection's band), the paper's +21.2%. A
 column not measured (a projection withheld by its H200 check) is a panel that says why. A model no file has:
 the shapes that were measured,
@@ -114,19 +114,10 @@ def _panel(ax, entry: dict, column: str) -> None:
             if not name.startswith("projection") and not void_column(name, c)
             for r in c["recipes"].values()
         ]
-    # room on the right for the labels, which a projection's whiskers push further out
-    ax.set_xlim(0.9 * min(everything), (1.2 if column.startswith("projection") else 1.06) * max(everything))
+    # no number beside each bar (ten panels of them read as a table, and the report's tables hold
+    # them): the right end only needs room for the whiskers, which ``everything`` includes
+    ax.set_xlim(0.9 * min(everything), 1.03 * max(everything))
     ax.set_xlabel("body tokens/s (axis does not start at 0)")
-    if "bf16" in rows:
-        for yi, n, v, whisker in zip(y, names, values, high):  # beside the whisker, not over it
-            ax.annotate(
-                f"{v:,.0f}  ({rows[n]['median_ms'] / rows['bf16']['median_ms']:.3f}x BF16 time)",
-                (v + whisker, yi),
-                xytext=(4, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=7,
-            )
     both = measured["effects"].get("both")
     title = _title(entry, column, measured)
     title = textwrap.fill(title, 100) if column.startswith("projection") else title
@@ -163,20 +154,29 @@ def plot_throughput(inputs: list[Path], model: str | None = None):
     columns = columns_of(entries)
     # one panel per row and kind of measurement, one column per shape: wide bars, readable labels
     heights = [3.2 if any(c in e["columns"] for e in entries) else 1.1 for c in columns]
+    # constrained layout: each column's label (its shapes and device) gets its own margin, clear of
+    # the other column's panels and of the suptitle (tight_layout ran it into the suptitle)
     fig, axes = plt.subplots(
         len(columns),
         len(entries),
         figsize=(9.5 * len(entries), sum(heights) + 0.8),
         squeeze=False,
         gridspec_kw={"height_ratios": heights},
+        layout="constrained",
     )
     for panels, entry in zip(axes.T, entries):
         for ax, column in zip(panels, columns):
             _panel(ax, entry, column)
+        # three short lines: a long label, rotated, stood taller than its panel, into the suptitle
         panels[0].set_ylabel(
             f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
-            f"tokens, median of {entry['steps']} {_timed_as(entry)}"
+            f"tokens\nmedian of {entry['steps']} {_timed_as(entry)}"
         )
-    fig.suptitle(f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)", fontsize=11)
-    fig.tight_layout()
+    fig.suptitle(
+        textwrap.fill(
+            f"{shown}, forward + backward (whiskers: interquartile range, or a projection's band)",
+            int(14 * 9.5 * len(entries)),  # about 14 characters an inch at 11 pt
+        ),
+        fontsize=11,
+    )
     return fig
