@@ -39,6 +39,7 @@ def _list_configs(kind: str) -> None:
 
 
 def _cmd_recipe(args) -> int:
+    from fp4repro.config.files import recorded_name
     from fp4repro.config.model import load_model_config
     from fp4repro.config.recipe import load_recipe
     from fp4repro.config.recipe_sources import changes_from_base, check_derived
@@ -49,7 +50,7 @@ def _cmd_recipe(args) -> int:
     recipe = load_recipe(args.recipe)
     check_derived(recipe)
     print(f"{recipe.name}: {recipe.description.strip()}")
-    print(f"read from: {' <- '.join(recipe.files)}")
+    print(f"read from: {' <- '.join(recorded_name(f) for f in recipe.files)}")
     if derived := changes_from_base(recipe):
         base, changed = derived
         fields = "; ".join(f"{', '.join(fs)} ({choice})" for choice, fs in changed.items())

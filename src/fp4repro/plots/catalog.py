@@ -33,21 +33,20 @@ CATALOG: dict[str, tuple[str, str]] = {
     "nll": (
         "held-out NLL vs checkpoint tokens per recipe (mean over seeds, faint: each seed): one column per policy "
         "(bf16, quantized), one row for the final blend and one per source; a last row with the paired difference "
-        "recipe − baseline in blend NLL at every checkpoint with its 95% interval (paired t over seeds, or with "
-        "one seed a paired bootstrap over the held-out documents, the report's: 2000 resamples at the last "
-        "checkpoint, 500 at earlier ones)",
+        "recipe − baseline in blend NLL at every checkpoint with its 95% interval, the report's: a paired "
+        "bootstrap over the held-out documents of the seed-averaged NLL (2000 resamples at the last checkpoint, "
+        "500 at earlier ones), with several seeds added to a paired t over seeds",
         "results/<exp>/eval/<recipe>/seed<s>/nll.parquet for each run to draw, and its nll_documents.parquet "
-        "(needed for the intervals of one-seed differences; written by `fp4repro evaluate`)",
+        "(needed for the intervals; written by `fp4repro evaluate`)",
     ),
     "downstream": (
         "downstream aggregates (±1 stderr, mean over seeds) per recipe and policy at the final checkpoint; the "
         "paired difference recipe − baseline in each aggregate at the final checkpoint with its 95% interval "
-        "(paired t over seeds, or with one seed the report's paired test over items: a bootstrap over their "
-        "held-out documents where the table names them, else the item-level t); each aggregate vs "
-        "checkpoint",
+        "(the report's: the paired test over items of the seed-averaged values, a bootstrap over their held-out "
+        "documents where the table names them, else the item-level t, with several seeds added to a paired t "
+        "over seeds); each aggregate vs checkpoint",
         "results/<exp>/eval/<recipe>/seed<s>/downstream.parquet for each run to draw (its aggregate rows are "
-        "drawn), and its downstream_items.parquet (needed for the intervals of one-seed differences; written by "
-        "`fp4repro evaluate`)",
+        "drawn), and its downstream_items.parquet (needed for the intervals; written by `fp4repro evaluate`)",
     ),
     "telemetry": (
         "underflow, saturation (blocks) and clipping (non-zero elements) rates per recipe: by GEMM operand "
