@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import re
@@ -163,25 +164,30 @@ def _origin(provenance: dict) -> str:
     return f"measured on {device} at commit {commit}, {provenance.get('created', '')}"
 
 
+@functools.cache
+def _study_report(root: Path, study_name: str):
+    """(the study, its report's text, its rows): read once per render (``rendered`` clears it), as
+    both the study's page and the README's results block need it."""
+    from fp4repro.config.study import load_study
+    from fp4repro.report import report_text
+
+    study = load_study(study_name)
+    text, rows = report_text(study, "claims", root / f"docs/results/{study_name}.md", root / "results")
+    return study, text, rows
+
+
 def study_page(study_name: str) -> Callable[[Path], str]:
     def render(root: Path, parser=None) -> str:
-        from fp4repro.config.study import load_study
-        from fp4repro.report import report_text
-
-        study = load_study(study_name)
-        text, _ = report_text(study, "claims", root / f"docs/results/{study_name}.md", root / "results")
-        return f"{GENERATED}\n\n{text}"
+        return f"{GENERATED}\n\n{_study_report(root, study_name)[1]}"
 
     return render
 
 
 def results_block(root: Path, parser=None) -> str:
     """The main study's claims: the paper's difference beside ours and the verdict."""
-    from fp4repro.config.study import load_study
-    from fp4repro.report import difference_text, paper_cell, report_text
+    from fp4repro.report import difference_text, paper_cell
 
-    study = load_study(STUDIES[0])
-    _, rows = report_text(study, "claims", root / "README.md", root / "results")
+    study, _, rows = _study_report(root, STUDIES[0])
     lines = [
         f"Study `{study.name}` ({_runs_made(root, study)}), from its committed results; the whole report, with",
         f"the tests, intervals and scale: [docs/results/{study.name}.md](docs/results/{study.name}.md).",
@@ -272,6 +278,7 @@ def readme(root: Path, current: str, parser: argparse.ArgumentParser | None = No
 
 def rendered(root: Path, parser: argparse.ArgumentParser) -> dict[Path, str]:
     """Every generated page's text, by path."""
+    _study_report.cache_clear()  # results may have changed since the last render in this process
     pages = {root / path: render(root, parser) for path, render in PAGES.items()}
     readme_path = root / "README.md"
     pages[readme_path] = readme(root, readme_path.read_text(encoding="utf-8"), parser)
