@@ -1,5 +1,6 @@
 """fp4repro inventory: what an experiment's results folder holds, read from its tables."""
 
+import datetime
 import json
 
 import pandas as pd
@@ -65,26 +66,38 @@ def test_the_inventory_lists_runs_their_state_and_the_missing_ones(tmp_path, cap
     assert "nvfp4" in out and "missing" in out and "corpora: d1, d2" in out
 
 
-def _timed(results, recipe, seed, train_wall, eval_wall, gpu=None, trained_at=None, evaluated_at=None):
+def _timed(results, recipe, seed, train_wall, eval_wall, gpu=None, trained_from=None, evaluated_from=None):
     """A run whose training and evaluation processes recorded their seconds (and, given ``gpu``,
-    the GPU's UUID and when each process ended: ISO times)."""
+    the GPU's UUID and when each process started, ISO times: its provenance is stamped once it
+    has set up, as a process stamps it)."""
 
-    def origin(created):
-        return {"device_uuid": gpu, "created": created} if gpu else {}
+    def origin(started, setup):
+        if not gpu:
+            return {}
+        stamped = datetime.datetime.fromisoformat(started) + datetime.timedelta(seconds=setup)
+        return {"device_uuid": gpu, "created": stamped.isoformat()}
 
     (run_dir(results, "tiny", recipe, seed) / "done.json").write_text(
         json.dumps(
             {
                 "deterministic": True,
                 "process_seconds": {"setup": 5.0, "steps": train_wall - 5, "wall": train_wall},
-                "provenance": origin(trained_at),
+                "provenance": origin(trained_from, 5.0),
             }
         )
     )
     folder = eval_dir(results, "tiny", recipe, seed)
     folder.mkdir(parents=True)
     (folder / "seconds.json").write_text(
-        json.dumps({"evaluated": 1, "nll": eval_wall, "wall": eval_wall, "provenance": origin(evaluated_at)})
+        json.dumps(
+            {
+                "evaluated": 1,
+                "setup": 2.0,
+                "nll": eval_wall - 2,
+                "wall": eval_wall,
+                "provenance": origin(evaluated_from, 2.0),
+            }
+        )
     )
 
 
@@ -105,7 +118,7 @@ def test_the_inventory_sums_gpu_minutes_of_the_runs_that_recorded_them_beside_th
     assert runs["nvfp4"]["gpu_minutes"] is None and runs["mxfp4"]["gpu_minutes"] is None
     assert runs["ue5m3"]["seconds"] == {
         "train": {"setup": 5.0, "steps": 295.0, "wall": 300.0},
-        "evaluate": {"evaluated": 1, "nll": 60.0, "wall": 60.0},
+        "evaluate": {"evaluated": 1, "setup": 2.0, "nll": 58.0, "wall": 60.0},
     }
     assert gpu_minutes_line(found, GpuBudget(5, 85)) == (
         "GPU minutes: 11.0 over 2 run(s) that recorded them, median 5.5 per run (budget: 5 per run, 85 for the study)"
@@ -139,9 +152,9 @@ def test_runs_on_one_gpu_at_once_share_its_minutes(tmp_path):
         _metrics(results, recipe, 0, 150)
     # bf16 and ue5m3 train on GPU "a" at once (10:00-10:06); ue5m3's evaluation then has it alone
     # for 60 s, bf16's after it another 60 s. nvfp4 trains on GPU "b" at the same time, alone.
-    _timed(results, "bf16", 0, 360.0, 60.0, "a", "2026-01-01T10:06:00+00:00", "2026-01-01T10:08:00+00:00")
-    _timed(results, "ue5m3", 0, 360.0, 60.0, "a", "2026-01-01T10:06:00+00:00", "2026-01-01T10:07:00+00:00")
-    _timed(results, "nvfp4", 0, 360.0, 60.0, "b", "2026-01-01T10:06:00+00:00", "2026-01-01T10:07:00+00:00")
+    _timed(results, "bf16", 0, 360.0, 60.0, "a", "2026-01-01T10:00:00+00:00", "2026-01-01T10:07:00+00:00")
+    _timed(results, "ue5m3", 0, 360.0, 60.0, "a", "2026-01-01T10:00:00+00:00", "2026-01-01T10:06:00+00:00")
+    _timed(results, "nvfp4", 0, 360.0, 60.0, "b", "2026-01-01T10:00:00+00:00", "2026-01-01T10:06:00+00:00")
     found = inventory(results, "tiny", {r: (0,) for r in ("bf16", "ue5m3", "nvfp4")}, 150, 1024)
     minutes = {r["recipe"]: r["gpu_minutes"] for r in found["runs"]}
     assert minutes == {"bf16": 3 + 1, "ue5m3": 3 + 1, "nvfp4": 6 + 1}
@@ -155,3 +168,27 @@ def test_an_overlap_is_shared_only_for_the_seconds_it_lasts(tmp_path):
     assert shared_seconds(first, others) == 40 + 60 / 2
     assert shared_seconds(second, others) == 60 / 2 + 60
     assert shared_seconds(GpuProcess(None, 10.0, 35.5), others) == 25.5  # no GPU named: its wall time
+
+
+def test_the_committed_small_runs_occupy_their_gpus_as_they_were_run():
+    """The committed ``small`` runs ran one after another on each GPU, except nvfp4 seed 0 and ue5m3
+    seed 1, which ran at once (results/small/README.md): the spans read from their provenance and
+    seconds must overlap exactly there."""
+    from pathlib import Path
+
+    from fp4repro.inventory import run_entry
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    spans = []
+    for folder in sorted((results / "small" / "train").glob("*/seed*")):
+        recipe, seed = folder.parent.name, int(folder.name.removeprefix("seed"))
+        _, processes = run_entry(results, "small", recipe, seed, 1500, 16384)
+        spans += [(recipe, seed, p) for p in processes or () if p.gpu]
+    assert len(spans) >= 12
+    overlapping = {
+        frozenset({(a, s), (b, t)})
+        for i, (a, s, p) in enumerate(spans)
+        for b, t, q in spans[i + 1 :]
+        if p.gpu == q.gpu and min(p.end, q.end) - max(p.start, q.start) > 1.0
+    }
+    assert overlapping == {frozenset({("nvfp4", 0), ("ue5m3", 1)})}

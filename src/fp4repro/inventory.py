@@ -66,10 +66,13 @@ class GpuProcess:
     end: float
 
 
-def gpu_process(wall: float, origin: dict) -> GpuProcess:
-    """The span [created - wall, created] of a process whose provenance is ``origin``."""
-    end = datetime.datetime.fromisoformat(origin["created"]).timestamp() if origin.get("created") else 0.0
-    return GpuProcess(origin.get("device_uuid"), end - wall, end)
+def gpu_process(seconds: dict, origin: dict) -> GpuProcess:
+    """The span [created - setup, created - setup + wall] of a process whose provenance is ``origin``
+    and whose phases took ``seconds`` (``setup``, ``wall``): the provenance is stamped once the process
+    has set up, so its start is ``setup`` seconds before ``created`` (to the second ``created`` keeps)."""
+    stamped = datetime.datetime.fromisoformat(origin["created"]).timestamp() if origin.get("created") else 0.0
+    start = stamped - seconds.get("setup", 0.0)
+    return GpuProcess(origin.get("device_uuid"), start, start + seconds["wall"])
 
 
 def shared_seconds(process: GpuProcess, processes: list[GpuProcess]) -> float:
@@ -94,8 +97,8 @@ def _gpu_processes(device: str | None, seconds: dict, done: dict, evaluation: di
     if not device or device.startswith("cpu") or not all(seconds.values()):
         return None
     return [
-        gpu_process(seconds["train"]["wall"], done.get("provenance", {})),
-        gpu_process(seconds["evaluate"]["wall"], evaluation.get("provenance", {})),
+        gpu_process(seconds["train"], done.get("provenance", {})),
+        gpu_process(seconds["evaluate"], evaluation.get("provenance", {})),
     ]
 
 
