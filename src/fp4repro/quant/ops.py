@@ -20,9 +20,9 @@ import os
 import torch
 
 from fp4repro.config.spec import QuantSpec
+from fp4repro.quant.stats import DeviceStats, read_stats
 from fp4repro.reference.block import (
     BlockQuantized,
-    OperandStats,
     ScaledOperand,
     check_packable,
     operand_amax_reference,
@@ -55,27 +55,13 @@ def uses_kernel(x: torch.Tensor, generator=None, rand=None) -> bool:
     return available()
 
 
-def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> OperandStats:
-    """The kernel's telemetry counters as the reference's OperandStats."""
+def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> DeviceStats:
+    """The kernel's telemetry counters, left on the device (``fp4repro.quant.stats``); with a
+    held amax, the current amax of ``x2d`` beside it (one more pass, no synchronization)."""
     from fp4repro.kernels import operand_amax_triton
 
-    counts, sums = k["counts"].tolist(), k["sums"].tolist()
-    ratio = 1.0
-    if held is not None:
-        current = float(operand_amax_triton(x2d, spec))
-        ratio = float(held) / current if current > 0 else 1.0
-    return OperandStats(
-        blocks=k["blocks"],
-        saturated_blocks=counts[0],
-        underflow_blocks=counts[1],
-        nonzero_elements=counts[2],
-        zeroed_elements=counts[3],
-        clipped_elements=counts[5],
-        nonfinite_blocks=counts[4],
-        sq_error=sums[0],
-        sq_norm=sums[1],
-        amax_ratio=ratio,
-    )
+    current = operand_amax_triton(x2d, spec) if held is not None else None
+    return DeviceStats(blocks=k["blocks"], counts=k["counts"], sums=k["sums"], held=held, current=current)
 
 
 def quantize(
@@ -101,7 +87,7 @@ def quantize(
         amax=k["amax"],
         spec=spec,
         shape=x.shape,
-        stats=_kernel_stats(k, x2d, spec, amax) if stats else None,
+        stats=read_stats([_kernel_stats(k, x2d, spec, amax)])[0] if stats else None,
     )
 
 
@@ -130,7 +116,8 @@ def scaled_operand(
 ) -> ScaledOperand:
     """(q · s_b in x's 2-D shape, d, A used, stats, None)
     (``fp4repro.reference.block.scaled_operand_reference``; with row ``groups``, always the
-    reference: the kernels take one amax per call).
+    reference: the kernels take one amax per call). On the kernels, stats is a ``DeviceStats``
+    (its counters left on the GPU: ``fp4repro.quant.stats.read_stats`` reads many at once).
 
     Unlike the reference, ``live`` is not a flag but running live-amax slots
     (``fp4repro.kernels.live_slots`` on x's device): the tensor's current amax is max-folded into

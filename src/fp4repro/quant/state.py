@@ -35,6 +35,7 @@ import torch
 from fp4repro.config.spec import AutoTarget, QuantSpec, TensorScaling
 from fp4repro.formats import get_format
 from fp4repro.kernels import fold_live_amax, live_slots, live_slots_amax
+from fp4repro.quant.stats import DeviceStats, read_stats
 from fp4repro.reference.block import OperandStats
 
 
@@ -52,7 +53,7 @@ class QuantState:
         self._held: dict[str, torch.Tensor] = {}
         self._held_at: dict[str, int] = {}
         self._held_host: dict[str, float] = {}  # the held values read back once, for GEMM epilogues
-        self._records: list[dict] = []
+        self._records: list[tuple[dict, OperandStats | DeviceStats, float]] = []  # (row head, stats, T)
         self._live: dict[str, torch.Tensor] = {}  # this interval's running live amax (slots), on the device
         self._growths: dict[str, list[float]] = {}  # G of the last ``window`` finished intervals
         self._target: dict[str, float] = {}  # the automatic T in use
@@ -157,23 +158,26 @@ class QuantState:
         return self.step - self._held_at[key] if key in self._held_at else 0
 
     # ------------------------------------------------------------------------------ telemetry
-    def record(self, layer: str, operand: str, stats: OperandStats, target: float | None = None) -> None:
-        """One telemetry row: the quantization's stats, its refresh phase and the T it used."""
-        row = {
+    def record(self, layer: str, operand: str, stats: OperandStats | DeviceStats, target: float | None = None) -> None:
+        """One telemetry row: the quantization's stats, its refresh phase and the T it used. A
+        kernel's ``DeviceStats`` stay on the device until ``pop_telemetry`` reads them all."""
+        head = {
             "step": self.step,
             "layer": layer,
             "operand": operand,
             "steps_since_refresh": self.steps_since_refresh(f"{layer}.{operand}"),
-            **asdict(stats),
         }
-        row["rel_error"] = stats.rel_error
-        row["target"] = float("nan") if target is None else float(target)
-        self._records.append(row)
+        self._records.append((head, stats, float("nan") if target is None else float(target)))
 
     def pop_telemetry(self) -> list[dict]:
-        """Records collected since the last call (one dict per layer × operand × quantization)."""
-        rows, self._records = self._records, []
-        return rows
+        """Records collected since the last call (one dict per layer × operand × quantization);
+        the device's counters are read here, in one transfer (``read_stats``)."""
+        records, self._records = self._records, []
+        read = read_stats([stats for _, stats, _ in records])
+        return [
+            {**head, **asdict(stats), "rel_error": stats.rel_error, "target": target}
+            for (head, _, target), stats in zip(records, read)
+        ]
 
     # ----------------------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:

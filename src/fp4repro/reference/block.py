@@ -91,11 +91,20 @@ class OperandStats:
     nonfinite_blocks: int  # blocks holding NaN/Inf (they dequantize to NaN)
     sq_error: float  # sum of (x̂ - x)² over the finite blocks
     sq_norm: float  # sum of x² over the finite blocks
-    amax_ratio: float  # held amax / current amax (1.0 under current scaling)
+    amax_ratio: float  # held amax / current amax in float64 (1.0 under current scaling)
 
     @property
     def rel_error(self) -> float:
         return (self.sq_error / self.sq_norm) ** 0.5 if self.sq_norm > 0 else 0.0
+
+
+def amax_ratio(held: float | None, current: float | None) -> float:
+    """held / current, float32 amaxes read as Python floats and divided in float64 (the kernels'
+    telemetry reads them so too: ``fp4repro.quant.stats``); 1.0 without a held amax or where the
+    current one is 0."""
+    if held is None or current is None:
+        return 1.0
+    return held / current if current > 0 else 1.0
 
 
 @dataclass
@@ -543,5 +552,5 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
         nonfinite_blocks=int((~finite_block).sum()),
         sq_error=float(torch.dot(err, err)),
         sq_norm=float(torch.dot(ref, ref)),
-        amax_ratio=1.0 if b.held is b.current else float(b.held / b.current) if float(b.current) > 0 else 1.0,
+        amax_ratio=1.0 if b.held is b.current else amax_ratio(float(b.held), float(b.current)),
     )
