@@ -269,8 +269,16 @@ def test_components_keep_an_amax_pass_where_any_recipe_takes_one():
 def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(tmp_path, capsys):
     comp = fake_components()
     (tmp_path / "components_h200.json").write_text(json.dumps({"shapes": {"tiny": comp}, "provenance": {}}))
+    # filed under the model alone, as files were before shapes had keys; and another shape of tiny,
+    # whose tokens the components were not timed at
+    other_shape = {**fake_entry(comp, {"emulated": 1.02}), "seq_len": 2 * T}
     (tmp_path / "throughput_h200.json").write_text(
-        json.dumps({"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02})}, "provenance": {"device": "NVIDIA H200"}})
+        json.dumps(
+            {
+                "shapes": {"tiny": fake_entry(comp, {"emulated": 1.02}), "tiny long": other_shape},
+                "provenance": {"device": "NVIDIA H200"},
+            }
+        )
     )
     assert (
         main(
@@ -287,10 +295,10 @@ def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(t
     )
     written = json.loads((tmp_path / "throughput_h200.json").read_text())
     assert written["provenance"] == {"device": "NVIDIA H200"}
-    assert (
-        written["shapes"]["tiny"]["projection_check"]["within"]
-        and {"projection_b300", "projection_gb200"} <= set(written["shapes"]["tiny"]["columns"])
-    )
+    projected = written["shapes"]["tiny 1x64"]
+    assert projected["projection_check"]["within"]
+    assert {"projection_b300", "projection_gb200"} <= set(projected["columns"])
+    assert written["shapes"]["tiny 1x128"] == other_shape  # kept, not projected
     assert "H200 check" in capsys.readouterr().out
     (tmp_path / "other.json").write_text(json.dumps({"shapes": {"small": comp | {"model": "small"}}}))
     assert (
@@ -306,7 +314,7 @@ def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(t
         )
         == 2
     )
-    assert "no model is in both" in capsys.readouterr().err
+    assert "no model and token count is in both" in capsys.readouterr().err
 
 
 def test_a_devices_file_with_a_reversed_range_or_no_sources_is_refused_naming_the_field(tmp_path):

@@ -54,16 +54,29 @@ def test_the_table_gives_tokens_per_second_per_recipe_and_the_effects():
     assert lines[0].startswith("tiny: body of 1 x 128 tokens, median of 5 steps")
     assert lines[2].split() == ["bf16", "12,800", "10.0"] and lines[3].split() == ["nvfp4", "6,400", "20.0"]
     assert lines[-1].startswith("emulated: removing rht") and "x1.250 [1.250, 1.250]" in lines[-1]
+    projected = _recorded()
+    projected["columns"]["projection_gb200"] = {
+        "kind": "projection",
+        "recipes": projected["columns"]["emulated"]["recipes"],
+        "effects": {},
+    }
+    head = throughput.table(projected).splitlines()[0]
+    assert head.endswith("emulated: eager")  # a projection times no step: no timing of its own
 
 
-def test_results_are_filed_per_model_in_one_file(tmp_path):
+def test_results_are_filed_per_model_and_shape_in_one_file(tmp_path):
     out = tmp_path / "throughput_h200.json"
     throughput.record(out, _recorded("nemotron_h_8b"), "cpu")
     throughput.record(out, _recorded("small"), "cpu")
     throughput.record(out, {**_recorded("small"), "seq_len": 256}, "cpu")
+    throughput.record(out, {**_recorded("small"), "seq_len": 256, "steps": 7}, "cpu")  # the same shape: replaced
     content = json.loads(out.read_text())
-    assert set(content["shapes"]) == {"nemotron_h_8b", "small"} and content["shapes"]["small"]["seq_len"] == 256
-    assert "provenance" in content
+    assert set(content["shapes"]) == {"nemotron_h_8b 1x128", "small 1x128", "small 1x256"}
+    assert content["shapes"]["small 1x256"]["steps"] == 7 and "provenance" in content
+    # a file that filed its entries under the model alone: a measurement of the same shape replaces it
+    out.write_text(json.dumps({"shapes": {"small": _recorded("small")}}))
+    throughput.record(out, {**_recorded("small"), "steps": 9}, "cpu")
+    assert {k: e["steps"] for k, e in json.loads(out.read_text())["shapes"].items()} == {"small 1x128": 9}
     out.write_text("[1, 2]")
     with pytest.raises(FP4ReproError, match="body-throughput results file"):
         throughput.record(out, _recorded(), "cpu")

@@ -125,4 +125,4 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     assert void.verdict == "not measured natively"
     (other,) = measure(claim, results / "small", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="small")
     assert other.note.startswith("not measured: no body-throughput file") and "small's shapes" in other.note
-    assert "measured for other shapes, nemotron_h_8b: NVIDIA H200 emulated" in other.note
+    assert "measured for other shapes, nemotron_h_8b at 1 x 8,192 tokens: NVIDIA H200 emulated" in other.note

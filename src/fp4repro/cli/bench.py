@@ -74,7 +74,7 @@ def _bench_throughput(args) -> int:
     from fp4repro.bench import throughput
     from fp4repro.bench.device import device_tag
     from fp4repro.errors import FP4ReproError
-    from fp4repro.results import read_throughput
+    from fp4repro.results import read_throughput, throughput_key
 
     study, names = _ablation_study(args)
     cuda = torch.cuda.is_available()
@@ -82,8 +82,10 @@ def _bench_throughput(args) -> int:
     out = Path(
         args.out or f"results/bench/throughput_{device_tag(torch.cuda.get_device_name() if cuda else None)}.json"
     )
-    # a measurement replacing one of the same shapes says how far it agrees with it
-    previous = read_throughput(out, FP4ReproError).get(study.model.name) if out.is_file() else None
+    seq_len = args.seq_len or study.experiment.train.seq_len
+    # a measurement replacing one of the same model and shape says how far it agrees with it
+    key = throughput_key({"model": study.model.name, "batch": args.batch, "seq_len": seq_len})
+    previous = read_throughput(out, FP4ReproError).get(key) if out.is_file() else None
 
     def record(result):
         if previous is not None:
@@ -93,7 +95,7 @@ def _bench_throughput(args) -> int:
     result = throughput.run(
         study.model,
         {n: study.recipe(n) for n in names},
-        seq_len=args.seq_len or study.experiment.train.seq_len,
+        seq_len=seq_len,
         batch=args.batch,
         steps=args.steps,
         warmup=args.warmup,
@@ -135,32 +137,34 @@ def _bench_components(args) -> int:
 
 
 def _bench_project(args) -> int:
-    import json
-
     from fp4repro.bench import projection
     from fp4repro.config.devices import load_devices
     from fp4repro.errors import FP4ReproError
-    from fp4repro.results import read_components, read_throughput, write_json
+    from fp4repro.results import components_key, read_components, read_throughput, write_json
 
     out = Path(args.out or "results/bench/throughput_h200.json")
     parts = Path(args.components)
     measured, timed = read_throughput(out, FP4ReproError), read_components(parts, FP4ReproError)
-    models = [m for m in measured if m in timed]
-    if not models:
+    # each measured shape with the components timed for its model at its token count
+    pairs = {
+        key: timed[part]
+        for key, entry in measured.items()
+        if (part := components_key({**entry, "tokens": entry["batch"] * entry["seq_len"]})) in timed
+    }
+    if not pairs:
         print(
-            f"fp4repro bench project: no model is in both {out} ({', '.join(measured) or 'none'}) and {parts} "
-            f"({', '.join(timed) or 'none'})",
+            f"fp4repro bench project: no model and token count is in both {out} ({', '.join(measured) or 'none'}) "
+            f"and {parts} ({', '.join(timed) or 'none'})",
             file=sys.stderr,
         )
         return 2
     devices = load_devices(args.devices)
-    content = json.loads(out.read_text())
-    for model in models:
-        entry = projection.attach(measured[model], timed[model], devices)
-        content["shapes"][model] = entry
-        print(projection.table(entry))
-    write_json(out, {"shapes": content["shapes"]}, content.get("provenance", {}))
-    print(f"wrote {out} (projected: {', '.join(models)})")
+    provenance = json.loads(out.read_text()).get("provenance", {})
+    for key, components in pairs.items():
+        measured[key] = projection.attach(measured[key], components, devices)
+        print(projection.table(measured[key]))
+    write_json(out, {"shapes": measured}, provenance)
+    print(f"wrote {out} (projected: {', '.join(pairs)})")
     return 0
 
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from fp4repro.report.claims import Claim, ReportError, Row
-from fp4repro.results import read_throughput, throughput_files, void_column
+from fp4repro.results import read_throughput, shape_text, throughput_files, void_column
 from fp4repro.statistics import OPPOSITE, REPRODUCED
 
 
@@ -85,10 +85,12 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     beyond 1 in the claim's direction, opposite when one lies beyond it the other way, else not
     resolved); without one the row says "not measured natively" and what the other columns show.
     Without ``model``'s shapes the row is "not measured" and gives the shapes that were."""
-    entries = [(m, e) for path in throughput_files(bench) for m, e in read_throughput(path, ReportError).items()]
-    ours = [e for m, e in entries if m == model]
+    entries = [e for path in throughput_files(bench) for e in read_throughput(path, ReportError).values()]
+    ours = [e for e in entries if e["model"] == model]
     if not ours:
-        others = "; ".join(f"{m}: {s}" for m, e in entries for s in _throughput_effects(claim, e))
+        others = "; ".join(
+            f"{e['model']} at {shape_text(e)}: {s}" for e in entries for s in _throughput_effects(claim, e)
+        )
         return [
             Row(
                 claim,
