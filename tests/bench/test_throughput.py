@@ -187,3 +187,35 @@ def test_graphs_are_timed_only_where_every_recipe_s_graph_fits_in_80_percent_of_
     fits, why = throughput.graph_timing(8, 100_000.0, 130_000.0)
     assert not fits and "800,000 MiB" in why and "eager" in why
     assert throughput.graph_timing(4, 200.0, 1000.0)[0] and not throughput.graph_timing(4, 201.0, 1000.0)[0]
+
+
+def test_the_cli_times_every_body_shape_of_the_experiment_or_the_one_asked(tmp_path, monkeypatch, capsys):
+    from fp4repro.cli import main
+    from fp4repro.config.experiment import experiment_path
+
+    # tiny with two body shapes; the measurement itself is the loop above (here: what it is asked)
+    text = experiment_path("tiny").read_text()
+    experiment = tmp_path / "two_shapes.yaml"
+    shapes = "bench: {throughput_shapes: [{batch: 1, seq_len: 32}, {batch: 2, seq_len: 16}]}"
+    experiment.write_text(text.replace("model: tiny\n", f"model: tiny\n{shapes}\n"))
+    asked = []
+
+    def fake_run(config, recipes, seq_len, batch, on_column, **kwargs):
+        asked.append((batch, seq_len, kwargs["columns"]))
+        result = {**_recorded(config.name), "batch": batch, "seq_len": seq_len}
+        on_column(result)
+        return result
+
+    monkeypatch.setattr(throughput, "run", fake_run)
+    out = tmp_path / "throughput_cpu.json"
+    assert main(["bench", "throughput", "--experiment", str(experiment), "--out", str(out), "--quiet"]) == 0
+    assert asked == [(1, 32, ["emulated"]), (2, 16, ["emulated"])]
+    assert set(json.loads(out.read_text())["shapes"]) == {"tiny 1x32", "tiny 2x16"}
+    assert "wrote" in capsys.readouterr().out
+    # one shape asked on the command line instead; measuring a shape again says how far it moved
+    asked.clear()
+    assert main(["bench", "throughput", "--experiment", str(experiment), "--out", str(out), "--seq-len", "32"]) == 0
+    assert asked == [(1, 32, ["emulated"])]
+    content = json.loads(out.read_text())["shapes"]
+    assert set(content) == {"tiny 1x32", "tiny 2x16"} and content["tiny 1x32"]["repeat"]["worst"] == 0
+    assert "agreement with the measurement it replaced" in capsys.readouterr().out

@@ -68,6 +68,15 @@ def _ablation_study(args):
     return study, list(dict.fromkeys([*THROUGHPUT_ABLATION, *study.recipes]))
 
 
+def _shapes(args, study) -> list[tuple[int, int]]:
+    """(batch, seq_len) of each body shape to time: the one ``--batch``/``--seq-len`` give (the
+    other from the experiment: 1 sequence, its ``train.seq_len``), else the experiment's
+    ``bench.throughput_shapes`` (default one training sequence)."""
+    if args.batch is None and args.seq_len is None:
+        return list(study.experiment.body_shapes)
+    return [(args.batch or 1, args.seq_len or study.experiment.train.seq_len)]
+
+
 def _bench_throughput(args) -> int:
     import torch
 
@@ -82,34 +91,38 @@ def _bench_throughput(args) -> int:
     out = Path(
         args.out or f"results/bench/throughput_{device_tag(torch.cuda.get_device_name() if cuda else None)}.json"
     )
-    seq_len = args.seq_len or study.experiment.train.seq_len
-    # a measurement replacing one of the same model and shape says how far it agrees with it
-    key = throughput_key({"model": study.model.name, "batch": args.batch, "seq_len": seq_len})
-    previous = read_throughput(out, FP4ReproError).get(key) if out.is_file() else None
+    recorded = []
+    for batch, seq_len in _shapes(args, study):
+        # a measurement replacing one of the same model and shape says how far it agrees with it
+        key = throughput_key({"model": study.model.name, "batch": batch, "seq_len": seq_len})
+        previous = read_throughput(out, FP4ReproError).get(key) if out.is_file() else None
 
-    def record(result):
-        if previous is not None:
-            result["repeat"] = throughput.agreement(previous, result)
-        throughput.record(out, result, "cuda" if cuda else "cpu")
+        def record(result, previous=previous):
+            if previous is not None:
+                result["repeat"] = throughput.agreement(previous, result)
+            throughput.record(out, result, "cuda" if cuda else "cpu")
 
-    result = throughput.run(
-        study.model,
-        {n: study.recipe(n) for n in names},
-        seq_len=seq_len,
-        batch=args.batch,
-        steps=args.steps,
-        warmup=args.warmup,
-        columns=columns,
-        progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
-        on_column=record,
-    )
-    print(throughput.table(result))
-    if previous is not None:
-        print(
-            f"agreement with the measurement it replaced: worst |difference| of a median step "
-            f"{result['repeat']['worst']:.1%}"
+        result = throughput.run(
+            study.model,
+            {n: study.recipe(n) for n in names},
+            seq_len=seq_len,
+            batch=batch,
+            steps=args.steps,
+            warmup=args.warmup,
+            columns=columns,
+            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+            on_column=record,
         )
-    print(f"wrote {out} (shapes: {result['model']})")
+        print(throughput.table(result))
+        if previous is not None:
+            print(
+                f"agreement with the measurement it replaced: worst |difference| of a median step "
+                f"{result['repeat']['worst']:.1%}"
+            )
+        recorded.append(key)
+        if cuda:  # the next shape's model and graphs start from an empty cache
+            torch.cuda.empty_cache()
+    print(f"wrote {out} (shapes: {', '.join(recorded)})")
     return 0
 
 
@@ -122,17 +135,19 @@ def _bench_components(args) -> int:
     if not _cuda_present("bench components", "it times kernels and GEMMs on a GPU"):
         return 2
     study, names = _ablation_study(args)
-    tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
     out = Path(args.out or f"results/bench/components_{device_tag(torch.cuda.get_device_name())}.json")
-    result = components.run(
-        study.model,
-        {n: study.recipe(n) for n in names},
-        tokens,
-        progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
-    )
-    components.record(out, result)
-    print(components.table(result))
-    print(f"wrote {out} (shapes: {result['model']})")
+    # the GEMM and quantization shapes follow the tokens alone: one entry per token count
+    token_counts = list(dict.fromkeys(batch * seq_len for batch, seq_len in _shapes(args, study)))
+    for tokens in token_counts:
+        result = components.run(
+            study.model,
+            {n: study.recipe(n) for n in names},
+            tokens,
+            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+        )
+        components.record(out, result)
+        print(components.table(result))
+    print(f"wrote {out} (shapes: {study.model.name} at {', '.join(f'{t:,}' for t in token_counts)} tokens)")
     return 0
 
 
@@ -185,21 +200,23 @@ DESCRIPTION = (
     "with a 95% confidence interval (default output "
     "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
     "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
-    "the experiment's model under the paper's ablation recipes and the "
+    "the experiment's model at each body shape of its bench.throughput_shapes "
+    "(paper8b: the paper's 1 x 1,024 tokens and 1 x 8,192; default one sequence "
+    "of its seq_len; --batch/--seq-len: one other) under the paper's ablation recipes and the "
     "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
     "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
     "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
     "both; each step a replay of its CUDA graph where every recipe's graph fits "
     "in memory (small shapes: eager steps there are bound by the host's launches), "
-    "else eager (8B) (fp4repro.bench.throughput); filed per model in "
+    "else eager (8B) (fp4repro.bench.throughput); filed per model and shape in "
     "results/bench/throughput_<device>.json. components (CUDA): the parts of "
-    "those body steps timed alone on the GPU, the projection's calibration: each "
+    "those body steps timed alone on the GPU at each shape's token count, the projection's calibration: each "
     "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
     "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
     "results/bench/components_<device>.json). project (no GPU needed): the "
     "Blackwell projection of a throughput file from its components: first the "
     "H200 check (the measured parts must predict every measured step within 10%), "
-    "then, only if it holds, a column per Blackwell GPU with its band over the "
+    "then, only if it holds, a column per Blackwell GPU (B200, B300 and the paper's GB200) with its band over the "
     "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
     "written into the throughput file given by --out). gemm (CUDA): the "
     "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
@@ -227,8 +244,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         metavar="RECIPE",
         help="throughput: another recipe (name or YAML path) to time; repeatable",
     )
-    b.add_argument("--seq-len", type=int, help="throughput: tokens per sequence (default: the experiment's)")
-    b.add_argument("--batch", type=int, default=1, help="throughput: sequences per step (default 1)")
+    b.add_argument(
+        "--seq-len",
+        type=int,
+        help="throughput, components: tokens per sequence of one shape to time instead of the experiment's "
+        "bench.throughput_shapes (default: those, else 1 x the experiment's seq_len)",
+    )
+    b.add_argument(
+        "--batch",
+        type=int,
+        help="throughput, components: sequences per step of one shape to time instead of the experiment's "
+        "(default 1 with --seq-len)",
+    )
     b.add_argument("--steps", type=int, default=7, help="throughput: timed steps per recipe (at least 5)")
     b.add_argument("--warmup", type=int, default=2, help="throughput: untimed steps per recipe first")
     b.add_argument(
