@@ -62,6 +62,11 @@ def test_the_table_gives_tokens_per_second_per_recipe_and_the_effects():
     }
     head = throughput.table(projected).splitlines()[0]
     assert head.endswith("emulated: eager")  # a projection times no step: no timing of its own
+    # each recipe's FP4 and BF16 linears where its work records them
+    counted = {**_recorded(), "work": {"bf16": {"linears": {"fp4": 0, "bf16": 10}}}}
+    lines = throughput.table(counted).splitlines()
+    assert lines[1].split()[-2:] == ["linears", "FP4+BF16"] and lines[2].split() == ["bf16", "12,800", "10.0", "0+10"]
+    assert lines[3].split()[-1] == "-"
 
 
 def test_results_are_filed_per_model_and_shape_in_one_file(tmp_path):

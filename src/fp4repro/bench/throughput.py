@@ -450,8 +450,10 @@ def record(out: Path, result: dict, device: str) -> dict:
 
 
 def table(result: dict) -> str:
-    """Body tokens/s per recipe and column, then the effects."""
+    """Body tokens/s per recipe and column, each recipe's FP4 and BF16 linears (where its work was
+    recorded with them), then the effects."""
     columns = list(result["columns"])
+    linears = {name: w["linears"] for name, w in result.get("work", {}).items() if "linears" in w}
     lines = [
         f"{result['model']}: body of {shape_text(result)}, "
         f"median of {result['steps']} steps"
@@ -463,7 +465,9 @@ def table(result: dict) -> str:
             for c in columns
             if result["columns"][c].get("kind") != "projection"
         ),
-        f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns),
+        f"{'recipe':28}"
+        + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns)
+        + (f" {'linears FP4+BF16':>17}" if linears else ""),
     ]
     recipes = list(result["columns"][columns[0]]["recipes"])
     for name in recipes:
@@ -474,6 +478,10 @@ def table(result: dict) -> str:
             else f" {'-':>20} {'-':>8}"
             for c in columns
         )
+        if linears:
+            n = linears.get(name)
+            count = f"{n['fp4']}+{n['bf16']}" if n else "-"
+            cells += f" {count:>17}"
         lines.append(f"{name:28}{cells}")
     for c in columns:
         for effect, e in result["columns"][c]["effects"].items():
