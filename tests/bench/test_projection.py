@@ -315,6 +315,19 @@ def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(t
         == 2
     )
     assert "no model and token count is in both" in capsys.readouterr().err
+    # an entry that can no longer be projected (a recipe since renamed) keeps what it had; the
+    # others are projected and written, and the command says which and why, exit code 1
+    gone = {**fake_entry(comp, {"emulated": 1.02}), "batch": 2, "seq_len": T // 2}  # the same tokens
+    gone["columns"]["emulated"]["recipes"]["renamed_recipe"] = gone["columns"]["emulated"]["recipes"]["bf16"]
+    (tmp_path / "throughput_h200.json").write_text(
+        json.dumps({"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02}), "old": gone}})
+    )
+    args = ["bench", "project", "--out", str(tmp_path / "throughput_h200.json")]
+    assert main([*args, "--components", str(tmp_path / "components_h200.json")]) == 1
+    written = json.loads((tmp_path / "throughput_h200.json").read_text())["shapes"]
+    assert "projection_gb200" in written["tiny 1x64"]["columns"] and written["tiny 2x32"] == gone
+    err = capsys.readouterr().err
+    assert "tiny 2x32 not projected, kept as it was: " in err and "renamed_recipe" in err
 
 
 def test_a_devices_file_with_a_reversed_range_or_no_sources_is_refused_naming_the_field(tmp_path):

@@ -175,12 +175,23 @@ def _bench_project(args) -> int:
         return 2
     devices = load_devices(args.devices)
     provenance = json.loads(out.read_text()).get("provenance", {})
+    # each shape on its own: an older entry that can no longer be projected (a recipe since
+    # renamed) keeps what it had and does not hold back the others
+    failed = {}
     for key, components in pairs.items():
-        measured[key] = projection.attach(measured[key], components, devices)
+        try:
+            measured[key] = projection.attach(measured[key], components, devices)
+        except FP4ReproError as err:
+            failed[key] = str(err)
+            continue
         print(projection.table(measured[key]))
-    write_json(out, {"shapes": measured}, provenance)
-    print(f"wrote {out} (projected: {', '.join(pairs)})")
-    return 0
+    projected = [key for key in pairs if key not in failed]
+    if projected:
+        write_json(out, {"shapes": measured}, provenance)
+        print(f"wrote {out} (projected: {', '.join(projected)})")
+    for key, why in failed.items():
+        print(f"fp4repro bench project: {key} not projected, kept as it was: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 #: ``fp4repro bench --help``: what each benchmark measures and where it writes
@@ -218,7 +229,9 @@ DESCRIPTION = (
     "H200 check (the measured parts must predict every measured step within 10%), "
     "then, only if it holds, a column per Blackwell GPU (B200, B300 and the paper's GB200) with its band over the "
     "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
-    "written into the throughput file given by --out). gemm (CUDA): the "
+    "written into the throughput file given by --out, each model and shape on its own: one that cannot be "
+    "projected, such as one timed with a recipe since renamed, keeps what it had and is named, exit code 1). "
+    "gemm (CUDA): the "
     "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
     "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
     "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json)."
