@@ -78,6 +78,8 @@ def _shapes(args, study) -> list[tuple[int, int]]:
 
 
 def _bench_throughput(args) -> int:
+    import gc
+
     import torch
 
     from fp4repro.bench import throughput
@@ -120,7 +122,8 @@ def _bench_throughput(args) -> int:
                 f"{result['repeat']['worst']:.1%}"
             )
         recorded.append(key)
-        if cuda:  # the next shape's model and graphs start from an empty cache
+        if cuda:  # the next shape builds its own model: this one's (8B: 32 GB with its gradients) goes first
+            gc.collect()
             torch.cuda.empty_cache()
     print(f"wrote {out} (shapes: {', '.join(recorded)})")
     return 0
