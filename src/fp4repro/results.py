@@ -281,44 +281,67 @@ def throughput_files(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob("throughput_*.json"))
 
 
+def throughput_key(entry: dict) -> str:
+    """The key of a body-throughput entry in its file: its model and shape, "small 1x2048" (a model
+    is measured at several shapes: the paper's 1 x 1,024 tokens beside training's 1 x 8,192)."""
+    return f"{entry['model']} {entry['batch']}x{entry['seq_len']}"
+
+
+def components_key(entry: dict) -> str:
+    """The key of a body-components entry in its file: its model and token count, "small 2048
+    tokens" (its GEMM and quantization shapes follow the tokens alone)."""
+    return f"{entry['model']} {entry['tokens']} tokens"
+
+
+def shape_text(entry: dict) -> str:
+    """A body-throughput entry's shape as the tables and the report say it: "1 x 8,192 tokens"."""
+    return f"{entry['batch']} x {entry['seq_len']:,} tokens"
+
+
 def read_throughput(path: Path, error: type[Exception] = ValueError) -> dict:
-    """model -> its entry of a body-throughput results file (``{"shapes": {model: entry}}``), each
-    entry checked to hold columns of timed recipes and effects."""
+    """``throughput_key`` -> its entry of a body-throughput results file (``{"shapes": {key:
+    entry}}``), each entry checked to hold its model, shape and columns of timed recipes and
+    effects. A file written when entries were filed under their model alone is read under the same
+    keys, so that a new measurement of the same model and shape replaces its entry."""
     shapes = read_json(path, ("shapes",), THROUGHPUT_WHAT, error)["shapes"]
     if not isinstance(shapes, dict):
-        raise error(f"{path}: shapes: expected one entry per model ({THROUGHPUT_WHAT})")
-    for model, entry in shapes.items():
+        raise error(f"{path}: shapes: expected one entry per model and shape ({THROUGHPUT_WHAT})")
+    for key, entry in shapes.items():
         columns = entry.get("columns") if isinstance(entry, dict) else None
         if not isinstance(columns, dict) or not all(
             isinstance(c, dict) and {"recipes", "effects"} <= set(c) for c in columns.values()
         ):
-            raise error(f"{path}: shapes.{model}: expected columns, each with recipes and effects ({THROUGHPUT_WHAT})")
-    return shapes
+            raise error(f"{path}: shapes.{key}: expected columns, each with recipes and effects ({THROUGHPUT_WHAT})")
+        if not {"model", "batch", "seq_len"} <= set(entry):
+            raise error(f"{path}: shapes.{key}: expected its model, batch and seq_len ({THROUGHPUT_WHAT})")
+    return {throughput_key(entry): entry for entry in shapes.values()}
 
 
 COMPONENTS_WHAT = "a body-components file (fp4repro bench components)"
 
 
 def read_components(path: Path, error: type[Exception] = ValueError) -> dict:
-    """model -> its entry of a body-components file (``{"shapes": {model: entry}}``), each entry
-    checked to hold its timed GEMMs and quantizations."""
+    """``components_key`` -> its entry of a body-components file (``{"shapes": {key: entry}}``),
+    each entry checked to hold its model, its timed GEMMs and quantizations; read under those keys
+    whatever the file filed them under (as ``read_throughput``)."""
     shapes = read_json(path, ("shapes",), COMPONENTS_WHAT, error)["shapes"]
     if not isinstance(shapes, dict) or not all(
-        isinstance(e, dict) and {"gemms", "quantizations", "tokens", "device"} <= set(e) for e in shapes.values()
+        isinstance(e, dict) and {"model", "gemms", "quantizations", "tokens", "device"} <= set(e)
+        for e in shapes.values()
     ):
         raise error(
-            f"{path}: shapes: expected one entry per model with gemms, quantizations, tokens and device "
-            f"({COMPONENTS_WHAT})"
+            f"{path}: shapes: expected one entry per model and token count with model, gemms, quantizations, "
+            f"tokens and device ({COMPONENTS_WHAT})"
         )
-    return shapes
+    return {components_key(entry): entry for entry in shapes.values()}
 
 
-def record_shapes(out: Path, entry: dict, reader, provenance: dict, error: type[Exception]) -> dict:
-    """File ``entry`` under its model in the per-model JSON at ``out`` (``{"shapes": {model:
-    entry}}``, read by ``reader``), keeping the other models' entries; written atomically.
-    Returns the whole file's content."""
+def record_shapes(out: Path, entry: dict, reader, key, provenance: dict, error: type[Exception]) -> dict:
+    """File ``entry`` under ``key(entry)`` in the JSON at ``out`` (``{"shapes": {key: entry}}``,
+    read by ``reader``), keeping the other entries; written atomically. Returns the whole file's
+    content."""
     shapes = reader(out, error) if Path(out).is_file() else {}
-    content = {"shapes": {**shapes, entry["model"]: entry}}
+    content = {"shapes": {**shapes, key(entry): entry}}
     write_json(out, content, provenance)
     return content
 

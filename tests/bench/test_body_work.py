@@ -26,6 +26,22 @@ def test_nvfp4_runs_its_tail_in_bf16_and_quantizes_five_operands_per_linear_with
         "1x16 RHT, column-wise": T * sum_in,
     }  # wgrad.x
     assert s["amax_elements"] == 2 * T * sum_in + (PARAMS - TAIL) + 2 * T * sum_out
+    assert s["linears"] == {"fp4": 8, "bf16": 2}
+
+
+def test_the_papers_8b_runs_96_fp4_and_16_bf16_linears_under_nvfp4_and_112_fp4_without_the_tail():
+    # the paper's native ablation (docs/technical_report/main.tex, table tab:runtime): Transformer
+    # Engine's recipe with 96 FP4 and 16 BF16 linears against no RHT and all 112 linears FP4
+    config = load_model_config("nemotron_h_8b_paper")
+    linears = {
+        name: summary(*body_work(config, load_recipe(name), tokens=1024))["linears"]
+        for name in ("nvfp4", "nvfp4_no_rht_no_bf16_tail", "bf16")
+    }
+    assert linears == {
+        "nvfp4": {"fp4": 96, "bf16": 16},
+        "nvfp4_no_rht_no_bf16_tail": {"fp4": 112, "bf16": 0},
+        "bf16": {"fp4": 0, "bf16": 112},
+    }
 
 
 def test_ue5m3_quantizes_every_linear_with_held_amaxes_and_bf16_quantizes_nothing():
@@ -36,6 +52,7 @@ def test_ue5m3_quantizes_every_linear_with_held_amaxes_and_bf16_quantizes_nothin
     gemms, quants = body_work(config, load_recipe("bf16"), tokens=T)
     assert summary(gemms, quants) == {
         "gemm_flops": {"bf16": 6 * T * PARAMS},
+        "linears": {"fp4": 0, "bf16": 10},
         "quantized_elements": {},
         "amax_elements": 0,
     }

@@ -46,13 +46,20 @@ def test_every_gemm_and_quantization_of_the_steps_is_timed(timed):
     assert result["device"] == "cpu" and result["tokens"] == T and result["model"] == "tiny"
 
 
-def test_the_file_keeps_other_models_and_the_table_names_every_part(timed, tmp_path):
+def test_the_file_keeps_other_models_and_token_counts_and_the_table_names_every_part(timed, tmp_path):
     _, result = timed
     out = tmp_path / "components_cpu.json"
     components.record(out, {**result, "model": "small"})
+    components.record(out, {**result, "tokens": 1024})
     components.record(out, result)
+    components.record(out, result)  # the same model and tokens again: replaced
     content = json.loads(out.read_text())
-    assert set(content["shapes"]) == {"small", "tiny"} and "provenance" in content
+    assert set(content["shapes"]) == {"small 16 tokens", "tiny 16 tokens", "tiny 1024 tokens"}
+    assert "provenance" in content
+    # a file that filed its entries under the model alone: the same model and tokens replace it
+    out.write_text(json.dumps({"shapes": {"tiny": result}}))
+    components.record(out, {**result, "copy": "again"})
+    assert json.loads(out.read_text())["shapes"] == {"tiny 16 tokens": {**result, "copy": "again"}}
     lines = components.table(result).splitlines()
     assert lines[0].startswith("tiny: components at 16 tokens on cpu")
     assert len(lines) == 3 + len(result["gemms"]) + len(result["quantizations"])

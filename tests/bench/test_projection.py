@@ -126,7 +126,9 @@ def test_the_projection_is_made_only_when_the_h200_check_holds():
     assert chk["columns"]["emulated"]["nvfp4"]["error"] == pytest.approx(1 / 1.05 - 1)
     assert chk["columns"]["emulated"]["nvfp4"]["parts_vs_step"] == {"gemm": 0, "quantize": 0, "amax": 0}
     assert chk["columns"]["fp8_analogue"]["bf16"]["gpu_idle"] == pytest.approx(1 - 1 / 0.95)
-    assert {"projection_b200", "projection_b300"} <= set(entry["columns"])
+    assert {"projection_b200", "projection_b300", "projection_gb200"} <= set(entry["columns"])
+    assert entry["columns"]["projection_gb200"]["target"].startswith("NVIDIA GB200")
+    assert set(entry["projection_parameters"]["sources"]) == {"h200", "b200", "b300", "gb200"}
     assert entry["projection_parameters"]["devices_file"] == "fp4repro/configs/devices.yaml (packaged)"
     assert "projection" not in entry["not_measured"] and entry["not_measured"]["native"] == "not run"
     missed = projection.attach(fake_entry(comp, {"emulated": 1.0, "fp8_analogue": 1.2}), comp, devices)
@@ -204,6 +206,27 @@ def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
     assert column["recipes"]["bf16"]["low_ms"] == pytest.approx(gemm + other)
 
 
+def test_the_papers_gb200_is_projected_with_its_own_dense_peaks():
+    gb200, h200 = load_devices().devices["gb200"], load_devices().devices["h200"]
+    # NVIDIA's GB200 NVL72 table: FP4 20, FP8 10, BF16 5 PFLOPS per GPU with sparsity (dense is
+    # half), 8 TB/s; the paper: FP4 four times BF16 on its GB200
+    assert {k: (v.low, v.high) for k, v in gb200.peak_tflops.items()} == {
+        "bf16": (2500, 2500),
+        "fp8": (5000, 5000),
+        "fp4": (10000, 10000),
+    }
+    assert (gb200.hbm_tb_per_s.low, gb200.hbm_tb_per_s.high) == (8.0, 8.0)
+    comp, devices = fake_components(), load_devices()
+    column = projection.project(fake_entry(comp, {"emulated": 1.0}), comp, devices, "gb200")
+    assert column["corners"] == 2 ** sum(v.uncertain for v in devices.parameters.values())  # peaks known
+    # bf16 at the ranges' midpoints, by hand: 30 BF16 GEMMs of 1 ms at the H200's 989 TFLOPS, the
+    # non-GEMM 5 ms partly scaled by 4.8 / 8 TB/s
+    transfer, f = devices.parameters["efficiency_transfer"].mid, devices.parameters["other_bandwidth_bound"].mid
+    gemm = 30 * 1.0 * 989 / (2500 * transfer)
+    assert h200.peak_tflops["bf16"].low == 989
+    assert column["recipes"]["bf16"]["median_ms"] == pytest.approx(gemm + 5.0 * (f * 4.8 / 8.0 + 1 - f))
+
+
 def test_components_or_steps_of_another_gpu_are_refused():
     comp = fake_components()
     with pytest.raises(projection.ProjectionError, match="calibrated on the h200"):
@@ -246,8 +269,16 @@ def test_components_keep_an_amax_pass_where_any_recipe_takes_one():
 def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(tmp_path, capsys):
     comp = fake_components()
     (tmp_path / "components_h200.json").write_text(json.dumps({"shapes": {"tiny": comp}, "provenance": {}}))
+    # filed under the model alone, as files were before shapes had keys; and another shape of tiny,
+    # whose tokens the components were not timed at
+    other_shape = {**fake_entry(comp, {"emulated": 1.02}), "seq_len": 2 * T}
     (tmp_path / "throughput_h200.json").write_text(
-        json.dumps({"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02})}, "provenance": {"device": "NVIDIA H200"}})
+        json.dumps(
+            {
+                "shapes": {"tiny": fake_entry(comp, {"emulated": 1.02}), "tiny long": other_shape},
+                "provenance": {"device": "NVIDIA H200"},
+            }
+        )
     )
     assert (
         main(
@@ -264,10 +295,10 @@ def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(t
     )
     written = json.loads((tmp_path / "throughput_h200.json").read_text())
     assert written["provenance"] == {"device": "NVIDIA H200"}
-    assert (
-        written["shapes"]["tiny"]["projection_check"]["within"]
-        and "projection_b300" in written["shapes"]["tiny"]["columns"]
-    )
+    projected = written["shapes"]["tiny 1x64"]
+    assert projected["projection_check"]["within"]
+    assert {"projection_b300", "projection_gb200"} <= set(projected["columns"])
+    assert written["shapes"]["tiny 1x128"] == other_shape  # kept, not projected
     assert "H200 check" in capsys.readouterr().out
     (tmp_path / "other.json").write_text(json.dumps({"shapes": {"small": comp | {"model": "small"}}}))
     assert (
@@ -283,7 +314,20 @@ def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(t
         )
         == 2
     )
-    assert "no model is in both" in capsys.readouterr().err
+    assert "no model and token count is in both" in capsys.readouterr().err
+    # an entry that can no longer be projected (a recipe since renamed) keeps what it had; the
+    # others are projected and written, and the command says which and why, exit code 1
+    gone = {**fake_entry(comp, {"emulated": 1.02}), "batch": 2, "seq_len": T // 2}  # the same tokens
+    gone["columns"]["emulated"]["recipes"]["renamed_recipe"] = gone["columns"]["emulated"]["recipes"]["bf16"]
+    (tmp_path / "throughput_h200.json").write_text(
+        json.dumps({"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02}), "old": gone}})
+    )
+    args = ["bench", "project", "--out", str(tmp_path / "throughput_h200.json")]
+    assert main([*args, "--components", str(tmp_path / "components_h200.json")]) == 1
+    written = json.loads((tmp_path / "throughput_h200.json").read_text())["shapes"]
+    assert "projection_gb200" in written["tiny 1x64"]["columns"] and written["tiny 2x32"] == gone
+    err = capsys.readouterr().err
+    assert "tiny 2x32 not projected, kept as it was: " in err and "renamed_recipe" in err
 
 
 def test_a_devices_file_with_a_reversed_range_or_no_sources_is_refused_naming_the_field(tmp_path):

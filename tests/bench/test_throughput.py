@@ -54,16 +54,34 @@ def test_the_table_gives_tokens_per_second_per_recipe_and_the_effects():
     assert lines[0].startswith("tiny: body of 1 x 128 tokens, median of 5 steps")
     assert lines[2].split() == ["bf16", "12,800", "10.0"] and lines[3].split() == ["nvfp4", "6,400", "20.0"]
     assert lines[-1].startswith("emulated: removing rht") and "x1.250 [1.250, 1.250]" in lines[-1]
+    projected = _recorded()
+    projected["columns"]["projection_gb200"] = {
+        "kind": "projection",
+        "recipes": projected["columns"]["emulated"]["recipes"],
+        "effects": {},
+    }
+    head = throughput.table(projected).splitlines()[0]
+    assert head.endswith("emulated: eager")  # a projection times no step: no timing of its own
+    # each recipe's FP4 and BF16 linears where its work records them
+    counted = {**_recorded(), "work": {"bf16": {"linears": {"fp4": 0, "bf16": 10}}}}
+    lines = throughput.table(counted).splitlines()
+    assert lines[1].split()[-2:] == ["linears", "FP4+BF16"] and lines[2].split() == ["bf16", "12,800", "10.0", "0+10"]
+    assert lines[3].split()[-1] == "-"
 
 
-def test_results_are_filed_per_model_in_one_file(tmp_path):
+def test_results_are_filed_per_model_and_shape_in_one_file(tmp_path):
     out = tmp_path / "throughput_h200.json"
     throughput.record(out, _recorded("nemotron_h_8b"), "cpu")
     throughput.record(out, _recorded("small"), "cpu")
     throughput.record(out, {**_recorded("small"), "seq_len": 256}, "cpu")
+    throughput.record(out, {**_recorded("small"), "seq_len": 256, "steps": 7}, "cpu")  # the same shape: replaced
     content = json.loads(out.read_text())
-    assert set(content["shapes"]) == {"nemotron_h_8b", "small"} and content["shapes"]["small"]["seq_len"] == 256
-    assert "provenance" in content
+    assert set(content["shapes"]) == {"nemotron_h_8b 1x128", "small 1x128", "small 1x256"}
+    assert content["shapes"]["small 1x256"]["steps"] == 7 and "provenance" in content
+    # a file that filed its entries under the model alone: a measurement of the same shape replaces it
+    out.write_text(json.dumps({"shapes": {"small": _recorded("small")}}))
+    throughput.record(out, {**_recorded("small"), "steps": 9}, "cpu")
+    assert {k: e["steps"] for k, e in json.loads(out.read_text())["shapes"].items()} == {"small 1x128": 9}
     out.write_text("[1, 2]")
     with pytest.raises(FP4ReproError, match="body-throughput results file"):
         throughput.record(out, _recorded(), "cpu")
@@ -174,3 +192,35 @@ def test_graphs_are_timed_only_where_every_recipe_s_graph_fits_in_80_percent_of_
     fits, why = throughput.graph_timing(8, 100_000.0, 130_000.0)
     assert not fits and "800,000 MiB" in why and "eager" in why
     assert throughput.graph_timing(4, 200.0, 1000.0)[0] and not throughput.graph_timing(4, 201.0, 1000.0)[0]
+
+
+def test_the_cli_times_every_body_shape_of_the_experiment_or_the_one_asked(tmp_path, monkeypatch, capsys):
+    from fp4repro.cli import main
+    from fp4repro.config.experiment import experiment_path
+
+    # tiny with two body shapes; the measurement itself is the loop above (here: what it is asked)
+    text = experiment_path("tiny").read_text()
+    experiment = tmp_path / "two_shapes.yaml"
+    shapes = "bench: {throughput_shapes: [{batch: 1, seq_len: 32}, {batch: 2, seq_len: 16}]}"
+    experiment.write_text(text.replace("model: tiny\n", f"model: tiny\n{shapes}\n"))
+    asked = []
+
+    def fake_run(config, recipes, seq_len, batch, on_column, **kwargs):
+        asked.append((batch, seq_len, kwargs["columns"]))
+        result = {**_recorded(config.name), "batch": batch, "seq_len": seq_len}
+        on_column(result)
+        return result
+
+    monkeypatch.setattr(throughput, "run", fake_run)
+    out = tmp_path / "throughput_cpu.json"
+    assert main(["bench", "throughput", "--experiment", str(experiment), "--out", str(out), "--quiet"]) == 0
+    assert asked == [(1, 32, ["emulated"]), (2, 16, ["emulated"])]
+    assert set(json.loads(out.read_text())["shapes"]) == {"tiny 1x32", "tiny 2x16"}
+    assert "wrote" in capsys.readouterr().out
+    # one shape asked on the command line instead; measuring a shape again says how far it moved
+    asked.clear()
+    assert main(["bench", "throughput", "--experiment", str(experiment), "--out", str(out), "--seq-len", "32"]) == 0
+    assert asked == [(1, 32, ["emulated"])]
+    content = json.loads(out.read_text())["shapes"]
+    assert set(content) == {"tiny 1x32", "tiny 2x16"} and content["tiny 1x32"]["repeat"]["worst"] == 0
+    assert "agreement with the measurement it replaced" in capsys.readouterr().out

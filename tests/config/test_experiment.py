@@ -48,6 +48,15 @@ def test_a_gpu_budget_is_read_where_given(tmp_path):
     assert (budget.minutes_per_run, budget.minutes) == (4.5, 60)
 
 
+def test_the_benchmarks_time_the_configured_body_shapes_else_one_training_sequence(tmp_path):
+    assert load_experiment(_write(tmp_path, BASE)).body_shapes == ((1, 64),)
+    given = BASE.replace("model: tiny", "model: tiny\nbench: {throughput_shapes: [{batch: 2, seq_len: 32}]}")
+    assert load_experiment(_write(tmp_path, given)).body_shapes == ((2, 32),)
+    # the paper timed its body at 1 x 1,024 tokens (the authors' report_summary.json,
+    # native_8b_runtime_ablation); paper8b times that beside one training sequence
+    assert load_experiment("paper8b").body_shapes == ((1, 1024), (1, 8192))
+
+
 def test_deterministic_mode_is_a_train_field_off_unless_asked(tmp_path):
     assert load_experiment(_write(tmp_path, BASE)).train.deterministic is False
     asked = BASE.replace("batch_size: 4", "batch_size: 4\n  deterministic: true")
@@ -112,6 +121,11 @@ BAD = {
         ("model: tiny", "model: tiny\nbackend: megatron\nparallel: {tp_amax: rank}"),
         "parallel.tp_amax",
         "'rank' is not one of",
+    ),
+    "a body shape of tokens not a multiple of 16": (
+        ("model: tiny", "model: tiny\nbench: {throughput_shapes: [{batch: 1, seq_len: 64}, {batch: 3, seq_len: 10}]}"),
+        "bench.throughput_shapes.1",
+        "multiple of 16 tokens",
     ),
     "unknown parallel field": (("model: tiny", "model: tiny\nparallel: {global_batch: 8}"), "parallel", "global_batch"),
     "fewer seeds for a recipe not studied": (

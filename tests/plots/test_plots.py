@@ -756,7 +756,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert "not made yet" in projection.texts[0].get_text()
     assert emulated.get_ylabel().endswith("median of 5 steps")  # recorded without a timing: eager
     data = json.loads(inputs[0].read_text())
-    for column in data["shapes"]["small"]["columns"].values():
+    for column in data["shapes"]["small 1x8192"]["columns"].values():
         column["timing"] = "cuda_graph"
     inputs[0].write_text(json.dumps(data))
     fig = rendered(draw_figure("throughput", inputs, model="small"))
@@ -766,7 +766,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert len(fig.axes) == 8
     # an analogue measured before its cast clamped (no cast record) is void, said in its panel
     void = json.loads(inputs[0].read_text())
-    del void["shapes"]["nemotron_h_8b"]["columns"]["fp8_analogue"]["cast"]
+    del void["shapes"]["nemotron_h_8b 1x8192"]["columns"]["fp8_analogue"]["cast"]
     (tmp_path / "void").mkdir()
     (tmp_path / "void" / "throughput_h200.json").write_text(json.dumps(void))
     fig = rendered(draw_figure("throughput", [tmp_path / "void"], model="nemotron_h_8b"))
@@ -776,7 +776,7 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert not axis(fig, "throughput:fp8_analogue").patches
     # a projected GPU is a panel of its own: bars at the central time, whiskers over the band
     projected = json.loads(inputs[0].read_text())
-    entry = projected["shapes"]["nemotron_h_8b"]
+    entry = projected["shapes"]["nemotron_h_8b 1x8192"]
     entry["columns"]["projection_b200"] = {
         "kind": "projection",
         "target": "NVIDIA B200",
@@ -801,6 +801,20 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     # the folder of the files: its files; a folder that does not exist holds none
     fig = draw_figure("throughput", [tmp_path], model="small")
     assert len(fig.axes) == 4
+    # a model measured at two shapes (the paper's 1 x 1,024 beside 1 x 8,192): a column of panels each
+    from fp4repro.bench import throughput
+
+    paper = {**json.loads(inputs[0].read_text())["shapes"]["small 1x8192"], "seq_len": 1024}
+    for column in paper["columns"].values():
+        for row in column["recipes"].values():
+            row["tokens_per_s"] = 1024 / (row["median_ms"] / 1e3)
+    throughput.record(inputs[0], paper, "cpu")
+    fig = rendered(draw_figure("throughput", inputs, model="small"))
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_label() == "throughput:emulated"]
+    assert len(fig.axes) == 8 and sorted(label.split("\n")[1] for label in labels) == [
+        "1 x 1,024 tokens",
+        "1 x 8,192 tokens",
+    ]
     fig = rendered(draw_figure("throughput", [tmp_path / "results" / "bench"]))
     assert "not measured for this model's shapes (looked in" in fig.axes[0].texts[0].get_text()
 

@@ -100,6 +100,23 @@ def test_a_measured_claim_needs_a_number_and_a_summary_only_one_a_reason(tmp_pat
         load_claims(bad)
 
 
+def test_a_throughput_claim_names_the_shape_and_gpu_the_paper_timed(tmp_path):
+    _, claims = load_claims(CLAIMS)
+    setup = {c.id: c.reported.setup for c in claims}["throughput_no_rht_no_bf16_tail"]
+    # the authors' report_summary.json (native_8b_runtime_ablation) and tab:runtime
+    assert (setup.batch, setup.seq_len, setup.gpu, setup.device) == (1, 1024, "NVIDIA GB200", "gb200")
+    assert setup.linears == (("nvfp4", 96, 16), ("nvfp4_no_rht_no_bf16_tail", 112, 0))
+    assert ARTIFACT_PATH.match(setup.source)
+    assert setup.text().startswith("1 x 1,024 tokens on one NVIDIA GB200, linears FP4+BF16 nvfp4 96+16")
+    assert all(c.reported.setup is None for c in claims if c.measure != "throughput")
+    bad = tmp_path / "claims.yaml"
+    text = CLAIMS.read_text()
+    start = text.index("      setup:\n")
+    bad.write_text(text[:start] + text[text.index("  - id: t2048_underflow") :])
+    with pytest.raises(ReportError, match=r"field 'claims\.\d+\.reported': .*'setup' is a required property"):
+        load_claims(bad)
+
+
 def test_a_claim_under_each_recipes_own_policy_resolves_per_experiment():
     """paper8b evaluates each recipe's own policy (eval.policies has recipe): ue5m3 under the cold
     D = 50 replay and nvfp4 under the current amax, as the authors' validation protocol; tiny does

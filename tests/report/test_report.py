@@ -140,5 +140,8 @@ def test_the_report_sets_the_papers_number_and_scale_beside_ours_with_their_cita
         for v in reported.values:
             assert f"- {v.text(signed=' − ' in v.of)} ({v.source})" in entry, (c.id, v.of)
         assert reported.note in entry
+        if reported.setup is not None:
+            assert f"- **Paper's setup:** {reported.setup.text()} ({reported.setup.source})" in entry, c.id
+    assert "- **Paper's setup:** 1 x 1,024 tokens on one NVIDIA GB200, linears FP4+BF16 nvfp4 96+16" in text
     assert "- **Paper's difference:** ue5m3 − nvfp4: -0.0384 (docs/technical_report/main.tex, table tab:results" in text
     assert "- ue5m3_te_settings − nvfp4: -0.02217 [-0.02501, -0.01951] (reproduce/reference_results/" in text

@@ -38,6 +38,13 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
         claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
     )
     assert row.verdict == "not measured natively" and row.comparison is None
+    # the shape and GPU the paper timed (the authors' report_summary.json and tab:runtime), then ours
+    assert row.note.startswith(
+        "not measured natively: paper: 1 x 1,024 tokens on one NVIDIA GB200, linears FP4+BF16 nvfp4 96+16, "
+        "nvfp4_no_rht_no_bf16_tail 112+0; here, nemotron_h_8b body, nvfp4_no_rht_no_bf16_tail vs nvfp4, "
+        "at 1 x 8,192 tokens: NVIDIA H200 emulated: "
+    )
+    assert "the paper's 1 x 1,024 tokens not measured here" in row.note
     ratio = math.exp(sum(math.log(a / b) for a, b in zip(rows["nvfp4"], rows["nvfp4_no_rht_no_bf16_tail"])) / 5)
     assert f"NVIDIA H200 emulated: {ratio - 1:+.1%}" in row.note and "(raises tokens/s)" in row.note
     assert "NVIDIA H200 fp8 analogue: -1.0%" in row.note and "(lowers tokens/s" in row.note
@@ -79,7 +86,11 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
                         }
                     },
                 }
-                for k, (low, mid, high) in {"b200": (1.018, 1.029, 1.044), "b300": (1.15, 1.2, 1.25)}.items()
+                for k, (low, mid, high) in {
+                    "b200": (1.018, 1.029, 1.044),
+                    "b300": (1.15, 1.2, 1.25),
+                    "gb200": (1.02, 1.03, 1.05),
+                }.items()
             },
         },
     }
@@ -93,6 +104,28 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     ) in band.note
     assert "NVIDIA B300 projected from NVIDIA H200: +20.0% [+15.0%, +25.0%]" in band.note
     assert "the paper's +21.2% is consistent (inside the band)" in band.note
+    assert "NVIDIA GB200 (the paper's GPU) projected from NVIDIA H200: +3.0% [+2.0%, +5.0%]" in band.note
+    assert band.note.count("(the paper's GPU)") == 1  # only the GB200's projection
+    # the paper's shape measured too: shown first, said to be the paper's, with the linears timed
+    papers = {
+        **projected,
+        "seq_len": 1024,
+        "work": {
+            "nvfp4": {"linears": {"fp4": 96, "bf16": 16}},
+            "nvfp4_no_rht_no_bf16_tail": {"linears": {"fp4": 112, "bf16": 0}},
+        },
+    }
+    throughput.record(results / "bench" / "throughput_h200.json", papers, "cpu")
+    (both,) = measure(
+        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+    )
+    assert (
+        "; here, nemotron_h_8b body, nvfp4_no_rht_no_bf16_tail vs nvfp4, at 1 x 1,024 tokens (the paper's shape); "
+        "linears FP4+BF16 nvfp4 96+16, nvfp4_no_rht_no_bf16_tail 112+0: NVIDIA H200 emulated: "
+    ) in both.note
+    assert both.note.index("at 1 x 1,024 tokens") < both.note.index("at 1 x 8,192 tokens")
+    assert "not measured here" not in both.note
+    (results / "bench" / "throughput_h200.json").unlink()
     assert band.verdict == "not measured natively"  # a projection decides nothing
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     # a device with FP4 tensor cores: its native column decides
@@ -124,5 +157,8 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     assert "NVIDIA H200 fp8 analogue: void: made before the FP8 cast clamped" in void.note
     assert void.verdict == "not measured natively"
     (other,) = measure(claim, results / "small", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="small")
-    assert other.note.startswith("not measured: no body-throughput file") and "small's shapes" in other.note
-    assert "measured for other shapes, nemotron_h_8b: NVIDIA H200 emulated" in other.note
+    assert (
+        other.verdict == "not measured" and "no body-throughput file" in other.note and "small's shapes" in other.note
+    )
+    assert "measured for other shapes, nemotron_h_8b at 1 x 8,192 tokens: NVIDIA H200 emulated" in other.note
+    assert other.note.startswith("not measured: paper: 1 x 1,024 tokens on one NVIDIA GB200")

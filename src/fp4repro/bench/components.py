@@ -30,7 +30,7 @@ from fp4repro.config.model import ModelConfig
 from fp4repro.config.recipe import Recipe
 from fp4repro.errors import FP4ReproError
 from fp4repro.provenance import provenance
-from fp4repro.results import read_components, record_shapes
+from fp4repro.results import components_key, read_components, record_shapes
 
 REP_MS = 40  # replay time per measurement: ms-scale GEMMs get tens of replays, µs kernels thousands
 
@@ -151,9 +151,15 @@ def run(
 
 
 def record(out, result: dict) -> dict:
-    """File ``result`` under its model in the components JSON at ``out``, keeping other models'."""
+    """File ``result`` under its model and token count in the components JSON at ``out``, keeping
+    the other entries."""
     return record_shapes(
-        out, result, read_components, provenance("cuda" if result["device"] != "cpu" else "cpu"), FP4ReproError
+        out,
+        result,
+        read_components,
+        components_key,
+        provenance("cuda" if result["device"] != "cpu" else "cpu"),
+        FP4ReproError,
     )
 
 

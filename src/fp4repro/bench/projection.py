@@ -59,7 +59,7 @@ from fp4repro.results import void_column
 
 CHECK_BOUND = 0.10
 CALIBRATION_DEVICE = "h200"
-TARGETS = ("b200", "b300")
+TARGETS = ("b200", "b300", "gb200")  # gb200: the paper's GPU (configs/devices.yaml)
 BYTES_EMULATED = 4.0
 # block-scale formats Blackwell's FP4 tensor cores take (NVFP4: E4M3, MXFP4: UE8M0)
 NATIVE_SCALES = ("e4m3", "ue8m0")

@@ -61,7 +61,7 @@ from fp4repro.model import NemotronH, attach_recipe
 from fp4repro.provenance import provenance
 from fp4repro.quant.gemm import gemm_instrument
 from fp4repro.quant.state import QuantState
-from fp4repro.results import column_timing, read_throughput, record_shapes
+from fp4repro.results import column_timing, read_throughput, record_shapes, shape_text, throughput_key
 
 # effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
@@ -443,21 +443,31 @@ def agreement(previous: dict, current: dict) -> dict:
 
 
 def record(out: Path, result: dict, device: str) -> dict:
-    """File ``result`` under its model in the JSON at ``out`` (``{"shapes": {model: result}}``),
-    keeping the other models' entries; written atomically. Returns the whole file's content."""
-    return record_shapes(out, result, read_throughput, provenance(device), FP4ReproError)
+    """File ``result`` under its model and shape in the JSON at ``out`` (``{"shapes": {key:
+    result}}``, ``fp4repro.results.throughput_key``), keeping the other entries; written
+    atomically. Returns the whole file's content."""
+    return record_shapes(out, result, read_throughput, throughput_key, provenance(device), FP4ReproError)
 
 
 def table(result: dict) -> str:
-    """Body tokens/s per recipe and column, then the effects."""
+    """Body tokens/s per recipe and column, each recipe's FP4 and BF16 linears (where its work was
+    recorded with them), then the effects."""
     columns = list(result["columns"])
+    linears = {name: w["linears"] for name, w in result.get("work", {}).items() if "linears" in w}
     lines = [
-        f"{result['model']}: body of {result['batch']} x {result['seq_len']} tokens, "
+        f"{result['model']}: body of {shape_text(result)}, "
         f"median of {result['steps']} steps"
         + (f" on {result['device']}" if "device" in result else "")
         + "; "
-        + ", ".join(f"{c}: {column_timing(result['columns'][c])}" for c in columns),
-        f"{'recipe':28}" + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns),
+        # how each measured column timed its steps (a projection times nothing)
+        + ", ".join(
+            f"{c}: {column_timing(result['columns'][c])}"
+            for c in columns
+            if result["columns"][c].get("kind") != "projection"
+        ),
+        f"{'recipe':28}"
+        + "".join(f" {c + ' tok/s':>20} {'ms':>8}" for c in columns)
+        + (f" {'linears FP4+BF16':>17}" if linears else ""),
     ]
     recipes = list(result["columns"][columns[0]]["recipes"])
     for name in recipes:
@@ -468,6 +478,10 @@ def table(result: dict) -> str:
             else f" {'-':>20} {'-':>8}"
             for c in columns
         )
+        if linears:
+            n = linears.get(name)
+            count = f"{n['fp4']}+{n['bf16']}" if n else "-"
+            cells += f" {count:>17}"
         lines.append(f"{name:28}{cells}")
     for c in columns:
         for effect, e in result["columns"][c]["effects"].items():

@@ -68,13 +68,24 @@ def _ablation_study(args):
     return study, list(dict.fromkeys([*THROUGHPUT_ABLATION, *study.recipes]))
 
 
+def _shapes(args, study) -> list[tuple[int, int]]:
+    """(batch, seq_len) of each body shape to time: the one ``--batch``/``--seq-len`` give (the
+    other from the experiment: 1 sequence, its ``train.seq_len``), else the experiment's
+    ``bench.throughput_shapes`` (default one training sequence)."""
+    if args.batch is None and args.seq_len is None:
+        return list(study.experiment.body_shapes)
+    return [(args.batch or 1, args.seq_len or study.experiment.train.seq_len)]
+
+
 def _bench_throughput(args) -> int:
+    import gc
+
     import torch
 
     from fp4repro.bench import throughput
     from fp4repro.bench.device import device_tag
     from fp4repro.errors import FP4ReproError
-    from fp4repro.results import read_throughput
+    from fp4repro.results import read_throughput, throughput_key
 
     study, names = _ablation_study(args)
     cuda = torch.cuda.is_available()
@@ -82,32 +93,39 @@ def _bench_throughput(args) -> int:
     out = Path(
         args.out or f"results/bench/throughput_{device_tag(torch.cuda.get_device_name() if cuda else None)}.json"
     )
-    # a measurement replacing one of the same shapes says how far it agrees with it
-    previous = read_throughput(out, FP4ReproError).get(study.model.name) if out.is_file() else None
+    recorded = []
+    for batch, seq_len in _shapes(args, study):
+        # a measurement replacing one of the same model and shape says how far it agrees with it
+        key = throughput_key({"model": study.model.name, "batch": batch, "seq_len": seq_len})
+        previous = read_throughput(out, FP4ReproError).get(key) if out.is_file() else None
 
-    def record(result):
-        if previous is not None:
-            result["repeat"] = throughput.agreement(previous, result)
-        throughput.record(out, result, "cuda" if cuda else "cpu")
+        def record(result, previous=previous):
+            if previous is not None:
+                result["repeat"] = throughput.agreement(previous, result)
+            throughput.record(out, result, "cuda" if cuda else "cpu")
 
-    result = throughput.run(
-        study.model,
-        {n: study.recipe(n) for n in names},
-        seq_len=args.seq_len or study.experiment.train.seq_len,
-        batch=args.batch,
-        steps=args.steps,
-        warmup=args.warmup,
-        columns=columns,
-        progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
-        on_column=record,
-    )
-    print(throughput.table(result))
-    if previous is not None:
-        print(
-            f"agreement with the measurement it replaced: worst |difference| of a median step "
-            f"{result['repeat']['worst']:.1%}"
+        result = throughput.run(
+            study.model,
+            {n: study.recipe(n) for n in names},
+            seq_len=seq_len,
+            batch=batch,
+            steps=args.steps,
+            warmup=args.warmup,
+            columns=columns,
+            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+            on_column=record,
         )
-    print(f"wrote {out} (shapes: {result['model']})")
+        print(throughput.table(result))
+        if previous is not None:
+            print(
+                f"agreement with the measurement it replaced: worst |difference| of a median step "
+                f"{result['repeat']['worst']:.1%}"
+            )
+        recorded.append(key)
+        if cuda:  # the next shape builds its own model: this one's (8B: 32 GB with its gradients) goes first
+            gc.collect()
+            torch.cuda.empty_cache()
+    print(f"wrote {out} (shapes: {', '.join(recorded)})")
     return 0
 
 
@@ -120,48 +138,63 @@ def _bench_components(args) -> int:
     if not _cuda_present("bench components", "it times kernels and GEMMs on a GPU"):
         return 2
     study, names = _ablation_study(args)
-    tokens = args.batch * (args.seq_len or study.experiment.train.seq_len)
     out = Path(args.out or f"results/bench/components_{device_tag(torch.cuda.get_device_name())}.json")
-    result = components.run(
-        study.model,
-        {n: study.recipe(n) for n in names},
-        tokens,
-        progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
-    )
-    components.record(out, result)
-    print(components.table(result))
-    print(f"wrote {out} (shapes: {result['model']})")
+    # the GEMM and quantization shapes follow the tokens alone: one entry per token count
+    token_counts = list(dict.fromkeys(batch * seq_len for batch, seq_len in _shapes(args, study)))
+    for tokens in token_counts:
+        result = components.run(
+            study.model,
+            {n: study.recipe(n) for n in names},
+            tokens,
+            progress=(lambda m: None) if args.quiet else (lambda m: print(m, flush=True)),
+        )
+        components.record(out, result)
+        print(components.table(result))
+    print(f"wrote {out} (shapes: {study.model.name} at {', '.join(f'{t:,}' for t in token_counts)} tokens)")
     return 0
 
 
 def _bench_project(args) -> int:
-    import json
-
     from fp4repro.bench import projection
     from fp4repro.config.devices import load_devices
     from fp4repro.errors import FP4ReproError
-    from fp4repro.results import read_components, read_throughput, write_json
+    from fp4repro.results import components_key, read_components, read_throughput, write_json
 
     out = Path(args.out or "results/bench/throughput_h200.json")
     parts = Path(args.components)
     measured, timed = read_throughput(out, FP4ReproError), read_components(parts, FP4ReproError)
-    models = [m for m in measured if m in timed]
-    if not models:
+    # each measured shape with the components timed for its model at its token count
+    pairs = {
+        key: timed[part]
+        for key, entry in measured.items()
+        if (part := components_key({**entry, "tokens": entry["batch"] * entry["seq_len"]})) in timed
+    }
+    if not pairs:
         print(
-            f"fp4repro bench project: no model is in both {out} ({', '.join(measured) or 'none'}) and {parts} "
-            f"({', '.join(timed) or 'none'})",
+            f"fp4repro bench project: no model and token count is in both {out} ({', '.join(measured) or 'none'}) "
+            f"and {parts} ({', '.join(timed) or 'none'})",
             file=sys.stderr,
         )
         return 2
     devices = load_devices(args.devices)
-    content = json.loads(out.read_text())
-    for model in models:
-        entry = projection.attach(measured[model], timed[model], devices)
-        content["shapes"][model] = entry
-        print(projection.table(entry))
-    write_json(out, {"shapes": content["shapes"]}, content.get("provenance", {}))
-    print(f"wrote {out} (projected: {', '.join(models)})")
-    return 0
+    provenance = json.loads(out.read_text()).get("provenance", {})
+    # each shape on its own: an older entry that can no longer be projected (a recipe since
+    # renamed) keeps what it had and does not hold back the others
+    failed = {}
+    for key, components in pairs.items():
+        try:
+            measured[key] = projection.attach(measured[key], components, devices)
+        except FP4ReproError as err:
+            failed[key] = str(err)
+            continue
+        print(projection.table(measured[key]))
+    projected = [key for key in pairs if key not in failed]
+    if projected:
+        write_json(out, {"shapes": measured}, provenance)
+        print(f"wrote {out} (projected: {', '.join(projected)})")
+    for key, why in failed.items():
+        print(f"fp4repro bench project: {key} not projected, kept as it was: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 #: ``fp4repro bench --help``: what each benchmark measures and where it writes
@@ -181,23 +214,27 @@ DESCRIPTION = (
     "with a 95% confidence interval (default output "
     "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
     "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
-    "the experiment's model under the paper's ablation recipes and the "
+    "the experiment's model at each body shape of its bench.throughput_shapes "
+    "(paper8b: the paper's 1 x 1,024 tokens and 1 x 8,192; default one sequence "
+    "of its seq_len; --batch/--seq-len: one other) under the paper's ablation recipes and the "
     "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
     "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
     "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
     "both; each step a replay of its CUDA graph where every recipe's graph fits "
     "in memory (small shapes: eager steps there are bound by the host's launches), "
-    "else eager (8B) (fp4repro.bench.throughput); filed per model in "
+    "else eager (8B) (fp4repro.bench.throughput); filed per model and shape in "
     "results/bench/throughput_<device>.json. components (CUDA): the parts of "
-    "those body steps timed alone on the GPU, the projection's calibration: each "
+    "those body steps timed alone on the GPU at each shape's token count, the projection's calibration: each "
     "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
     "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
     "results/bench/components_<device>.json). project (no GPU needed): the "
     "Blackwell projection of a throughput file from its components: first the "
     "H200 check (the measured parts must predict every measured step within 10%), "
-    "then, only if it holds, a column per Blackwell GPU with its band over the "
+    "then, only if it holds, a column per Blackwell GPU (B200, B300 and the paper's GB200) with its band over the "
     "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
-    "written into the throughput file given by --out). gemm (CUDA): the "
+    "written into the throughput file given by --out, each model and shape on its own: one that cannot be "
+    "projected, such as one timed with a recipe since renamed, keeps what it had and is named, exit code 1). "
+    "gemm (CUDA): the "
     "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
     "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
     "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json)."
@@ -223,8 +260,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         metavar="RECIPE",
         help="throughput: another recipe (name or YAML path) to time; repeatable",
     )
-    b.add_argument("--seq-len", type=int, help="throughput: tokens per sequence (default: the experiment's)")
-    b.add_argument("--batch", type=int, default=1, help="throughput: sequences per step (default 1)")
+    b.add_argument(
+        "--seq-len",
+        type=int,
+        help="throughput, components: tokens per sequence of one shape to time instead of the experiment's "
+        "bench.throughput_shapes (default: those, else 1 x the experiment's seq_len)",
+    )
+    b.add_argument(
+        "--batch",
+        type=int,
+        help="throughput, components: sequences per step of one shape to time instead of the experiment's "
+        "(default 1 with --seq-len)",
+    )
     b.add_argument("--steps", type=int, default=7, help="throughput: timed steps per recipe (at least 5)")
     b.add_argument("--warmup", type=int, default=2, help="throughput: untimed steps per recipe first")
     b.add_argument(

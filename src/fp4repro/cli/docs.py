@@ -88,6 +88,8 @@ def _bench_tables() -> dict[str, Callable[[dict], str]]:
 
 
 def benchmarks_page(root: Path, parser=None) -> str:
+    from fp4repro.results import read_components, read_throughput, shape_text
+
     tables = _bench_tables()
     lines = [
         GENERATED,
@@ -110,14 +112,14 @@ def benchmarks_page(root: Path, parser=None) -> str:
         if module == "throughput":
             from fp4repro.bench.projection import table as projection_table
 
-            for model, entry in content["shapes"].items():
-                lines += [f"### {model}", "", "```text", table(entry)]
+            for entry in read_throughput(path).values():
+                lines += [f"### {entry['model']}, {shape_text(entry)}", "", "```text", table(entry)]
                 if "projection" in entry or "projection_check" in entry:
                     lines += ["", projection_table(entry)]
                 lines += ["```", ""]
         elif module == "components":
-            for model, entry in content["shapes"].items():
-                lines += [f"### {model}", "", "```text", table(entry), "```", ""]
+            for entry in read_components(path).values():
+                lines += [f"### {entry['model']}, {entry['tokens']:,} tokens", "", "```text", table(entry), "```", ""]
         else:
             lines += ["```text", table(content), "```", ""]
     return "\n".join(lines)

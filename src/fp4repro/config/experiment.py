@@ -206,6 +206,15 @@ class ExperimentConfig:
     gpu_budget: GpuBudget | None = None
     description: str = ""
     resources: dict = field(default_factory=dict, hash=False, compare=False)  # rule -> workflow resources
+    # (batch, seq_len) of each body shape the benchmarks time (``bench.throughput_shapes``; none
+    # given: ``body_shapes`` is one training sequence); benchmarks change no run
+    throughput_shapes: tuple[tuple[int, int], ...] = field(default=(), hash=False, compare=False)
+
+    @property
+    def body_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(batch, seq_len) of each shape ``fp4repro bench throughput`` and ``components`` time:
+        ``bench.throughput_shapes``, else one sequence of ``train.seq_len`` tokens."""
+        return self.throughput_shapes or ((1, self.train.seq_len),)
 
 
 def experiment_path(name_or_path: str | Path) -> Path:
@@ -320,6 +329,15 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
     eval_config = parse_eval_config(raw.get("eval", {}), str(path), [s.name for s in sources], train.batch_size)
     if eval_config.curve_seeds is not None and not set(eval_config.curve_seeds) <= set(train.seeds):
         _fail(path, "eval.curve_seeds", list(eval_config.curve_seeds), f"a subset of train.seeds {list(train.seeds)}")
+    shapes = tuple((s["batch"], s["seq_len"]) for s in raw.get("bench", {}).get("throughput_shapes", ()))
+    for i, (batch, seq_len) in enumerate(shapes):
+        if (batch * seq_len) % 16:
+            _fail(
+                path,
+                f"bench.throughput_shapes.{i}",
+                {"batch": batch, "seq_len": seq_len},
+                "batch x seq_len must be a multiple of 16 tokens (FP8 and FP4 tensor cores, 16-element blocks)",
+            )
     backend = raw.get("backend", "reference")
     try:
         parallel = parse_parallel(raw.get("parallel", {}), backend, train.batch_size)
@@ -339,4 +357,5 @@ def load_experiment(name_or_path: str | Path) -> ExperimentConfig:
         gpu_budget=GpuBudget(**raw["gpu_budget"]) if "gpu_budget" in raw else None,
         description=raw.get("description", ""),
         resources=raw.get("resources", {}),
+        throughput_shapes=shapes,
     )

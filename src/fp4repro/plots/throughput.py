@@ -1,13 +1,13 @@
 """Figure ``throughput``: model-body tokens/s per recipe, one panel per column (emulated, FP8
-timing analogue, one Blackwell projection per GPU projected, native), one row per measured device,
-for one model's shapes; each measured bar's interquartile range over the timed steps as its error
-bar (a projected bar's band over the uncertain parameters), and in each panel's title, its one
-message, the speed-up of removing RHT and the BF16 tail together (nvfp4's time
-over nvfp4_no_rht_no_bf16_tail's: 95% interval, or the projection's band), the paper's +21.2%. A
-column not measured (a projection withheld by its H200 check) is a panel that says why. A model no file has:
-the shapes that were measured,
-the title saying so (so that a CPU study shows the committed measurements), or, with none, a
-figure that says nothing was measured."""
+timing analogue, one Blackwell projection per GPU projected, native), one column of panels per
+device and shape measured (the paper's 1 x 1,024 tokens beside training's), for one model; each
+measured bar's interquartile range over the timed steps as its error bar (a projected bar's band
+over the uncertain parameters), and in each panel's title, its one message, the speed-up of
+removing RHT and the BF16 tail together (nvfp4's time over nvfp4_no_rht_no_bf16_tail's: 95%
+interval, or the projection's band), the paper's +21.2%. A column not measured (a projection
+withheld by its H200 check) is a panel that says why. A model no file has: the shapes that were
+measured, the title saying so (so that a CPU study shows the committed measurements), or, with
+none, a figure that says nothing was measured."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
 from fp4repro.plots.common import ordered, recipe_colors, theme
-from fp4repro.results import THROUGHPUT_ABLATION, column_timing, read_throughput, throughput_files, void_column
+from fp4repro.results import (
+    THROUGHPUT_ABLATION,
+    column_timing,
+    read_throughput,
+    shape_text,
+    throughput_files,
+    void_column,
+)
 
 COLUMNS = {
     "emulated": "emulated (suite kernels, BF16 GEMMs)",
@@ -48,16 +55,15 @@ def _input_files(inputs: list[Path]) -> list[Path]:
 
 
 def read_entries(inputs: list[Path], model: str | None) -> tuple[str | None, list[dict], list[dict]]:
-    """(model, its entries: one per input file that measured it, every entry of the inputs).
-    Without ``model`` the inputs must hold exactly one."""
-    shapes = {path: read_throughput(path, PlotError) for path in _input_files(inputs)}
-    models = sorted({m for entries in shapes.values() for m in entries})
+    """(model, its entries: one per input file and shape that measured it, every entry of the
+    inputs). Without ``model`` the inputs must hold exactly one."""
+    everything = [entry for path in _input_files(inputs) for entry in read_throughput(path, PlotError).values()]
+    models = sorted({entry["model"] for entry in everything})
     if model is None:
         if len(models) > 1:
             raise PlotError(f"throughput: the inputs hold shapes of {', '.join(models)}; pass --model")
         model = models[0] if models else None
-    everything = [entry for entries in shapes.values() for entry in entries.values()]
-    return model, [entries[model] for entries in shapes.values() if model in entries], everything
+    return model, [entry for entry in everything if entry["model"] == model], everything
 
 
 def columns_of(entries: list[dict]) -> list[str]:
@@ -169,8 +175,8 @@ def plot_throughput(inputs: list[Path], model: str | None = None):
             _panel(ax, entry, column)
         # three short lines: a long label, rotated, stood taller than its panel, into the suptitle
         panels[0].set_ylabel(
-            f"{entry['model']}, {entry.get('device', 'cpu')}\n{entry['batch']} x {entry['seq_len']} "
-            f"tokens\nmedian of {entry['steps']} {_timed_as(entry)}"
+            f"{entry['model']}, {entry.get('device', 'cpu')}\n{shape_text(entry)}\n"
+            f"median of {entry['steps']} {_timed_as(entry)}"
         )
     fig.suptitle(
         textwrap.fill(

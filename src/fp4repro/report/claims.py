@@ -53,6 +53,36 @@ class PaperValue:
 
 
 @dataclass(frozen=True)
+class PaperSetup:
+    """Where a throughput claim's numbers were timed (``reported.setup``): the body's shape, the GPU
+    as the artifact names it and its key in configs/devices.yaml, each recipe's FP4 and BF16
+    linears, and the artifact files they are read from."""
+
+    batch: int
+    seq_len: int
+    gpu: str
+    device: str
+    source: str
+    linears: tuple[tuple[str, int, int], ...] = ()  # (recipe, FP4, BF16)
+
+    @classmethod
+    def from_yaml(cls, raw: dict) -> PaperSetup:
+        linears = tuple((name, n["fp4"], n["bf16"]) for name, n in raw.get("linears", {}).items())
+        return cls(raw["batch"], raw["seq_len"], raw["gpu"], raw["device"], raw["source"], linears)
+
+    def text(self) -> str:
+        """The setup as the report says it: 1 x 1,024 tokens on one NVIDIA GB200, linears FP4+BF16 ..."""
+        out = f"{self.batch} x {self.seq_len:,} tokens on one {self.gpu}"
+        if self.linears:
+            out += ", linears FP4+BF16 " + ", ".join(f"{name} {fp4}+{bf16}" for name, fp4, bf16 in self.linears)
+        return out
+
+    def is_shape_of(self, entry: dict) -> bool:
+        """Whether a body-throughput entry was timed at this shape."""
+        return (entry["batch"], entry["seq_len"]) == (self.batch, self.seq_len)
+
+
+@dataclass(frozen=True)
 class Reported:
     """The paper's own numbers for a claim (``reported`` in the claims file): where it measured
     them, at what scale, its recipe − baseline (one per aggregate), the numbers behind them, and a
@@ -63,6 +93,7 @@ class Reported:
     difference: tuple[PaperValue, ...] = ()
     values: tuple[PaperValue, ...] = ()
     note: str = ""
+    setup: PaperSetup | None = None  # throughput claims: the shape and GPU the paper timed
 
     @property
     def where(self) -> str:
@@ -76,7 +107,8 @@ class Reported:
                 for v in raw.get(key, ())
             )
 
-        return cls(raw["measured_at"], raw["scale"], values("difference"), values("values"), raw.get("note", ""))
+        setup = PaperSetup.from_yaml(raw["setup"]) if "setup" in raw else None
+        return cls(raw["measured_at"], raw["scale"], values("difference"), values("values"), raw.get("note", ""), setup)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ def paper_section(claims: list[Claim]) -> list[str]:
         if reported is None:
             continue
         lines.append(f"- **Paper's scale:** {reported.scale}.")
+        if reported.setup is not None:
+            lines.append(f"- **Paper's setup:** {reported.setup.text()} ({reported.setup.source})")
         lines += [f"- **Paper's difference:** {d.text(signed=True)} ({d.source})" for d in reported.difference]
         lines += [f"- {v.text(signed=' − ' in v.of)} ({v.source})" for v in reported.values]
         if reported.note:

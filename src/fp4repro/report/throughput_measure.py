@@ -1,7 +1,9 @@
 """The throughput measure: a throughput claim against the body-throughput files of
-``fp4repro bench throughput`` (results/bench/throughput_<device>.json), per device and measured
-column the speed-up time(baseline) / time(recipe) with its 95% interval. Only a native FP4 column
-decides a claim; the emulated column, the FP8 analogue and the projections are shown beside it.
+``fp4repro bench throughput`` (results/bench/throughput_<device>.json), per device, shape and
+measured column the speed-up time(baseline) / time(recipe) with its 95% interval, beside the shape
+and GPU the paper timed (the claim's ``reported.setup``: 1 x 1,024 tokens on one GB200), the
+paper's shape first and the projection onto the paper's GPU named. Only a native FP4 column decides
+a claim; the emulated column, the FP8 analogue and the projections are shown beside it.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fp4repro.report.claims import Claim, ReportError, Row
-from fp4repro.results import read_throughput, throughput_files, void_column
+from fp4repro.report.claims import Claim, PaperSetup, ReportError, Row
+from fp4repro.results import read_throughput, shape_text, throughput_files, void_column
 from fp4repro.statistics import OPPOSITE, REPRODUCED
 
 
@@ -27,13 +29,19 @@ def _magnitude(claim: Claim) -> float | None:
     return float(found.group(1)) / 100 if found else None
 
 
+def _setup(claim: Claim) -> PaperSetup | None:
+    return claim.reported.setup if claim.reported is not None else None
+
+
 def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
     """Per column of one body-throughput entry: the speed-up time(baseline) / time(recipe) with its
     95% interval and what it says of tokens/s (the FP8 analogue as a direction check); for a
     projection, its band, whether the paper's number lies inside it ("consistent") and what faster
-    GEMMs and quantizers could give with no non-GEMM time (centrally and over the band)."""
+    GEMMs and quantizers could give with no non-GEMM time (centrally and over the band), the
+    projection onto the paper's GPU said to be so."""
     shows = []
     paper = _magnitude(claim)
+    setup = _setup(claim)
     for column, measured in entry["columns"].items():
         effect = _throughput_effect(claim, measured)
         if effect is None:
@@ -56,8 +64,9 @@ def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
                     )
                 )
             )
+            papers_gpu = " (the paper's GPU)" if setup is not None and column == f"projection_{setup.device}" else ""
             shows.append(
-                f"{measured['target']} projected from {entry.get('device', 'cpu')}: {span} (band over the "
+                f"{measured['target']}{papers_gpu} projected from {entry.get('device', 'cpu')}: {span} (band over the "
                 f"projection's parameters; with no non-GEMM time {effect['speedup_without_other'] - 1:+.1%} "
                 f"[{effect['without_other_low'] - 1:+.1%}, {effect['without_other_high'] - 1:+.1%}]){verdict}"
             )
@@ -77,33 +86,71 @@ def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
     return shows
 
 
+def _linears(claim: Claim, entry: dict) -> str:
+    """The claim's recipes' FP4+BF16 linears as the entry's work recorded them ("" where it did not)."""
+    work = entry.get("work", {})
+    counted = [
+        f"{name} {work[name]['linears']['fp4']}+{work[name]['linears']['bf16']}"
+        for name in (claim.baseline, claim.recipe)
+        if "linears" in work.get(name, {})
+    ]
+    return f"; linears FP4+BF16 {', '.join(counted)}" if counted else ""
+
+
+def _at_shapes(claim: Claim, entries: list[dict]) -> str:
+    """What each entry shows, grouped by its shape: the paper's shape first (said so), then the
+    others by size; where none is the paper's shape, that it was not measured here."""
+    setup = _setup(claim)
+    ours = sorted(
+        entries,
+        key=lambda e: (setup is None or not setup.is_shape_of(e), e["batch"] * e["seq_len"], e.get("device", "")),
+    )
+    groups = []
+    for e in ours:
+        shows = _throughput_effects(claim, e)
+        if not shows:
+            continue
+        papers = " (the paper's shape)" if setup is not None and setup.is_shape_of(e) else ""
+        groups.append(f"at {shape_text(e)}{papers}{_linears(claim, e)}: " + "; ".join(shows))
+    if setup is not None and groups and not any(setup.is_shape_of(e) for e in ours):
+        groups.append(f"the paper's {setup.batch} x {setup.seq_len:,} tokens not measured here")
+    return "; ".join(groups)
+
+
 def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     """A throughput claim against the body-throughput files in ``bench`` (results/bench/
-    throughput_<device>.json, ``fp4repro bench throughput``) for ``model``'s shapes: per device
-    and measured column, the speed-up time(baseline) / time(recipe) with its 95% interval. Only
-    a native FP4 column decides the claim (reproduced when every device's native interval lies
-    beyond 1 in the claim's direction, opposite when one lies beyond it the other way, else not
-    resolved); without one the row says "not measured natively" and what the other columns show.
-    Without ``model``'s shapes the row is "not measured" and gives the shapes that were."""
-    entries = [(m, e) for path in throughput_files(bench) for m, e in read_throughput(path, ReportError).items()]
-    ours = [e for m, e in entries if m == model]
+    throughput_<device>.json, ``fp4repro bench throughput``) for ``model``'s shapes: per device,
+    shape and measured column, the speed-up time(baseline) / time(recipe) with its 95% interval,
+    beside the shape and GPU the paper timed (the claim's ``reported.setup``), the paper's shape
+    first. Only a native FP4 column decides the claim (reproduced when every device's native
+    interval lies beyond 1 in the claim's direction, opposite when one lies beyond it the other
+    way, else not resolved); without one the row says "not measured natively" and what the other
+    columns show. Without ``model``'s shapes the row is "not measured" and gives the shapes that
+    were."""
+    setup = _setup(claim)
+    paper = f"paper: {setup.text()}; " if setup is not None else ""
+    entries = [e for path in throughput_files(bench) for e in read_throughput(path, ReportError).values()]
+    ours = [e for e in entries if e["model"] == model]
     if not ours:
-        others = "; ".join(f"{m}: {s}" for m, e in entries for s in _throughput_effects(claim, e))
+        by_model = {
+            m: _at_shapes(claim, [e for e in entries if e["model"] == m]) for m in {e["model"] for e in entries}
+        }
+        others = "; ".join(f"{m} {shown}" for m, shown in sorted(by_model.items()) if shown)
         return [
             Row(
                 claim,
                 claim.id,
-                note=f"not measured: no body-throughput file in {bench} has {model}'s shapes "
+                note=f"not measured: {paper}no body-throughput file in {bench} has {model}'s shapes "
                 "(fp4repro bench throughput on a GPU)" + (f"; measured for other shapes, {others}" if others else ""),
             )
         ]
-    shows = [s for e in ours for s in _throughput_effects(claim, e)]
-    if not shows:
+    shown = _at_shapes(claim, ours)
+    if not shown:
         return [
             Row(
                 claim,
                 claim.id,
-                note=f"not measured: {model}'s shapes were timed without {claim.recipe} and "
+                note=f"not measured: {paper}{model}'s shapes were timed without {claim.recipe} and "
                 f"{claim.baseline} both in one column",
             )
         ]
@@ -114,7 +161,7 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
         for effect in [_throughput_effect(claim, e["columns"]["native"])]
         if effect is not None
     ]
-    detail = f"{model} body, {claim.recipe} vs {claim.baseline}: " + "; ".join(shows)
+    detail = f"{paper}here, {model} body, {claim.recipe} vs {claim.baseline}, {shown}"
     if not native:
         why = "; ".join(
             sorted({f"{e.get('device', 'cpu')}: {e.get('not_measured', {}).get('native', 'not run')}" for e in ours})
