@@ -25,7 +25,9 @@ NUMERICS_CODE = (
     "quant/gemm.py",
 )
 #: (NUMERICS_VERSION, digest of NUMERICS_CODE) as recorded when the version was last looked at
-RECORDED = (2, "799b23b5142a66c5")
+#: (last: the reference's telemetry amax_ratio divides in float64 as the kernels' does; no recipe's
+#: quantized values changed, so the version stayed)
+RECORDED = (2, "c99fa9cc3e909734")
 
 
 def code_digest() -> str:
