@@ -18,6 +18,7 @@ from fp4repro.train.profiling import (
     PARTS,
     ProfileWindow,
     busy_us,
+    classify,
     flops_per_token,
     mfu,
     module_labels,
@@ -76,6 +77,15 @@ def test_each_kernel_goes_to_its_part_by_name(name, part):
 )
 def test_the_operators_around_a_kernel_decide_where_its_name_does_not(name, within, part):
     assert part_of(name, within) == part
+
+
+def test_the_rules_name_every_part_and_the_quantization_kernels_the_census_reads():
+    from fp4repro.bench.throughput import CENSUS_RULES
+
+    assert {classify(n).name for n in ("_quantize_kernel", "_amax_kernel", "_saturating_e4m3_kernel")} == set(
+        CENSUS_RULES
+    )
+    assert part_of("x") == "other" and PARTS[-1] == "other"
 
 
 def test_norm_modules_are_labelled_and_a_stack_named_for_its_norm_is_not():
