@@ -1,6 +1,8 @@
-"""Profiling training steps (``fp4repro.train.profiling``): the table that sorts kernels into
-parts, the FLOPs and MFU, the timeline's attribution of backward work to its forward module."""
+"""Profiling training steps (``fp4repro train --profile-steps``): the table that sorts kernels into
+parts, the FLOPs and MFU, the timeline's attribution of backward work to its forward module, and
+the command end to end on a CPU."""
 
+import json
 import re
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
+from fp4repro.cli import main
 from fp4repro.config.devices import load_devices
 from fp4repro.config.model import load_model_config
 from fp4repro.errors import ConfigError
@@ -225,3 +228,56 @@ def test_a_window_must_lie_in_the_steps_the_process_trains():
         window.check(1, 6)
     with pytest.raises(ConfigError, match=r"--profile-steps: value 5:3: the run resumes after step 5, so step 5"):
         window.check(6, 10)
+
+
+def _files(out):
+    return sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+
+
+def test_train_profiles_its_window_on_a_cpu_and_writes_nothing_else(guarded, tmp_path, capsys):
+    path, data = guarded
+    args = ["train", "--experiment", str(path), "--recipe", "bf16", "--data", str(data), "--quiet", "--stop-after", "4"]
+    plain, profiled = tmp_path / "plain", tmp_path / "profiled"
+    assert main([*args, "--out", str(plain)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--out", str(profiled), "--profile-steps", "3:2"]) == 0
+    out = capsys.readouterr().out
+    assert _files(profiled) == sorted([*_files(plain), "profile.json"])
+    record = json.loads((profiled / "profile.json").read_text())
+    assert record["steps"] == [3, 4] and record["telemetry_steps"] == [3, 4]  # guarded records every step
+    assert record["device"] == "cpu" and record["timeline"] == "cpu operators"
+    assert record["device_name"].startswith("cpu") and record["provenance"]["device"] == record["device_name"]
+    assert (record["experiment"], record["recipe"], record["backend"], record["model"]) == (
+        "guarded",
+        "bf16",
+        "reference",
+        "tiny",
+    )
+    assert record["tokens_per_step"] == 32 and len(record["step_s"]) == 2
+    assert record["tokens_per_s"] == pytest.approx(32 / record["s_per_step"])
+    assert record["s_per_step_unprofiled"] is not None  # step 2 (step 1 compiles)
+    assert record["mfu"] == {"dense": None, "with_attention_and_scan": None}
+    assert "no dense BF16 peak" in record["peak_bf16"]["why"]
+    assert set(record["ms_per_step"]) == set(PARTS)
+    assert record["ms_per_step"]["gemm"] > 0 and record["ms_per_step"]["optimizer"] > 0
+    assert record["ms_per_step"]["norm"] > 0 and record["ms_per_step"]["attention"] > 0
+    assert sum(record["ms_per_step"].values()) == pytest.approx(record["busy_ms_per_step"], rel=1e-6)
+    assert record["host_gap_ms_per_step"] == pytest.approx(record["s_per_step"] * 1e3 - record["busy_ms_per_step"])
+    assert record["costliest"]["gemm"][0]["name"] in ("aten::mm", "aten::addmm", "aten::bmm")
+    assert "host gaps" in out and f"wrote {profiled / 'profile.json'}" in out
+
+
+def test_a_window_the_process_does_not_reach_is_refused_before_any_folder_is_made(guarded, tmp_path, capsys):
+    path, data = guarded
+    out = tmp_path / "run"
+    base = ["train", "--experiment", str(path), "--recipe", "bf16", "--data", str(data), "--out", str(out)]
+    assert main([*base, "--stop-after", "3", "--profile-steps", "3:2"]) == 2
+    assert capsys.readouterr().err == (
+        "fp4repro train: error: --profile-steps: value 3:2: steps 3 to 4, but this process ends after step 3 "
+        "(--stop-after or the experiment's total steps)\n"
+    )
+    assert main([*base, "--profile-steps", "3"]) == 2
+    assert "--profile-steps: value '3': START:COUNT" in capsys.readouterr().err
+    assert main([*base, "--profile-out", str(tmp_path / "p.json")]) == 2
+    assert "--profile-out: value" in capsys.readouterr().err
+    assert not out.exists()
