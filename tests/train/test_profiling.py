@@ -281,3 +281,22 @@ def test_a_window_the_process_does_not_reach_is_refused_before_any_folder_is_mad
     assert main([*base, "--profile-out", str(tmp_path / "p.json")]) == 2
     assert "--profile-out: value" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name, backend", [("profile8b", "reference"), ("profile8b_megatron", "megatron")])
+def test_the_profile_experiments_train_the_8bs_widths_and_record_nothing_in_steps_4_to_49(name, backend):
+    from fp4repro.config.study import load_study, refresh_intervals
+    from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of
+
+    study, big = load_study(name), load_model_config("nemotron_h_8b")
+    exp, model = study.experiment, study.model
+    assert exp.backend == backend and set(exp.recipes) == {"bf16", "ue5m3"}
+    assert (model.n_layers, model.vocab_size, exp.train.batch_size, exp.train.seq_len) == (9, 32_768, 1, 8_192)
+    assert model.pattern == big.pattern[:9]
+    widths = ("hidden_size", "mlp_hidden_size", "attn_heads", "attn_kv_heads", "attn_head_dim", "mamba_heads")
+    widths += ("mamba_head_dim", "mamba_state_size", "mamba_groups", "mamba_conv_kernel", "mamba_chunk_size")
+    assert {w: getattr(model, w) for w in widths} == {w: getattr(big, w) for w in widths}
+    for recipe in exp.recipes:  # loop steps 3 .. 48 are steps 4 .. 49: no telemetry, no amax sample
+        every, refresh = exp.train.telemetry_every, refresh_steps_of(study, recipe)
+        assert not [s for s in range(3, 49) if is_telemetry_step(s, every, refresh)]
+        assert all(k >= 49 for k in refresh_intervals(study.recipe(recipe), model))
