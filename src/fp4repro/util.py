@@ -157,6 +157,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+#: The profiler range around an engine's optimizer phase (gradient norm, clipping, AdamW and
+#: whatever its backend does around them): ``fp4repro.train.profiling`` counts every kernel
+#: launched within it as optimizer time, whichever backend launched it. Outside a profile the
+#: range costs one no-op call per step.
+OPTIMIZER_PHASE = "fp4repro::optimizer"
+
+
 def deterministic_algorithms() -> None:
     """torch's deterministic algorithms, with the cuBLAS workspace they need on CUDA (the variable
     must be set before cuBLAS starts: before the first GEMM)."""

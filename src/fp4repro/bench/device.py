@@ -12,12 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-
-def device_tag(name: str | None) -> str:
-    """The file tag of a device name: "NVIDIA H200" -> "h200"; no device -> "cpu"."""
-    if not name:
-        return "cpu"
-    return "_".join(name.lower().replace("nvidia", "").split())
+from fp4repro.config.devices import device_tag
 
 
 def visible_gpu() -> str | None:

@@ -48,9 +48,8 @@ import itertools
 
 from fp4repro.bench.body_work import body_work, kernel_case
 from fp4repro.bench.components import gemm_key, quant_key
-from fp4repro.bench.device import device_tag
 from fp4repro.bench.throughput import EFFECTS
-from fp4repro.config.devices import Device, Devices, Value
+from fp4repro.config.devices import Device, Devices, Value, device_tag
 from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import load_recipe
 from fp4repro.errors import FP4ReproError

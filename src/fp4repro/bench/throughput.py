@@ -62,6 +62,7 @@ from fp4repro.provenance import provenance
 from fp4repro.quant.gemm import gemm_instrument
 from fp4repro.quant.state import QuantState
 from fp4repro.results import column_timing, read_throughput, record_shapes, shape_text, throughput_key
+from fp4repro.train.profiling import GEMM_OPERATORS, classify, timeline
 
 # effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
@@ -143,9 +144,6 @@ def captured(step, device: torch.device):
     return graph.replay
 
 
-GEMM_OPERATORS = ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm", "aten::baddbmm")
-
-
 def _inside_gemm(event) -> bool:
     """Whether a profiler event runs inside another GEMM operator (the CPU's ``_scaled_mm`` calls
     ``mm``: its time is the outer one's)."""
@@ -157,14 +155,21 @@ def _inside_gemm(event) -> bool:
     return False
 
 
+#: The census' fields of the table's quantization rules (``fp4repro.train.profiling.RULES``, by name).
+CENSUS_RULES = {"quantize": "quantize_ms", "amax": "amax_ms", "fp8_cast": "cast_ms"}
+
+
 def kernel_census(step, device: torch.device) -> dict:
     """Run ``step`` once under the profiler (on CPU, only the CPU's operators): launches and GPU
     milliseconds of the quantization kernel, GPU milliseconds of the current-amax pass and of the
     saturating FP8 cast, GPU milliseconds of all kernels and of the rest (``other_ms``), calls of the FP8
     GEMM (``aten::_scaled_mm``: cuBLAS's
-    Hopper GEMM kernels are named for their tiling, not their types), calls and GPU milliseconds of
-    every GEMM operator (``GEMM_OPERATORS``; SDPA's and the Mamba scan's own matrix products are
-    not among them), and all kernel launches."""
+    Hopper GEMM kernels are named for their tiling, not their types), calls of every GEMM operator
+    (``GEMM_OPERATORS``) and the GPU milliseconds of GEMM kernels, and all kernel launches. Kernels
+    are told apart by the training profile's table (``fp4repro.train.profiling.RULES``): a GEMM is
+    what a GEMM operator launches or cuBLAS's, CUTLASS's or this suite's GEMM kernels (the
+    probe-matched GEMM and the FP32 GEMM's scale-and-cast epilogue); SDPA's and the Mamba scan's
+    own matrix products are not among them."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -185,21 +190,23 @@ def kernel_census(step, device: torch.device) -> dict:
         "kernel_launches": 0,
         "kernel_ms": 0.0,
     }
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
+    events = prof.events()
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU:
             census["fp8_gemm_calls"] += event.name == "aten::_scaled_mm"
-            if event.name in GEMM_OPERATORS and not _inside_gemm(event):  # each GEMM's kernels once
-                census["gemm_calls"] += 1
-                census["gemm_ms"] += event.device_time_total / 1e3
-            continue
-        ms = event.device_time_total / 1e3
+            census["gemm_calls"] += event.name in GEMM_OPERATORS and not _inside_gemm(event)
+    for kernel in timeline(events, cuda) if cuda else []:
+        ms = kernel.us / 1e3
+        rule = classify(kernel.name, kernel.within)
         census["kernel_launches"] += 1
         census["kernel_ms"] += ms
-        if "_quantize_kernel" in event.name:
-            census["quantize_launches"] += 1
-            census["quantize_ms"] += ms
-        census["amax_ms"] += ms if "_amax_kernel" in event.name else 0.0
-        census["cast_ms"] += ms if "_saturating_e4m3_kernel" in event.name else 0.0
+        if rule is None:
+            continue
+        if rule.part == "gemm":
+            census["gemm_ms"] += ms
+        if rule.name in CENSUS_RULES:
+            census[CENSUS_RULES[rule.name]] += ms
+        census["quantize_launches"] += rule.name == "quantize"
     # what is neither a GEMM nor a quantization, amax pass or FP8 cast: the scan, the attention
     # core, norms, elementwise work (the projection's measured non-GEMM time)
     census["other_ms"] = (

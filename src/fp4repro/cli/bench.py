@@ -83,7 +83,7 @@ def _bench_throughput(args) -> int:
     import torch
 
     from fp4repro.bench import throughput
-    from fp4repro.bench.device import device_tag
+    from fp4repro.config.devices import device_tag
     from fp4repro.errors import FP4ReproError
     from fp4repro.results import read_throughput, throughput_key
 
@@ -133,7 +133,7 @@ def _bench_components(args) -> int:
     import torch
 
     from fp4repro.bench import components
-    from fp4repro.bench.device import device_tag
+    from fp4repro.config.devices import device_tag
 
     if not _cuda_present("bench components", "it times kernels and GEMMs on a GPU"):
         return 2

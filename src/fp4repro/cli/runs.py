@@ -29,6 +29,13 @@ def _cmd_train(args) -> int:
 
     if args.stop_after is not None and args.stop_after < 1:  # before anything is made: no run folder
         raise ConfigError(f"--stop-after: value {args.stop_after}: a number of optimizer steps, at least 1")
+    profile = None
+    if args.profile_steps is not None:
+        from fp4repro.train.profiling import ProfileWindow
+
+        profile = ProfileWindow.parse(args.profile_steps)
+    elif args.profile_out is not None:
+        raise ConfigError(f"--profile-out: value {args.profile_out!r}: only with --profile-steps START:COUNT")
     study = _study(args)
     exp = study.experiment
     recipe = _recipe_name(study, args.recipe)
@@ -48,6 +55,8 @@ def _cmd_train(args) -> int:
         stop_after=args.stop_after,
         deterministic=args.deterministic or exp.train.deterministic,
         init_from=args.init_from,
+        profile=profile,
+        profile_out=args.profile_out,
     )
     return 0
 
@@ -203,6 +212,21 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="deterministic GPU algorithms only (slower), so that a run repeats bit for bit, resumed or not "
         "(the default of an experiment with train.deterministic: true)",
+    )
+    tr.add_argument(
+        "--profile-steps",
+        metavar="START:COUNT",
+        help="profile COUNT optimizer steps from step START (counted from 1, as metrics.parquet's step) with "
+        "torch.profiler and write where their time went: wall seconds, tokens/s, MFU, and the device's "
+        "milliseconds per step in GEMMs, Mamba scan, conv1d, attention, norms, quantization, optimizer, "
+        "communication, copies, elementwise, other and host gaps (docs/training.md, Profiling a step); "
+        "the run's other outputs are as without it. The process must train those steps: with "
+        "--stop-after, at least START+COUNT-1",
+    )
+    tr.add_argument(
+        "--profile-out",
+        metavar="FILE",
+        help="where --profile-steps writes its JSON (default <run folder>/profile.json)",
     )
     tr.set_defaults(func=_cmd_train)
 

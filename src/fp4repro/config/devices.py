@@ -2,7 +2,9 @@
 (``--devices`` names another file), checked against ``schemas/devices.schema.json``.
 
 A value is a number or a range [low, high] (``Value``); the projection evaluates every
-combination of the ranges' ends and reports the band they span.
+combination of the ranges' ends and reports the band they span. A device's key is the tag of the
+name the driver gives it (``device_tag``: "NVIDIA H200" -> h200), so that a measurement finds the
+peaks of the GPU it ran on (``Devices.of_name``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ from pathlib import Path
 
 from fp4repro.config.files import PACKAGED, find_config, read_yaml, recorded_name, schema_error, schema_field
 from fp4repro.errors import ConfigError
+
+
+def device_tag(name: str | None) -> str:
+    """The tag of a device name, as files and ``devices.yaml`` name it: "NVIDIA H200" -> "h200";
+    no device -> "cpu"."""
+    if not name:
+        return "cpu"
+    return "_".join(name.lower().replace("nvidia", "").split())
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,11 @@ class Devices:
     parameters: dict[str, Value]  # efficiency_transfer, fp4_efficiency_vs_fp8, other_bandwidth_bound, rht_hidden
     why: dict[str, str]
     path: str
+
+    def of_name(self, name: str | None) -> Device | None:
+        """The device the driver calls ``name`` (``torch.cuda.get_device_name()``), None when this
+        file has no entry under its tag (``device_tag``; a CPU has none)."""
+        return self.devices.get(device_tag(name))
 
     @property
     def shown_path(self) -> str:

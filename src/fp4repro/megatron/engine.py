@@ -52,7 +52,7 @@ from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
 from fp4repro.model import NemotronH, deterministic_mamba_ssm
 from fp4repro.quant.state import QuantState
-from fp4repro.util import deterministic_algorithms, rng_state, set_rng_state
+from fp4repro.util import OPTIMIZER_PHASE, deterministic_algorithms, rng_state, set_rng_state
 
 # the distributed optimizer's state in checkpoints: one tensor per parameter, whatever the layout
 OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
@@ -205,16 +205,17 @@ class MegatronEngine:
 
         lr = self.optimizer.param_groups[0]["lr"]
         loss = self._forward_backward(batch)
-        self.optimizer.prepare_grads()
-        grad_norm = float(self.optimizer.get_grad_norm())
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            return loss, grad_norm, lr
-        if self.grad_clip > 0:
-            for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                if params := part.get_parameters():
-                    clip_grad_by_total_norm_fp32(params, max_norm=self.grad_clip, total_norm=grad_norm)
-        self.optimizer.step_with_ready_grads()
-        self.scheduler.step(increment=1)
+        with torch.profiler.record_function(OPTIMIZER_PHASE):
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                return loss, grad_norm, lr
+            if self.grad_clip > 0:
+                for part in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                    if params := part.get_parameters():
+                        clip_grad_by_total_norm_fp32(params, max_norm=self.grad_clip, total_norm=grad_norm)
+            self.optimizer.step_with_ready_grads()
+            self.scheduler.step(increment=1)
         return loss, grad_norm, lr
 
     def forward_backward(self, batch: torch.Tensor) -> None:

@@ -23,12 +23,13 @@ from fp4repro.model import NemotronH
 from fp4repro.quant.state import QuantState
 from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
 from fp4repro.train.schedule import WSDSchedule
-from fp4repro.util import rng_state, set_rng_state
+from fp4repro.util import OPTIMIZER_PHASE, rng_state, set_rng_state
 
 
 class Engine(Protocol):
     quant_state: QuantState
     writer: bool  # this process writes the run's files (rank 0)
+    model: torch.nn.Module  # the model it trains (a profile labels its norms: fp4repro.train.profiling)
 
     def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
         """One optimizer step on the global batch (sequences of seq_len + 1 tokens): (loss,
@@ -101,11 +102,12 @@ class ReferenceEngine:
             group["lr"] = lr
         loss = lm_loss(self.model, batch[:, :-1], batch[:, 1:])
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
-        loss = loss.item()
-        if math.isfinite(loss) and math.isfinite(grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with torch.profiler.record_function(OPTIMIZER_PHASE):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
+            loss = loss.item()
+            if math.isfinite(loss) and math.isfinite(grad_norm):
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return loss, grad_norm, lr
 
     def forward_backward(self, batch: torch.Tensor) -> None:

@@ -21,6 +21,10 @@ one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). 
     done.json           written last: the run finished, its fingerprint, its evaluation checkpoints
                         and where its process spent its time (``fp4repro.train.phases``)
 
+With a profile window (``fp4repro.train.profiling``, ``fp4repro train --profile-steps``) the process
+also writes where the window's steps spent their time (default ``profile.json`` in ``out_dir``);
+nothing else changes.
+
 A run whose loss or gradient norm turns non-finite has ended too: it is a result, not a crash. Its
 tables hold the steps before and the failing step's telemetry (the step redone with telemetry on),
 and done.json says ``diverged`` (the step and the worst operands) beside the evaluation
@@ -56,6 +60,7 @@ from fp4repro.train.checkpoint import load_checkpoint, resume_checkpoints, save_
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.lock import run_lock
 from fp4repro.train.phases import PhaseSeconds
+from fp4repro.train.profiling import ProfileWindow, StepProfiler
 from fp4repro.train.runs import RunFolder, changed_fields, check_owner, list_runs, run_fingerprint, run_owner
 from fp4repro.train.schedule import WSDSchedule
 from fp4repro.train.space import CheckpointSizes, check_free_space, checkpoints_to_write
@@ -227,6 +232,8 @@ def train(
     stop_after: int | None = None,
     deterministic: bool = False,
     init_from: Path | None = None,
+    profile: ProfileWindow | None = None,
+    profile_out: Path | None = None,
 ) -> Path:
     """Train (or resume) the run of one recipe and one seed of a study; returns ``out_dir``.
 
@@ -238,6 +245,8 @@ def train(
     resumed GPU run repeats an uninterrupted one bit for bit (slower).
     init_from: an evaluation checkpoint (of either backend's run: both write the reference layout)
     to start from instead of the seed's initialization; its digest enters the run's fingerprint.
+    profile: profile these steps (``fp4repro.train.profiling``), every one of which this process
+    must train; the record goes to ``profile_out`` (default ``out_dir/profile.json``).
 
     Before any compute: ``out_dir`` must not hold another recipe's or seed's run, the data's token
     files must have the digests its manifest records, and the filesystem must have room for the
@@ -261,17 +270,35 @@ def train(
     manifest = load_manifest(data_dir)
     numerics, fingerprint = run_fingerprint(study, recipe_name, seed, manifest.data_hash, init_digest)
     run = RunFolder(out_dir, fingerprint)
+    end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
+    if profile is not None:  # from the newest resume checkpoint on disk: the engine may fall back to an older one
+        profile.check(run.resume_step() + 1, end_step)
     check_owner(out_dir, run_owner(exp.name, study.recipe(recipe_name).name, seed))
     verify_token_files(manifest, run.path / VERIFIED)
-    end_step = t.total_steps if stop_after is None else min(t.total_steps, stop_after)
     _check_space(study, recipe_name, seed, run, end_step)
 
     # ---- model, optimizer, schedule: all a function of the config and the seed
     schedule = WSDSchedule.of(t)
     engine = build_engine(study, recipe_name, seed, device, schedule, deterministic, initial)
+    profiler = None
+    if profile is not None:
+        out = Path(profile_out) if profile_out is not None else out_dir / "profile.json"
+        profiler = StepProfiler.of_run(profile, out, engine, study, recipe_name, seed, fingerprint, device)
     with run_lock(out_dir) if engine.writer else contextlib.nullcontext():
         return _train(
-            study, recipe_name, seed, engine, manifest, data_dir, run, numerics, end_step, device, progress, started
+            study,
+            recipe_name,
+            seed,
+            engine,
+            manifest,
+            data_dir,
+            run,
+            numerics,
+            end_step,
+            device,
+            progress,
+            started,
+            profiler,
         )
 
 
@@ -302,9 +329,11 @@ def _train(
     device: str,
     progress: bool,
     started: float,
+    profiler: StepProfiler | None = None,
 ) -> Path:
     """The run ``train`` checked and built the engine of, up to ``end_step``; returns its ``out_dir``.
-    ``started``: when ``train`` was called (``time.perf_counter``), for the phases' seconds."""
+    ``started``: when ``train`` was called (``time.perf_counter``), for the phases' seconds;
+    ``profiler``: profiles its window of steps."""
     exp, t = study.experiment, study.experiment.train
     out_dir = run.out
     state, writer = engine.quant_state, engine.writer
@@ -319,6 +348,8 @@ def _train(
     if writer:
         _retire_finished_outputs(out_dir, run.fingerprint)
     start_step = engine.load_resume(run.resume)
+    if profiler is not None:
+        profiler.window.check(start_step + 1, end_step)
     # runs pair only on the same corpus and numerics (fp4repro.config.numerics)
     recorded = numerics_record(recipe, study.model.layer_linears)
     origin = {**provenance(device), "data": manifest.data_hash, **recorded}
@@ -387,6 +418,8 @@ def _train(
     )
     try:
         for step in range(start_step, end_step):
+            if profiler is not None:
+                profiler.before(step)
             began = time.perf_counter()
             stage = plan.stage_of_step[step]
             batch = samplers[stage].batch((step - plan.first_step_of_stage[stage]) * t.batch_size, t.batch_size)
@@ -399,6 +432,8 @@ def _train(
             telemetry.extend(state.pop_telemetry())
 
             elapsed = time.perf_counter() - began
+            if profiler is not None:
+                profiler.after(step, elapsed, state.telemetry)
             seconds.add_step(elapsed)
             tokens = (step + 1) * t.tokens_per_step
             metrics.append(
@@ -453,6 +488,8 @@ def _train(
         return out_dir
     finally:
         bar.close()
+        if profiler is not None:
+            profiler.close()
 
     if end_step == t.total_steps:
         write_tables()
