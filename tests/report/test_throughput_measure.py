@@ -32,11 +32,17 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
             "fp8_analogue": {"recipes": {}, "effects": throughput.effects(slower), "cast": "clamped"},
         },
     }
-    throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
-    (row,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+
+    def row_of(result, device="h200"):
+        """The 8B row once ``result`` is recorded as this device's body-throughput file."""
+        throughput.record(results / "bench" / f"throughput_{device}.json", result, "cpu")
+        (measured,) = measure(
+            claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
+        )
+        return measured
+
+    row = row_of(entry)
     assert row.verdict == "not measured natively" and row.comparison is None
     # the shape and GPU the paper timed (the authors' report_summary.json and tab:runtime), then ours
     assert row.note.startswith(
@@ -57,10 +63,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
             "fp8_analogue": {"recipes": {}, "effects": throughput.effects(noisy), "cast": "clamped"},
         },
     }
-    throughput.record(results / "bench" / "throughput_h200.json", unresolved, "cpu")
-    (open_row,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+    open_row = row_of(unresolved)
     assert "(does not resolve tokens/s; direction check at FP8's smaller GEMM ratio: not resolved)" in open_row.note
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     assert "compute capability >= 10.0" in row.note
@@ -94,10 +97,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
             },
         },
     }
-    throughput.record(results / "bench" / "throughput_h200.json", projected, "cpu")
-    (band,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+    band = row_of(projected)
     assert (
         "NVIDIA B200 projected from NVIDIA H200: +2.9% [+1.8%, +4.4%] (band over the projection's parameters; "
         "with no non-GEMM time +10.5% [+5.0%, +14.6%]); the paper's +21.2% is not consistent (outside the band)"
@@ -115,10 +115,7 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
             "nvfp4_no_rht_no_bf16_tail": {"linears": {"fp4": 112, "bf16": 0}},
         },
     }
-    throughput.record(results / "bench" / "throughput_h200.json", papers, "cpu")
-    (both,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+    both = row_of(papers)
     assert (
         "; here, nemotron_h_8b body, nvfp4_no_rht_no_bf16_tail vs nvfp4, at 1 x 1,024 tokens (the paper's shape); "
         "linears FP4+BF16 nvfp4 96+16, nvfp4_no_rht_no_bf16_tail 112+0: NVIDIA H200 emulated: "
@@ -135,25 +132,16 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
         "not_measured": {"projection": "not built"},
         "columns": {**entry["columns"], "native": {"recipes": {}, "effects": throughput.effects(rows)}},
     }
-    throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
-    (decided,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+    decided = row_of(native, "b200")
     assert decided.verdict == "reproduced" and "native FP4 on 1 device(s)" in decided.note
     assert "NVIDIA B200 native: " in decided.note and "NVIDIA H200 fp8 analogue" in decided.note
     native["columns"]["native"]["effects"] = throughput.effects(slower)
-    throughput.record(results / "bench" / "throughput_b200.json", native, "cpu")
-    (against,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+    against = row_of(native, "b200")
     assert against.verdict == "opposite direction"
     (results / "bench" / "throughput_b200.json").unlink()
     # an analogue measured before its cast clamped is void, and said so
     del entry["columns"]["fp8_analogue"]["cast"]
-    throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
-    (void,) = measure(
-        claim, results / "paper8b", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="nemotron_h_8b"
-    )
+    void = row_of(entry)
     assert "NVIDIA H200 fp8 analogue: void: made before the FP8 cast clamped" in void.note
     assert void.verdict == "not measured natively"
     (other,) = measure(claim, results / "small", {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model="small")
