@@ -35,7 +35,8 @@ def _outside_the_checkout(tmp_path, monkeypatch):
 def _process_environment_restored(monkeypatch):
     """Deterministic mode sets process-wide variables (``fp4repro.util.deterministic_algorithms``,
     ``fp4repro.model.deterministic_mamba_ssm``): each test leaves them as it found them."""
-    for name in ("MAMBA_DETERMINISTIC", "TRITON_CACHE_AUTOTUNING", "CUBLAS_WORKSPACE_CONFIG"):
+    names = ("MAMBA_DETERMINISTIC", "TRITON_CACHE_AUTOTUNING", "CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC")
+    for name in names:
         if name in os.environ:
             monkeypatch.setenv(name, os.environ[name])
         else:

@@ -2,9 +2,11 @@
 a zlib.error traceback, never saying "disk full")."""
 
 import errno
+import os
 import zlib
 
 import pytest
+import torch
 
 from fp4repro.errors import DiskFullError
 from fp4repro.util import atomic_path
@@ -31,3 +33,19 @@ def test_a_writer_that_fails_on_a_full_disk_with_another_error_is_a_full_disk_an
         with atomic_path(out):
             raise zlib.error("corrupt")
     assert list(tmp_path.iterdir()) == [out]
+
+
+def test_deterministic_mode_puts_inductor_in_its_deterministic_mode_too(monkeypatch):
+    # the compiled norms of train.fused_kernels: inductor must not pick a reduction's config by
+    # timing it, or two processes of one run could sum in other orders
+    import torch._inductor.config as inductor
+
+    from fp4repro.util import deterministic_algorithms
+
+    monkeypatch.delenv("TORCHINDUCTOR_DETERMINISTIC", raising=False)
+    monkeypatch.setattr(inductor, "deterministic", False)
+    try:
+        deterministic_algorithms()
+        assert os.environ["TORCHINDUCTOR_DETERMINISTIC"] == "1" and inductor.deterministic is True
+    finally:
+        torch.use_deterministic_algorithms(False)

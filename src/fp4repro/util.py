@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -166,11 +167,18 @@ OPTIMIZER_PHASE = "fp4repro::optimizer"
 
 def deterministic_algorithms() -> None:
     """torch's deterministic algorithms, with the cuBLAS workspace they need on CUDA (the variable
-    must be set before cuBLAS starts: before the first GEMM)."""
+    must be set before cuBLAS starts: before the first GEMM), and inductor's deterministic mode
+    for what ``torch.compile`` generates (the compiled norms of ``train.fused_kernels``): no
+    benchmarking of kernel configs that changes numerics, so that two processes compile the same
+    reductions (inductor reads the variable when its config is first imported; if it was, the
+    setting is changed there)."""
     import torch
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
     torch.use_deterministic_algorithms(True)
+    if (inductor := sys.modules.get("torch._inductor.config")) is not None:
+        inductor.deterministic = True
 
 
 def plain_json(value):

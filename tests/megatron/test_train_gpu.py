@@ -125,3 +125,24 @@ def test_megatron_and_reference_runs_quantize_the_same_operands_from_the_same_st
     }
     # the same initial weights and the first batch: the first losses differ by BF16 rounding only
     assert abs(first["megatron"].loc[1] - first["reference"].loc[1]) < 1e-2 * first["reference"].loc[1]
+
+
+@pytest.mark.parametrize("backend", ["megatron", "reference"])
+def test_a_run_with_fused_kernels_resumes_bit_for_bit(prepared, deterministic, megatron_cpu, backend):
+    # fused AdamW's steps on the GPU (megatron's loaded from its checkpoint and moved there) and
+    # the compiled norms, in deterministic mode: stopped at 10 and resumed, steps 11-20 repeat
+    from fp4repro.train.runs import list_runs
+
+    studies, root = prepared
+    study = studies[backend].with_train(fused_kernels=True)
+    whole, resumed = root / f"fused_{backend}", root / f"fused_{backend}_resumed"
+    train(study, "ue5m3", root / "data", whole, progress=False, deterministic=True, stop_after=20)
+    train(study, "ue5m3", root / "data", resumed, progress=False, deterministic=True, stop_after=10)
+    train(study, "ue5m3", root / "data", resumed, progress=False, deterministic=True, stop_after=20)
+    (run,) = list_runs(whole)
+    (again,) = list_runs(resumed)
+    assert json.loads((run.path / "run.json").read_text())["numerics"]["train"]["fused_kernels"] is True
+    losses = run.assemble("metrics", ["step", "loss", "attempt"]).set_index("step")
+    repeated = again.assemble("metrics", ["step", "loss", "attempt"]).set_index("step")
+    assert (repeated.loc[11:, "attempt"] == 1).all() and len(losses) == 20
+    assert repeated["loss"].tolist() == losses["loss"].tolist()

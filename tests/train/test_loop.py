@@ -540,3 +540,21 @@ def test_a_seed_outside_curve_seeds_saves_only_its_final_evaluation_checkpoint(p
     assert json.loads((out / "done.json").read_text())["checkpoints"] == [
         f"runs/{run.fingerprint}/ckpt/step_00000012.pt"
     ]
+
+
+def test_fused_kernels_train_a_run_of_their_own_close_to_the_default_kernels(prepared, tmp_path):
+    # torch's fused AdamW and compiled norms: the same formulas, other roundings (tested in
+    # test_fused_kernels.py), so another fingerprint; the run folders made without the field keep
+    # theirs (the field is left out of their numerics). Six bf16 steps stay within 1e-4 of each other.
+    _, path, root = prepared
+    losses, numerics = {}, {}
+    for name, extra in (("plain", ()), ("fused", ("--fused-kernels",))):
+        out = tmp_path / name
+        assert subprocess.run(_cli(path, "bf16", root, out, "--stop-after", "6", *extra), check=False).returncode == 0
+        run = _run_folder(out)
+        numerics[name] = json.loads((run.path / "run.json").read_text())["numerics"]["train"]
+        losses[name] = run.assemble("metrics", ["step", "loss"])["loss"].to_numpy()
+    assert "fused_kernels" not in numerics["plain"] and numerics["fused"].pop("fused_kernels") is True
+    assert numerics["fused"] == numerics["plain"]
+    assert len(losses["fused"]) == 6 and (losses["fused"] != losses["plain"]).any()
+    np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-4)

@@ -253,6 +253,7 @@ def test_train_profiles_its_window_on_a_cpu_and_writes_nothing_else(guarded, tmp
         "reference",
         "tiny",
     )
+    assert record["fused_kernels"] is False and record["deterministic"] is False
     assert record["tokens_per_step"] == 32 and len(record["step_s"]) == 2
     assert record["tokens_per_s"] == pytest.approx(32 / record["s_per_step"])
     assert record["s_per_step_unprofiled"] is not None  # step 2 (step 1 compiles)

@@ -37,6 +37,8 @@ def _cmd_train(args) -> int:
     elif args.profile_out is not None:
         raise ConfigError(f"--profile-out: value {args.profile_out!r}: only with --profile-steps START:COUNT")
     study = _study(args)
+    if args.fused_kernels:
+        study = study.with_train(fused_kernels=True)
     exp = study.experiment
     recipe = _recipe_name(study, args.recipe)
     from fp4repro.results import run_dir
@@ -212,6 +214,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="deterministic GPU algorithms only (slower), so that a run repeats bit for bit, resumed or not "
         "(the default of an experiment with train.deterministic: true)",
+    )
+    tr.add_argument(
+        "--fused-kernels",
+        action="store_true",
+        help="torch's fused AdamW and RMSNorms compiled by torch.compile (faster; other bits, so another run "
+        "folder: the run's fingerprint says so) (the default of an experiment with train.fused_kernels: true)",
     )
     tr.add_argument(
         "--profile-steps",

@@ -124,6 +124,13 @@ class TrainConfig:
     #: bit for bit, at the cost results/bench/determinism/cost_h200.json measures. A CPU run repeats
     #: either way. Not in NUMERIC_FIELDS: a fast-mode run has no bits of its own to keep.
     deterministic: bool = False
+    #: torch's fused AdamW (one kernel updates every parameter of a device and dtype) and RMSNorms
+    #: compiled by ``torch.compile`` (one kernel each way), instead of eager norms and torch's
+    #: AdamW as each backend builds it (the reference's loop over parameters, megatron's multi-tensor
+    #: kernels) (``fp4repro train --fused-kernels``). The same formulas in another order, so the bits
+    #: differ: in the fingerprint when on, left out when off so that the runs made before the field
+    #: keep theirs.
+    fused_kernels: bool = False
 
     #: The fields that change what a run computes (besides the run's own seed). The others (the
     #: other seeds, how often to record telemetry or save a resume checkpoint, the final-window
@@ -145,8 +152,9 @@ class TrainConfig:
     )
 
     def numerics(self) -> dict:
-        """The fields in ``NUMERIC_FIELDS`` by name."""
-        return {name: getattr(self, name) for name in self.NUMERIC_FIELDS}
+        """The fields in ``NUMERIC_FIELDS`` by name, and ``fused_kernels`` when it is on."""
+        fields = {name: getattr(self, name) for name in self.NUMERIC_FIELDS}
+        return {**fields, "fused_kernels": True} if self.fused_kernels else fields
 
     @property
     def tokens_per_step(self) -> int:

@@ -54,6 +54,12 @@ class Study:
         """Every run of the study: recipe name -> its seeds."""
         return {name: self.seeds_of(name) for name in self.recipes}
 
+    def with_train(self, **fields) -> Study:
+        """This study with these fields of its experiment's ``train`` changed (what a command's
+        flags override, e.g. ``fp4repro train --fused-kernels``)."""
+        exp = self.experiment
+        return replace(self, experiment=replace(exp, train=replace(exp.train, **fields)))
+
     def recipe(self, name: str) -> Recipe:
         """One of the study's recipes by name."""
         if name not in self.recipes:

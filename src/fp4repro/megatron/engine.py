@@ -50,7 +50,7 @@ from fp4repro.megatron.distributed import initialize
 from fp4repro.megatron.model import attach_recipe, build_model, lacks
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
-from fp4repro.model import NemotronH, deterministic_mamba_ssm
+from fp4repro.model import NemotronH, compile_norms, deterministic_mamba_ssm
 from fp4repro.quant.state import QuantState
 from fp4repro.util import OPTIMIZER_PHASE, deterministic_algorithms, rng_state, set_rng_state
 
@@ -153,6 +153,10 @@ class MegatronEngine:
             ),
             [self.ddp],
         )
+        if t.fused_kernels:
+            _use_fused_adamw(self.optimizer)
+            compile_norms(self.model)
+        self.fused_kernels = t.fused_kernels
         self.scheduler = wsd_scheduler(
             self.optimizer,
             schedule.peak_lr,
@@ -268,6 +272,8 @@ class MegatronEngine:
         self.quant_state.to("cuda")
         set_rng_state(rank["rng"])
         tensor_parallel.get_cuda_rng_tracker().set_states(rank["tracker"])
+        if self.fused_kernels:  # the loaded param groups and steps as fused AdamW reads them
+            _use_fused_adamw(self.optimizer)
         return step
 
 
@@ -287,6 +293,21 @@ def _give_adam_a_state(optimizer) -> None:
                         "exp_avg": torch.zeros_like(param),
                         "exp_avg_sq": torch.zeros_like(param),
                     }
+
+
+def _use_fused_adamw(optimizer) -> None:
+    """torch's fused AdamW for every torch AdamW in megatron's optimizer. Without Apex or Transformer
+    Engine, megatron-core builds ``torch.optim.AdamW`` and passes no ``fused``; AdamW reads
+    ``fused`` and ``foreach`` from each param group at every step, so they are set there. Fused
+    AdamW keeps each parameter's step as a float32 tensor on the parameter's device (as it creates
+    it); a step already held (a loaded checkpoint's) is moved there."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        adam = part.optimizer
+        for group in adam.param_groups:
+            group["fused"], group["foreach"] = True, False
+            for param in group["params"]:
+                if "step" in (state := adam.state.get(param, {})):
+                    state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
 
 
 def _load_optimizer(optimizer, state: dict) -> None:

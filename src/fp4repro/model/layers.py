@@ -8,6 +8,7 @@ or autocast setting: they are cheap, and their precision is not what the study v
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -53,8 +54,29 @@ class FP32OutputHead(nn.Linear):
             return F.linear(x.to(dtype).float(), self.weight.to(dtype).float())
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x / sqrt(mean(x²) + eps) · weight over the last dimension, computed in float32 (float64
+    for float64 inputs) whatever the autocast setting, returned in x's dtype."""
+    with _float32_region(x):
+        x32 = _wide(x)
+        y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * _wide(weight)
+    return y.to(x.dtype)
+
+
+@functools.cache
+def compiled_rms_norm() -> Callable:
+    """``rms_norm`` through ``torch.compile`` (inductor): on a GPU one generated Triton kernel
+    forward and a fused backward, where eager torch launches an elementwise kernel or a reduction
+    per operation, each reading and writing the whole activation. The same formula; the sum of
+    squares is reduced in another order, so the last bits differ from ``rms_norm``'s. Shapes are
+    static (a model normalizes a few shapes; ``dynamic=False`` keeps the kernels specialized)."""
+    return torch.compile(rms_norm, fullgraph=True, dynamic=False)
+
+
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x²) + eps) · weight, computed in float32, returned in x's dtype."""
+    """``rms_norm`` as a module; ``compiled`` (set by ``compile_norms``) runs ``compiled_rms_norm``."""
+
+    compiled = False
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -66,10 +88,17 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _float32_region(x):
-            x32 = _wide(x)
-            y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps) * _wide(self.weight)
-        return y.to(x.dtype)
+        return (compiled_rms_norm() if self.compiled else rms_norm)(x, self.weight, self.eps)
+
+
+def compile_norms(model: nn.Module) -> int:
+    """Every ``RMSNorm`` of ``model`` (megatron's too: ``fp4repro.megatron.norm`` subclasses it)
+    computed by ``compiled_rms_norm`` from now on; returns how many. Mamba-2's gated norms are
+    left as they are: on a GPU they are mamba-ssm's fused Triton kernel already."""
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    for norm in norms:
+        norm.compiled = True
+    return len(norms)
 
 
 class GatedRMSNorm(nn.Module):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from fp4repro.config.experiment import TrainConfig
 from fp4repro.config.recipe import Recipe
 from fp4repro.config.study import Study
-from fp4repro.model import NemotronH
+from fp4repro.model import NemotronH, compile_norms
 from fp4repro.quant.state import QuantState
 from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
 from fp4repro.train.schedule import WSDSchedule
@@ -61,7 +61,10 @@ def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor)
 
 
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors."""
+    """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors.
+    torch's fused AdamW with ``train.fused_kernels``, else its single-tensor implementation: a loop
+    over the parameters, some eight kernels each (``fused=False`` turns off the multi-tensor
+    default too), which every run made before the field used."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
@@ -69,7 +72,7 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW
         lr=t.lr,
         betas=tuple(t.betas),
         eps=1e-8,
-        fused=False,
+        fused=t.fused_kernels,
     )
 
 
@@ -89,6 +92,8 @@ class ReferenceEngine:
         if initial is not None:
             self.model.load_state_dict(initial, strict=True)
         self.model.to(device)
+        if study.experiment.train.fused_kernels:
+            compile_norms(self.model)
         self.quant_state = self.model.quant_state
         self.quant_state.seed = seed
         self.optimizer = build_optimizer(self.model, study.experiment.train)

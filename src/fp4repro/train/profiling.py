@@ -465,6 +465,7 @@ class StepProfiler:
             "model": study.model.name,
             "fingerprint": fingerprint,
             "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "fused_kernels": t.fused_kernels,
         }
         return cls(window, out, engine.model, study.model, t.tokens_per_step, t.seq_len, device, engine.writer, meta)
 
@@ -617,7 +618,8 @@ def table(record: dict) -> str:
         f"MFU {kind} {value:.1%}" if value is not None else f"MFU {kind} -" for kind, value in record["mfu"].items()
     )
     lines = [
-        f"{record.get('experiment', '')}/{record.get('recipe', '')} ({record.get('backend', '')}) on "
+        f"{record.get('experiment', '')}/{record.get('recipe', '')} ({record.get('backend', '')}"
+        f"{', fused kernels' if record.get('fused_kernels') else ''}) on "
         f"{record['device_name']}: steps {record['steps'][0]}-{record['steps'][-1]} profiled, "
         f"{per_step:,.1f} ms/step, {record['tokens_per_s']:,.0f} tokens/s, {mfu_text}",
         f"{'part':14} {'ms/step':>10} {'share':>7}",
