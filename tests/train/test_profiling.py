@@ -291,7 +291,7 @@ def test_the_profile_experiments_train_the_8bs_widths_and_record_nothing_in_step
 
     study, big = load_study(name), load_model_config("nemotron_h_8b")
     exp, model = study.experiment, study.model
-    assert exp.backend == backend and set(exp.recipes) == {"bf16", "ue5m3"}
+    assert exp.backend == backend and set(exp.recipes) == {"bf16", "ue5m3_torch_gemm", "nvfp4_gemm_fp32", "ue5m3"}
     assert (model.n_layers, model.vocab_size, exp.train.batch_size, exp.train.seq_len) == (9, 32_768, 1, 8_192)
     assert model.pattern == big.pattern[:9]
     widths = ("hidden_size", "mlp_hidden_size", "attn_heads", "attn_kv_heads", "attn_head_dim", "mamba_heads")

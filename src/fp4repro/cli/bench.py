@@ -1,5 +1,6 @@
 """The ``bench`` command: every benchmark of the suite, one ``what`` each (quant, kernels, sass,
-live, throughput, components, project, gemm), each printing a table and writing JSON under results/bench/."""
+live, throughput, components, project, gemm, train-step), each printing a table and writing JSON
+under results/bench/."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def _cmd_bench(args) -> int:
         return _bench_components(args)
     if args.what == "project":
         return _bench_project(args)
+    if args.what == "train-step":
+        return _bench_train_step(args)
     if args.what == "sass":
         from fp4repro.bench.sass import run, table
 
@@ -197,6 +200,46 @@ def _bench_project(args) -> int:
     return 1 if failed else 0
 
 
+def _bench_train_step(args) -> int:
+    import tempfile
+
+    import torch
+
+    from fp4repro.bench import train_step
+    from fp4repro.config.devices import device_tag
+    from fp4repro.errors import ConfigError
+    from fp4repro.provenance import provenance
+    from fp4repro.results import write_json
+    from fp4repro.train.profiling import ProfileWindow
+
+    study = _study(args)
+    window = ProfileWindow.parse(args.window)
+    try:  # each process must train the whole window: said before any run
+        window.check(1, min(args.stop_after, study.experiment.train.total_steps))
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("--profile-steps", "--window", 1)) from None
+    data = Path(args.data or f"results/{study.name}/data")
+    if not (data / "manifest.json").is_file():
+        raise ConfigError(
+            f"--data: {data} holds no prepared data: run `fp4repro prepare-data --experiment {study.name}` first"
+        )
+    records = Path(args.records)
+    cuda = torch.cuda.is_available()
+    tag = device_tag(torch.cuda.get_device_name() if cuda else None)
+    out = Path(args.out or f"results/bench/train_step_{tag}.json")
+    with tempfile.TemporaryDirectory(prefix="train_step_", dir=args.scratch) as scratch:
+        for recipe in study.recipes:
+            for kernels in args.kernels:
+                train_step.measure(study, recipe, kernels, data, records, Path(scratch), args.window, args.stop_after)
+    measured = sorted(records.glob("*.json"))
+    gemm_fp32 = {name for name, recipe in study.recipes.items() if recipe.gemm.kind == "fp32" and name != "bf16"}
+    result = train_step.assemble(measured, gemm_fp32)
+    write_json(out, result, provenance("cuda" if cuda else "cpu"))
+    print(train_step.table(result))
+    print(f"wrote {out} ({len(measured)} configurations from {records})")
+    return 0
+
+
 #: ``fp4repro bench --help``: what each benchmark measures and where it writes
 DESCRIPTION = (
     "quant: quantize_dequantize of a size×size float32 tensor with the torch "
@@ -237,7 +280,14 @@ DESCRIPTION = (
     "gemm (CUDA): the "
     "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
     "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
-    "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json)."
+    "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json). train-step: the "
+    "training step through fp4repro train, one process per recipe of the experiment and kernels "
+    "(default and --fused-kernels), each profiling a window of its steps (profile8b, profile8b_megatron: "
+    "the 8B's widths on one GPU): seconds per step, tokens/s, MFU, milliseconds per part and host gaps, "
+    "each recipe's step over bf16's, what the fused kernels gain, a telemetry step over a plain one, and "
+    "the floors (bf16 MFU >= 36%, FP32-GEMM recipes <= 1.05 x bf16, telemetry <= 1.3 x) "
+    "(fp4repro.bench.train_step; records in results/bench/train_step/, assembled into "
+    "results/bench/train_step_<device>.json)."
 )
 
 
@@ -247,7 +297,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="benchmarks (print a table, write JSON under results/bench/)",
         description=DESCRIPTION,
     )
-    b.add_argument("what", choices=["quant", "kernels", "sass", "live", "throughput", "components", "project", "gemm"])
+    b.add_argument(
+        "what",
+        choices=["quant", "kernels", "sass", "live", "throughput", "components", "project", "gemm", "train-step"],
+    )
     b.add_argument(
         "--experiment",
         default="tiny",
@@ -291,6 +344,39 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "--devices",
         default="devices",
         help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)",
+    )
+    b.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=["default", "fused"],
+        default=["default", "fused"],
+        help="train-step: the kernels to train each recipe with (default both; fused: fp4repro train --fused-kernels)",
+    )
+    b.add_argument(
+        "--window",
+        default="5:4",
+        metavar="START:COUNT",
+        help="train-step: the steps each run profiles (fp4repro train --profile-steps; default 5:4)",
+    )
+    b.add_argument(
+        "--stop-after",
+        type=int,
+        default=60,
+        metavar="STEPS",
+        help="train-step: steps each run trains (default 60: profile8b's telemetry step 50 and plain steps after "
+        "the window give the telemetry step's ratio)",
+    )
+    b.add_argument(
+        "--records",
+        default="results/bench/train_step",
+        help="train-step: the folder of each configuration's record (a configuration recorded there is not run "
+        "again; all of them are assembled) (default results/bench/train_step)",
+    )
+    b.add_argument("--data", help="train-step: the experiment's prepared data (default results/<experiment>/data)")
+    b.add_argument(
+        "--scratch",
+        help="train-step: where the runs train, each removed once recorded (default the system's temporary folder; "
+        "an 8B-width run writes a resume checkpoint of about 17 GB)",
     )
     b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
     b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")

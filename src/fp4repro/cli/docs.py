@@ -47,6 +47,7 @@ BENCHMARKS = {
         "Model-body throughput: the paper's ablation, emulated and as an FP8 analogue",
         "throughput",
     ),
+    "train_step_h200.json": ("The training step at the 8B's widths, through fp4repro train", "train_step"),
     "quant_cpu.json": ("The torch reference quantizers on a CPU", "quant_cpu"),
 }
 
@@ -81,9 +82,9 @@ def recipes_page(root: Path, parser: argparse.ArgumentParser) -> str:
 
 
 def _bench_tables() -> dict[str, Callable[[dict], str]]:
-    from fp4repro.bench import components, gemm, kernels, live, quant_cpu, sass, throughput
+    from fp4repro.bench import components, gemm, kernels, live, quant_cpu, sass, throughput, train_step
 
-    modules = (components, gemm, kernels, live, quant_cpu, sass, throughput)
+    modules = (components, gemm, kernels, live, quant_cpu, sass, throughput, train_step)
     return {m.__name__.rsplit(".", 1)[1]: m.table for m in modules}
 
 

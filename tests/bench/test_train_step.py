@@ -1,0 +1,90 @@
+"""``fp4repro bench train-step`` on a CPU: real ``fp4repro train`` processes of the tiny model, one
+per recipe and kernels, each profiling a window; their records assembled with the ratios and checks."""
+
+import json
+
+import pytest
+
+from fp4repro.bench.train_step import telemetry_ratio
+from fp4repro.cli import main
+
+
+@pytest.fixture
+def experiment(guarded, tmp_path):
+    """(tests/conftest.py's small study as steptest, with telemetry every third step: plain steps
+    between telemetry steps; its prepared data)."""
+    path, data = guarded
+    steptest = tmp_path / "steptest.yaml"
+    steptest.write_text(path.read_text().replace("name: guarded", "name: steptest").replace("every: 1\n", "every: 3\n"))
+    return steptest, data
+
+
+def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_not_run_again(
+    experiment, tmp_path, capsys
+):
+    path, data = experiment
+    records, out, scratch = tmp_path / "records", tmp_path / "train_step.json", tmp_path / "scratch"
+    scratch.mkdir()
+    base = ["bench", "train-step", "--experiment", str(path), "--data", str(data), "--records", str(records)]
+    base += ["--out", str(out), "--window", "2:2", "--stop-after", "16", "--scratch", str(scratch)]
+    assert main([*base, "--kernels", "default", "fused"]) == 0
+    assert sorted(p.name for p in records.iterdir()) == ["steptest_bf16_default.json", "steptest_bf16_fused.json"]
+    assert list(scratch.iterdir()) == []  # the scratch runs removed
+    capsys.readouterr()
+    assert main([*base, "--kernels", "default", "--add-recipe", "ue5m3_torch_gemm"]) == 0
+    printed = capsys.readouterr().out
+    assert "steptest_bf16_default.json: measured already" in printed and "ue5m3_torch_gemm default kernels" in printed
+
+    record = json.loads((records / "steptest_ue5m3_torch_gemm_default.json").read_text())
+    assert record["profile"]["steps"] == [2, 3] and record["profile"]["fused_kernels"] is False
+    assert sorted(map(int, record["step_seconds"])) == list(range(1, 17))
+    assert record["telemetry_steps"] == [1, 4, 7, 10, 13, 16]
+    fused = json.loads((records / "steptest_bf16_fused.json").read_text())["profile"]
+    assert fused["fused_kernels"] is True and fused["fingerprint"] != record["profile"]["fingerprint"]
+
+    result = json.loads(out.read_text())
+    rows = {(r["recipe"], r["kernels"]): r for r in result["rows"]}
+    assert set(rows) == {("bf16", "default"), ("bf16", "fused"), ("ue5m3_torch_gemm", "default")}
+    bf16, quantized = rows["bf16", "default"], rows["ue5m3_torch_gemm", "default"]
+    assert result["over_bf16"] == [
+        {
+            "experiment": "steptest",
+            "recipe": "ue5m3_torch_gemm",
+            "kernels": "default",
+            "ratio": pytest.approx(quantized["s_per_step"] / bf16["s_per_step"]),
+        }
+    ]
+    (gain,) = result["fused_gain"]
+    assert gain["recipe"] == "bf16"
+    assert gain["ratio"] == pytest.approx(bf16["s_per_step"] / rows["bf16", "fused"]["s_per_step"])
+    # telemetry steps 13 and 16 against the plain steps after the first ten (11, 12, 14, 15)
+    assert quantized["telemetry"]["telemetry_steps"] == [13, 16] and quantized["telemetry"]["plain_steps"] == 4
+    # no MFU on a CPU: the FP32-GEMM recipe's step and its telemetry step, each under its ceiling
+    checks = {c["what"]: c for c in result["checks"]}
+    assert set(checks) == {
+        "steptest ue5m3_torch_gemm (default) step / bf16's",
+        "steptest ue5m3_torch_gemm (default) telemetry step / plain",
+    }
+    gemm, telemetry = checks.values()
+    assert (gemm["ceiling"], telemetry["ceiling"]) == (1.05, 1.3)
+    assert telemetry["value"] == quantized["telemetry"]["ratio"] and gemm["holds"] == (gemm["value"] <= 1.05)
+    assert "provenance" in result and "ue5m3_torch_gemm" in printed
+
+
+def test_the_telemetry_ratio_leaves_out_the_first_steps_and_the_step_after_the_window():
+    # the step after the window pays for the profiler's teardown; the first ten for compilation
+    seconds = {s: 1.0 for s in range(1, 31)} | {1: 9.0, 7: 9.0, 13: 2.0, 25: 3.0}
+    record = {"step_seconds": {str(s): v for s, v in seconds.items()}, "telemetry_steps": [1, 7, 13, 25]}
+    ratio = telemetry_ratio(record, window_last=12)
+    assert ratio == {"telemetry_steps": [25], "plain_steps": 16, "ratio": 3.0}  # steps 14-30 but 25
+    assert telemetry_ratio({"step_seconds": record["step_seconds"], "telemetry_steps": [1]}, 4) is None
+
+
+def test_an_unprepared_experiment_or_a_window_past_the_stop_is_refused_before_any_run(experiment, tmp_path, capsys):
+    path, data = experiment
+    base = ["bench", "train-step", "--experiment", str(path), "--records", str(tmp_path / "r")]
+    assert main([*base, "--data", str(tmp_path / "none")]) == 2
+    assert "holds no prepared data: run `fp4repro prepare-data --experiment steptest` first" in capsys.readouterr().err
+    assert main([*base, "--data", str(data), "--window", "10:4", "--stop-after", "12"]) == 2
+    assert "--window: value 10:4: steps 10 to 13" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
