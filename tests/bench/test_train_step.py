@@ -87,4 +87,6 @@ def test_an_unprepared_experiment_or_a_window_past_the_stop_is_refused_before_an
     assert "holds no prepared data: run `fp4repro prepare-data --experiment steptest` first" in capsys.readouterr().err
     assert main([*base, "--data", str(data), "--window", "10:4", "--stop-after", "12"]) == 2
     assert "--window: value 10:4: steps 10 to 13" in capsys.readouterr().err
+    assert main([*base, "--data", str(data), "--recipes", "nvfp4"]) == 2
+    assert "recipe 'nvfp4' is not one of this study's (bf16)" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from fp4repro.cli.common import _cuda_present, _study
+from fp4repro.cli.common import _cuda_present, _recipe_name, _study
 
 
 def _cmd_bench(args) -> int:
@@ -227,8 +227,9 @@ def _bench_train_step(args) -> int:
     cuda = torch.cuda.is_available()
     tag = device_tag(torch.cuda.get_device_name() if cuda else None)
     out = Path(args.out or f"results/bench/train_step_{tag}.json")
+    recipes = [_recipe_name(study, r) for r in args.recipes] if args.recipes else list(study.recipes)
     with tempfile.TemporaryDirectory(prefix="train_step_", dir=args.scratch) as scratch:
-        for recipe in study.recipes:
+        for recipe in recipes:
             for kernels in args.kernels:
                 train_step.measure(study, recipe, kernels, data, records, Path(scratch), args.window, args.stop_after)
     measured = sorted(records.glob("*.json"))
@@ -351,6 +352,12 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         choices=["default", "fused"],
         default=["default", "fused"],
         help="train-step: the kernels to train each recipe with (default both; fused: fp4repro train --fused-kernels)",
+    )
+    b.add_argument(
+        "--recipes",
+        nargs="+",
+        metavar="RECIPE",
+        help="train-step: these of the experiment's recipes only (default all of them)",
     )
     b.add_argument(
         "--window",
