@@ -51,9 +51,9 @@ def record_path(records: Path, experiment: str, recipe: str, kernels: str) -> Pa
 def train_command(
     study: Study, recipe: str, kernels: str, data: Path, out: Path, window: str, stop_after: int, profile: Path
 ) -> list[str]:
-    """The ``fp4repro train`` process of one configuration."""
+    """The ``fp4repro train`` process of one configuration (a recipe by the name or file it was given)."""
     command = [sys.executable, "-m", "fp4repro.cli", "train", "--experiment", str(study.experiment.path)]
-    command += ["--recipe", recipe, "--data", str(data), "--out", str(out), "--quiet"]
+    command += ["--recipe", study.references.get(recipe, recipe), "--data", str(data), "--out", str(out), "--quiet"]
     command += ["--stop-after", str(stop_after), "--profile-steps", window, "--profile-out", str(profile)]
     return command + (["--fused-kernels"] if kernels == "fused" else [])
 
@@ -89,8 +89,6 @@ def measure(
         return out
     run_out = Path(scratch) / f"{study.name}_{recipe}_{kernels}"
     profile = run_out.with_suffix(".profile.json")
-    if run_out.exists():  # a scratch run of an attempt that did not finish: this bench's own
-        shutil.rmtree(run_out)
     say(f"{study.name} {recipe} {kernels} kernels: training {stop_after} steps, profiling {window}")
     command = train_command(study, recipe, kernels, data, run_out, window, stop_after, profile)
     if (code := subprocess.run(command, check=False).returncode) != 0:
