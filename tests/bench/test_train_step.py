@@ -2,11 +2,13 @@
 per recipe and kernels, each profiling a window; their records assembled with the ratios and checks."""
 
 import json
+import statistics
 
 import pytest
 
-from fp4repro.bench.train_step import telemetry_ratio
+from fp4repro.bench.train_step import assemble, telemetry_ratio
 from fp4repro.cli import main
+from fp4repro.errors import FP4ReproError
 
 
 @pytest.fixture
@@ -28,18 +30,25 @@ def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_
     base = ["bench", "train-step", "--experiment", str(path), "--data", str(data), "--records", str(records)]
     base += ["--out", str(out), "--window", "2:2", "--stop-after", "16", "--scratch", str(scratch)]
     assert main([*base, "--kernels", "default", "fused"]) == 0
-    assert sorted(p.name for p in records.iterdir()) == ["steptest_bf16_default.json", "steptest_bf16_fused.json"]
+    cpu = records / "cpu"  # the device's own folder of records
+    assert sorted(p.name for p in cpu.iterdir()) == ["steptest_bf16_default.json", "steptest_bf16_fused.json"]
     assert list(scratch.iterdir()) == []  # the scratch runs removed
     capsys.readouterr()
     assert main([*base, "--kernels", "default", "--add-recipe", "ue5m3_torch_gemm"]) == 0
     printed = capsys.readouterr().out
     assert "steptest_bf16_default.json: measured already" in printed and "ue5m3_torch_gemm default kernels" in printed
 
-    record = json.loads((records / "steptest_ue5m3_torch_gemm_default.json").read_text())
+    record = json.loads((cpu / "steptest_ue5m3_torch_gemm_default.json").read_text())
+    assert record["measured_with"] | {"commit": None} == {
+        "window": "2:2",
+        "stop_after": 16,
+        "gemm": "fp32",
+        "commit": None,
+    }
     assert record["profile"]["steps"] == [2, 3] and record["profile"]["fused_kernels"] is False
     assert sorted(map(int, record["step_seconds"])) == list(range(1, 17))
     assert record["telemetry_steps"] == [1, 4, 7, 10, 13, 16]
-    fused = json.loads((records / "steptest_bf16_fused.json").read_text())["profile"]
+    fused = json.loads((cpu / "steptest_bf16_fused.json").read_text())["profile"]
     assert fused["fused_kernels"] is True and fused["fingerprint"] != record["profile"]["fingerprint"]
 
     result = json.loads(out.read_text())
@@ -57,8 +66,14 @@ def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_
     (gain,) = result["fused_gain"]
     assert gain["recipe"] == "bf16"
     assert gain["ratio"] == pytest.approx(bf16["s_per_step"] / rows["bf16", "fused"]["s_per_step"])
-    # telemetry steps 13 and 16 against the plain steps after the first ten (11, 12, 14, 15)
-    assert quantized["telemetry"]["telemetry_steps"] == [13, 16] and quantized["telemetry"]["plain_steps"] == 4
+    # a step is the median of the plain steps after the first ten (11, 12, 14, 15: no telemetry, no
+    # profiler); the telemetry steps 13 and 16 are set against it
+    seconds = {int(s): v for s, v in record["step_seconds"].items()}
+    plain = statistics.median([seconds[s] for s in (11, 12, 14, 15)])
+    assert quantized["s_per_step"] == pytest.approx(plain) and quantized["plain_steps"] == 4
+    assert quantized["tokens_per_s"] == pytest.approx(32 / plain)
+    assert quantized["telemetry"]["telemetry_steps"] == [13, 16]
+    assert quantized["telemetry"]["ratio"] == pytest.approx(statistics.median([seconds[13], seconds[16]]) / plain)
     # no MFU on a CPU: the FP32-GEMM recipe's step and its telemetry step, each under its ceiling
     checks = {c["what"]: c for c in result["checks"]}
     assert set(checks) == {
@@ -70,11 +85,24 @@ def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_
     assert telemetry["value"] == quantized["telemetry"]["ratio"] and gemm["holds"] == (gemm["value"] <= 1.05)
     assert "provenance" in result and "ue5m3_torch_gemm" in printed
 
+    # records of two commits do not compare: the assembly refuses them, naming both
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(record | {"measured_with": record["measured_with"] | {"commit": "0ld"}}))
+    with pytest.raises(FP4ReproError, match=r"several commits \(.*0ld"):
+        assemble([cpu / "steptest_bf16_default.json", older])
+    # a record made with another window is measured again and replaced
+    other_window = [*base[:-6], "--window", "3:2", "--stop-after", "16", "--scratch", str(scratch)]
+    assert main([*other_window, "--recipes", "bf16", "--kernels", "default"]) == 0
+    assert "measuring again" in capsys.readouterr().out
+    again = json.loads((cpu / "steptest_bf16_default.json").read_text())
+    assert again["measured_with"]["window"] == "3:2" and again["profile"]["steps"] == [3, 4]
+
 
 def test_the_telemetry_ratio_leaves_out_the_first_steps_and_the_step_after_the_window():
-    # the step after the window pays for the profiler's teardown; the first ten for compilation
-    seconds = {s: 1.0 for s in range(1, 31)} | {1: 9.0, 7: 9.0, 13: 2.0, 25: 3.0}
-    record = {"step_seconds": {str(s): v for s, v in seconds.items()}, "telemetry_steps": [1, 7, 13, 25]}
+    # the step after the window pays for the profiler's teardown; the first ten for compilation;
+    # a telemetry step without seconds (a diverged run's last) is left out
+    seconds = {s: 1.0 for s in range(1, 31)} | {1: 9.0, 7: 9.0, 12: 5.0, 13: 2.0, 25: 3.0}
+    record = {"step_seconds": {str(s): v for s, v in seconds.items()}, "telemetry_steps": [1, 7, 12, 13, 25, 31]}
     ratio = telemetry_ratio(record, window_last=12)
     assert ratio == {"telemetry_steps": [25], "plain_steps": 16, "ratio": 3.0}  # steps 14-30 but 25
     assert telemetry_ratio({"step_seconds": record["step_seconds"], "telemetry_steps": [1]}, 4) is None

@@ -129,8 +129,9 @@ def test_megatron_and_reference_runs_quantize_the_same_operands_from_the_same_st
 
 @pytest.mark.parametrize("backend", ["megatron", "reference"])
 def test_a_run_with_fused_kernels_resumes_bit_for_bit(prepared, deterministic, megatron_cpu, backend):
-    # fused AdamW's steps on the GPU (megatron's loaded from its checkpoint and moved there) and
-    # the compiled norms, in deterministic mode: stopped at 10 and resumed, steps 11-20 repeat
+    # fused AdamW's state loaded from a resume checkpoint onto the GPU (megatron's through its
+    # distributed optimizer's loader) and the compiled norms, in deterministic mode: stopped at 10
+    # and resumed in a new engine, steps 11-20 repeat (the compiled kernels are this process's)
     from fp4repro.train.runs import list_runs
 
     studies, root = prepared

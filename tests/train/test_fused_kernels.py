@@ -4,6 +4,7 @@ kernels compute, to float32 rounding (the end-to-end run is in test_loop.py)."""
 import dataclasses
 
 import torch
+from torch._dynamo.utils import counters
 
 from fp4repro.config.experiment import Stage, TrainConfig
 from fp4repro.config.model import load_model_config
@@ -51,6 +52,7 @@ def test_a_compiled_rms_norm_normalizes_as_the_eager_one_to_float32_rounding():
         eager.weight.copy_(torch.rand(256, generator=g) + 0.5)
         compiled.weight.copy_(eager.weight)
     assert compile_norms(compiled) == 1 and compiled.compiled and not eager.compiled
+    counters.clear()
     # rows of very different scales, as a residual stream has
     x = torch.randn(4, 8, 256, generator=g) * torch.logspace(-3, 3, 8).view(1, 8, 1)
     upstream = torch.randn(4, 8, 256, generator=g)
@@ -60,6 +62,7 @@ def test_a_compiled_rms_norm_normalizes_as_the_eager_one_to_float32_rounding():
         y = norm(xi)
         (y * upstream).sum().backward()
         outputs.append((y.detach(), xi.grad, norm.weight.grad))
+    assert counters["stats"]["unique_graphs"] == 1  # the compiled norm ran through dynamo, the eager one not
     for a, b in zip(*outputs, strict=True):
         torch.testing.assert_close(b, a, rtol=3e-5, atol=1e-6)
 

@@ -558,3 +558,13 @@ def test_fused_kernels_train_a_run_of_their_own_close_to_the_default_kernels(pre
     assert numerics["fused"] == numerics["plain"]
     assert len(losses["fused"]) == 6 and (losses["fused"] != losses["plain"]).any()
     np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-4)
+
+
+def test_fused_kernels_on_an_experiment_without_them_need_a_folder_of_their_own(guarded, tmp_path, capsys):
+    # the default folder holds the experiment's own run: a fused run there would retire its outputs
+    path, data = guarded
+    args = ["train", "--experiment", str(path), "--recipe", "bf16", "--data", str(data), "--fused-kernels"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--fused-kernels: experiment 'guarded' trains without them (train.fused_kernels: false)" in err
+    assert "give this run a folder of its own with --out" in err and not (tmp_path / "results").exists()

@@ -3,23 +3,28 @@
 Each configuration (an experiment, hence a backend; a recipe; the default or the fused kernels of
 ``train.fused_kernels``) is one ``fp4repro train`` process: it trains ``stop_after`` steps into a
 scratch folder and profiles a window of them (``--profile-steps``, ``fp4repro.train.profiling``).
-Its record, ``<records>/<experiment>_<recipe>_<kernels>.json``, holds the profile and every step's
-wall seconds as the run's metrics give them, with the steps that recorded telemetry; the scratch
-run is then removed. A configuration whose record exists is not run again, so the command resumes
-where it stopped. ``assemble`` sets the records side by side in one file:
+Its record, ``<records>/<device>/<experiment>_<recipe>_<kernels>.json``, holds the profile, every
+step's wall seconds as the run's metrics give them, the steps that recorded telemetry, and what it
+was measured with (window, steps, the recipe's GEMM model, commit); the scratch run is then
+removed. A record made on this device with the same window, steps and commit is not measured
+again, so the command resumes where it stopped; another one is measured again and replaced. A run
+that diverges is an error, not a record. ``assemble`` sets one device's records side by side (all
+of one commit):
 
-    step          the profile's seconds per step, tokens/s, MFU (dense 6·N, and with attention
-                  and the SSD scan), milliseconds per step by part and host gaps
+    step          the median wall seconds of the run's plain steps (after the first ten and the
+                  profiled window, without telemetry: no profiler, no telemetry), tokens/s and MFU
+                  from it (dense 6·N, and with attention and the SSD scan); from the profiled
+                  window, milliseconds per step by part and host gaps
     over_bf16     a recipe's step over bf16's, same experiment and kernels
     fused_gain    the default kernels' step over the fused ones', same experiment and recipe
-    telemetry     a quantized recipe's telemetry steps over its plain ones (median of the steps
-                  after the window that neither recorded telemetry nor were the first ten)
+    telemetry     a quantized recipe's telemetry steps (those among the plain steps' range) over
+                  its plain ones
     checks        each against its floor and target: bf16's MFU (dense) at least 36% (target
                   40%), a recipe with FP32 GEMMs at most 1.05 x bf16's step, a telemetry step at
                   most 1.3 x a plain one
 
-Ratios compare processes run one after another on the same GPU (each a window's seconds per step,
-synchronized at both ends); the record of each says which commit, device and fingerprint.
+Ratios compare processes run one after another on the same GPU; the record of each says which
+commit, device and fingerprint.
 """
 
 from __future__ import annotations
@@ -40,11 +45,14 @@ MFU_FLOOR, MFU_TARGET = 0.36, 0.40
 FP32_GEMM_CEILING = 1.05  # a quantized recipe with FP32 GEMMs over bf16's step
 TELEMETRY_CEILING = 1.3  # a telemetry step over a plain one
 FIRST_STEPS = 10  # compilation, autotuning and the first amax sample: not a plain step's time
-PROFILE_KEYS = ("experiment", "recipe", "backend", "fused_kernels", "steps", "s_per_step", "mfu", "provenance")
+PROFILE_KEYS = ("experiment", "recipe", "backend", "fused_kernels", "steps", "tokens_per_step", "gpus")
+PROFILE_KEYS += ("flops_per_token", "peak_bf16", "s_per_step", "ms_per_step", "host_gap_ms_per_step")
 WHAT = "a training-step record (fp4repro bench train-step)"
+RECORD_KEYS = ("profile", "step_seconds", "telemetry_steps", "measured_with", "provenance")
 
 
 def record_path(records: Path, experiment: str, recipe: str, kernels: str) -> Path:
+    """One configuration's record in a device's folder of records."""
     return Path(records) / f"{experiment}_{recipe}_{kernels}.json"
 
 
@@ -71,6 +79,11 @@ def step_seconds(run_out: Path, tokens_per_step: int) -> tuple[dict[int, float],
     return seconds, sorted({int(s) + 1 for s in telemetry["step"]})
 
 
+def measured_with(study: Study, recipe: str, window: str, stop_after: int, commit: str | None) -> dict:
+    """What a record was measured with: a record is reused only where this is the same."""
+    return {"window": window, "stop_after": stop_after, "gemm": study.recipe(recipe).gemm.kind, "commit": commit}
+
+
 def measure(
     study: Study,
     recipe: str,
@@ -82,69 +95,99 @@ def measure(
     stop_after: int,
     say: Callable[[str], None] = print,
 ) -> Path:
-    """Run one configuration unless its record exists; its record's path."""
+    """Run one configuration unless its record (same window, steps and commit) exists; its record's path."""
+    from fp4repro.provenance import provenance
+
     out = record_path(records, study.name, recipe, kernels)
+    wanted = measured_with(study, recipe, window, stop_after, provenance()["git_commit"])
     if out.is_file():
-        say(f"{out}: measured already (remove it to measure again)")
-        return out
+        found = read_json(out, RECORD_KEYS, WHAT, FP4ReproError)["measured_with"]
+        if found == wanted:
+            say(f"{out}: measured already (remove it to measure again)")
+            return out
+        say(f"{out}: measured with {found}, not {wanted}: measuring again")
     run_out = Path(scratch) / f"{study.name}_{recipe}_{kernels}"
     profile = run_out.with_suffix(".profile.json")
     say(f"{study.name} {recipe} {kernels} kernels: training {stop_after} steps, profiling {window}")
     command = train_command(study, recipe, kernels, data, run_out, window, stop_after, profile)
     if (code := subprocess.run(command, check=False).returncode) != 0:
         raise FP4ReproError(f"bench train-step: `{' '.join(command)}` exited with code {code}")
+    if (run_out / "done.json").is_file():  # written before the stop only by a run that diverged
+        diverged = read_json(run_out / "done.json", ("diverged",), "a run's done.json", FP4ReproError)["diverged"]
+        raise FP4ReproError(f"bench train-step: {study.name} {recipe} {kernels} kernels diverged: {diverged}")
     seconds, telemetry = step_seconds(run_out, study.experiment.train.tokens_per_step)
     record = read_json(profile, PROFILE_KEYS, "a step profile (fp4repro train --profile-steps)", FP4ReproError)
-    provenance = record.pop("provenance")
-    write_json(out, {"profile": record, "step_seconds": seconds, "telemetry_steps": telemetry}, provenance)
+    provenance_of_run = record.pop("provenance")
+    content = {"profile": record, "step_seconds": seconds, "telemetry_steps": telemetry, "measured_with": wanted}
+    write_json(out, content, provenance_of_run)
     shutil.rmtree(run_out)
     profile.unlink()
     return out
 
 
+def plain_steps(record: dict, window_last: int) -> tuple[dict[int, float], list[int]]:
+    """(the plain steps' seconds: after the first ten and the step after the profiled window,
+    without telemetry; the telemetry steps in that range that have seconds)."""
+    first = max(FIRST_STEPS, window_last + 1)
+    seconds = {int(s): v for s, v in record["step_seconds"].items() if int(s) > first}
+    telemetry = [s for s in record["telemetry_steps"] if s in seconds]
+    return {s: v for s, v in seconds.items() if s not in telemetry}, telemetry
+
+
 def telemetry_ratio(record: dict, window_last: int) -> dict | None:
-    """A run's telemetry steps over its plain steps (None: no telemetry step after the first ones)."""
-    seconds = {int(s): v for s, v in record["step_seconds"].items()}
-    telemetry = [s for s in record["telemetry_steps"] if s > FIRST_STEPS and s != window_last + 1]
-    plain = [v for s, v in seconds.items() if s > max(FIRST_STEPS, window_last) and s not in record["telemetry_steps"]]
+    """A run's telemetry steps over its plain steps (None: no telemetry step among them)."""
+    plain, telemetry = plain_steps(record, window_last)
     if not telemetry or not plain:
         return None
-    median_plain = statistics.median(plain)
+    seconds = {int(s): v for s, v in record["step_seconds"].items()}
     return {
         "telemetry_steps": telemetry,
         "plain_steps": len(plain),
-        "ratio": statistics.median(seconds[s] for s in telemetry) / median_plain,
+        "ratio": statistics.median(seconds[s] for s in telemetry) / statistics.median(plain.values()),
     }
 
 
-def assemble(records: list[Path], gemm_fp32: set[str]) -> dict:
-    """The records side by side (module docstring); ``gemm_fp32``: the quantized recipes whose
-    GEMMs are ordinary FP32 ones (their step is held to ``FP32_GEMM_CEILING`` x bf16's)."""
-    rows = []
-    for path in records:
-        whole = read_json(path, ("profile", "step_seconds", "telemetry_steps", "provenance"), WHAT, FP4ReproError)
-        p = whole["profile"]
-        rows.append(
-            {
-                "experiment": p["experiment"],
-                "backend": p["backend"],
-                "recipe": p["recipe"],
-                "kernels": "fused" if p["fused_kernels"] else "default",
-                "model": p["model"],
-                "device_name": p["device_name"],
-                "deterministic": p["deterministic"],
-                "fingerprint": p["fingerprint"],
-                "commit": whole["provenance"].get("git_commit"),
-                "dirty": whole["provenance"].get("git_dirty"),
-                "steps": p["steps"],
-                "s_per_step": p["s_per_step"],
-                "tokens_per_s": p["tokens_per_s"],
-                "mfu": p["mfu"],
-                "ms_per_step": p["ms_per_step"],
-                "busy_ms_per_step": p["busy_ms_per_step"],
-                "host_gap_ms_per_step": p["host_gap_ms_per_step"],
-                "telemetry": telemetry_ratio(whole, p["steps"][-1]),
-            }
+def _row(path: Path) -> dict:
+    from fp4repro.train.profiling import mfu
+
+    whole = read_json(path, RECORD_KEYS, WHAT, FP4ReproError)
+    p, last = whole["profile"], whole["profile"]["steps"][-1]
+    plain, _ = plain_steps(whole, last)
+    if not plain:
+        raise FP4ReproError(f"{path}: no plain step after step {max(FIRST_STEPS, last + 1)}: train more steps")
+    step = statistics.median(plain.values())
+    tokens_per_s = p["tokens_per_step"] / step
+    return {
+        "experiment": p["experiment"],
+        "backend": p["backend"],
+        "recipe": p["recipe"],
+        "kernels": "fused" if p["fused_kernels"] else "default",
+        "gemm": whole["measured_with"]["gemm"],
+        "model": p["model"],
+        "device_name": p["device_name"],
+        "deterministic": p["deterministic"],
+        "fingerprint": p["fingerprint"],
+        "commit": whole["measured_with"]["commit"],
+        "plain_steps": len(plain),
+        "s_per_step": step,
+        "tokens_per_s": tokens_per_s,
+        "mfu": {k: mfu(f, tokens_per_s, p["peak_bf16"]["tflops"], p["gpus"]) for k, f in p["flops_per_token"].items()},
+        "profiled_steps": p["steps"],
+        "s_per_step_profiled": p["s_per_step"],
+        "ms_per_step": p["ms_per_step"],
+        "busy_ms_per_step": p["busy_ms_per_step"],
+        "host_gap_ms_per_step": p["host_gap_ms_per_step"],
+        "telemetry": telemetry_ratio(whole, last),
+    }
+
+
+def assemble(records: list[Path]) -> dict:
+    """The records side by side (module docstring): one device's, all of one commit."""
+    rows = [_row(path) for path in records]
+    if len(commits := {r["commit"] for r in rows}) > 1:
+        raise FP4ReproError(
+            f"bench train-step: the records were measured at several commits ({', '.join(map(str, commits))}): "
+            "measure the older ones again (remove them) so that their steps compare"
         )
     by = {(r["experiment"], r["recipe"], r["kernels"]): r for r in rows}
     over_bf16, fused_gain, checks = [], [], []
@@ -152,7 +195,7 @@ def assemble(records: list[Path], gemm_fp32: set[str]) -> dict:
         if recipe != "bf16" and (base := by.get((experiment, "bf16", kernels))) is not None:
             ratio = row["s_per_step"] / base["s_per_step"]
             over_bf16.append({"experiment": experiment, "recipe": recipe, "kernels": kernels, "ratio": ratio})
-            if recipe in gemm_fp32:
+            if row["gemm"] == "fp32":
                 checks.append(_check(f"{experiment} {recipe} ({kernels}) step / bf16's", ratio, FP32_GEMM_CEILING))
         if kernels == "fused" and (default := by.get((experiment, recipe, "default"))) is not None:
             gain = default["s_per_step"] / row["s_per_step"]
@@ -164,6 +207,48 @@ def assemble(records: list[Path], gemm_fp32: set[str]) -> dict:
             ratio = row["telemetry"]["ratio"]
             checks.append(_check(f"{experiment} {recipe} ({kernels}) telemetry step / plain", ratio, TELEMETRY_CEILING))
     return {"rows": rows, "over_bf16": over_bf16, "fused_gain": fused_gain, "checks": checks}
+
+
+def run(
+    study: Study,
+    recipes: list[str],
+    kernels: list[str],
+    data: Path,
+    records: Path,
+    out: Path,
+    window: str,
+    stop_after: int,
+    scratch: str | None = None,
+) -> dict:
+    """Measure each recipe with each kernels (``measure``) in a temporary folder under ``scratch``,
+    then assemble every record of ``records`` (this device's folder) into ``out``; prints the
+    table. Refused before any run: a window the runs do not reach, data not prepared."""
+    import tempfile
+
+    import torch
+
+    from fp4repro.errors import ConfigError
+    from fp4repro.provenance import provenance
+    from fp4repro.train.profiling import ProfileWindow
+
+    try:  # each process must train the whole window
+        ProfileWindow.parse(window).check(1, min(stop_after, study.experiment.train.total_steps))
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("--profile-steps", "--window", 1)) from None
+    if not (data / "manifest.json").is_file():
+        raise ConfigError(
+            f"--data: {data} holds no prepared data: run `fp4repro prepare-data --experiment {study.name}` first"
+        )
+    with tempfile.TemporaryDirectory(prefix="train_step_", dir=scratch) as folder:
+        for recipe in recipes:
+            for kind in kernels:
+                measure(study, recipe, kind, data, records, Path(folder), window, stop_after)
+    measured = sorted(records.glob("*.json"))
+    result = assemble(measured)
+    write_json(out, result, provenance("cuda" if torch.cuda.is_available() else "cpu"))
+    print(table(result))
+    print(f"wrote {out} ({len(measured)} configurations from {records})")
+    return result
 
 
 def _check(what: str, value: float, bound: float, target: float | None = None) -> dict:

@@ -201,43 +201,25 @@ def _bench_project(args) -> int:
 
 
 def _bench_train_step(args) -> int:
-    import tempfile
-
     import torch
 
     from fp4repro.bench import train_step
     from fp4repro.config.devices import device_tag
-    from fp4repro.errors import ConfigError
-    from fp4repro.provenance import provenance
-    from fp4repro.results import write_json
-    from fp4repro.train.profiling import ProfileWindow
 
     study = _study(args)
-    window = ProfileWindow.parse(args.window)
-    try:  # each process must train the whole window: said before any run
-        window.check(1, min(args.stop_after, study.experiment.train.total_steps))
-    except ConfigError as err:
-        raise ConfigError(str(err).replace("--profile-steps", "--window", 1)) from None
-    data = Path(args.data or f"results/{study.name}/data")
-    if not (data / "manifest.json").is_file():
-        raise ConfigError(
-            f"--data: {data} holds no prepared data: run `fp4repro prepare-data --experiment {study.name}` first"
-        )
-    records = Path(args.records)
-    cuda = torch.cuda.is_available()
-    tag = device_tag(torch.cuda.get_device_name() if cuda else None)
-    out = Path(args.out or f"results/bench/train_step_{tag}.json")
+    tag = device_tag(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     recipes = [_recipe_name(study, r) for r in args.recipes] if args.recipes else list(study.recipes)
-    with tempfile.TemporaryDirectory(prefix="train_step_", dir=args.scratch) as scratch:
-        for recipe in recipes:
-            for kernels in args.kernels:
-                train_step.measure(study, recipe, kernels, data, records, Path(scratch), args.window, args.stop_after)
-    measured = sorted(records.glob("*.json"))
-    gemm_fp32 = {name for name, recipe in study.recipes.items() if recipe.gemm.kind == "fp32" and name != "bf16"}
-    result = train_step.assemble(measured, gemm_fp32)
-    write_json(out, result, provenance("cuda" if cuda else "cpu"))
-    print(train_step.table(result))
-    print(f"wrote {out} ({len(measured)} configurations from {records})")
+    train_step.run(
+        study,
+        recipes,
+        args.kernels,
+        data=Path(args.data or f"results/{study.name}/data"),
+        records=Path(args.records) / tag,  # a device's own: another's steps do not compare
+        out=Path(args.out or f"results/bench/train_step_{tag}.json"),
+        window=args.window,
+        stop_after=args.stop_after,
+        scratch=args.scratch,
+    )
     return 0
 
 
@@ -290,6 +272,50 @@ DESCRIPTION = (
     "(fp4repro.bench.train_step; records in results/bench/train_step/, assembled into "
     "results/bench/train_step_<device>.json)."
 )
+
+
+def _add_train_step_arguments(b: argparse.ArgumentParser) -> None:
+    """The options of ``bench train-step`` alone."""
+    b.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=["default", "fused"],
+        default=["default", "fused"],
+        help="train-step: the kernels to train each recipe with (default both; fused: fp4repro train --fused-kernels)",
+    )
+    b.add_argument(
+        "--recipes",
+        nargs="+",
+        metavar="RECIPE",
+        help="train-step: these of the experiment's recipes only (default all of them)",
+    )
+    b.add_argument(
+        "--window",
+        default="5:4",
+        metavar="START:COUNT",
+        help="train-step: the steps each run profiles (fp4repro train --profile-steps; default 5:4)",
+    )
+    b.add_argument(
+        "--stop-after",
+        type=int,
+        default=60,
+        metavar="STEPS",
+        help="train-step: steps each run trains (default 60: profile8b's telemetry step 50 and plain steps after "
+        "the window give the telemetry step's ratio)",
+    )
+    b.add_argument(
+        "--records",
+        default="results/bench/train_step",
+        help="train-step: the folder of each configuration's record, one subfolder per device (a configuration "
+        "recorded there at this commit with this window and steps is not run again; all of the device's are "
+        "assembled) (default results/bench/train_step)",
+    )
+    b.add_argument("--data", help="train-step: the experiment's prepared data (default results/<experiment>/data)")
+    b.add_argument(
+        "--scratch",
+        help="train-step: where the runs train, each removed once recorded (default the system's temporary folder; "
+        "an 8B-width run writes a resume checkpoint of about 17 GB)",
+    )
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -346,45 +372,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         default="devices",
         help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)",
     )
-    b.add_argument(
-        "--kernels",
-        nargs="+",
-        choices=["default", "fused"],
-        default=["default", "fused"],
-        help="train-step: the kernels to train each recipe with (default both; fused: fp4repro train --fused-kernels)",
-    )
-    b.add_argument(
-        "--recipes",
-        nargs="+",
-        metavar="RECIPE",
-        help="train-step: these of the experiment's recipes only (default all of them)",
-    )
-    b.add_argument(
-        "--window",
-        default="5:4",
-        metavar="START:COUNT",
-        help="train-step: the steps each run profiles (fp4repro train --profile-steps; default 5:4)",
-    )
-    b.add_argument(
-        "--stop-after",
-        type=int,
-        default=60,
-        metavar="STEPS",
-        help="train-step: steps each run trains (default 60: profile8b's telemetry step 50 and plain steps after "
-        "the window give the telemetry step's ratio)",
-    )
-    b.add_argument(
-        "--records",
-        default="results/bench/train_step",
-        help="train-step: the folder of each configuration's record (a configuration recorded there is not run "
-        "again; all of them are assembled) (default results/bench/train_step)",
-    )
-    b.add_argument("--data", help="train-step: the experiment's prepared data (default results/<experiment>/data)")
-    b.add_argument(
-        "--scratch",
-        help="train-step: where the runs train, each removed once recorded (default the system's temporary folder; "
-        "an 8B-width run writes a resume checkpoint of about 17 GB)",
-    )
+    _add_train_step_arguments(b)
     b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
     b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
     b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")

@@ -37,7 +37,13 @@ def _cmd_train(args) -> int:
     elif args.profile_out is not None:
         raise ConfigError(f"--profile-out: value {args.profile_out!r}: only with --profile-steps START:COUNT")
     study = _study(args)
-    if args.fused_kernels:
+    if args.fused_kernels and not study.experiment.train.fused_kernels:
+        if args.out is None:  # the default folder is the experiment's own run, made without them
+            raise ConfigError(
+                f"--fused-kernels: experiment '{study.name}' trains without them (train.fused_kernels: false), so "
+                "its run folder holds that run; give this run a folder of its own with --out (or set "
+                "train.fused_kernels: true in an experiment of its own)"
+            )
         study = study.with_train(fused_kernels=True)
     exp = study.experiment
     recipe = _recipe_name(study, args.recipe)
@@ -218,8 +224,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument(
         "--fused-kernels",
         action="store_true",
-        help="torch's fused AdamW and RMSNorms compiled by torch.compile (faster; other bits, so another run "
-        "folder: the run's fingerprint says so) (the default of an experiment with train.fused_kernels: true)",
+        help="torch's fused AdamW and RMSNorms compiled by torch.compile (faster; other bits: another run, whose "
+        "fingerprint says so, so give it its own --out) (the default of an experiment with train.fused_kernels: "
+        "true)",
     )
     tr.add_argument(
         "--profile-steps",
