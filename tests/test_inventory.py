@@ -4,8 +4,10 @@ import datetime
 import json
 
 import pandas as pd
+import pytest
 
 from fp4repro.cli import main
+from fp4repro.config.experiment import GpuBudget
 from fp4repro.results import eval_dir, run_dir, write_table
 
 
@@ -124,6 +126,27 @@ def test_the_inventory_sums_gpu_minutes_of_the_runs_that_recorded_them_beside_th
         "GPU minutes: 11.0 over 2 run(s) that recorded them, median 5.5 per run (budget: 5 per run, 85 for the study)"
     )
     assert gpu_minutes_line({"runs": [runs["nvfp4"]]}) is None
+
+
+@pytest.mark.parametrize(
+    "made, missing, says",
+    [
+        # 5 planned: the median is the 3rd; 2 within (4.0, 5.0) and 1 of the 2 missing would do
+        ([4.0, 5.0, 7.0], 2, "comes within it only if at least 1 of the 2 missing runs take at most 5 min each"),
+        # 3 within of 5: the 3rd smallest is within whatever the missing cost
+        ([1.0, 2.0, 3.0], 2, "is within it whatever the 2 missing ones take"),
+        # 6 planned (even: both middle runs count): 3 needed, 0 made within, 2 missing
+        ([6.0, 7.0, 8.0, 9.0], 2, "cannot come within it: it needs 3 runs within 5 min, and 0 made ones and"),
+        # a made run without recorded minutes may be within: it counts so
+        ([None, 7.0, 8.0], 2, "only if at least 2 of the 2 missing runs"),
+    ],
+)
+def test_the_minutes_line_says_what_the_planned_median_needs_of_the_missing_runs(made, missing, says):
+    from fp4repro.inventory import gpu_minutes_line
+
+    found = {"runs": [{"gpu_minutes": m} for m in made], "missing": [{}] * missing}
+    line = gpu_minutes_line(found, GpuBudget(5, 100))
+    assert says in line and line.startswith("GPU minutes: ")
 
 
 def test_an_imported_study_reads_the_runs_that_are_there_and_a_run_study_plans_them_all(tmp_path):

@@ -162,7 +162,8 @@ def inventory(
 
 def gpu_minutes_line(found: dict, budget=None) -> str | None:
     """The GPU minutes of an inventory's runs that recorded them (their sum and median) beside the
-    experiment's ``gpu_budget``; None when no run recorded them."""
+    experiment's ``gpu_budget``, and, while runs are missing, what the median of all the planned
+    runs needs of them (``median_needs``); None when no run recorded them."""
     minutes = [r["gpu_minutes"] for r in found["runs"] if r["gpu_minutes"] is not None]
     if not minutes:
         return None
@@ -172,4 +173,28 @@ def gpu_minutes_line(found: dict, budget=None) -> str | None:
     )
     if budget is not None:
         line += f" (budget: {budget.minutes_per_run:g} per run, {budget.minutes:g} for the study)"
+        if found.get("missing"):
+            line += "; " + median_needs(found, budget.minutes_per_run)
     return line
+
+
+def median_needs(found: dict, per_run: float) -> str:
+    """What the median of every planned run (made and missing) needs of the missing ones to come
+    within ``per_run`` minutes: at least (N + 1) // 2 of N runs within it (fewer, and the middle
+    run, or both middle runs of an even N, lie above). Made runs that recorded no minutes count as
+    if within (they are unknown)."""
+    made, missing = found["runs"], len(found["missing"])
+    planned, needed = len(made) + missing, (len(made) + missing + 1) // 2
+    within = sum(r["gpu_minutes"] is None or r["gpu_minutes"] <= per_run for r in made)
+    still = needed - within
+    if still <= 0:
+        return f"the median of the {planned} planned runs is within it whatever the {missing} missing ones take"
+    if still > missing:
+        return (
+            f"the median of the {planned} planned runs cannot come within it: it needs {needed} runs within "
+            f"{per_run:g} min, and {within} made ones and the {missing} missing ones make {within + missing}"
+        )
+    return (
+        f"the median of the {planned} planned runs comes within it only if at least {still} of the {missing} "
+        f"missing runs take at most {per_run:g} min each"
+    )
