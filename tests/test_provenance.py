@@ -57,6 +57,7 @@ def test_a_copied_tree_names_its_commit_in_the_environment(monkeypatch):
 
 def test_a_cpu_result_names_no_gpu():
     assert "device_uuid" not in provenance("cpu") and device_uuid("cpu") is None and device_uuid() is None
+    assert "fp32_matmul" not in provenance("cpu")
 
 
 @pytest.mark.gpu
@@ -64,3 +65,11 @@ def test_a_cuda_result_names_its_physical_gpu():
     record = provenance("cuda")
     assert record["device_uuid"] == str(torch.cuda.get_device_properties(0).uuid)
     assert record["device_uuid"] == provenance("cuda:0")["device_uuid"] != ""
+    # float32 products as float32 unless the environment asked for TF32 (then the record says so)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    assert record["fp32_matmul"] == ("tf32" if tf32 else "ieee")
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        assert provenance("cuda")["fp32_matmul"] == ("ieee" if tf32 else "tf32")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32

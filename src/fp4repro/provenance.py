@@ -9,7 +9,11 @@ which the report compares before it pairs two runs.
 
 A result computed on a CUDA device adds ``"device_uuid"``: the UUID of that physical GPU. Records
 that share it and overlap in time (``created`` less their wall time) ran on one GPU at once, which
-is how ``fp4repro inventory`` shares a GPU's minutes among the runs that used it together.
+is how ``fp4repro inventory`` shares a GPU's minutes among the runs that used it together. It
+also adds ``"fp32_matmul"``: "ieee" where torch's float32 matrix products run as float32, "tf32"
+where they run on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``, which an
+environment can switch on, NVIDIA's containers through ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``):
+the FP32 LM head and the FP32 GEMM models compute other numbers then.
 
 ``git_commit`` is the commit of the source tree the package was imported from (an editable
 install or a checkout); null for an installed wheel, whose ``fp4repro`` version says what it is.
@@ -102,10 +106,20 @@ def device_uuid(device: str | None = None) -> str | None:
     return str(torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).uuid)
 
 
+def fp32_matmul(device: str | None = None) -> str | None:
+    """How torch multiplies float32 matrices on the CUDA device ``device`` names: "ieee" or "tf32";
+    None off CUDA or when torch is not loaded."""
+    torch = sys.modules.get("torch")
+    if device is None or not str(device).startswith("cuda") or torch is None or not torch.cuda.is_available():
+        return None
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
 def provenance(device: str | None = None) -> dict:
     """The record described in the module docstring, for a result computed on ``device``."""
     commit, dirty = _git()
     uuid = device_uuid(device)
+    matmul = fp32_matmul(device)
     return {
         "fp4repro": fp4repro.__version__,
         "git_commit": commit,
@@ -115,4 +129,5 @@ def provenance(device: str | None = None) -> dict:
         "device": describe_device(device),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **({"device_uuid": uuid} if uuid else {}),
+        **({"fp32_matmul": matmul} if matmul else {}),
     }
