@@ -91,11 +91,17 @@ def test_the_rules_name_every_part_and_the_quantization_kernels_the_census_reads
     assert part_of("x") == "other" and PARTS[-1] == "other"
 
 
-def test_norm_modules_are_labelled_and_a_stack_named_for_its_norm_is_not():
+def test_norm_modules_and_the_fp32_heads_are_labelled_and_a_stack_named_for_its_norm_is_not():
     for name in ("RMSNorm", "GatedRMSNorm", "RMSNormGated", "LayerNorm", "TENorm"):
         assert LABELLED_MODULES.search(name), name
-    for name in ("TorchNormMambaStack", "Mamba2Mixer", "NormalizationHelper"):
+    for name in ("FP32OutputHead", "FP32OutputColumnParallelLinear"):
+        assert LABELLED_MODULES.search(name), name
+    for name in ("TorchNormMambaStack", "Mamba2Mixer", "NormalizationHelper", "ColumnParallelLinear", "Linear"):
         assert not LABELLED_MODULES.search(name), name
+    # a head's GEMM is the head's, a norm's kernel the norm's, however generic the kernel's name
+    assert part_of("sm90_xmma_gemm_f32f32_f32", (MODULE_LABEL + "FP32OutputHead", "aten::mm")) == "lm_head"
+    assert part_of("elementwise_kernel", (MODULE_LABEL + "RMSNorm", "aten::mul")) == "norm"
+    assert part_of("sm90_xmma_gemm_bf16bf16_bf16", ("aten::mm",)) == "gemm"
 
 
 def test_flops_per_token_of_the_tiny_model_counted_by_hand():
@@ -262,6 +268,7 @@ def test_train_profiles_its_window_on_a_cpu_and_writes_nothing_else(guarded, tmp
     assert set(record["ms_per_step"]) == set(PARTS)
     assert record["ms_per_step"]["gemm"] > 0 and record["ms_per_step"]["optimizer"] > 0
     assert record["ms_per_step"]["norm"] > 0 and record["ms_per_step"]["attention"] > 0
+    assert record["ms_per_step"]["lm_head"] > 0  # the tiny model's FP32 head, apart from the other GEMMs
     assert sum(record["ms_per_step"].values()) == pytest.approx(record["busy_ms_per_step"], rel=1e-6)
     assert record["host_gap_ms_per_step"] == pytest.approx(record["s_per_step"] * 1e3 - record["busy_ms_per_step"])
     assert record["costliest"]["gemm"][0]["name"] in ("aten::mm", "aten::addmm", "aten::bmm")

@@ -262,7 +262,7 @@ def table(result: dict) -> str:
     """The assembled file as tables: each configuration, then the checks."""
     lines = [
         f"{'experiment':20} {'recipe':18} {'kernels':8} {'ms/step':>8} {'tokens/s':>9} {'MFU':>6} "
-        f"{'GEMM ms':>8} {'optim ms':>8} {'norm ms':>8} {'gaps ms':>8} {'tel x':>6}"
+        f"{'head ms':>8} {'GEMM ms':>8} {'optim ms':>8} {'norm ms':>8} {'gaps ms':>8} {'tel x':>6}"
     ]
     for r in result["rows"]:
         mfu = f"{r['mfu']['dense']:.1%}" if r["mfu"]["dense"] is not None else "-"
@@ -270,7 +270,8 @@ def table(result: dict) -> str:
         ms = r["ms_per_step"]
         lines.append(
             f"{r['experiment']:20} {r['recipe']:18} {r['kernels']:8} {r['s_per_step'] * 1e3:>8.1f} "
-            f"{r['tokens_per_s']:>9,.0f} {mfu:>6} {ms['gemm']:>8.1f} {ms['optimizer']:>8.1f} {ms['norm']:>8.1f} "
+            f"{r['tokens_per_s']:>9,.0f} {mfu:>6} {ms.get('lm_head', 0.0):>8.1f} {ms['gemm']:>8.1f} "
+            f"{ms['optimizer']:>8.1f} {ms['norm']:>8.1f} "
             f"{r['host_gap_ms_per_step']:>8.1f} {tel:>6}"
         )
     for g in result["fused_gain"]:

@@ -18,9 +18,11 @@ synchronizations, Python, data) on a GPU, interpreter time between operators on 
 it: a rule matches by the activity's name (``kernel``, a regular expression searched in it) or by
 an operator around it (``within``, searched in each of their names). A backward operator also
 carries the module labels of the forward operator it differentiates (autograd's sequence number
-pairs them), so that a norm's backward kernels count as the norm's. Norm modules get a label
-(``MODULE_LABEL``) for the profiled steps only (``module_labels``): the reference's and
-megatron's RMSNorms are elementwise operators and a reduction, anonymous otherwise. The engines
+pairs them), so that a norm's backward kernels count as the norm's. Norm modules and the FP32 LM
+head get a label (``MODULE_LABEL``) for the profiled steps only (``module_labels``): the
+reference's and megatron's RMSNorms are elementwise operators and a reduction, anonymous
+otherwise, and the head's GEMMs (``lm_head``: FP32, forward and backward, with their casts) would
+be GEMMs among the BF16 ones. The engines
 mark their optimizer phase (``fp4repro.util.OPTIMIZER_PHASE``). What no rule matches is
 ``other``; the record lists each part's costliest kernels, so that ``other`` can be read.
 
@@ -60,6 +62,7 @@ from fp4repro.train.engine import Engine
 
 #: The parts of a step, in the order tables show them.
 PARTS = (
+    "lm_head",
     "gemm",
     "mamba_scan",
     "conv1d",
@@ -77,13 +80,14 @@ PARTS = (
 #: too); composite ones (linear, matmul) are left out: their copies are not GEMM work.
 GEMM_OPERATORS = ("aten::mm", "aten::addmm", "aten::_scaled_mm", "aten::bmm", "aten::baddbmm")
 
-#: The label of a norm module's forward while a step is profiled (``module_labels``).
+#: The label of a norm's or the LM head's forward while a step is profiled (``module_labels``).
 MODULE_LABEL = "fp4repro::module::"
 
-#: The modules labelled: norms by their class name (RMSNorm, GatedRMSNorm, mamba-ssm's RMSNormGated,
-#: LayerNorm, TENorm), anchored at the end so that a stack named for its norm (TorchNormMambaStack)
-#: is not one.
-LABELLED_MODULES = re.compile(r"Norm(Gated)?$")
+#: The modules labelled, by their class name: norms (RMSNorm, GatedRMSNorm, mamba-ssm's
+#: RMSNormGated, LayerNorm, TENorm), anchored at the end so that a stack named for its norm
+#: (TorchNormMambaStack) is not one; and the FP32 LM heads (the reference's FP32OutputHead,
+#: megatron's FP32OutputColumnParallelLinear), whose FP32 GEMMs are a part of their own.
+LABELLED_MODULES = re.compile(r"Norm(Gated)?$|^FP32Output")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,9 @@ _GEMM_WITHIN = "^(" + "|".join(re.escape(op) for op in GEMM_OPERATORS) + ")$"
 #: convolutions are "implicit_gemm" kernels, so conv1d precedes gemm; a norm's or the optimizer's
 #: copies are theirs, so they precede copies; a cast is a copy before it is an elementwise kernel).
 RULES = (
+    # the LM head in FP32 (forward and backward): its GEMMs run on FP32 units, not the BF16 tensor
+    # cores the other GEMMs use, so their time is shown apart
+    Rule("lm_head", "lm_head", within="^" + re.escape(MODULE_LABEL) + "FP32Output"),
     # this suite's Triton kernels (fp4repro.kernels)
     Rule("quantization", "quantize", kernel=_NOT_IN_NAME + r"_quantize_kernel"),
     Rule("quantization", "amax", kernel=_NOT_IN_NAME + r"_amax_kernel"),
@@ -146,7 +153,7 @@ RULES = (
         "norm",
         "norm",
         kernel=r"layer_norm|rms_norm|LayerNorm|RMSNorm|RmsNorm|GammaBeta|RowwiseMoments",
-        within="^" + re.escape(MODULE_LABEL) + r"|^aten::(native_layer_norm|layer_norm|rms_norm|_fused_rms_norm)"
+        within="^" + re.escape(MODULE_LABEL) + r"\w*Norm|^aten::(native_layer_norm|layer_norm|rms_norm|_fused_rms_norm)"
         r"|LayerNormBackward|RmsNormBackward|^LayerNormFn",
     ),
     # the engines' optimizer phase, torch's optimizer steps, foreach ops (the gradient norm) and
