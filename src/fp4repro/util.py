@@ -177,7 +177,8 @@ def deterministic_algorithms() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
     torch.use_deterministic_algorithms(True)
-    if (inductor := sys.modules.get("torch._inductor.config")) is not None:
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None and hasattr(inductor, "deterministic"):  # (a torch without the mode: no such field)
         inductor.deterministic = True
 
 
