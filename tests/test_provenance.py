@@ -65,11 +65,14 @@ def test_a_cuda_result_names_its_physical_gpu():
     record = provenance("cuda")
     assert record["device_uuid"] == str(torch.cuda.get_device_properties(0).uuid)
     assert record["device_uuid"] == provenance("cuda:0")["device_uuid"] != ""
-    # float32 products as float32 unless the environment asked for TF32 (then the record says so)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    assert record["fp32_matmul"] == ("tf32" if tf32 else "ieee")
-    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    # float32 products as float32 unless the environment asked for TF32 (then the record says so);
+    # switched through the API the record reads (torch >= 2.9: fp32_precision)
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    was = getattr(matmul, name)
+    tf32 = record["fp32_matmul"] == "tf32"
+    setattr(matmul, name, ("ieee" if tf32 else "tf32") if name == "fp32_precision" else not tf32)
     try:
         assert provenance("cuda")["fp32_matmul"] == ("ieee" if tf32 else "tf32")
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        setattr(matmul, name, was)

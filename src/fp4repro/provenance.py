@@ -11,8 +11,9 @@ A result computed on a CUDA device adds ``"device_uuid"``: the UUID of that phys
 that share it and overlap in time (``created`` less their wall time) ran on one GPU at once, which
 is how ``fp4repro inventory`` shares a GPU's minutes among the runs that used it together. It
 also adds ``"fp32_matmul"``: "ieee" where torch's float32 matrix products run as float32, "tf32"
-where they run on TF32 tensor cores (``torch.backends.cuda.matmul.allow_tf32``, which an
-environment can switch on, NVIDIA's containers through ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``):
+where they run on TF32 tensor cores (``torch.backends.cuda.matmul.fp32_precision``, before torch
+2.9 ``allow_tf32``; an environment can switch it on, NVIDIA's containers through
+``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``):
 the FP32 LM head and the FP32 GEMM models compute other numbers then.
 
 ``git_commit`` is the commit of the source tree the package was imported from (an editable
@@ -112,7 +113,15 @@ def fp32_matmul(device: str | None = None) -> str | None:
     torch = sys.modules.get("torch")
     if device is None or not str(device).startswith("cuda") or torch is None or not torch.cuda.is_available():
         return None
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    matmul = torch.backends.cuda.matmul
+    # torch >= 2.9 reads it as fp32_precision (its legacy allow_tf32 raises once both APIs were used);
+    # "none" inherits torch.backends.fp32_precision
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:
+        return "tf32" if matmul.allow_tf32 else "ieee"
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "ieee")
+    return "tf32" if precision == "tf32" else "ieee"
 
 
 def provenance(device: str | None = None) -> dict:
