@@ -131,13 +131,17 @@ def test_the_inventory_sums_gpu_minutes_of_the_runs_that_recorded_them_beside_th
 @pytest.mark.parametrize(
     "made, missing, says",
     [
-        # 5 planned: the median is the 3rd; 2 within (4.0, 5.0) and 1 of the 2 missing would do
+        # 5 planned: the median is the 3rd; with none of the 2 missing within, it is over 5
         ([4.0, 5.0, 7.0], 2, "comes within it only if at least 1 of the 2 missing runs take at most 5 min each"),
-        # 3 within of 5: the 3rd smallest is within whatever the missing cost
+        # 3 of 5 within: the 3rd smallest is within even if the missing take forever
         ([1.0, 2.0, 3.0], 2, "is within it whatever the 2 missing ones take"),
-        # 6 planned (even: both middle runs count): 3 needed, 0 made within, 2 missing
-        ([6.0, 7.0, 8.0, 9.0], 2, "cannot come within it: it needs 3 runs within 5 min, and 0 made ones and"),
-        # a made run without recorded minutes may be within: it counts so
+        # 4 planned, 2 within: both middle runs count, so long missing runs can take it over
+        ([1.0, 2.0], 2, "depends on how long the 2 missing runs take"),
+        # 6 planned: even with the 2 missing at no time the median is (6 + 7) / 2
+        ([6.0, 7.0, 8.0, 9.0], 2, "cannot come within it: with the 2 missing runs taking no time it would be 6.5"),
+        # 4 planned: (1 + 9.5) / 2 at best
+        ([1.0, 9.5, 9.5], 1, "cannot come within it: with the 1 missing runs taking no time it would be 5.2"),
+        # a made run without recorded minutes counts as taking no time at best, forever at worst
         ([None, 7.0, 8.0], 2, "only if at least 2 of the 2 missing runs"),
     ],
 )

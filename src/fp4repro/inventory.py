@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,21 +181,35 @@ def gpu_minutes_line(found: dict, budget=None) -> str | None:
 
 def median_needs(found: dict, per_run: float) -> str:
     """What the median of every planned run (made and missing) needs of the missing ones to come
-    within ``per_run`` minutes: at least (N + 1) // 2 of N runs within it (fewer, and the middle
-    run, or both middle runs of an even N, lie above). Made runs that recorded no minutes count as
-    if within (they are unknown)."""
+    within ``per_run`` minutes, from its best and worst cases. Worst: every missing run (and made
+    run without recorded minutes) takes forever; if the median is within even so, it is within
+    whatever they take. Best: they take no time; if it is not within even so, it cannot be. Else
+    the fewest missing runs that must take at most ``per_run``: with k of them at no time and the
+    others just over ``per_run`` (the least a run over it can take), the median is within only
+    from k on, so fewer than k within it leave the median over it."""
     made, missing = found["runs"], len(found["missing"])
-    planned, needed = len(made) + missing, (len(made) + missing + 1) // 2
-    within = sum(r["gpu_minutes"] is None or r["gpu_minutes"] <= per_run for r in made)
-    still = needed - within
-    if still <= 0:
+    known = [r["gpu_minutes"] for r in made if r["gpu_minutes"] is not None]
+    unknown, planned = len(made) - len(known), len(made) + missing
+    over = math.nextafter(per_run, math.inf)
+
+    def median_with(fast: int, slow: float) -> float:
+        """The median with ``fast`` of the missing (and every unknown) at 0, the others at ``slow``."""
+        return statistics.median(known + [0.0] * (unknown + fast) + [slow] * (missing - fast))
+
+    if statistics.median(known + [math.inf] * (unknown + missing)) <= per_run:
         return f"the median of the {planned} planned runs is within it whatever the {missing} missing ones take"
-    if still > missing:
+    if median_with(missing, math.inf) > per_run:
         return (
-            f"the median of the {planned} planned runs cannot come within it: it needs {needed} runs within "
-            f"{per_run:g} min, and {within} made ones and the {missing} missing ones make {within + missing}"
+            f"the median of the {planned} planned runs cannot come within it: with the {missing} missing runs "
+            f"taking no time it would be {median_with(missing, math.inf):.1f}"
+        )
+    needed = next(k for k in range(missing + 1) if median_with(k, over) <= per_run)
+    if needed == 0:
+        return (
+            f"whether the median of the {planned} planned runs comes within it depends on how long the "
+            f"{missing} missing runs take"
         )
     return (
-        f"the median of the {planned} planned runs comes within it only if at least {still} of the {missing} "
+        f"the median of the {planned} planned runs comes within it only if at least {needed} of the {missing} "
         f"missing runs take at most {per_run:g} min each"
     )

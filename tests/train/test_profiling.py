@@ -217,6 +217,52 @@ def test_a_cpu_timeline_puts_a_norms_backward_and_the_optimizer_phase_in_their_p
     assert busy_us(activities) == pytest.approx(sum(a.us for a in activities), rel=1e-6)
 
 
+def test_the_fp32_heads_backward_gemms_are_the_heads_and_a_norms_cast_stays_out_of_it():
+    from fp4repro.model.layers import FP32OutputHead, RMSNorm
+
+    torch.manual_seed(0)
+    # the first linear has a bias (addmm, AddmmBackward0), the head none (mm, MmBackward0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), RMSNorm(16), FP32OutputHead(16, 32, bias=False))
+    x = torch.randn(8, 16)
+    with (
+        module_labels(model) as labelled,
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p,
+    ):
+        model(x).square().mean().backward()
+    assert labelled == 2  # the norm and the head
+    activities = timeline(p.events(), cuda=False)
+    head_backward = [a for a in activities if "MmBackward0" in a.within]
+    assert head_backward and {part_of(a.name, a.within) for a in head_backward} == {"lm_head"}
+    first = [a for a in activities if "AddmmBackward0" in a.within]
+    assert {part_of(a.name, a.within) for a in first if a.name == "aten::mm"} == {"gemm"}
+    assert "lm_head" not in {part_of(a.name, a.within) for a in first}
+    # the head's forward GEMM too; the norm's operators, forward and backward, stay the norm's
+    head = {a.name for a in activities if part_of(a.name, a.within) == "lm_head"}
+    assert "aten::mm" in head and not head & {"aten::rsqrt", "aten::pow"}
+
+
+def test_a_node_is_traced_to_the_operator_that_created_it_not_to_an_earlier_one_sharing_its_number():
+    # an operator that creates no autograd node records the number the next node takes: a norm's
+    # closing no-op cast (in the norm) and the head's cast (in the head) share number 7; the cast
+    # that began last made the node, and its composite parent (same number) is the operator
+    from types import SimpleNamespace
+
+    from fp4repro.train.profiling import _forward_ops
+
+    def op(name, start, parent=None, seq=7):
+        span = SimpleNamespace(start=start)
+        return SimpleNamespace(
+            name=name, scope=0, sequence_nr=seq, thread=1, time_range=span, cpu_parent=parent, is_user_annotation=False
+        )
+
+    norm_cast = op("aten::to", 1.0)
+    head_to = op("aten::to", 2.0)
+    head_copy = op("aten::_to_copy", 2.1, parent=head_to)
+    other = op("aten::mm", 3.0, seq=8)
+    forward = _forward_ops([norm_cast, head_to, head_copy, other])
+    assert forward[7] is head_to and forward[(1, 7)] is head_to and forward[8] is other
+
+
 @pytest.mark.parametrize("text", ["3", "0:2", "2:0", "a:b", "3:2:1", "-1:2"])
 def test_a_window_is_two_whole_numbers_of_at_least_one(text):
     with pytest.raises(ConfigError, match=re.escape(f"--profile-steps: value {text!r}: START:COUNT")):

@@ -113,8 +113,11 @@ _GEMM_WITHIN = "^(" + "|".join(re.escape(op) for op in GEMM_OPERATORS) + ")$"
 #: convolutions are "implicit_gemm" kernels, so conv1d precedes gemm; a norm's or the optimizer's
 #: copies are theirs, so they precede copies; a cast is a copy before it is an elementwise kernel).
 RULES = (
-    # the LM head in FP32 (forward and backward): its GEMMs run on FP32 units, not the BF16 tensor
-    # cores the other GEMMs use, so their time is shown apart
+    # collectives first: a tensor-parallel head or linear runs them within its own labels
+    Rule("communication", "collectives", kernel=r"nccl", within=r"^(nccl:|c10d::|record_param_comms)"),
+    # the LM head in FP32 (forward and backward): its GEMMs run on FP32 units (TF32 tensor cores
+    # where the environment turned TF32 on: provenance fp32_matmul), not the BF16 tensor cores the
+    # other GEMMs use, so their time is shown apart
     Rule("lm_head", "lm_head", within="^" + re.escape(MODULE_LABEL) + "FP32Output"),
     # this suite's Triton kernels (fp4repro.kernels)
     Rule("quantization", "quantize", kernel=_NOT_IN_NAME + r"_quantize_kernel"),
@@ -164,7 +167,6 @@ RULES = (
         kernel=r"multi_tensor_apply|lpnorm_cleanup|[Aa]dam",
         within=r"^fp4repro::optimizer$|^Optimizer\.(step|zero_grad)|^aten::_foreach_|^aten::_fused_adam",
     ),
-    Rule("communication", "collectives", kernel=r"nccl", within=r"^(nccl:|c10d::|record_param_comms)"),
     # transfers, fills, dtype casts, contiguous copies and concatenation
     Rule(
         "copies",
@@ -233,14 +235,21 @@ def _backward_scope(event) -> bool:
 
 def _forward_ops(events) -> dict:
     """(thread, sequence number) and sequence number alone -> the outermost forward operator that
-    created that autograd node (the first it began; by number alone, of any thread)."""
+    created that autograd node (by number alone, of any thread). An operator that creates no node
+    records the number the next node will take, so several operators share one: the last one to
+    begin created the node (the first may be a no-op cast at the end of the module before), and
+    the operators around it with the same number are the composite ones it ran within."""
     forward = {}
     for e in events:
         if e.scope != 0 or e.sequence_nr < 0 or e.name.startswith("autograd::") or e.is_user_annotation:
             continue
         for key in ((e.thread, e.sequence_nr), e.sequence_nr):
-            if key not in forward or e.time_range.start < forward[key].time_range.start:
+            if key not in forward or e.time_range.start > forward[key].time_range.start:
                 forward[key] = e
+    for key, op in forward.items():
+        while op.cpu_parent is not None and op.cpu_parent.sequence_nr == op.sequence_nr:
+            op = op.cpu_parent
+        forward[key] = op
     return forward
 
 
