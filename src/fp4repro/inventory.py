@@ -198,10 +198,10 @@ def median_needs(found: dict, per_run: float) -> str:
 
     if statistics.median(known + [math.inf] * (unknown + missing)) <= per_run:
         return f"the median of the {planned} planned runs is within it whatever the {missing} missing ones take"
-    if median_with(missing, math.inf) > per_run:
+    if (best := median_with(missing, 0.0)) > per_run:
         return (
             f"the median of the {planned} planned runs cannot come within it: with the {missing} missing runs "
-            f"taking no time it would be {median_with(missing, math.inf):.1f}"
+            f"taking no time it would be {best:.1f}"
         )
     needed = next(k for k in range(missing + 1) if median_with(k, over) <= per_run)
     if needed == 0:

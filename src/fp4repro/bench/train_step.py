@@ -40,7 +40,6 @@ from fp4repro.config.study import Study
 from fp4repro.errors import FP4ReproError
 from fp4repro.results import read_json, write_json
 
-KERNELS = ("default", "fused")
 MFU_FLOOR, MFU_TARGET = 0.36, 0.40
 FP32_GEMM_CEILING = 1.05  # a quantized recipe with FP32 GEMMs over bf16's step
 TELEMETRY_CEILING = 1.3  # a telemetry step over a plain one
@@ -125,26 +124,29 @@ def measure(
     return out
 
 
-def plain_steps(record: dict, window_last: int) -> tuple[dict[int, float], list[int]]:
+def plain_steps(record: dict, window_last: int) -> tuple[dict[int, float], dict[int, float]]:
     """(the plain steps' seconds: after the first ten and the step after the profiled window,
-    without telemetry; the telemetry steps in that range that have seconds)."""
+    without telemetry; the seconds of the telemetry steps in that range)."""
     first = max(FIRST_STEPS, window_last + 1)
     seconds = {int(s): v for s, v in record["step_seconds"].items() if int(s) > first}
-    telemetry = [s for s in record["telemetry_steps"] if s in seconds]
+    telemetry = {s: seconds[s] for s in record["telemetry_steps"] if s in seconds}
     return {s: v for s, v in seconds.items() if s not in telemetry}, telemetry
+
+
+def _ratio(plain: dict[int, float], telemetry: dict[int, float]) -> dict | None:
+    """Telemetry steps over plain steps, as ``plain_steps`` gives them (None: either is empty)."""
+    if not telemetry or not plain:
+        return None
+    return {
+        "telemetry_steps": list(telemetry),
+        "plain_steps": len(plain),
+        "ratio": statistics.median(telemetry.values()) / statistics.median(plain.values()),
+    }
 
 
 def telemetry_ratio(record: dict, window_last: int) -> dict | None:
     """A run's telemetry steps over its plain steps (None: no telemetry step among them)."""
-    plain, telemetry = plain_steps(record, window_last)
-    if not telemetry or not plain:
-        return None
-    seconds = {int(s): v for s, v in record["step_seconds"].items()}
-    return {
-        "telemetry_steps": telemetry,
-        "plain_steps": len(plain),
-        "ratio": statistics.median(seconds[s] for s in telemetry) / statistics.median(plain.values()),
-    }
+    return _ratio(*plain_steps(record, window_last))
 
 
 def _row(path: Path) -> dict:
@@ -152,7 +154,7 @@ def _row(path: Path) -> dict:
 
     whole = read_json(path, RECORD_KEYS, WHAT, FP4ReproError)
     p, last = whole["profile"], whole["profile"]["steps"][-1]
-    plain, _ = plain_steps(whole, last)
+    plain, telemetry = plain_steps(whole, last)
     if not plain:
         raise FP4ReproError(f"{path}: no plain step after step {max(FIRST_STEPS, last + 1)}: train more steps")
     step = statistics.median(plain.values())
@@ -177,7 +179,7 @@ def _row(path: Path) -> dict:
         "ms_per_step": p["ms_per_step"],
         "busy_ms_per_step": p["busy_ms_per_step"],
         "host_gap_ms_per_step": p["host_gap_ms_per_step"],
-        "telemetry": telemetry_ratio(whole, last),
+        "telemetry": _ratio(plain, telemetry),
     }
 
 
@@ -231,10 +233,8 @@ def run(
     from fp4repro.provenance import provenance
     from fp4repro.train.profiling import ProfileWindow
 
-    try:  # each process must train the whole window
-        ProfileWindow.parse(window).check(1, min(stop_after, study.experiment.train.total_steps))
-    except ConfigError as err:
-        raise ConfigError(str(err).replace("--profile-steps", "--window", 1)) from None
+    # each process must train the whole window
+    ProfileWindow.parse(window, "--window").check(1, min(stop_after, study.experiment.train.total_steps), "--window")
     if not (data / "manifest.json").is_file():
         raise ConfigError(
             f"--data: {data} holds no prepared data: run `fp4repro prepare-data --experiment {study.name}` first"

@@ -44,11 +44,11 @@ def read_stats(items: Sequence[OperandStats | DeviceStats]) -> list[OperandStats
     pending = [s for s in items if isinstance(s, DeviceStats)]
     if not pending:
         return list(items)
-    device = pending[0].counts.device
-    counts = torch.stack([s.counts.to(device, torch.int64) for s in pending]).tolist()
-    sums = torch.stack([s.sums.to(device, torch.float64) for s in pending]).tolist()
-    amaxes = [a for s in pending for a in (s.held, s.current) if isinstance(a, torch.Tensor)]
-    values = iter(torch.stack([a.reshape(()).to(device, torch.float64) for a in amaxes]).tolist() if amaxes else [])
+    # stacked as the kernels wrote them (one dtype and device each), widened once
+    counts = torch.stack([s.counts for s in pending]).to(torch.int64).tolist()
+    sums = torch.stack([s.sums for s in pending]).to(torch.float64).tolist()
+    amaxes = [a.reshape(()).float() for s in pending for a in (s.held, s.current) if isinstance(a, torch.Tensor)]
+    values = iter(torch.stack(amaxes).to(torch.float64).tolist() if amaxes else [])
 
     def value(a: float | torch.Tensor | None) -> float | None:
         return next(values) if isinstance(a, torch.Tensor) else a

@@ -370,12 +370,12 @@ class ProfileWindow:
     count: int
 
     @classmethod
-    def parse(cls, text: str) -> ProfileWindow:
-        """``START:COUNT``; a ConfigError naming ``--profile-steps`` otherwise."""
+    def parse(cls, text: str, option: str = "--profile-steps") -> ProfileWindow:
+        """``START:COUNT``; a ConfigError naming ``option`` (the flag that gave it) otherwise."""
         match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
         if match is None or int(match.group(1)) < 1 or int(match.group(2)) < 1:
             raise ConfigError(
-                f"--profile-steps: value {text!r}: START:COUNT, two whole numbers of at least 1 (profile "
+                f"{option}: value {text!r}: START:COUNT, two whole numbers of at least 1 (profile "
                 "COUNT optimizer steps from step START, counted from 1 as metrics.parquet's step)"
             )
         return cls(int(match.group(1)), int(match.group(2)))
@@ -387,17 +387,17 @@ class ProfileWindow:
     def __str__(self) -> str:
         return f"{self.start}:{self.count}"
 
-    def check(self, first: int, end: int) -> None:
-        """A ConfigError unless this process trains every step of the window: it trains steps
-        ``first`` .. ``end`` (from 1)."""
+    def check(self, first: int, end: int, option: str = "--profile-steps") -> None:
+        """A ConfigError (naming ``option``) unless this process trains every step of the window:
+        it trains steps ``first`` .. ``end`` (from 1)."""
         if self.start < first:
             raise ConfigError(
-                f"--profile-steps: value {self}: the run resumes after step {first - 1}, so step {self.start} "
+                f"{option}: value {self}: the run resumes after step {first - 1}, so step {self.start} "
                 f"is not trained again; profile from step {first} or later, or train into a fresh --out"
             )
         if self.last > end:
             raise ConfigError(
-                f"--profile-steps: value {self}: steps {self.start} to {self.last}, but this process ends after "
+                f"{option}: value {self}: steps {self.start} to {self.last}, but this process ends after "
                 f"step {end} (--stop-after or the experiment's total steps)"
             )
 
@@ -550,7 +550,7 @@ class StepProfiler:
             flops=flops_per_token(self.config, self.seq_len),
             device=self.device,
             device_name=describe_device(self.device),
-            peak=_bf16_peak(load_devices(), torch.cuda.get_device_name() if self.cuda else None),
+            peak=_bf16_peak(load_devices(), torch.cuda.get_device_name(self.device) if self.cuda else None),
             gpus=_gpus(self.cuda),
             meta=self.meta,
         )
