@@ -39,6 +39,11 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
     # with Triton 3.6 (496 vs 374). The reference's floor/compare form in the kernel was 1.73x
     # (0.60 of copy against 0.73 on an H200): this fails if SR falls back to anything like it.
     assert rows["1x16 SR, held amax"]["main"] <= 1.4 * rows["1x16 RNE, held amax"]["main"]
+    # one Philox call per 8 elements a thread holds: no call computed by two threads. Column-wise
+    # tiles laid out (TILE_C, TILE_R) split each 8-group's bytes over two warps and made 2.00.
+    sr = [r for name, r in rows.items() if CASES[name][0].stochastic]
+    assert len(sr) == 4 and all(r["philox_per_8_elements"] == 1.0 for r in sr)
+    assert all(r["philox_per_8_elements"] is None for name, r in rows.items() if not CASES[name][0].stochastic)
 
 
 def test_count_instructions_reads_the_main_path_up_to_exit():
@@ -46,6 +51,9 @@ def test_count_instructions_reads_the_main_path_up_to_exit():
         "Function:k\n--:-:0:-:1\tLDC R1, c[0x0][0x28];\n--:-:-:-:1\t@!P0 FADD R2, R2, R3;\n"
         "--:-:-:-:5\tEXIT;\n--:-:-:-:1\tBRA 0x40;\n"
     )
-    assert count_instructions(sass) == {"main": 3, "total": 4, "mix": {"LDC": 1, "FADD": 1, "EXIT": 1}}
+    assert count_instructions(sass) == {"main": 3, "total": 4, "mix": {"LDC": 1, "FADD": 1, "EXIT": 1}, "umulhi": 0}
+    philox = "--:-:-:-:1\tIMAD.HI.U32 R4, R2, -0x2da96c6d, RZ;\n--:-:-:-:1\tIMAD.HI R5, R2, R3, RZ;\n"
+    counts = count_instructions(philox + "--:-:-:-:5\tEXIT;\n--:-:-:-:1\tIMAD.HI.U32 R4, R2, R3, RZ;\n")
+    assert counts["umulhi"] == 1 and counts["mix"] == {"IMAD": 2, "EXIT": 1}
     with pytest.raises(ValueError, match="no EXIT"):
         count_instructions("Function:k\n")

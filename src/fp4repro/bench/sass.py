@@ -9,6 +9,9 @@ plan), for the chosen architecture (default sm_90, the H200), and the SASS comes
 ``EXIT`` (the straight-line code every thread runs once: the kernel has no loops; the slow path
 of the IEEE division follows it and runs only for operands that need it), per thread and per
 element of the thread's share of the tile, the opcodes that take most of them, and registers.
+For SR, the Philox calls each thread computes per 8 of its elements (1 when no thread computes
+a call another thread also computes): each of Philox2x32-10's rounds takes one ``IMAD.HI.U32``
+(its ``umulhi``), and no other part of the kernel issues one.
 
 The cases are those of ``fp4repro bench kernels`` (BF16 input and q·s output).
 """
@@ -26,7 +29,8 @@ import torch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json
 
-_INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)")
+PHILOX_ROUNDS = 10
 
 
 def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90, live: bool = False):
@@ -65,12 +69,19 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90,
 
 
 def count_instructions(sass: str) -> dict:
-    """Main-path and total instruction counts and the main path's opcode mix of one kernel's SASS."""
-    opcodes = [m.group(1) for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
+    """Main-path and total instruction counts, the main path's opcode mix, and its ``IMAD.HI.U32``
+    count (``umulhi``) of one kernel's SASS."""
+    matches = [m for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
+    opcodes = [m.group(1) for m in matches]
     if "EXIT" not in opcodes:
         raise ValueError("no EXIT in the SASS: not a kernel listing")
-    main = opcodes[: opcodes.index("EXIT") + 1]
-    return {"main": len(main), "total": len(opcodes), "mix": dict(collections.Counter(main).most_common())}
+    main = matches[: opcodes.index("EXIT") + 1]
+    return {
+        "main": len(main),
+        "total": len(opcodes),
+        "mix": dict(collections.Counter(m.group(1) for m in main).most_common()),
+        "umulhi": sum(m.group(1) + m.group(2) == "IMAD.HI.U32" for m in main),
+    }
 
 
 def registers(cubin: bytes) -> int:
@@ -105,6 +116,7 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
                 "elements_per_thread": elements,
                 "registers": registers(kernel.asm["cubin"]),
                 "per_element": counts["main"] / elements,
+                "philox_per_8_elements": counts["umulhi"] / PHILOX_ROUNDS / (elements / 8) if spec.stochastic else None,
                 "fp_fusion": bool(kernel.metadata.enable_fp_fusion),
                 **counts,
             }
@@ -121,8 +133,10 @@ def table(result: dict) -> str:
     lines.append(
         f"SASS of _quantize_kernel for {result['arch']}, BF16 {'x'.join(map(str, result['shape']))}, held amax"
     )
-    lines.append(f"{'case':34} {'main path':>9} {'per elem':>8} {'regs':>5}  most issued")
+    lines.append(f"{'case':34} {'main path':>9} {'per elem':>8} {'regs':>5} {'Philox/8':>8}  most issued")
     for r in result["cases"]:
         top = ", ".join(f"{op} {n}" for op, n in list(r["mix"].items())[:4])
-        lines.append(f"{r['case']:34} {r['main']:>9} {r['per_element']:>8.1f} {r['registers']:>5}  {top}")
+        philox = r.get("philox_per_8_elements")
+        philox = "" if philox is None else f"{philox:.2f}"
+        lines.append(f"{r['case']:34} {r['main']:>9} {r['per_element']:>8.1f} {r['registers']:>5} {philox:>8}  {top}")
     return "\n".join(lines)

@@ -185,8 +185,23 @@ def fold_live_amax(slots: torch.Tensor, amax: torch.Tensor) -> None:
 
 
 @functools.cache
-def _amax_constexprs(tile_r: int, tile_c: int, rht: bool, columnwise: bool) -> tuple:
-    return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, RHT=rht, SIGN_BITS=SIGN_BITS, COLUMNWISE=columnwise).items())
+def _amax_constexprs(tile_r: int, tile_c: int, warps: int, rht: bool, columnwise: bool) -> tuple:
+    return tuple(
+        dict(
+            TILE_R=tile_r,
+            TILE_C=tile_c,
+            RHT=rht,
+            SIGN_BITS=SIGN_BITS,
+            COLUMNWISE=columnwise,
+            **_thread_rows(tile_r, warps, columnwise),
+        ).items()
+    )
+
+
+def _thread_rows(tile_r: int, warps: int, columnwise: bool) -> dict:
+    """A column-wise tile's ``THREAD_ROWS``: the rows of M (contiguous in memory) each thread
+    holds, whole blocks of them (see ``quantize._columnwise_offsets``); row-wise tiles need none."""
+    return dict(THREAD_ROWS=tile_r // (32 * warps)) if columnwise else {}
 
 
 def _live_tiles(spec: QuantSpec, columnwise: bool) -> tuple[int, int]:
@@ -233,6 +248,7 @@ def _quantize_plan(
         WRITE_CODES=codes,
         STATS=stats,
         EVEN=rows % (tile_r * tiles) == 0 and cols % tile_c == 0,
+        **_thread_rows(tile_r, warps, columnwise),
         **_launch_args(spec),
     )
     if live:  # absent otherwise: the kernel's defaults, the same compiled kernel as before
@@ -255,7 +271,7 @@ def operand_amax_triton(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     _amax_launcher()(
         (_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
         (x, bits, rows, cols, x.stride(0), x.stride(1)),
-        _amax_constexprs(tile_r, tile_c, spec.rht, columnwise),
+        _amax_constexprs(tile_r, tile_c, warps, spec.rht, columnwise),
         warps,
     )
     return bits.view(torch.float32)[0]

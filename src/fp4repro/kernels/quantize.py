@@ -308,23 +308,26 @@ def _load_tile(
     SIGN_BITS: tl.constexpr,
     COLUMNWISE: tl.constexpr,
     EVEN: tl.constexpr = False,
+    THREAD_ROWS: tl.constexpr = 1,
 ):
     """One tile of M in memory order, float32, RHT applied along M's columns, with the offsets of
     its rows and columns in M and, with the RHT, ``_rht16``'s amax bits of the tile (else 0).
 
     Row-major M: a (TILE_R, TILE_C) tile. COLUMNWISE (M a transposed view, stride_r == 1): the
     same elements as a (TILE_C, TILE_R) tile of the underlying memory, so that loads, stores and
-    the block math all run along the contiguous axis.
+    the block math all run along the contiguous axis, loaded through ``_columnwise_offsets``.
     """
     offs_r = pid_r * TILE_R + tl.arange(0, TILE_R)
     offs_c = pid_c * TILE_C + tl.arange(0, TILE_C)
     rht_amax = 0
     if COLUMNWISE:
-        ptrs = x_ptr + offs_c[:, None].to(tl.int64) * stride_c + offs_r[None, :]
+        at_c, at_r = _columnwise_offsets(pid_r, pid_c, TILE_R, TILE_C, THREAD_ROWS)
+        ptrs = x_ptr + at_c.to(tl.int64) * stride_c + at_r
         if EVEN:
             x = tl.load(ptrs).to(tl.float32)
         else:
-            x = tl.load(ptrs, mask=_tile_mask(offs_r, offs_c, rows, cols, True), other=0.0).to(tl.float32)
+            x = tl.load(ptrs, mask=(at_c < cols) & (at_r < rows), other=0.0).to(tl.float32)
+        x = tl.reshape(tl.permute(x, (1, 0, 2)), (TILE_C, TILE_R))
         if RHT:
             x, rht_amax = _rht16(x, TILE_C, TILE_R, SIGN_BITS)
     else:
@@ -337,6 +340,26 @@ def _load_tile(
             x, rht_amax = _rht16(tl.reshape(x, (TILE_R * TILE_C, 1)), TILE_R * TILE_C, 1, SIGN_BITS)
             x = tl.reshape(x, (TILE_R, TILE_C))
     return x, offs_r, offs_c, rht_amax
+
+
+@triton.jit
+def _columnwise_offsets(pid_r, pid_c, TILE_R: tl.constexpr, TILE_C: tl.constexpr, THREAD_ROWS: tl.constexpr):
+    """(column, row) of M for a column-wise tile addressed as (TILE_R / THREAD_ROWS, TILE_C,
+    THREAD_ROWS), shapes (1, TILE_C, 1) and (TILE_R / THREAD_ROWS, 1, THREAD_ROWS).
+
+    Why the 3-D form: Triton lays a load out along its contiguous axis first (THREAD_ROWS
+    elements a thread), then gives the lanes and warps to the next axis in order. Addressed as
+    (TILE_C, TILE_R), the 512x16 tiles of SR put two warps across a block's 16 columns: each
+    block's amax crossed warps through shared memory, and each Philox call (one per 8-group of a
+    row of M) was computed by both warps. Here the row groups come next, so with THREAD_ROWS =
+    TILE_R / (32 · num_warps) every thread holds whole blocks of THREAD_ROWS rows and computes
+    only the Philox calls it uses. ``fp4repro bench sass`` counts the difference
+    (results/bench/kernels_sass_sm90.json); with THREAD_ROWS = 8 the 1024x16 RNE tile compiles
+    to the instructions the (TILE_C, TILE_R) form gave."""
+    at_c = pid_c * TILE_C + tl.arange(0, TILE_C)[None, :, None]
+    groups = tl.arange(0, TILE_R // THREAD_ROWS)[:, None, None] * THREAD_ROWS
+    at_r = pid_r * TILE_R + groups + tl.arange(0, THREAD_ROWS)[None, None, :]
+    return at_c, at_r
 
 
 @triton.jit
@@ -362,6 +385,7 @@ def _amax_kernel(
     RHT: tl.constexpr,
     SIGN_BITS: tl.constexpr,
     COLUMNWISE: tl.constexpr,
+    THREAD_ROWS: tl.constexpr = 1,
 ):
     x, _, _, _ = _load_tile(
         x_ptr,
@@ -376,6 +400,8 @@ def _amax_kernel(
         RHT,
         SIGN_BITS,
         COLUMNWISE,
+        False,
+        THREAD_ROWS,
     )
     a = tl.abs(x)
     a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
@@ -554,6 +580,7 @@ def _quantize_kernel(
     E_MAX_FIELD: tl.constexpr = 0,
     E_MAX_MANT: tl.constexpr = 0,
     S_EMAX: tl.constexpr = 0,
+    THREAD_ROWS: tl.constexpr = 1,
 ):
     pid_c = tl.program_id(1)
     NB_R: tl.constexpr = TILE_R // BLOCK_R
@@ -571,7 +598,20 @@ def _quantize_kernel(
     for t in tl.range(LIVE_TILES, loop_unroll_factor=LIVE_UNROLL):  # a loop only with LIVE_TILES > 1
         pid_r = tl.program_id(0) * LIVE_TILES + t
         x, offs_r, offs_c, rht_amax = _load_tile(
-            x_ptr, rows, cols, stride_r, stride_c, pid_r, pid_c, TILE_R, TILE_C, RHT, SIGN_BITS, COLUMNWISE, EVEN
+            x_ptr,
+            rows,
+            cols,
+            stride_r,
+            stride_c,
+            pid_r,
+            pid_c,
+            TILE_R,
+            TILE_C,
+            RHT,
+            SIGN_BITS,
+            COLUMNWISE,
+            EVEN,
+            THREAD_ROWS,
         )
         g, d = _tensor_scale(amax_ptr, emax_t, HAS_TARGET)
         if (pid_r == 0) & (pid_c == 0):
@@ -651,16 +691,19 @@ def _quantize_kernel(
 
         if WRITE_QS:
             qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)
-            if COLUMNWISE:
-                out = qs_ptr + offs_c[:, None].to(tl.int64) * out_stride_c + offs_r[None, :]
-                qs = tl.reshape(qs, (TILE_C, TILE_R))
+            if COLUMNWISE:  # stored as it was loaded (_columnwise_offsets)
+                at_c, at_r = _columnwise_offsets(pid_r, pid_c, TILE_R, TILE_C, THREAD_ROWS)
+                qs = tl.permute(tl.reshape(qs, (TILE_C, TILE_R // THREAD_ROWS, THREAD_ROWS)), (1, 0, 2))
+                out = qs_ptr + at_c.to(tl.int64) * out_stride_c + at_r
+                inside = (at_c < cols) & (at_r < rows)
             else:
                 out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
                 qs = tl.reshape(qs, (TILE_R, TILE_C))
+                inside = _tile_mask(offs_r, offs_c, rows, cols, False)
             if EVEN:
                 tl.store(out, qs)
             else:
-                tl.store(out, qs, mask=_tile_mask(offs_r, offs_c, rows, cols, COLUMNWISE))
+                tl.store(out, qs, mask=inside)
 
         if WRITE_CODES:  # codes in M's row-major layout (transposed in registers for column-wise tiles)
             if COLUMNWISE:
