@@ -321,12 +321,12 @@ def _load_tile(
     offs_c = pid_c * TILE_C + tl.arange(0, TILE_C)
     rht_amax = 0
     if COLUMNWISE:
-        at_c, at_r = _columnwise_offsets(pid_r, pid_c, TILE_R, TILE_C, THREAD_ROWS)
+        at_c, at_r, inside = _columnwise_offsets(pid_r, pid_c, rows, cols, TILE_R, TILE_C, THREAD_ROWS)
         ptrs = x_ptr + at_c.to(tl.int64) * stride_c + at_r
         if EVEN:
             x = tl.load(ptrs).to(tl.float32)
         else:
-            x = tl.load(ptrs, mask=(at_c < cols) & (at_r < rows), other=0.0).to(tl.float32)
+            x = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
         x = tl.reshape(tl.permute(x, (1, 0, 2)), (TILE_C, TILE_R))
         if RHT:
             x, rht_amax = _rht16(x, TILE_C, TILE_R, SIGN_BITS)
@@ -343,9 +343,12 @@ def _load_tile(
 
 
 @triton.jit
-def _columnwise_offsets(pid_r, pid_c, TILE_R: tl.constexpr, TILE_C: tl.constexpr, THREAD_ROWS: tl.constexpr):
-    """(column, row) of M for a column-wise tile addressed as (TILE_R / THREAD_ROWS, TILE_C,
-    THREAD_ROWS), shapes (1, TILE_C, 1) and (TILE_R / THREAD_ROWS, 1, THREAD_ROWS).
+def _columnwise_offsets(
+    pid_r, pid_c, rows, cols, TILE_R: tl.constexpr, TILE_C: tl.constexpr, THREAD_ROWS: tl.constexpr
+):
+    """(column, row, in bounds) of M for a column-wise tile addressed as (TILE_R / THREAD_ROWS,
+    TILE_C, THREAD_ROWS): shapes (1, TILE_C, 1), (TILE_R / THREAD_ROWS, 1, THREAD_ROWS) and
+    their broadcast (unused by the unmasked variant, and then not computed).
 
     Why the 3-D form: Triton lays a load out along its contiguous axis first (THREAD_ROWS
     elements a thread), then gives the lanes and warps to the next axis in order. Addressed as
@@ -359,7 +362,7 @@ def _columnwise_offsets(pid_r, pid_c, TILE_R: tl.constexpr, TILE_C: tl.constexpr
     at_c = pid_c * TILE_C + tl.arange(0, TILE_C)[None, :, None]
     groups = tl.arange(0, TILE_R // THREAD_ROWS)[:, None, None] * THREAD_ROWS
     at_r = pid_r * TILE_R + groups + tl.arange(0, THREAD_ROWS)[None, None, :]
-    return at_c, at_r
+    return at_c, at_r, (at_c < cols) & (at_r < rows)
 
 
 @triton.jit
@@ -400,8 +403,7 @@ def _amax_kernel(
         RHT,
         SIGN_BITS,
         COLUMNWISE,
-        False,
-        THREAD_ROWS,
+        THREAD_ROWS=THREAD_ROWS,
     )
     a = tl.abs(x)
     a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
@@ -692,10 +694,9 @@ def _quantize_kernel(
         if WRITE_QS:
             qs = _scaled(qk, s, block_bad).to(qs_ptr.dtype.element_ty)
             if COLUMNWISE:  # stored as it was loaded (_columnwise_offsets)
-                at_c, at_r = _columnwise_offsets(pid_r, pid_c, TILE_R, TILE_C, THREAD_ROWS)
+                at_c, at_r, inside = _columnwise_offsets(pid_r, pid_c, rows, cols, TILE_R, TILE_C, THREAD_ROWS)
                 qs = tl.permute(tl.reshape(qs, (TILE_C, TILE_R // THREAD_ROWS, THREAD_ROWS)), (1, 0, 2))
                 out = qs_ptr + at_c.to(tl.int64) * out_stride_c + at_r
-                inside = (at_c < cols) & (at_r < rows)
             else:
                 out = qs_ptr + offs_r[:, None].to(tl.int64) * out_stride_r + offs_c[None, :].to(tl.int64) * out_stride_c
                 qs = tl.reshape(qs, (TILE_R, TILE_C))
