@@ -75,3 +75,18 @@ def test_a_cuda_result_names_its_physical_gpu():
         assert provenance("cuda")["fp32_matmul"] == ("ieee" if tf32 else "tf32")
     finally:
         setattr(matmul, name, was)
+
+
+@pytest.mark.gpu
+def test_nvidias_cublas_override_makes_float32_products_tf32_whatever_the_flags(monkeypatch):
+    matmul = torch.backends.cuda.matmul
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"
+    was = getattr(matmul, name)
+    setattr(matmul, name, "ieee" if name == "fp32_precision" else False)
+    try:
+        monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "0")
+        assert provenance("cuda")["fp32_matmul"] == "ieee"
+        monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+        assert provenance("cuda")["fp32_matmul"] == "tf32"
+    finally:
+        setattr(matmul, name, was)

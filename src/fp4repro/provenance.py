@@ -113,6 +113,8 @@ def fp32_matmul(device: str | None = None) -> str | None:
     torch = sys.modules.get("torch")
     if device is None or not str(device).startswith("cuda") or torch is None or not torch.cuda.is_available():
         return None
+    if os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "").strip().lower() in ("1", "true", "yes", "on", "y"):
+        return "tf32"  # cuBLAS then runs TF32 whatever the flags below say
     matmul = torch.backends.cuda.matmul
     # torch >= 2.9 reads it as fp32_precision (its legacy allow_tf32 raises once both APIs were used);
     # "none" inherits torch.backends.fp32_precision

@@ -118,3 +118,17 @@ def test_an_unprepared_experiment_or_a_window_past_the_stop_is_refused_before_an
     assert main([*base, "--data", str(data), "--recipes", "nvfp4"]) == 2
     assert "recipe 'nvfp4' is not one of this study's (bf16)" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_installed_package_without_a_commit_is_refused_before_training(experiment, tmp_path, monkeypatch):
+    import fp4repro.provenance
+    from fp4repro.bench.train_step import measure
+    from fp4repro.config.study import load_study
+
+    path, data = experiment
+    real = fp4repro.provenance.provenance
+    monkeypatch.setattr(fp4repro.provenance, "provenance", lambda *a: real(*a) | {"git_commit": None})
+    scratch = tmp_path / "scratch"
+    with pytest.raises(FP4ReproError, match="no git commit"):
+        measure(load_study(path), "bf16", "default", data, tmp_path / "records", scratch, "2:2", 4, say=print)
+    assert not scratch.exists() and not (tmp_path / "records").exists()  # nothing trained, nothing written

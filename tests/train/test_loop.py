@@ -78,6 +78,8 @@ def _cli(path, recipe, root, out, *extra):
         "--out",
         str(out),
         "--quiet",
+        "--device",
+        "cpu",
         *extra,
     ]
 

@@ -5,6 +5,7 @@ the command end to end on a CPU."""
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from fp4repro.train.profiling import (
     LABELLED_MODULES,
     MODULE_LABEL,
     PARTS,
+    DeviceTrace,
     ProfileWindow,
     busy_us,
     classify,
@@ -134,7 +136,7 @@ def test_mfu_of_a_hand_computed_step():
     assert load_devices().of_name(None) is None  # a CPU has no peak
 
 
-def _event(id, name, start, end, device=DeviceType.CPU, parent=None, linked=0, scope=0, seq=-1, thread=1, fwd=0):
+def _event(id, name, start, end, device=DeviceType.CPU, parent=None, scope=0, seq=-1, thread=1, fwd=0):
     e = FunctionEvent(
         id=id,
         name=name,
@@ -145,7 +147,6 @@ def _event(id, name, start, end, device=DeviceType.CPU, parent=None, linked=0, s
         scope=scope,
         sequence_nr=seq,
         device_type=device,
-        linked_correlation_id=linked,
         is_user_annotation=name.startswith("fp4repro::"),
     )
     if parent is not None:
@@ -153,26 +154,56 @@ def _event(id, name, start, end, device=DeviceType.CPU, parent=None, linked=0, s
     return e
 
 
+def _kineto(correlation, name, start_us, end_us, device=DeviceType.CPU, linked=0, annotation=False):
+    """What ``DeviceTrace.of`` reads of a ``torch._C._autograd._KinetoEvent`` (CUDA's profiler does
+    not run on a CPU machine): times in ns from a trace that starts at 1,000 ns."""
+    values = {
+        "correlation_id": correlation,
+        "name": name,
+        "start_ns": 1000 + start_us * 1000,
+        "end_ns": 1000 + end_us * 1000,
+        "device_type": device,
+        "linked_correlation_id": linked,
+        "is_user_annotation": annotation,
+    }
+    return SimpleNamespace(**{method: (lambda v=v: v) for method, v in values.items()})
+
+
+def _kineto_results(events):
+    return SimpleNamespace(events=lambda: events, trace_start_ns=lambda: 1000)
+
+
 def test_a_gpu_timeline_follows_each_kernel_to_its_operators_and_a_backward_kernel_to_its_forward_module():
     # forward: RMSNorm's aten::mul (autograd node 7) launches kernel 101; backward (another
     # thread): MulBackward0 for node 7 launches kernel 102; aten::mm launches a cuBLAS kernel
+    # through a cudaLaunchKernel whose own correlation id is aten::mul's (2), as CUPTI's and the
+    # framework's counters may collide
     label = _event(1, MODULE_LABEL + "RMSNorm", 0, 10)
     mul = _event(2, "aten::mul", 1, 2, parent=label, seq=7)
     mm = _event(3, "aten::mm", 11, 12, seq=8)
+    launch = _event(2, "cudaLaunchKernel", 11.5, 11.8, parent=mm)
     node = _event(4, "autograd::engine::evaluate_function: MulBackward0", 20, 30, seq=7, thread=2, fwd=1)
     backward = _event(5, "MulBackward0", 20, 29, parent=node, scope=1, seq=7, thread=2, fwd=1)
     bmul = _event(6, "aten::mul", 21, 22, parent=backward, thread=2)
+    operators = [label, mul, mm, launch, node, backward, bmul]
     elementwise = "void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>>"
-    kernels = [
-        _event(101, elementwise, 2, 4, DeviceType.CUDA, linked=2),
-        _event(102, elementwise, 22, 25, DeviceType.CUDA, linked=6),
-        _event(103, "nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", 12, 18, DeviceType.CUDA, linked=3),
-        _event(104, "a_kernel_no_rule_knows", 30, 31, DeviceType.CUDA),
+    kineto = [
+        *(_kineto(e.id, e.name, e.time_range.start, e.time_range.end) for e in operators if e is not launch),
+        _kineto(2, "cudaLaunchKernel", 11.5, 11.8, linked=3),
+        # the norm's range mirrored on the GPU's timeline: a span, not a kernel
+        _kineto(1, MODULE_LABEL + "RMSNorm", 2, 4, DeviceType.CUDA, linked=1, annotation=True),
+        _kineto(101, elementwise, 2, 4, DeviceType.CUDA, linked=2),
+        _kineto(102, elementwise, 22, 25, DeviceType.CUDA, linked=6),
+        _kineto(103, "nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", 12, 18, DeviceType.CUDA, linked=3),
+        _kineto(104, "a_kernel_no_rule_knows", 30, 31, DeviceType.CUDA),
     ]
-    activities = timeline([label, mul, mm, node, backward, bmul, *kernels], cuda=True)
-    assert [a.name for a in activities] == [k.name for k in kernels]  # kernels only
+    device = DeviceTrace.of(_kineto_results(kineto))
+    activities = timeline(operators, device)
+    assert [a.name for a in activities] == [elementwise, elementwise, kineto[-2].name(), kineto[-1].name()]
     assert [part_of(a.name, a.within) for a in activities] == ["norm", "norm", "gemm", "other"]
+    assert activities[0].within == ("aten::mul", MODULE_LABEL + "RMSNorm")
     assert activities[1].within[-1] == MODULE_LABEL + "RMSNorm"  # taken from the forward's ancestry
+    assert activities[2].within == ("aten::mm",)  # the operator, not the runtime call sharing its id
     assert split(activities)["parts"] == {**dict.fromkeys(PARTS, 0.0), "norm": 5.0, "gemm": 6.0, "other": 1.0}
     assert busy_us(activities) == 12.0  # 2-4, 12-18, 22-25, 30-31
 
@@ -199,7 +230,7 @@ def test_a_cpu_timeline_puts_a_norms_backward_and_the_optimizer_phase_in_their_p
             optimizer.step()
     assert labelled == 1
     assert not model[1]._forward_hooks and not model[1]._forward_pre_hooks  # removed after
-    activities = timeline(p.events(), cuda=False)
+    activities = timeline(p.events(), None)
     assert not [a for a in activities if a.name.startswith("fp4repro::")]  # ranges are not operators
     parts = {}
     for a in activities:
@@ -230,7 +261,7 @@ def test_the_fp32_heads_backward_gemms_are_the_heads_and_a_norms_cast_stays_out_
     ):
         model(x).square().mean().backward()
     assert labelled == 2  # the norm and the head
-    activities = timeline(p.events(), cuda=False)
+    activities = timeline(p.events(), None)
     head_backward = [a for a in activities if "MmBackward0" in a.within]
     assert head_backward and {part_of(a.name, a.within) for a in head_backward} == {"lm_head"}
     first = [a for a in activities if "AddmmBackward0" in a.within]
@@ -289,6 +320,7 @@ def _files(out):
 def test_train_profiles_its_window_on_a_cpu_and_writes_nothing_else(guarded, tmp_path, capsys):
     path, data = guarded
     args = ["train", "--experiment", str(path), "--recipe", "bf16", "--data", str(data), "--quiet", "--stop-after", "4"]
+    args += ["--device", "cpu"]  # the CPU timeline, also on a machine with a GPU
     plain, profiled = tmp_path / "plain", tmp_path / "profiled"
     assert main([*args, "--out", str(plain)]) == 0
     capsys.readouterr()

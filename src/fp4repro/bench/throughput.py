@@ -62,7 +62,7 @@ from fp4repro.provenance import provenance
 from fp4repro.quant.gemm import gemm_instrument
 from fp4repro.quant.state import QuantState
 from fp4repro.results import column_timing, read_throughput, record_shapes, shape_text, throughput_key
-from fp4repro.train.profiling import GEMM_OPERATORS, classify, timeline
+from fp4repro.train.profiling import GEMM_OPERATORS, DeviceTrace, classify, timeline
 
 # effect -> the recipe whose time divides nvfp4's (speed-up of removing what it names)
 EFFECTS = {"rht": "nvfp4_no_rht", "bf16_tail": "nvfp4_no_bf16_tail", "both": "nvfp4_no_rht_no_bf16_tail"}
@@ -195,7 +195,7 @@ def kernel_census(step, device: torch.device) -> dict:
         if event.device_type == torch.autograd.DeviceType.CPU:
             census["fp8_gemm_calls"] += event.name == "aten::_scaled_mm"
             census["gemm_calls"] += event.name in GEMM_OPERATORS and not _inside_gemm(event)
-    for kernel in timeline(events, cuda) if cuda else []:
+    for kernel in timeline(events, DeviceTrace.of(prof.profiler.kineto_results)) if cuda else []:
         ms = kernel.us / 1e3
         rule = classify(kernel.name, kernel.within)
         census["kernel_launches"] += 1

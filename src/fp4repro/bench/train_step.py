@@ -98,7 +98,13 @@ def measure(
     from fp4repro.provenance import provenance
 
     out = record_path(records, study.name, recipe, kernels)
-    wanted = measured_with(study, recipe, window, stop_after, provenance()["git_commit"])
+    commit = provenance()["git_commit"]
+    if commit is None:  # an installed wheel: a record of unknown code could be reused by any other
+        raise FP4ReproError(
+            "bench train-step: the source tree has no git commit (an installed package); records are "
+            "kept and reused per commit, so run it from a checkout (or set FP4REPRO_SOURCE_COMMIT)"
+        )
+    wanted = measured_with(study, recipe, window, stop_after, commit)
     if out.is_file():
         found = read_json(out, RECORD_KEYS, WHAT, FP4ReproError)["measured_with"]
         if found == wanted:

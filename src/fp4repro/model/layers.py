@@ -69,7 +69,9 @@ def compiled_rms_norm() -> Callable:
     forward and a fused backward, where eager torch launches an elementwise kernel or a reduction
     per operation, each reading and writing the whole activation. The same formula; the sum of
     squares is reduced in another order, so the last bits differ from ``rms_norm``'s. Shapes are
-    static (a model normalizes a few shapes; ``dynamic=False`` keeps the kernels specialized)."""
+    static (a model normalizes a few shapes; ``dynamic=False`` keeps the kernels specialized); past
+    dynamo's recompile limit (8 shapes) ``fullgraph`` raises where it would fall back to eager
+    ``rms_norm``'s other roundings unannounced."""
     return torch.compile(rms_norm, fullgraph=True, dynamic=False)
 
 

@@ -253,13 +253,54 @@ def _forward_ops(events) -> dict:
     return forward
 
 
-def timeline(events, cuda: bool) -> list[Activity]:
-    """The profile's activities (``prof.events()``): kernels, memcpys and memsets on a GPU; on a
-    CPU each operator's self time. Each carries the names of the operators around it and, where
-    one of them is a backward node, the module labels of the forward operator it differentiates."""
-    cpu_type, cuda_type = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    events = list(events)
-    forward = _forward_ops(e for e in events if e.device_type == cpu_type and not e.is_async)
+@dataclass(frozen=True)
+class DeviceActivity:
+    """A kernel, memcpy or memset as the GPU ran it, in microseconds from the trace's start (as
+    ``FunctionEvent``'s times), and ``launched_by``: the correlation id of the operator that
+    launched it (0: none known)."""
+
+    name: str
+    start_us: float
+    end_us: float
+    launched_by: int
+
+
+@dataclass(frozen=True)
+class DeviceTrace:
+    """What a GPU profile knows beyond its operators (``prof.events()``): the device's activities
+    and which operators launched them, read from the profiler's kineto results
+    (``torch.profiler.profile().profiler.kineto_results``), where every torch version keeps the
+    link (``FunctionEvent`` carries it only from torch 2.13). ``launchers``: (id, start µs) of the
+    framework's operators; a CUDA runtime call (cudaLaunchKernel) is linked to one of them and may
+    share its id, so an id alone does not name an operator."""
+
+    activities: tuple[DeviceActivity, ...]
+    launchers: frozenset[tuple[int, float]]
+
+    @classmethod
+    def of(cls, results) -> DeviceTrace:
+        """From a ``_ProfilerResult``. The device's user-annotation spans (``record_function``
+        ranges mirrored on the GPU's timeline, ``gpu_user_annotation``) are not activities: a
+        module's span over its kernels would count their time twice."""
+        cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+        t0, activities, launchers = results.trace_start_ns(), [], set()
+        for k in results.events():
+            start, end = (k.start_ns() - t0) / 1000, (k.end_ns() - t0) / 1000  # as FunctionEvent's
+            if k.device_type() == cuda and not k.is_user_annotation():
+                activities.append(DeviceActivity(k.name(), start, end, k.linked_correlation_id()))
+            elif k.device_type() == cpu and k.linked_correlation_id() == 0:
+                launchers.add((k.correlation_id(), start))
+        return cls(tuple(activities), frozenset(launchers))
+
+
+def timeline(events, device: DeviceTrace | None) -> list[Activity]:
+    """The profile's activities: with a ``device`` trace, its kernels, memcpys and memsets; on a
+    CPU (None) each operator's self time. ``events``: the profile's operators (``prof.events()``).
+    Each activity carries the names of the operators around it and, where one of them is a
+    backward node, the module labels of the forward operator it differentiates."""
+    cpu_type = torch.autograd.DeviceType.CPU
+    events = [e for e in events if e.device_type == cpu_type and not e.is_async]
+    forward = _forward_ops(events)
 
     def within(op) -> tuple[str, ...]:
         chain = _ancestry(op)
@@ -271,24 +312,22 @@ def timeline(events, cuda: bool) -> list[Activity]:
                 names += [a.name for a in _ancestry(f) if a.name.startswith(MODULE_LABEL)] if f is not None else []
         return tuple(names)
 
-    if cuda:
-        # a kernel's linked correlation id is the id of the innermost operator that launched it
-        ops = {e.id: e for e in events if e.device_type == cpu_type and not e.is_async and e.linked_correlation_id == 0}
+    if device is not None:
+        ops = {e.id: e for e in events if (e.id, e.time_range.start) in device.launchers}
         return [
             Activity(
-                e.name,
-                e.time_range.start,
-                e.time_range.end,
-                e.time_range.end - e.time_range.start,
-                within(ops[e.linked_correlation_id]) if e.linked_correlation_id in ops else (),
+                a.name,
+                a.start_us,
+                a.end_us,
+                a.end_us - a.start_us,
+                within(ops[a.launched_by]) if a.launched_by in ops else (),
             )
-            for e in events
-            if e.device_type == cuda_type
+            for a in device.activities
         ]
     return [
         Activity(e.name, e.time_range.start, e.time_range.end, e.self_cpu_time_total, within(e))
         for e in events
-        if e.device_type == cpu_type and not e.is_async and not e.is_user_annotation and e.self_cpu_time_total > 0
+        if not e.is_user_annotation and e.self_cpu_time_total > 0
     ]
 
 
@@ -454,7 +493,7 @@ class StepProfiler:
         self.before_window: list[float] = []  # this process's steps before the window, its first left out
         self.step_seconds: list[float] = []
         self.telemetry_steps: list[int] = []
-        self._profile = self._labels = self._events = None
+        self._profile = self._labels = self._events = self._device = None
         self._started = 0.0
         self.record: dict | None = None  # what was written
 
@@ -529,7 +568,9 @@ class StepProfiler:
         if self._profile is not None:
             profile, self._profile = self._profile, None
             profile.__exit__(None, None, None)
-            self._events = profile.events()
+            if self.writer:  # only the writer reads the profile
+                self._events = profile.events()
+                self._device = DeviceTrace.of(profile.profiler.kineto_results) if self.cuda else None
         if self._labels is not None:
             labels, self._labels = self._labels, None
             labels.__exit__(None, None, None)
@@ -540,7 +581,7 @@ class StepProfiler:
         from fp4repro.results import write_json
 
         self.record = summarize(
-            timeline(self._events, self.cuda),
+            timeline(self._events, self._device),
             window=self.window,
             wall=wall,
             step_seconds=self.step_seconds,
@@ -554,7 +595,7 @@ class StepProfiler:
             gpus=_gpus(self.cuda),
             meta=self.meta,
         )
-        self._events = None
+        self._events = self._device = None
         write_json(self.out, self.record, provenance(self.device))
         print(table(self.record) + f"\nwrote {self.out}", flush=True)
 
