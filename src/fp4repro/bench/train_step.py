@@ -245,6 +245,8 @@ def run(
         raise ConfigError(
             f"--data: {data} holds no prepared data: run `fp4repro prepare-data --experiment {study.name}` first"
         )
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="train_step_", dir=scratch) as folder:
         for recipe in recipes:
             for kind in kernels:
