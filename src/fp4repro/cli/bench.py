@@ -1,6 +1,6 @@
 """The ``bench`` command: every benchmark of the suite, one ``what`` each (quant, kernels, sass,
-live, throughput, components, project, gemm, train-step), each printing a table and writing JSON
-under results/bench/."""
+live, throughput, components, project, gemm, head, train-step), each printing a table and writing
+JSON under results/bench/ (what each measures: ``fp4repro.cli.bench_help``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from fp4repro.cli.bench_help import DESCRIPTION
 from fp4repro.cli.common import _cuda_present, _recipe_name, _study
 
 
@@ -36,6 +37,17 @@ def _cmd_bench(args) -> int:
 
         out = Path(args.out or "results/bench/gemm.json")
         bench_gemm(out)
+        print(f"wrote {out}")
+    if args.what == "head":
+        if not _cuda_present("bench head", "it times the LM head's GEMMs on a GPU"):
+            return 2
+        import torch
+
+        from fp4repro.bench import head
+        from fp4repro.config.devices import device_tag
+
+        out = Path(args.out or f"results/bench/head_{device_tag(torch.cuda.get_device_name())}.json")
+        print(head.table(head.run(head.training_shapes(), out)))
         print(f"wrote {out}")
     if args.what == "throughput":
         return _bench_throughput(args)
@@ -223,57 +235,6 @@ def _bench_train_step(args) -> int:
     return 0
 
 
-#: ``fp4repro bench --help``: what each benchmark measures and where it writes
-DESCRIPTION = (
-    "quant: quantize_dequantize of a size×size float32 tensor with the torch "
-    "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "
-    "Triton quantizers' GB/s and fraction of a BF16 copy measured in the same "
-    "run, for 8192x8192 and 16384x8192 BF16 inputs, and QuantLinear fwd+bwd "
-    "against BF16 F.linear for 8192x4096x4096 (default output "
-    "results/bench/kernels.json). sass (no GPU needed): the instructions each "
-    "thread of the quantization kernel issues, compiled by Triton for sm_ARCH "
-    "as its JIT would for an 8192x8192 BF16 input, per case of `kernels` with a "
-    "held amax (default output results/bench/kernels_sass_smARCH.json). live "
-    "(CUDA): quantize_2d without and with live-amax slots (the live tensor amax "
-    "max-folded as a by-product) for the held-amax cases of `kernels` at 8192x8192 BF16, as "
-    "interleaved pairs of CUDA-event timings: medians and the live/plain ratio "
-    "with a 95% confidence interval (default output "
-    "results/bench/live_amax.json). throughput: model-body tokens/s (decoder "
-    "layers only, forward and backward, BF16 parameters under BF16 autocast) of "
-    "the experiment's model at each body shape of its bench.throughput_shapes "
-    "(paper8b: the paper's 1 x 1,024 tokens and 1 x 8,192; default one sequence "
-    "of its seq_len; --batch/--seq-len: one other) under the paper's ablation recipes and the "
-    "experiment's, in interleaved rounds: emulated (this suite's kernels, BF16 "
-    "GEMMs) and, on a GPU, the FP8 timing analogue (quantized layers' GEMMs on "
-    "E4M3 tensor cores), with the speed-ups of removing the RHT, the BF16 tail and "
-    "both; each step a replay of its CUDA graph where every recipe's graph fits "
-    "in memory (small shapes: eager steps there are bound by the host's launches), "
-    "else eager (8B) (fp4repro.bench.throughput); filed per model and shape in "
-    "results/bench/throughput_<device>.json. components (CUDA): the parts of "
-    "those body steps timed alone on the GPU at each shape's token count, the projection's calibration: each "
-    "GEMM shape in BF16 and FP8 with its operands' E4M3 casts, each quantization "
-    "kernel and current-amax pass, and a copy's bandwidth for reference (fp4repro.bench.components; "
-    "results/bench/components_<device>.json). project (no GPU needed): the "
-    "Blackwell projection of a throughput file from its components: first the "
-    "H200 check (the measured parts must predict every measured step within 10%), "
-    "then, only if it holds, a column per Blackwell GPU (B200, B300 and the paper's GB200) with its band over the "
-    "uncertain parameters of configs/devices.yaml (fp4repro.bench.projection; "
-    "written into the throughput file given by --out, each model and shape on its own: one that cannot be "
-    "projected, such as one timed with a recipe since renamed, keeps what it had and is named, exit code 1). "
-    "gemm (CUDA): the "
-    "probe-matched GEMM kernel against cuBLAS BF16 at the 8B's fc1 shapes (forward "
-    "and both backward GEMMs, 8192 tokens), with the same tiles as an ordinary GEMM "
-    "for reference (fp4repro.bench.gemm; default output results/bench/gemm.json). train-step: the "
-    "training step through fp4repro train, one process per recipe of the experiment and kernels "
-    "(default and --fused-kernels), each profiling a window of its steps (profile8b, profile8b_megatron: "
-    "the 8B's widths on one GPU): seconds per step, tokens/s, MFU, milliseconds per part and host gaps, "
-    "each recipe's step over bf16's, what the fused kernels gain, a telemetry step over a plain one, and "
-    "the floors (bf16 MFU >= 36%, FP32-GEMM recipes <= 1.05 x bf16, telemetry <= 1.3 x) "
-    "(fp4repro.bench.train_step; records in results/bench/train_step/, assembled into "
-    "results/bench/train_step_<device>.json)."
-)
-
-
 def _add_train_step_arguments(b: argparse.ArgumentParser) -> None:
     """The options of ``bench train-step`` alone."""
     b.add_argument(
@@ -326,7 +287,18 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "what",
-        choices=["quant", "kernels", "sass", "live", "throughput", "components", "project", "gemm", "train-step"],
+        choices=[
+            "quant",
+            "kernels",
+            "sass",
+            "live",
+            "throughput",
+            "components",
+            "project",
+            "gemm",
+            "head",
+            "train-step",
+        ],
     )
     b.add_argument(
         "--experiment",

@@ -14,6 +14,9 @@ its recorded digest are looked at):
     2   the paper's own numerics from the authors' artifact: UE5M3 up to 61,440, the zero-scale
         rule "one", the StochasticFast rule, the probe-matched GEMM model, 32x32 tiles, MX scales
         from the amax's bits, the LM head in FP32
+    3   the LM head's FP32 GEMMs on BF16 tensor cores (``fp4repro.model.head_gemm``): the same
+        exact products, the output gradient split into three BF16 pieces that sum to it, FP32
+        sums in another order than an IEEE FP32 GEMM's
 
 ``suite_fingerprint()`` digests the version with every registered format's parameters (a
 recipe-independent digest: the one the report pairs runs on). ``run_numerics_fingerprint``
@@ -28,7 +31,7 @@ import functools
 from fp4repro.formats import FORMAT_NAMES, ROUNDING_MODES, get_format
 from fp4repro.util import json_digest, plain_json
 
-NUMERICS_VERSION = 2
+NUMERICS_VERSION = 3
 #: what a run folder, table or result that records no numerics was computed with
 UNRECORDED = "v1 (before numerics fingerprints were recorded)"
 

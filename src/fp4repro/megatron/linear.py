@@ -32,6 +32,7 @@ from megatron.core.tensor_parallel.mappings import (
 )
 
 from fp4repro.config.spec import LinearSpecs
+from fp4repro.model.head_gemm import fp32_head_linear
 from fp4repro.quant.linear import describe_specs, quantized_linear
 from fp4repro.quant.state import QuantState
 
@@ -50,6 +51,18 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad.contiguous()
+
+
+def _tensor_parallel_input(input: torch.Tensor, sequence_parallel: bool, allreduce_dgrad: bool) -> torch.Tensor:
+    """The GEMM's input as megatron's own column-parallel GEMM takes it, for a ``_forward_impl``
+    that replaces that GEMM: with sequence parallelism, this rank's part of the sequence gathered
+    into the whole (its gradient reduce-scattered back over the tensor group); with
+    ``allreduce_dgrad``, the input whose gradient is summed over the tensor group."""
+    if sequence_parallel:
+        return gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True)
+    if allreduce_dgrad:
+        return copy_to_tensor_model_parallel_region(input)
+    return input
 
 
 class _Quantized:
@@ -81,12 +94,7 @@ class _Quantized:
                 allreduce_dgrad=allreduce_dgrad,
                 **kwargs,
             )
-        if sequence_parallel:  # this rank's part of the sequence: the whole of it for the GEMM, the input
-            # gradient reduce-scattered back over the tensor group, as megatron's GEMM does (in BF16)
-            input = gather_from_sequence_parallel_region(input, tensor_parallel_output_grad=True)
-        elif allreduce_dgrad:  # the input gradient summed over the tensor group, as megatron's GEMM does
-            input = copy_to_tensor_model_parallel_region(input)
-        input = _ContiguousGrad.apply(input)
+        input = _ContiguousGrad.apply(_tensor_parallel_input(input, sequence_parallel, allreduce_dgrad))
         if input.dim() == 3 and input.shape[1] > 1:
             # megatron's activations are [sequence, batch, hidden]; the quantization sees the
             # reference's token order, sequence by sequence, so that blocks along tokens (wgrad's
@@ -114,20 +122,26 @@ class QuantRowParallelLinear(_Quantized, RowParallelLinear):
 class FP32OutputColumnParallelLinear(ColumnParallelLinear):
     """megatron's output layer computed as the reference's LM head
     (``fp4repro.model.layers.FP32OutputHead``, the paper's authors' FP32 output linear): under
-    autocast, BF16 copies of the input and the weight multiplied in FP32 with autocast off; the
-    weight's gradient flows back to the parameter through the copies. ``build_model`` gives
-    MambaModel's output layer this class (the same module, parameters and state_dict keys)."""
+    BF16 autocast, BF16 copies of the input and the weight multiplied in FP32
+    (``fp4repro.model.head_gemm``); the weight's gradient flows back to the parameter through the
+    copy, and the input's is all-reduced (or reduce-scattered) over the tensor group as for the
+    quantized linears. ``build_model`` gives MambaModel's output layer this class (the same
+    module, parameters and state_dict keys)."""
 
-    def _forward_impl(self, input, weight, bias=None, *args, **kwargs):
+    def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False, **kwargs):
         device_type = input.device.type
         if not torch.is_autocast_enabled(device_type):
-            return super()._forward_impl(input, weight, bias, *args, **kwargs)
-        dtype = torch.get_autocast_dtype(device_type)
-        with torch.autocast(device_type, enabled=False):
             return super()._forward_impl(
-                input.to(dtype).float(),
-                weight.to(dtype).float(),
-                None if bias is None else bias.float(),
+                input,
+                weight,
+                bias,
                 *args,
+                sequence_parallel=sequence_parallel,
+                allreduce_dgrad=allreduce_dgrad,
                 **kwargs,
             )
+        input = _tensor_parallel_input(input, sequence_parallel, allreduce_dgrad)
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            out = fp32_head_linear(input.to(dtype), weight.to(dtype))
+            return out if bias is None else out + bias.float()

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from fp4repro.config.model import LAYER_LINEARS, SEPARATE_QKV, ModelConfig
 from fp4repro.model._mamba_ssm import load_mamba_ssm_kernels
+from fp4repro.model.head_gemm import fp32_head_linear
 from fp4repro.model.ssd import ssd_chunked
 
 #: (in_features, out_features, name within the mixer) -> a bias-free linear module
@@ -41,9 +42,10 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 class FP32OutputHead(nn.Linear):
     """The LM head as the paper's authors run it in every recipe (their ``FP32OutputLinear``:
     "its BF16 checkpoint parameter is retained and its matrix multiplication is computed in
-    FP32"). Under autocast the input and the weight are rounded to the autocast dtype, the BF16
-    copies their mixed-precision training holds, and multiplied in FP32 with autocast off: logits
-    are float32. Without autocast (the CPU's float32 runs) it is an ordinary float32 linear."""
+    FP32"). Under BF16 autocast the input and the weight are rounded to BF16, the copies their
+    mixed-precision training holds, and multiplied in FP32 (``fp4repro.model.head_gemm``: FP32
+    products and sums on BF16 tensor cores): logits are float32. Without autocast (the CPU's
+    float32 runs) it is an ordinary float32 linear."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device_type = x.device.type
@@ -51,7 +53,7 @@ class FP32OutputHead(nn.Linear):
             return F.linear(x, self.weight)
         dtype = torch.get_autocast_dtype(device_type)
         with _float32_region(x):
-            return F.linear(x.to(dtype).float(), self.weight.to(dtype).float())
+            return fp32_head_linear(x.to(dtype), self.weight.to(dtype))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
