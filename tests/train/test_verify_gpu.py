@@ -10,6 +10,8 @@ import torch
 
 from fp4repro.cli import main
 from fp4repro.config.experiment import load_experiment
+from fp4repro.config.numerics import numerics_record
+from fp4repro.config.study import load_study
 from fp4repro.data import load_manifest
 from fp4repro.data.prepare import prepare_data
 from fp4repro.results import run_dir
@@ -31,6 +33,12 @@ def tiny_data(tmp_path_factory) -> Path:
     recorded = done["provenance"]["device"]
     if torch.cuda.get_device_name() != recorded:
         pytest.skip(f"the committed runs were made on {recorded}, this is {torch.cuda.get_device_name()}")
+    here = numerics_record(load_study("tiny").recipe("ue5m3"), load_study("tiny").model.layer_linears)["numerics"]
+    if done.get("numerics") != here:
+        pytest.skip(
+            f"the committed runs computed with numerics {done.get('numerics')}, this code with {here}: verify "
+            "refuses them, rightly; re-make them (results/bench/determinism/README.md)"
+        )
     out = tmp_path_factory.mktemp("tiny") / "data"
     prepare_data(load_experiment("tiny"), out, progress=False)
     digest = load_manifest(out).data_hash

@@ -47,7 +47,12 @@ BENCHMARKS = {
         "Model-body throughput: the paper's ablation, emulated and as an FP8 analogue",
         "throughput",
     ),
-    "train_step_h200.json": ("The training step at the 8B's widths, through fp4repro train", "train_step"),
+    "train_step_h200.json": ("The training step through fp4repro train", "train_step"),
+    "train_step_h200_numerics_v2.json": (
+        "The training step through fp4repro train, before the LM head on BF16 tensor cores (numerics v2)",
+        "train_step",
+    ),
+    "head_h200.json": ("The FP32 LM head: IEEE FP32, TF32 and FP32 products on BF16 tensor cores", "head"),
     "quant_cpu.json": ("The torch reference quantizers on a CPU", "quant_cpu"),
 }
 
@@ -82,9 +87,9 @@ def recipes_page(root: Path, parser: argparse.ArgumentParser) -> str:
 
 
 def _bench_tables() -> dict[str, Callable[[dict], str]]:
-    from fp4repro.bench import components, gemm, kernels, live, quant_cpu, sass, throughput, train_step
+    from fp4repro.bench import components, gemm, head, kernels, live, quant_cpu, sass, throughput, train_step
 
-    modules = (components, gemm, kernels, live, quant_cpu, sass, throughput, train_step)
+    modules = (components, gemm, head, kernels, live, quant_cpu, sass, throughput, train_step)
     return {m.__name__.rsplit(".", 1)[1]: m.table for m in modules}
 
 

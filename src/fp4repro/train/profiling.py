@@ -21,8 +21,8 @@ carries the module labels of the forward operator it differentiates (autograd's 
 pairs them), so that a norm's backward kernels count as the norm's. Norm modules and the FP32 LM
 head get a label (``MODULE_LABEL``) for the profiled steps only (``module_labels``): the
 reference's and megatron's RMSNorms are elementwise operators and a reduction, anonymous
-otherwise, and the head's GEMMs (``lm_head``: FP32, forward and backward, with their casts) would
-be GEMMs among the BF16 ones. The engines
+otherwise, and the head's GEMMs (``lm_head``: FP32 products, forward and backward, with the
+gradient's split and the casts) would be GEMMs among the others. The engines
 mark their optimizer phase (``fp4repro.util.OPTIMIZER_PHASE``). What no rule matches is
 ``other``; the record lists each part's costliest kernels, so that ``other`` can be read.
 
@@ -115,9 +115,8 @@ _GEMM_WITHIN = "^(" + "|".join(re.escape(op) for op in GEMM_OPERATORS) + ")$"
 RULES = (
     # collectives first: a tensor-parallel head or linear runs them within its own labels
     Rule("communication", "collectives", kernel=r"nccl", within=r"^(nccl:|c10d::|record_param_comms)"),
-    # the LM head in FP32 (forward and backward): its GEMMs run on FP32 units (TF32 tensor cores
-    # where the environment turned TF32 on: provenance fp32_matmul), not the BF16 tensor cores the
-    # other GEMMs use, so their time is shown apart
+    # the LM head in FP32 (forward and backward): seven GEMMs of FP32 products (fp4repro.model.
+    # head_gemm), the gradient's split and the casts, its time shown apart from the other GEMMs
     Rule("lm_head", "lm_head", within="^" + re.escape(MODULE_LABEL) + "FP32Output"),
     # this suite's Triton kernels (fp4repro.kernels)
     Rule("quantization", "quantize", kernel=_NOT_IN_NAME + r"_quantize_kernel"),
