@@ -191,3 +191,29 @@ def test_a_quantized_linear_returns_its_input_gradient_in_the_inputs_layout(name
     out.backward(torch.randn(out.shape, generator=gen))
     (grad,) = arriving
     assert grad.shape == x.shape and grad.stride() == x.stride()
+
+
+def test_the_output_layer_multiplies_bf16_copies_in_fp32_and_its_weight_gradient_is_the_copys(megatron_cpu):
+    import torch
+
+    from fp4repro.megatron.linear import FP32OutputColumnParallelLinear
+
+    tiny = load_model_config("tiny")
+    head = megatron_cpu(tiny).output_layer
+    assert type(head) is FP32OutputColumnParallelLinear
+    torch.manual_seed(7)
+    x = torch.randn(5, 2, tiny.hidden_size, requires_grad=True)  # megatron's [sequence, batch, hidden]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = head(x)
+    xb, wb = x.detach().to(torch.bfloat16).double(), head.weight.detach().to(torch.bfloat16).double()
+    exact = xb @ wb.t()
+    assert y.dtype == torch.float32 and y.shape == (5, 2, tiny.vocab_size)
+    # FP32 sums of exact products: within FP32 summation's bound, far inside a BF16 output's rounding
+    bound = (tiny.hidden_size + 1) * 2.0**-24 * (xb.abs() @ wb.abs().t())
+    assert ((y.detach().double() - exact).abs() <= bound).all()
+    g = torch.randn_like(y)
+    y.backward(g)
+    # the gradient reaches the parameter through its BF16 copy: BF16 values, within a BF16 ulp of exact
+    want = g.double().reshape(-1, tiny.vocab_size).t() @ xb.reshape(-1, tiny.hidden_size)
+    assert torch.equal(head.weight.grad, head.weight.grad.to(torch.bfloat16).float())
+    assert ((head.weight.grad.double() - want).abs() <= want.abs() * 2.0**-7 + 1e-30).all()
