@@ -40,9 +40,9 @@ def split_bf16(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     if g.dtype != torch.float32:
         raise TypeError(f"split_bf16 splits a float32 tensor, not {g.dtype}")
     hi = g.to(torch.bfloat16)
-    rest = g - hi.float()
+    rest = g - hi  # float32: the BF16 operand widened within the kernel (exactly), not copied first
     mid = rest.to(torch.bfloat16)
-    rest.sub_(mid.float())
+    rest.sub_(mid)
     return hi, mid, rest.to(torch.bfloat16)
 
 
