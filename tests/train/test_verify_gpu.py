@@ -37,7 +37,7 @@ def tiny_data(tmp_path_factory) -> Path:
     if done.get("numerics") != here:
         pytest.skip(
             f"the committed runs computed with numerics {done.get('numerics')}, this code with {here}: verify "
-            "refuses them, rightly; re-make them (results/bench/determinism/README.md)"
+            "refuses them, rightly; re-make them: scripts/remake_verify_runs.sh tiny ue5m3:deterministic nvfp4:fast"
         )
     out = tmp_path_factory.mktemp("tiny") / "data"
     prepare_data(load_experiment("tiny"), out, progress=False)
