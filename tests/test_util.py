@@ -43,9 +43,12 @@ def test_deterministic_mode_puts_inductor_in_its_deterministic_mode_too(monkeypa
     from fp4repro.util import deterministic_algorithms
 
     monkeypatch.delenv("TORCHINDUCTOR_DETERMINISTIC", raising=False)
-    monkeypatch.setattr(inductor, "deterministic", False)
+    # set and restored by hand, not by a patching helper: inductor's config is no plain module (its
+    # values are context variables, and an entry once deleted is hidden from later compilations)
+    was, inductor.deterministic = inductor.deterministic, False
     try:
         deterministic_algorithms()
         assert os.environ["TORCHINDUCTOR_DETERMINISTIC"] == "1" and inductor.deterministic is True
     finally:
+        inductor.deterministic = was
         torch.use_deterministic_algorithms(False)

@@ -8,8 +8,9 @@ import zlib
 import pytest
 import torch
 
-from fp4repro.model.head_gemm import fp32_head_linear, mm_float32, mm_split, split_bf16
+from fp4repro.model.head_gemm import fp32_head_linear, mm_float32, mm_split
 from fp4repro.model.layers import FP32OutputHead
+from fp4repro.quant.ops import split_bf16
 
 U = 2.0**-24  # FP32's unit roundoff
 

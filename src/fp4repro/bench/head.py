@@ -52,7 +52,8 @@ def _matmul_precision(way: str) -> str:
 def head_gemms(way: str, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(Y, dX, dW) for BF16 ``x`` (T, D), ``w`` (V, D) and the FP32 gradient ``g`` (T, V), one way
     (``WAYS``; the caller sets the FP32 matmul precision: ``_matmul_precision``)."""
-    from fp4repro.model.head_gemm import mm_float32, mm_split, split_bf16
+    from fp4repro.model.head_gemm import mm_float32, mm_split
+    from fp4repro.quant.ops import split_bf16
 
     if way == "bf16_split":
         pieces = split_bf16(g)

@@ -279,27 +279,17 @@ def _add_train_step_arguments(b: argparse.ArgumentParser) -> None:
     )
 
 
+#: the benchmarks, as ``fp4repro bench WHAT`` names them
+WHAT = ("quant", "kernels", "sass", "live", "throughput", "components", "project", "gemm", "head", "train-step")
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench",
         help="benchmarks (print a table, write JSON under results/bench/)",
         description=DESCRIPTION,
     )
-    b.add_argument(
-        "what",
-        choices=[
-            "quant",
-            "kernels",
-            "sass",
-            "live",
-            "throughput",
-            "components",
-            "project",
-            "gemm",
-            "head",
-            "train-step",
-        ],
-    )
+    b.add_argument("what", choices=WHAT)
     b.add_argument(
         "--experiment",
         default="tiny",

@@ -151,6 +151,13 @@ def _probe_matched_gemm_launcher():
 
 
 @functools.cache
+def _split_bf16_launcher():
+    from fp4repro.kernels import split
+
+    return _launcher(split._split_bf16_kernel)
+
+
+@functools.cache
 def _saturating_e4m3_launcher():
     from fp4repro.kernels import fp8_cast
 
@@ -472,6 +479,20 @@ def scale_cast(acc: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype) -
     n = acc.numel()
     _scale_cast_launcher()((_cdiv(n, 4096),), (acc, alpha.to(torch.float32).reshape(1), out, n), (("BLOCK", 4096),), 4)
     return out
+
+
+def split_bf16_triton(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(G₁, G₂, G₃) of a contiguous float32 ``g`` in one pass (``fp4repro.kernels.split``), equal
+    to ``fp4repro.reference.split.split_bf16_reference``'s bit for bit."""
+    if g.dtype != torch.float32 or not g.is_contiguous():
+        raise TypeError(
+            f"split_bf16_triton splits a contiguous float32 tensor, not {g.dtype} with strides {g.stride()}"
+        )
+    pieces = tuple(torch.empty_like(g, dtype=torch.bfloat16) for _ in range(3))
+    n = g.numel()
+    bits = tuple(p.view(torch.int16) for p in pieces)  # the kernel writes each piece's bits
+    _split_bf16_launcher()((_cdiv(n, 4096),), (g, *bits, n), (("BLOCK", 4096),), 4)
+    return pieces
 
 
 def saturating_e4m3(x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ bits each) is exact in FP32 (24), so a GEMM of BF16 operands that accumulates in
 same products as an IEEE FP32 GEMM of their FP32 copies; only the order of the FP32 additions
 differs, as it does between two FP32 GEMM algorithms. The backward GEMMs multiply the FP32
 output gradient G, which is first split into three BF16 tensors that sum to it exactly
-(``split_bf16``); each backward GEMM is then three BF16 GEMMs accumulated in FP32 and added in
+(``fp4repro.quant.ops.split_bf16``: ``fp4repro.reference.split``, or its Triton kernel); each
+backward GEMM is then three BF16 GEMMs accumulated in FP32 and added in
 FP32, the smallest piece's first:
 
     G₁ = bf16(G),  G₂ = bf16(G − G₁),  G₃ = bf16(G − G₁ − G₂),  G₁ + G₂ + G₃ = G
@@ -16,11 +17,7 @@ FP32, the smallest piece's first:
 with X_b, W_b the BF16 copies (``bf16``: round to nearest, ties to even). dX and dW are returned
 in BF16, as the copies' casts return them (the parameter's own gradient is that, widened).
 
-Exactness of the split: G₁ leaves a remainder of at most 16 significant bits (G₁ is G's top 8,
-rounded; the remainder is a multiple of G's FP32 ulp, 2⁻²³ of G's binade, below half of G₁'s
-ulp), G₂ leaves at most 8, which G₃ holds exactly: BF16 has FP32's exponent range, so the sum is
-G wherever G's binade is at least 2⁻¹¹⁰ (G₃'s last bit then lies above BF16's smallest
-subnormal, 2⁻¹³³); a non-finite G gives non-finite pieces (inf − inf is NaN).
+The split is exact wherever G's binade is at least 2⁻¹¹⁰ (``fp4repro.reference.split``).
 
 On a GPU each GEMM is cuBLAS's BF16 GEMM with an FP32 output (``torch.mm(..., out_dtype=
 torch.float32)``); elsewhere the same products and sums in FP32 (``mm_float32``). Their speed
@@ -33,17 +30,7 @@ from __future__ import annotations
 
 import torch
 
-
-def split_bf16(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(G₁, G₂, G₃): three bfloat16 tensors whose float32 sum is the float32 tensor ``g``, G₁ its
-    nearest BF16, each next piece the nearest BF16 of what the pieces before it leave."""
-    if g.dtype != torch.float32:
-        raise TypeError(f"split_bf16 splits a float32 tensor, not {g.dtype}")
-    hi = g.to(torch.bfloat16)
-    rest = g - hi  # float32: the BF16 operand widened within the kernel (exactly), not copied first
-    mid = rest.to(torch.bfloat16)
-    rest.sub_(mid)
-    return hi, mid, rest.to(torch.bfloat16)
+from fp4repro.quant.ops import split_bf16
 
 
 def mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

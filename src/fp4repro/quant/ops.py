@@ -30,6 +30,7 @@ from fp4repro.reference.block import (
     scaled_operand_reference,
 )
 from fp4repro.reference.geometry import rows_cols
+from fp4repro.reference.split import split_bf16_reference
 
 _force_reference = contextvars.ContextVar(
     "fp4repro_force_reference", default=os.environ.get("FP4REPRO_REFERENCE", "") not in ("", "0")
@@ -53,6 +54,16 @@ def uses_kernel(x: torch.Tensor, generator=None, rand=None) -> bool:
     from fp4repro.kernels import available
 
     return available()
+
+
+def split_bf16(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The float32 ``g`` as three BF16 tensors that sum to it exactly (``fp4repro.reference.split``):
+    the Triton kernel for a contiguous float32 tensor that ``uses_kernel``, else the reference."""
+    if g.dtype == torch.float32 and g.is_contiguous() and uses_kernel(g):
+        from fp4repro.kernels import split_bf16_triton
+
+        return split_bf16_triton(g)
+    return split_bf16_reference(g)
 
 
 def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> DeviceStats:
