@@ -19,6 +19,7 @@ FP32 GEMM summed in any order).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 
@@ -45,30 +46,33 @@ def training_shapes(experiments: tuple[str, ...] = EXPERIMENTS) -> dict[str, tup
     return shapes
 
 
-def _matmul_precision(way: str) -> str:
-    return "tf32" if way == "fp32_tf32" else "ieee"
+@contextlib.contextmanager
+def fp32_precision(way: str):
+    """Within this block torch multiplies float32 matrices on CUDA as ``way`` needs: TF32 for
+    ``fp32_tf32``, IEEE otherwise; the setting it found is restored after."""
+    matmul = torch.backends.cuda.matmul
+    was, matmul.fp32_precision = matmul.fp32_precision, ("tf32" if way == "fp32_tf32" else "ieee")
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = was
 
 
 def head_gemms(way: str, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(Y, dX, dW) for BF16 ``x`` (T, D), ``w`` (V, D) and the FP32 gradient ``g`` (T, V), one way
-    (``WAYS``; the caller sets the FP32 matmul precision: ``_matmul_precision``)."""
-    from fp4repro.model.head_gemm import mm_float32, mm_split
-    from fp4repro.quant.ops import split_bf16
+    """(Y, dX, dW) in float32 for BF16 ``x`` (T, D), ``w`` (V, D) and the FP32 gradient ``g`` (T, V),
+    one way (``WAYS``; the caller sets the FP32 matmul precision: ``fp32_precision``)."""
+    from fp4repro.model.head_gemm import head_backward, mm_float32
 
     if way == "bf16_split":
-        pieces = split_bf16(g)
-        return mm_float32(x, w.t()), mm_split(pieces, w), mm_split(tuple(p.t() for p in pieces), x)
+        return mm_float32(x, w.t()), *head_backward(x, w, g)
     xf, wf = x.float(), w.float()
     return xf @ wf.t(), g @ wf, g.t() @ xf
 
 
 def error_over_bound(way: str, x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> float:
     """The largest |error| of Y, dX, dW against float64 over FP32 summation's bound (module docstring)."""
-    torch.backends.cuda.matmul.fp32_precision = _matmul_precision(way)
-    try:
+    with fp32_precision(way):
         got = head_gemms(way, x, w, g)
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
     x64, w64, g64 = x.double(), w.double(), g.double()
     worst = 0.0
     for result, (a, b) in zip(got, ((x64, w64.t()), (g64, w64), (g64.t(), x64))):
@@ -90,16 +94,12 @@ def run(shapes: dict[str, tuple[int, int, int]], out: Path, rounds: int = 5) -> 
         times: dict[str, list[float]] = {way: [] for way in WAYS}
         for _ in range(rounds):
             for way in WAYS:
-                torch.backends.cuda.matmul.fp32_precision = _matmul_precision(way)
-                try:
-                    times[way].append(
-                        float(triton.testing.do_bench_cudagraph(lambda way=way: head_gemms(way, x, w, g)))
-                    )
-                finally:
-                    torch.backends.cuda.matmul.fp32_precision = "ieee"
+                with fp32_precision(way):
+                    bench = triton.testing.do_bench_cudagraph(lambda way=way: head_gemms(way, x, w, g))
+                times[way].append(float(bench))
         sample = (x[:256], w, g[:256])
+        ms = {way: statistics.median(times[way]) for way in WAYS}
         for way in WAYS:
-            ms = statistics.median(times[way])
             rows.append(
                 {
                     "shape": name,
@@ -107,15 +107,12 @@ def run(shapes: dict[str, tuple[int, int, int]], out: Path, rounds: int = 5) -> 
                     "hidden": hidden,
                     "vocab": vocab,
                     "way": way,
-                    "ms": ms,
-                    "tflops": 6 * tokens * hidden * vocab / ms / 1e9,
-                    "over_ieee": None,
+                    "ms": ms[way],
+                    "tflops": 6 * tokens * hidden * vocab / ms[way] / 1e9,
+                    "over_ieee": ms[way] / ms["fp32_ieee"],
                     "worst_error_over_bound": error_over_bound(way, *sample),
                 }
             )
-        ieee = rows[-len(WAYS)]["ms"]
-        for row in rows[-len(WAYS) :]:
-            row["over_ieee"] = row["ms"] / ieee
     result = {"device": torch.cuda.get_device_name(), "rounds": rounds, "rows": rows}
     write_json(out, result, provenance("cuda"))
     return result

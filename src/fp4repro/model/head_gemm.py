@@ -53,6 +53,18 @@ def mm_split(pieces: tuple[torch.Tensor, ...], b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def head_backward(
+    x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, need_dx: bool = True, need_dw: bool = True
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(dX, dW) in float32 for the BF16 ``x`` (T, D), ``w`` (V, D) and the float32 output gradient
+    ``g`` (T, V): its three BF16 pieces, split once, times W_b and X_b (the module docstring); None
+    for a gradient not needed."""
+    pieces = split_bf16(g)
+    dx = mm_split(pieces, w) if need_dx else None
+    dw = mm_split(tuple(p.t() for p in pieces), x) if need_dw else None
+    return dx, dw
+
+
 class _FP32HeadGEMM(torch.autograd.Function):
     """Y = X_b · W_bᵀ with the backward of the module docstring."""
 
@@ -64,10 +76,8 @@ class _FP32HeadGEMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
-        pieces = split_bf16(grad.float())
-        dx = mm_split(pieces, w).to(x.dtype) if ctx.needs_input_grad[0] else None
-        dw = mm_split(tuple(p.t() for p in pieces), x).to(w.dtype) if ctx.needs_input_grad[1] else None
-        return dx, dw
+        dx, dw = head_backward(x, w, grad, *ctx.needs_input_grad)
+        return None if dx is None else dx.to(x.dtype), None if dw is None else dw.to(w.dtype)
 
 
 def fp32_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
