@@ -8,7 +8,8 @@ for bit, unless the caller supplies its own random source (``generator``/``rand`
 reference takes one) or row groups (``scaled_operand(..., groups=)``: only the reference takes
 them), or the reference is forced: by ``FP4REPRO_REFERENCE=1`` in the environment, or within
 ``with reference_only():`` (a context variable, so it holds for this thread or task only).
-Everything else runs the reference.
+Everything else runs the reference. ``split_bf16`` (the FP32 LM head's gradient as three BF16
+pieces, ``fp4repro.reference.split``) is chosen the same way, for a contiguous float32 tensor.
 """
 
 from __future__ import annotations
