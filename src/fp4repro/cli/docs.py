@@ -53,6 +53,9 @@ BENCHMARKS = {
         "train_step",
     ),
     "head_h200.json": ("The FP32 LM head: IEEE FP32, TF32 and FP32 products on BF16 tensor cores", "head"),
+    "kernels_h100_80gb_hbm3.json": ("Triton quantization kernels on an H100", "kernels"),
+    "head_h100_80gb_hbm3.json": ("The FP32 LM head on an H100", "head"),
+    "train_step_h100_80gb_hbm3.json": ("The training step through fp4repro train on an H100", "train_step"),
     "quant_cpu.json": ("The torch reference quantizers on a CPU", "quant_cpu"),
 }
 
