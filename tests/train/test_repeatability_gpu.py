@@ -1,6 +1,6 @@
 """Under ``--deterministic`` a training step repeats bit for bit on a GPU: for each backend and
-recipe kind, three forward-backward passes of one batch of the ``small`` experiment (its model,
-8 x 2,048 tokens) give identical gradients for every parameter (``fp4repro.train.repeatability``).
+recipe kind, three forward-backward passes of one batch of the ``small`` experiment (its model and
+fused kernels, 8 x 2,048 tokens) give identical gradients for every parameter (``fp4repro.train.repeatability``).
 A failure names the parameters that moved, which places the kernel at fault by layer kind."""
 
 from dataclasses import replace
