@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from fp4repro.paired import step_difference
 from fp4repro.plots.catalog import FIGURE_INPUTS
@@ -397,6 +397,7 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
     side.set_ylim(len(recipes) - 0.4, -0.8)
     side.yaxis.tick_right()
     side.tick_params(axis="x", labelsize=8.5)
+    side.xaxis.set_major_locator(MaxNLocator(nbins=3))  # a narrow panel: four signed ticks overlap
     side.set_xlabel(f"final-window loss − {base}'s\n(95% interval)")
     side.margins(x=0.35)
     side.grid(axis="y", visible=False)
