@@ -58,8 +58,9 @@ def head_backward(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(dX, dW) in float32 for the BF16 ``x`` (T, D), ``w`` (V, D) and the float32 output gradient
     ``g`` (T, V): its three BF16 pieces, split once, times W_b and X_b (the module docstring); None
-    for a gradient not needed."""
-    pieces = split_bf16(g)
+    for a gradient not needed. ``g`` made contiguous (free where it is): the split kernel takes only
+    a contiguous float32 tensor, and anything else would fall back to the slower torch split."""
+    pieces = split_bf16(g.contiguous())
     dx = mm_split(pieces, w) if need_dx else None
     dw = mm_split(tuple(p.t() for p in pieces), x) if need_dw else None
     return dx, dw
