@@ -249,6 +249,45 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
     assert reused[1] == (1 if recipe == "ue5m3" else 0)  # ue5m3 samples dgrad.w's amax on step 0
 
 
+@pytest.mark.parametrize("recipe", ["ue5m3", "nvfp4"])
+def test_a_telemetry_step_records_the_reused_weight_as_quantizing_it_afresh_would(recipe, monkeypatch):
+    # on telemetry steps too, dgrad takes Q(W)ᵀ from the forward (no second quantization of W),
+    # and its dgrad.w row has the counts a quantization of Wᵀ records (sums equal to rounding)
+    import fp4repro.quant.linear as linear
+
+    specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
+
+    def rows(reuse: bool):
+        calls = []
+        original = linear.quantized_operand
+
+        def counting(t, spec, state, layer, operand, group=None):
+            calls.append(operand)
+            return original(t, spec, state, layer, operand, group)
+
+        monkeypatch.setattr(linear, "quantized_operand", counting)
+        if not reuse:
+            monkeypatch.setattr(linear, "transposable_weight_spec", lambda specs: False)
+        lin = _layer(specs, bias=False)
+        out = []
+        for step in range(3):
+            x = torch.randn(4, 20, 64, generator=torch.Generator().manual_seed(step), requires_grad=True)
+            lin.state.telemetry = True
+            lin(x).square().sum().backward()
+            out += [r for r in lin.state.pop_telemetry() if r["operand"] == "dgrad.w"]
+            lin.state.advance()
+        monkeypatch.undo()
+        return out, calls.count("dgrad.w")
+
+    (reused, reused_calls), (fresh, fresh_calls) = rows(True), rows(False)
+    assert fresh_calls == 3 and reused_calls == (1 if recipe == "ue5m3" else 0)
+    assert len(reused) == len(fresh) == 3
+    for a, b in zip(reused, fresh):
+        floats = {"sq_error", "sq_norm", "rel_error"}
+        assert {k: v for k, v in a.items() if k not in floats} == {k: v for k, v in b.items() if k not in floats}
+        assert all(a[k] == pytest.approx(b[k], rel=1e-12) for k in floats)
+
+
 def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_forwards_choice():
     """Within ``gemm_instrument(g)`` each quantized GEMM calls g with the operands the emulation
     would multiply; the backward, run after the context has closed (as autograd may run it on a

@@ -225,10 +225,7 @@ def transposable_weight_spec(specs: LinearSpecs) -> bool:
 
 def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, operand: str):
     """What fixes the amax a quantization of W for ``operand`` uses at this point: "current" (the
-    current amax of W itself), the held amax as a float, or None when it samples a fresh amax now
-    (or telemetry is on: then every operand is quantized and recorded itself)."""
-    if state is not None and state.telemetry:
-        return None
+    current amax of W itself), the held amax as a float, or None when it samples a fresh amax now."""
     if state is None or spec.tensor_scaling.kind == "current":
         return "current"
     key = f"{layer}.{operand}"
@@ -252,12 +249,16 @@ class _QuantLinearFunction(torch.autograd.Function):
             qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"))
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"))
         qw = _as(qw, compute_dtype)
+        # on a telemetry step a reused Q(W)ᵀ is recorded as dgrad.w with fprop.w's stats: the same
+        # blocks, amax and codes, so the same counts (no second quantization of W to record it)
+        telemetry = w_amax is not None and state is not None and state.telemetry
+        w_stats = state.last_stats(layer, "fprop.w") if telemetry else None
         timing = instrument()
         gemm = timing or gemm_function(specs, "fprop")
         y = gemm(qx, dx, qw, dw, compute_dtype)
         if bias is not None:
             y = y + bias.to(compute_dtype)
-        ctx.qw = (qw, dw, w_amax) if w_amax is not None else None
+        ctx.qw = (qw, dw, w_amax, w_stats) if w_amax is not None else None
         ctx.save_for_backward(x2, weight)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.shards = compute_dtype, x.shape, x.dtype, shards
@@ -274,6 +275,8 @@ class _QuantLinearFunction(torch.autograd.Function):
             qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"))
             if ctx.qw is not None and ctx.qw[2] == _weight_amax_used(state, specs.dgrad_w, layer, "dgrad.w"):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
+                if ctx.qw[3] is not None:
+                    state.record(layer, "dgrad.w", ctx.qw[3], specs.dgrad_w.target)
             else:
                 qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", shards.get("dgrad.w"))
             gemm = ctx.instrument or gemm_function(specs, "dgrad")

@@ -169,6 +169,14 @@ class QuantState:
         }
         self._records.append((head, stats, float("nan") if target is None else float(target)))
 
+    def last_stats(self, layer: str, operand: str) -> OperandStats | DeviceStats:
+        """The stats of the latest record of ``layer``.``operand`` in this step (searched from the
+        end: it is usually the record just made)."""
+        for head, stats, _ in reversed(self._records):
+            if head["layer"] == layer and head["operand"] == operand:
+                return stats
+        raise KeyError(f"no telemetry record of {layer}.{operand} since the last pop_telemetry()")
+
     def pop_telemetry(self) -> list[dict]:
         """Records collected since the last call (one dict per layer × operand × quantization);
         the device's counters are read here, in one transfer (``read_stats``)."""
