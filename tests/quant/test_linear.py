@@ -188,6 +188,24 @@ def test_periodic_state_reads_the_held_amax_back_once_per_sample():
     assert state.held_amax_value("k") == 5.0
 
 
+def test_the_first_held_amax_read_after_a_refresh_reads_every_operand_in_one_transfer(monkeypatch):
+    from fp4repro.quant import TensorScaling
+
+    state, scaling = QuantState(), TensorScaling("periodic", 2)
+    amaxes = {f"l{i}.fprop.x": 0.1 * 3**i for i in range(5)}
+    for key, a in amaxes.items():
+        state.hold(key, torch.tensor(a, dtype=torch.float32), scaling)
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.numel()) or tolist(t))
+    got = {key: state.held_amax_value(key) for key in reversed(amaxes)}
+    assert reads == [5]
+    assert got == {key: float(torch.tensor(a, dtype=torch.float32)) for key, a in amaxes.items()}
+    state.hold("l2.fprop.x", torch.tensor(9.0), scaling)  # one resampled: only it is read again
+    assert state.held_amax_value("l4.fprop.x") == got["l4.fprop.x"] and reads == [5]
+    assert state.held_amax_value("l2.fprop.x") == 9.0 and reads == [5, 1]
+
+
 @pytest.mark.gpu
 def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
     # integer-valued operands accumulate exactly in any order, so the two epilogues (cuBLAS alpha

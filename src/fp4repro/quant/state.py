@@ -81,11 +81,15 @@ class QuantState:
             self._held_host.pop(key, None)
 
     def held_amax_value(self, key: str) -> float:
-        """The held amax of ``key`` as a Python float: read from the device the first time it is
-        asked for after a sample (one synchronization per refresh), then cached."""
+        """The held amax of ``key`` as a Python float, cached: the first key asked for after a
+        sample reads every held amax not yet read, in one transfer (one synchronization per
+        refresh, not one per operand: a refresh samples all of a model's operands at once)."""
         value = self._held_host.get(key)
         if value is None:
-            value = self._held_host[key] = float(self._held[key])
+            unread = [k for k in self._held if k not in self._held_host]
+            values = torch.stack([self._held[k].reshape(()).to(self._held[key].device) for k in unread])
+            self._held_host.update(zip(unread, values.to(torch.float64).tolist()))
+            value = self._held_host[key]
         return value
 
     # ------------------------------------------------------------------ automatic target T
