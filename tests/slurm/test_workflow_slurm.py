@@ -114,26 +114,6 @@ def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, sl
             assert got == ("1", mem_mb, limit), (rule, job)
 
 
-def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
-    workdir, _, _ = slurm_run
-    for recipe in RECIPES:
-        for table, drop in (
-            ("train/{}/seed0/metrics.parquet", ["tokens_per_s"]),
-            ("train/{}/seed0/telemetry.parquet", []),
-            ("eval/{}/seed0/nll.parquet", []),
-            ("eval/{}/seed0/nll_documents.parquet", []),
-            ("eval/{}/seed0/downstream.parquet", []),
-        ):
-            rel = Path("results/smoke") / table.format(recipe)
-            a = pd.read_parquet(workdir / rel).drop(columns=drop)
-            b = pd.read_parquet(smoke_run / rel).drop(columns=drop)
-            pd.testing.assert_frame_equal(a, b, check_exact=True, obj=str(rel))
-        rel = Path(f"results/smoke/eval/{recipe}/seed0/final_loss.json")
-        a, b = (json.loads((root / rel).read_text()) for root in (workdir, smoke_run))
-        assert a.pop("provenance")["created"] and b.pop("provenance")  # when and where differ
-        assert a == b
-
-
 def test_cancelled_training_fails_and_the_rerun_resumes(
     slurm_run, slurm_cluster, slurm_profile_env, tmp_path, slurm_snakemake
 ):
@@ -180,3 +160,25 @@ def test_cancelled_training_fails_and_the_rerun_resumes(
     metrics = pd.read_parquet(run_dir / "results/smoke/train/bf16/seed0/metrics.parquet")
     assert metrics["step"].tolist() == list(range(1, 89))
     assert (metrics["attempt"] == (metrics["step"] > resumed).astype(int)).all()  # only the rest ran again
+
+
+def test_slurm_outputs_equal_the_local_run(slurm_run, smoke_run):
+    # last in the module: the local run is shared with tests/workflow, and a worker that needs it
+    # while another worker makes it waits idle
+    workdir, _, _ = slurm_run
+    for recipe in RECIPES:
+        for table, drop in (
+            ("train/{}/seed0/metrics.parquet", ["tokens_per_s"]),
+            ("train/{}/seed0/telemetry.parquet", []),
+            ("eval/{}/seed0/nll.parquet", []),
+            ("eval/{}/seed0/nll_documents.parquet", []),
+            ("eval/{}/seed0/downstream.parquet", []),
+        ):
+            rel = Path("results/smoke") / table.format(recipe)
+            a = pd.read_parquet(workdir / rel).drop(columns=drop)
+            b = pd.read_parquet(smoke_run / rel).drop(columns=drop)
+            pd.testing.assert_frame_equal(a, b, check_exact=True, obj=str(rel))
+        rel = Path(f"results/smoke/eval/{recipe}/seed0/final_loss.json")
+        a, b = (json.loads((root / rel).read_text()) for root in (workdir, smoke_run))
+        assert a.pop("provenance")["created"] and b.pop("provenance")  # when and where differ
+        assert a == b
