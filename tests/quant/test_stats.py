@@ -108,3 +108,45 @@ def test_a_kernel_quantization_with_telemetry_does_not_synchronize_and_reads_as_
     assert kernel.underflow_blocks > 0 and (held is None or kernel.amax_ratio != 1.0)
     assert kernel.sq_norm == pytest.approx(reference.sq_norm, rel=1e-9)  # float64 sums, another order
     assert kernel.sq_error == pytest.approx(reference.sq_error, rel=1e-9)
+
+
+# the current amax of a telemetry ratio: (held amax, element made non-finite, the caller's live slots)
+RATIO_CASES = {
+    "current": (None, None, False),
+    "held": (0.5, None, False),
+    "held, an inf": (0.5, math.inf, False),
+    "held, a NaN": (0.5, math.nan, False),
+    "held, an automatic target's slots": (0.5, None, True),
+    "held, an automatic target's slots, an inf": (0.5, -math.inf, True),
+}
+
+
+@pytest.mark.parametrize("case", RATIO_CASES)
+def test_the_kernels_telemetry_ratio_reads_the_current_amax_as_the_reference_does(case, monkeypatch):
+    # on the kernels the current amax of a held quantization comes from live slots (the
+    # quantization's own, or with an automatic target's a pass of its own): the reference's
+    # live amax either way, inf with a non-finite element (ratio 0). Without CUDA the kernel runs
+    # in Triton's interpreter on a CPU tensor, routed there as a CUDA tensor would be.
+    import fp4repro.quant.ops as ops
+    from fp4repro.kernels import live_slots
+
+    held, bad, shared = RATIO_CASES[case]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(32, 64, generator=gen) * torch.logspace(-3, 1, 64)
+    if bad is not None:
+        x[7, 9] = bad
+    spec = QuantSpec(block=(1, 16), scale="ue5m3", target=448.0)
+    amax = None if held is None else _f32(held)
+    with reference_only():
+        reference = scaled_operand(x, spec, amax=amax, stats=True).stats
+    monkeypatch.setattr(ops, "uses_kernel", lambda x, generator=None, rand=None: True)
+    slots = live_slots(x.device) if shared else None
+    (kernel,) = read_stats([scaled_operand(x, spec, amax=amax, stats=True, live=slots).stats])
+    if held is None:
+        want = 1.0
+    elif bad is not None:
+        want = 0.0
+    else:
+        want = held / float(x.abs().max())
+    assert kernel.amax_ratio == reference.amax_ratio == pytest.approx(want, rel=1e-12)
+    assert kernel.nonfinite_blocks == reference.nonfinite_blocks == (bad is not None)

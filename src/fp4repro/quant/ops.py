@@ -67,12 +67,31 @@ def split_bf16(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return split_bf16_reference(g)
 
 
-def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held) -> DeviceStats:
-    """The kernel's telemetry counters, left on the device (``fp4repro.quant.stats``); with a
-    held amax, the current amax of ``x2d`` beside it (one more pass, no synchronization)."""
-    from fp4repro.kernels import operand_amax_triton
+def _telemetry_slots(x: torch.Tensor, amax, stats: bool, live: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The live-amax slots a kernel quantization folds into: the caller's (an automatic target's),
+    else, on a telemetry quantization with a held amax, fresh ones, from which the telemetry
+    ratio's current amax is read (``_kernel_stats``) without a pass of its own."""
+    if live is not None or not stats or amax is None:
+        return live
+    from fp4repro.kernels import live_slots
 
-    current = operand_amax_triton(x2d, spec) if held is not None else None
+    return live_slots(x.device)
+
+
+def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held, slots, shared: bool) -> DeviceStats:
+    """The kernel's telemetry counters, left on the device (``fp4repro.quant.stats``); with a
+    held amax, the current amax of ``x2d`` beside it as the reference's ``live_amax`` gives it
+    (inf where an element is not finite): read from ``slots``, the quantization's own live slots,
+    where they are not ``shared`` with an automatic target's interval (then a pass of its own,
+    finite elements only, made inf where the kernel counted a non-finite block). No
+    synchronization either way."""
+    from fp4repro.kernels import live_slots_amax, operand_amax_triton
+
+    current = None
+    if held is not None and not shared:
+        current = live_slots_amax(slots)
+    elif held is not None:
+        current = torch.where(k["counts"][4] > 0, torch.inf, operand_amax_triton(x2d, spec))
     return DeviceStats(blocks=k["blocks"], counts=k["counts"], sums=k["sums"], held=held, current=current)
 
 
@@ -91,7 +110,8 @@ def quantize(
     from fp4repro.kernels import quantize_2d
 
     x2d = x.reshape(rows_cols(x.shape))
-    k = quantize_2d(x2d, spec, amax=amax, write_qs=False, codes=True, stats=stats)
+    slots = _telemetry_slots(x, amax, stats)
+    k = quantize_2d(x2d, spec, amax=amax, write_qs=False, codes=True, stats=stats, live=slots)
     return BlockQuantized(
         codes=k["codes"],
         scale_codes=k["scale_codes"],
@@ -99,7 +119,7 @@ def quantize(
         amax=k["amax"],
         spec=spec,
         shape=x.shape,
-        stats=read_stats([_kernel_stats(k, x2d, spec, amax)])[0] if stats else None,
+        stats=read_stats([_kernel_stats(k, x2d, spec, amax, slots, False)])[0] if stats else None,
     )
 
 
@@ -154,10 +174,10 @@ def scaled_operand(
             fold_live_amax(live, r.live)
         return r._replace(live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
-    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=live, seed=seed, place=place)
-    return ScaledOperand(
-        k["qs"], k["decode_scale"], k["amax"], _kernel_stats(k, x2d, spec, amax) if stats else None, None
-    )
+    slots = _telemetry_slots(x, amax, stats, live)
+    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=slots, seed=seed, place=place)
+    stats = _kernel_stats(k, x2d, spec, amax, slots, live is not None) if stats else None
+    return ScaledOperand(k["qs"], k["decode_scale"], k["amax"], stats, None)
 
 
 def quantize_dequantize(

@@ -91,7 +91,9 @@ class OperandStats:
     nonfinite_blocks: int  # blocks holding NaN/Inf (they dequantize to NaN)
     sq_error: float  # sum of (x̂ - x)² over the finite blocks
     sq_norm: float  # sum of x² over the finite blocks
-    amax_ratio: float  # held amax / current amax in float64 (1.0 under current scaling)
+    # held amax / current amax in float64, the current one ``live_amax`` (inf where an element is
+    # not finite, so the ratio is 0); 1.0 under current scaling
+    amax_ratio: float
 
     @property
     def rel_error(self) -> float:
@@ -388,7 +390,7 @@ class _Blocks:
     s: torch.Tensor  # block scales s_b, (R/r, C/c)
     d: torch.Tensor  # decode scale 1/g
     held: torch.Tensor  # amax used for g
-    current: torch.Tensor | None  # current amax of x2d (None when a held amax made it unnecessary)
+    current: torch.Tensor | None  # current amax of x2d under current scaling (None with a held amax)
     saturated: torch.Tensor  # blocks whose scale was clamped
     rounded_zero: torch.Tensor  # blocks whose scale rounded to zero (before ``replace_zero_scales``)
     block_amax: torch.Tensor
@@ -407,8 +409,9 @@ def _quantize_blocks(x, spec, amax, generator, rand, stats: bool = False, groups
         # A per row (rows, 1), its group's: g, d and the block scales below broadcast along rows
         held = current = group_amax(x2d, torch.as_tensor(groups, device=x2d.device))
     else:
-        # the current amax costs a pass over x: only for current scaling, or for the telemetry ratio
-        current = tensor_amax(x2d) if amax is None or stats else None
+        # the current amax costs a pass over x: only for current scaling (the telemetry ratio of a
+        # held amax takes the live amax, from the block amaxes: ``_operand_stats``)
+        current = tensor_amax(x2d) if amax is None else None
         held = current if amax is None else torch.as_tensor(amax, dtype=torch.float32, device=x2d.device)
     g = global_encode_scale(held, element.max, spec.target)
     d = torch.reciprocal(g)
@@ -552,5 +555,5 @@ def _operand_stats(b: _Blocks, block: tuple[int, int]) -> OperandStats:
         nonfinite_blocks=int((~finite_block).sum()),
         sq_error=float(torch.dot(err, err)),
         sq_norm=float(torch.dot(ref, ref)),
-        amax_ratio=1.0 if b.held is b.current else amax_ratio(float(b.held), float(b.current)),
+        amax_ratio=1.0 if b.held is b.current else amax_ratio(float(b.held), float(live_amax(b))),
     )
