@@ -15,12 +15,14 @@
 #   TRITON_CACHE_DIR  Triton's compiled kernels: on a machine rebuilt for every command, keep it on
 #                storage that outlives the machine (an empty cache adds ~105 s to an FP4 run's first step)
 #                and at the same absolute path each time (its entries name their files by absolute path)
+#   TORCHINDUCTOR_CACHE_DIR  torch.compile's cache (the fused kernels' norms), kept the same way
+#                (an empty one compiles them again in each run's first steps)
 # OUT_DIR (default /tmp/fp4repro-runs/EXPERIMENT) gets run_RECIPE_SEED.tgz, phases.txt (seconds per phase)
 # and the logs. Progress bars are off: each phase's log ends with its summary.
 set -uo pipefail
 
 if [ $# -lt 3 ] && [ "${2:-}" != --data-only ]; then
-    sed -n '2,19p' "$0" >&2
+    sed -n '2,21p' "$0" >&2
     exit 2
 fi
 experiment=$1 recipe=$2
