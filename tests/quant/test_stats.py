@@ -150,3 +150,5 @@ def test_the_kernels_telemetry_ratio_reads_the_current_amax_as_the_reference_doe
         want = held / float(x.abs().max())
     assert kernel.amax_ratio == reference.amax_ratio == pytest.approx(want, rel=1e-12)
     assert kernel.nonfinite_blocks == reference.nonfinite_blocks == (bad is not None)
+    if not shared:  # the packing front (codes and scale codes) reads its ratio the same way
+        assert ops.quantize(x, spec, amax=amax, stats=True).stats.amax_ratio == kernel.amax_ratio
