@@ -293,6 +293,8 @@ def test_a_telemetry_step_records_the_reused_weight_as_quantizing_it_afresh_woul
             lin.state.telemetry = True
             lin(x).square().sum().backward()
             out += [r for r in lin.state.pop_telemetry() if r["operand"] == "dgrad.w"]
+            with torch.no_grad():  # W moves away from its held amax: the rows differ step to step
+                lin.weight.mul_(1.5)
             lin.state.advance()
         monkeypatch.undo()
         return out, calls.count("dgrad.w")
@@ -300,10 +302,30 @@ def test_a_telemetry_step_records_the_reused_weight_as_quantizing_it_afresh_woul
     (reused, reused_calls), (fresh, fresh_calls) = rows(True), rows(False)
     assert fresh_calls == 3 and reused_calls == (1 if recipe == "ue5m3" else 0)
     assert len(reused) == len(fresh) == 3
+    if recipe == "ue5m3":  # held: the ratio falls as W grows
+        assert [r["amax_ratio"] for r in reused] == pytest.approx([1.0, 1 / 1.5, 1 / 2.25], rel=1e-6)
     for a, b in zip(reused, fresh):
         floats = {"sq_error", "sq_norm", "rel_error"}
         assert {k: v for k, v in a.items() if k not in floats} == {k: v for k, v in b.items() if k not in floats}
         assert all(a[k] == pytest.approx(b[k], rel=1e-12) for k in floats)
+
+
+@pytest.mark.parametrize("forward, backward", [(True, False), (False, True)])
+def test_the_backward_records_dgrad_w_exactly_when_its_own_telemetry_is_on(forward, backward):
+    # the forward's Q(W) carries stats only when the forward recorded telemetry: a backward whose
+    # telemetry differs quantizes Wᵀ itself (recording it when on), so its rows are its own
+    lin = _layer(_rne(load_recipe("ue5m3").linear_specs(0, LAYERS)), bias=False)
+    x = torch.randn(4, 20, 64, requires_grad=True)
+    lin(x).sum().backward()  # step 0 samples every amax
+    lin.state.advance()
+    lin.state.telemetry = forward
+    y = lin(x).sum()
+    lin.state.telemetry = backward
+    y.backward()
+    rows = lin.state.pop_telemetry()
+    assert [r["operand"] for r in rows if r["operand"].startswith("dgrad")] == (
+        ["dgrad.dy", "dgrad.w"] if backward else []
+    )
 
 
 def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_forwards_choice():

@@ -128,7 +128,7 @@ def test_the_kernels_telemetry_ratio_reads_the_current_amax_as_the_reference_doe
     # live amax either way, inf with a non-finite element (ratio 0). Without CUDA the kernel runs
     # in Triton's interpreter on a CPU tensor, routed there as a CUDA tensor would be.
     import fp4repro.quant.ops as ops
-    from fp4repro.kernels import live_slots
+    from fp4repro.kernels import fold_live_amax, live_slots
 
     held, bad, shared = RATIO_CASES[case]
     gen = torch.Generator().manual_seed(5)
@@ -140,7 +140,10 @@ def test_the_kernels_telemetry_ratio_reads_the_current_amax_as_the_reference_doe
     with reference_only():
         reference = scaled_operand(x, spec, amax=amax, stats=True).stats
     monkeypatch.setattr(ops, "uses_kernel", lambda x, generator=None, rand=None: True)
-    slots = live_slots(x.device) if shared else None
+    slots = None
+    if shared:  # the interval's slots already hold a larger amax: the ratio must not read them
+        slots = live_slots(x.device)
+        fold_live_amax(slots, _f32(100.0))
     (kernel,) = read_stats([scaled_operand(x, spec, amax=amax, stats=True, live=slots).stats])
     if held is None:
         want = 1.0

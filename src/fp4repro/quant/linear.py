@@ -273,7 +273,14 @@ class _QuantLinearFunction(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"))
-            if ctx.qw is not None and ctx.qw[2] == _weight_amax_used(state, specs.dgrad_w, layer, "dgrad.w"):
+            # reused while the amax it was made with still holds, and the forward's telemetry
+            # (whether it kept stats to record) is the backward's
+            telemetry = state is not None and state.telemetry
+            if (
+                ctx.qw is not None
+                and ctx.qw[2] == _weight_amax_used(state, specs.dgrad_w, layer, "dgrad.w")
+                and (ctx.qw[3] is not None) == telemetry
+            ):
                 qwt, dwt = ctx.qw[0].t(), ctx.qw[1]
                 if ctx.qw[3] is not None:
                     state.record(layer, "dgrad.w", ctx.qw[3], specs.dgrad_w.target)
