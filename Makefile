@@ -4,7 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-TEST_WORKERS ?= auto   # pytest-xdist workers, one per core (0: one process); tests/conftest.py shares the tests out
+# pytest-xdist workers (0: one process), one more than the cores: a full run on 2 cores used 1.3 of
+# them, the rest spent waiting on Slurm's polling, subprocesses and the shared smoke run's lock;
+# tests/conftest.py shares the tests out
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 
 .PHONY: setup test repro slurm-profile clean
 
@@ -17,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(STAMP)
 
-test: setup   ## lint and format check, the docs site built strictly, then the whole test suite on every core (gpu tests skip without CUDA; tests/cli/test_docs.py checks the generated pages); exit code 5 = nothing collected
+test: setup   ## lint and format check, the docs site built strictly, then the whole test suite (a worker per core and one more) (gpu tests skip without CUDA; tests/cli/test_docs.py checks the generated pages); exit code 5 = nothing collected
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
 	@site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
