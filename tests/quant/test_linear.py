@@ -228,6 +228,24 @@ def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
         assert torch.equal(host, dev), (da, db)
 
 
+def _count_quantized_operands(monkeypatch, reuse: bool) -> list[str]:
+    """The operands QuantLinear quantizes from now on, in order (until ``monkeypatch.undo()``);
+    with ``reuse`` False, dgrad never takes the forward's Q(W)ᵀ."""
+    import fp4repro.quant.linear as linear
+
+    calls = []
+    original = linear.quantized_operand
+
+    def counting(t, spec, state, layer, operand, group=None):
+        calls.append(operand)
+        return original(t, spec, state, layer, operand, group)
+
+    monkeypatch.setattr(linear, "quantized_operand", counting)
+    if not reuse:
+        monkeypatch.setattr(linear, "transposable_weight_spec", lambda specs: False)
+    return calls
+
+
 @pytest.mark.parametrize("recipe", ["ue5m3", "nvfp4"])
 def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
     # 16x16 RNE weights: Q(Wᵀ) = Q(W)ᵀ under the same amax, so dgrad takes the forward's operand
@@ -239,16 +257,7 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
     assert linear.transposable_weight_spec(specs)
 
     def run(reuse: bool):
-        calls = []
-        original = linear.quantized_operand
-
-        def counting(t, spec, state, layer, operand, group=None):
-            calls.append(operand)
-            return original(t, spec, state, layer, operand, group)
-
-        monkeypatch.setattr(linear, "quantized_operand", counting)
-        if not reuse:
-            monkeypatch.setattr(linear, "transposable_weight_spec", lambda specs: False)
+        calls = _count_quantized_operands(monkeypatch, reuse)
         lin = _layer(specs, bias=False)
         grads = []
         for step in range(3):
@@ -271,21 +280,10 @@ def test_dgrad_reuses_the_transposed_fprop_weight_exactly(recipe, monkeypatch):
 def test_a_telemetry_step_records_the_reused_weight_as_quantizing_it_afresh_would(recipe, monkeypatch):
     # on telemetry steps too, dgrad takes Q(W)ᵀ from the forward (no second quantization of W),
     # and its dgrad.w row has the counts a quantization of Wᵀ records (sums equal to rounding)
-    import fp4repro.quant.linear as linear
-
     specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
 
     def rows(reuse: bool):
-        calls = []
-        original = linear.quantized_operand
-
-        def counting(t, spec, state, layer, operand, group=None):
-            calls.append(operand)
-            return original(t, spec, state, layer, operand, group)
-
-        monkeypatch.setattr(linear, "quantized_operand", counting)
-        if not reuse:
-            monkeypatch.setattr(linear, "transposable_weight_spec", lambda specs: False)
+        calls = _count_quantized_operands(monkeypatch, reuse)
         lin = _layer(specs, bias=False)
         out = []
         for step in range(3):

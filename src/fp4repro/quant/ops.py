@@ -78,18 +78,18 @@ def _telemetry_slots(x: torch.Tensor, amax, stats: bool, live: torch.Tensor | No
     return live_slots(x.device)
 
 
-def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held, slots, shared: bool) -> DeviceStats:
+def _kernel_stats(k: dict, x2d: torch.Tensor, spec: QuantSpec, held, own_slots) -> DeviceStats:
     """The kernel's telemetry counters, left on the device (``fp4repro.quant.stats``); with a
     held amax, the current amax of ``x2d`` beside it as the reference's ``live_amax`` gives it
-    (inf where an element is not finite): read from ``slots``, the quantization's own live slots,
-    where they are not ``shared`` with an automatic target's interval (then a pass of its own,
-    finite elements only, made inf where the kernel counted a non-finite block). No
-    synchronization either way."""
+    (inf where an element is not finite): read from ``own_slots``, the live slots this
+    quantization alone folded into, or where it had none of its own (an automatic target's slots
+    hold its interval) from a pass of its own, finite elements only, made inf where the kernel
+    counted a non-finite block. No synchronization either way."""
     from fp4repro.kernels import live_slots_amax, operand_amax_triton
 
     current = None
-    if held is not None and not shared:
-        current = live_slots_amax(slots)
+    if held is not None and own_slots is not None:
+        current = live_slots_amax(own_slots)
     elif held is not None:
         current = torch.where(k["counts"][4] > 0, torch.inf, operand_amax_triton(x2d, spec))
     return DeviceStats(blocks=k["blocks"], counts=k["counts"], sums=k["sums"], held=held, current=current)
@@ -119,7 +119,7 @@ def quantize(
         amax=k["amax"],
         spec=spec,
         shape=x.shape,
-        stats=read_stats([_kernel_stats(k, x2d, spec, amax, slots, False)])[0] if stats else None,
+        stats=read_stats([_kernel_stats(k, x2d, spec, amax, slots)])[0] if stats else None,
     )
 
 
@@ -176,7 +176,7 @@ def scaled_operand(
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
     slots = _telemetry_slots(x, amax, stats, live)
     k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=slots, seed=seed, place=place)
-    stats = _kernel_stats(k, x2d, spec, amax, slots, live is not None) if stats else None
+    stats = _kernel_stats(k, x2d, spec, amax, None if live is not None else slots) if stats else None
     return ScaledOperand(k["qs"], k["decode_scale"], k["amax"], stats, None)
 
 
