@@ -198,18 +198,18 @@ def test_an_overlap_is_shared_only_for_the_seconds_it_lasts(tmp_path):
 
 
 def test_the_committed_small_runs_occupy_their_gpus_as_they_were_run():
-    """The committed ``small`` runs ran one after another on each GPU, except nvfp4 seed 0 and ue5m3
-    seed 1, which ran at once (results/small/README.md): the spans read from their provenance and
-    seconds must overlap exactly there."""
+    """The committed ``small_v2`` runs ran one after another on each GPU, except nvfp4 seed 0 and
+    ue5m3 seed 1, which ran at once (results/small_v2/README.md): the spans read from their
+    provenance and seconds must overlap exactly there."""
     from pathlib import Path
 
     from fp4repro.inventory import run_entry
 
     results = Path(__file__).resolve().parents[1] / "results"
     spans = []
-    for folder in sorted((results / "small" / "train").glob("*/seed*")):
+    for folder in sorted((results / "small_v2" / "train").glob("*/seed*")):
         recipe, seed = folder.parent.name, int(folder.name.removeprefix("seed"))
-        _, processes = run_entry(results, "small", recipe, seed, 1500, 16384)
+        _, processes = run_entry(results, "small_v2", recipe, seed, 1500, 16384)
         spans += [(recipe, seed, p) for p in processes or () if p.gpu]
     assert len(spans) >= 12
     overlapping = {

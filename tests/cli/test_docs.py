@@ -50,7 +50,7 @@ def test_the_committed_pages_are_current_and_check_names_a_stale_one(tmp_path, m
     alone (every other committed page equals what its files give) and writes nothing."""
     monkeypatch.chdir(REPO)  # configs resolve in ./configs first, as when a user runs it
     root = tmp_path / "checkout"
-    for part in ("results/bench", "results/megatron", "results/small", "results/small_v1", "docs"):
+    for part in ("results/bench", "results/megatron", "results/small", "results/small_v2", "results/small_v1", "docs"):
         shutil.copytree(REPO / part, root / part)
     shutil.copy(REPO / "README.md", root / "README.md")
     if (REPO / "results/timings.json").is_file():

@@ -4,6 +4,7 @@ tests per measure and number of seeds, verdicts, and what cannot be measured or 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -307,3 +308,39 @@ def test_each_recipe_is_read_under_its_own_policy(tmp_path):
     assert "ue5m3 under replay, nvfp4 under quantized" in row.note
     (same,) = measure(claim, results / "tiny", {"nvfp4": (0,), "ue5m3": (0,)}, ClaimPolicies.same(claim), BLEND)
     assert same.comparison is None  # no ue5m3 rows under the claim's one policy
+
+
+def _also_under(results: Path, recipe: str, seed: int, policy: str, shift: float) -> None:
+    """Add rows under ``policy`` to every evaluation table of a synthetic run: a copy of its rows
+    with the NLL and per-document NLL sums raised by ``shift`` and every item wrong."""
+    for path in eval_dir(results, "tiny", recipe, seed).glob("*.parquet"):
+        table = pd.read_parquet(path)
+        extra = table.assign(policy=policy)
+        for column, value in (("nll", shift), ("nll_sum", shift * 100), ("acc", -1.0), ("correct", -1)):
+            if column in extra:
+                extra[column] = extra[column] + value if value > 0 else 0
+        pd.concat([table, extra], ignore_index=True).to_parquet(path)
+
+
+@pytest.mark.parametrize("claim_id", ["heldout_nll", "downstream"])
+def test_a_seed_evaluated_before_the_plan_named_the_own_policy_reads_every_seed_under_the_current_amax(
+    tmp_path, claim_id
+):
+    """ue5m3 seed 0 has rows under its own replay, seed 1 (evaluated before the plan named it) only
+    under the current amax: the claim reads both seeds of ue5m3 under the current amax, as it
+    does nvfp4, and its line says which seed lacked the own policy; never a mix of policies."""
+    results = tmp_path / "results"
+    for seed in (0, 1):
+        write_run(results, "nvfp4", seed)
+        write_run(results, "ue5m3", seed, nll=-0.05, correct=30)
+    _also_under(results, "ue5m3", 0, "replay", shift=0.3)
+    claim = claims_by_id()[claim_id]
+    own = ClaimPolicies({"ue5m3": "replay", "nvfp4": "quantized"}, {})
+    rows = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (0, 1)}, own, BLEND)
+    table = "the held-out NLL table" if claim_id == "heldout_nll" else "the downstream results table"
+    for row in rows:
+        assert f"quantized policy (not evaluated under ue5m3's own, replay: not in {table} of seed(s) 1)" in row.note
+        if claim_id == "heldout_nll":
+            assert row.comparison.difference == pytest.approx(-0.05, abs=1e-9)
+        else:
+            assert row.comparison.difference > 0  # 30 of the items right against 25: no replay row read

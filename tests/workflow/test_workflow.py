@@ -377,9 +377,9 @@ def test_imported_results_rebuild_figures_and_report_without_data_training_or_ev
     assert proc.returncode != 0 and "results/smoke/eval/ue5m3/seed0/nll.parquet" in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("study", ["small_v1", "small"])
+@pytest.mark.parametrize("study", ["small_v1", "small_v2", "small"])
 def test_the_committed_small_study_plans_only_its_figures_and_report(snakemake, tmp_path, study):
-    """results/small_v1/ and results/small/ hold runs made on H200s: on a CPU the DAG draws from
+    """results/small_v1/, small_v2/ and small/ hold runs made on GPUs: on a CPU the DAG draws from
     them and trains nothing, and the committed manifest lists exactly the runs whose tables are there."""
     from fp4repro.cli import main
 

@@ -177,19 +177,25 @@ class ClaimPolicies:
     (``policy: recipe``) this experiment did not evaluate, read under the current amax instead."""
 
     of: dict[str, str]
-    not_evaluated: dict[str, str]  # recipe -> its own policy
+    not_evaluated: dict[str, str]  # recipe -> its own policy and why it is not read
 
     @classmethod
     def same(cls, claim: Claim) -> ClaimPolicies:
         """Both sides under the claim's policy."""
         return cls({r: claim.policy for r in (claim.recipe, claim.baseline)}, {})
 
+    def under_current_amax(self, recipe: str, why: str) -> ClaimPolicies:
+        """``recipe`` read under the current amax instead of its own policy (``why``: the reason)."""
+        return ClaimPolicies(
+            {**self.of, recipe: "quantized"}, {**self.not_evaluated, recipe: f"{self.of[recipe]}: {why}"}
+        )
+
     def text(self, claim: Claim) -> str:
         a, b = self.of[claim.recipe], self.of[claim.baseline]
         said = f"{a} policy" if a == b else f"{claim.recipe} under {a}, {claim.baseline} under {b}"
         if self.not_evaluated:
-            missed = ", ".join(f"{r}'s own, {p}" for r, p in self.not_evaluated.items())
-            said += f" (not evaluated under {missed}: eval.policies lacks recipe)"
+            missed = ", ".join(f"{r}'s own, {why}" for r, why in self.not_evaluated.items())
+            said += f" (not evaluated under {missed})"
         return said
 
 
@@ -200,11 +206,10 @@ def claim_policies(claim: Claim, study) -> ClaimPolicies:
     evaluated it (``eval.policies`` names recipe or that policy), else the current amax."""
     if claim.policy != RECIPE_POLICY:
         return ClaimPolicies.same(claim)
-    of, missed = {}, {}
+    policies = ClaimPolicies({}, {})
     for r in (claim.recipe, claim.baseline):
         own = study.recipes[r].inference_policy if r in study.recipes else "quantized"
-        if own in resolve_policies(study.experiment.eval.policies, own):
-            of[r] = own
-        else:
-            of[r], missed[r] = "quantized", own
-    return ClaimPolicies(of, missed)
+        policies = ClaimPolicies({**policies.of, r: own}, policies.not_evaluated)
+        if own not in resolve_policies(study.experiment.eval.policies, own):
+            policies = policies.under_current_amax(r, "eval.policies lacks recipe")
+    return policies

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fp4repro.config.eval import RECIPE_POLICY
 from fp4repro.paired import (
     document_difference,
     event_steps,
@@ -92,6 +93,35 @@ def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
     return last_checkpoint(table[table["policy"] == policy], [])
 
 
+def in_tables(claim: Claim, policies: ClaimPolicies, files: dict, columns, what: str) -> ClaimPolicies:
+    """For a claim under each recipe's own policy, ``policies`` with each recipe whose own policy
+    is missing from its table of some seed (``files``: recipe -> seed -> path; ``columns``,
+    ``what``: the table's) read under the current amax, which every quantized evaluation has: runs
+    evaluated before the experiment's plan named the recipe's own policy, beside later runs that
+    have it. A claim under one fixed policy is read under it or not at all."""
+    for recipe, per_seed in files.items():
+        policy = policies.of[recipe]
+        if claim.policy != RECIPE_POLICY or policy == "quantized":
+            continue
+        lacking = [
+            str(seed)
+            for seed, path in per_seed.items()
+            if policy not in set(read_table(path, columns, what, ReportError)["policy"])
+        ]
+        if lacking:
+            policies = policies.under_current_amax(recipe, f"not in {what} of seed(s) {', '.join(lacking)}")
+    return policies
+
+
+def _without_rows(last: dict, policies: ClaimPolicies) -> str:
+    """ "not measured: ..." naming the runs with no evaluation rows under their policy (``last``:
+    recipe -> seed -> the rows of its last checkpoint), or "" when every run has some."""
+    empty = [
+        f"{r} seed {s} (under {policies.of[r]})" for r, runs in last.items() for s, t in runs.items() if not len(t)
+    ]
+    return f"not measured: no evaluation rows of {', '.join(empty)}" if empty else ""
+
+
 def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], policies: ClaimPolicies) -> list[Row]:
     """Blend NLL at the last checkpoint, each side under its policy: a paired bootstrap over the
     held-out documents (stratified by source) of the seed-averaged NLL, with several seeds widening
@@ -99,11 +129,14 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], polici
     files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
     if isinstance(files, Row):
         return [files]
+    policies = in_tables(claim, policies, files, NLL_COLUMNS, "the held-out NLL table")
     last = {
         r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", policies.of[r]) for s in seeds}
         for r in files
     }
-    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
+    if empty := _without_rows(last, policies):
+        return [Row(claim, claim.id, note=empty)]
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values()}
     if len(steps) != 1:
         return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
     step = steps.pop()
@@ -148,11 +181,14 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
     files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
     if isinstance(files, Row):
         return [files]
+    policies = in_tables(claim, policies, files, DOWNSTREAM_COLUMNS, "the downstream results table")
     last = {
         r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", policies.of[r]) for s in seeds}
         for r in files
     }
-    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values() if len(t)}
+    if empty := _without_rows(last, policies):
+        return [Row(claim, claim.id, note=empty)]
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values()}
     if len(steps) != 1:
         return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
     step = steps.pop()
