@@ -57,3 +57,64 @@ def test_checkpoints_are_read_without_running_code_from_them(tmp_path):
     save_checkpoint({"step": 1, "payload": _NotATensor()}, ckpt)  # digest fine, content refused
     with pytest.raises(CheckpointError, match="holds test_schedule_checkpoint._NotATensor, not only tensors"):
         load_checkpoint(ckpt)
+
+
+def _held_writes(monkeypatch):
+    """``save_checkpoint`` of fp4repro.train.checkpoint made to wait for the returned event before
+    it writes: what the caller does between ``save`` and the write is then certain to come first."""
+    import threading
+
+    from fp4repro.train import checkpoint
+
+    release, write = threading.Event(), checkpoint.save_checkpoint
+
+    def held(obj, path):
+        assert release.wait(timeout=30)
+        write(obj, path)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", held)
+    return release
+
+
+def test_a_background_checkpoint_holds_the_tensors_as_they_were_when_it_was_saved(tmp_path, monkeypatch):
+    """The training goes on changing its parameters in place (an optimizer step) while the writer's
+    thread writes: the file holds the values of the moment ``save`` returned, the nested ones too."""
+    from fp4repro.train.checkpoint import CheckpointWriter
+
+    release = _held_writes(monkeypatch)
+    weight, moments = torch.arange(6.0).reshape(2, 3), [torch.ones(3), (torch.zeros(2), 7)]
+    pruned = []
+    writer = CheckpointWriter()
+    writer.save({"w": weight, "state": moments, "step": 5}, tmp_path / "resume.pt", then=lambda: pruned.append(1))
+    weight.add_(100.0)  # an optimizer step before the write
+    moments[0].mul_(-1.0)
+    moments[1][0].fill_(3.0)
+    assert pruned == []  # nothing written yet
+    release.set()
+    writer.wait()
+    saved = load_checkpoint(tmp_path / "resume.pt")
+    assert torch.equal(saved["w"], torch.arange(6.0).reshape(2, 3))
+    assert torch.equal(saved["state"][0], torch.ones(3)) and torch.equal(saved["state"][1][0], torch.zeros(2))
+    assert saved["state"][1][1] == 7 and saved["step"] == 5 and pruned == [1]
+
+
+def test_a_failed_background_write_is_raised_once_by_the_next_save_or_wait(tmp_path, monkeypatch):
+    """A full disk in the writer's thread reaches the caller: ``wait`` raises the error the write
+    raised (the loop waits before it writes done.json), once; a ``save`` after it raises it too
+    and writes nothing."""
+    from fp4repro.errors import DiskFullError
+    from fp4repro.train import checkpoint
+
+    def full(obj, path):
+        raise DiskFullError(f"disk full writing {path}")
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", full)
+    writer = checkpoint.CheckpointWriter()
+    writer.save({"step": 1}, tmp_path / "a.pt")
+    with pytest.raises(DiskFullError, match="a.pt"):
+        writer.wait()
+    writer.wait()  # raised once
+    writer.save({"step": 2}, tmp_path / "b.pt")
+    with pytest.raises(DiskFullError, match="b.pt"):
+        writer.save({"step": 3}, tmp_path / "c.pt")
+    assert not list(tmp_path.iterdir())

@@ -252,7 +252,10 @@ class MegatronEngine:
             "rank": ShardedObject("rank", rank, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0),
         }
 
-    def save_resume(self, folder: Path, step: int, meta: dict) -> None:
+    def save_resume(self, folder: Path, step: int, meta: dict, writer) -> None:
+        """Written here, collectively, after ``writer``'s writes (the loop's evaluation checkpoints:
+        ``fp4repro.train.checkpoint.CheckpointWriter``) have ended: checkpoints land in order."""
+        writer.wait()
         state = self._sharded_state_dict(is_loading=False)
         state.update(step=step, scheduler=self.scheduler.state_dict(), meta=meta)
         resume.save(state, folder, step)

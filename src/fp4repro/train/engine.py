@@ -21,7 +21,7 @@ from fp4repro.config.recipe import Recipe
 from fp4repro.config.study import Study
 from fp4repro.model import NemotronH, compile_norms
 from fp4repro.quant.state import QuantState
-from fp4repro.train.checkpoint import load_latest_resume, prune_resume, save_checkpoint
+from fp4repro.train.checkpoint import CheckpointWriter, load_latest_resume, prune_resume
 from fp4repro.train.schedule import WSDSchedule
 from fp4repro.util import OPTIMIZER_PHASE, rng_state, set_rng_state
 
@@ -41,8 +41,9 @@ class Engine(Protocol):
     def eval_state_dict(self) -> dict:
         """The model's weights in the reference model's layout (what evaluation loads)."""
 
-    def save_resume(self, folder: Path, step: int, meta: dict) -> None:
-        """A resume checkpoint after ``step`` steps (older ones pruned to the newest two)."""
+    def save_resume(self, folder: Path, step: int, meta: dict, writer: CheckpointWriter) -> None:
+        """A resume checkpoint after ``step`` steps (older ones pruned to the newest two), written
+        by ``writer`` (in the background where the engine's checkpoint is one file)."""
 
     def load_resume(self, folder: Path) -> int:
         """Restore the newest valid resume checkpoint in ``folder``; the step it holds, 0 without one."""
@@ -123,8 +124,8 @@ class ReferenceEngine:
     def eval_state_dict(self) -> dict:
         return self.model.state_dict()
 
-    def save_resume(self, folder: Path, step: int, meta: dict) -> None:
-        save_checkpoint(
+    def save_resume(self, folder: Path, step: int, meta: dict, writer: CheckpointWriter) -> None:
+        writer.save(
             {
                 "step": step,
                 "model": self.model.state_dict(),
@@ -134,8 +135,8 @@ class ReferenceEngine:
                 **meta,
             },
             folder / f"resume_{step:08d}.pt",
+            then=lambda: prune_resume(folder),
         )
-        prune_resume(folder)
 
     def load_resume(self, folder: Path) -> int:
         resume = load_latest_resume(folder)

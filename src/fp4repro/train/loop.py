@@ -9,7 +9,9 @@ optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` po
 spaced in tokens (for a seed outside ``eval.curve_seeds`` only the last: ``saved_checkpoint_steps``);
 a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
 step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
-one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). Outputs in
+one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). Both kinds of
+checkpoint are written in the background while the next steps train
+(``fp4repro.train.checkpoint.CheckpointWriter``); the run waits for them before it ends. Outputs in
 ``out_dir``, written when the run finishes:
 
     metrics.parquet     one row per step: step, tokens, stage, loss, lr, grad_norm, tokens_per_s,
@@ -56,7 +58,7 @@ from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
 from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of
-from fp4repro.train.checkpoint import load_checkpoint, resume_checkpoints, save_checkpoint
+from fp4repro.train.checkpoint import CheckpointWriter, load_checkpoint, resume_checkpoints
 from fp4repro.train.engine import Engine, ReferenceEngine
 from fp4repro.train.lock import run_lock
 from fp4repro.train.phases import PhaseSeconds
@@ -363,6 +365,7 @@ def _train(
     metrics: list[dict] = []  # rows since the last part
     telemetry: list[dict] = []
     seconds = PhaseSeconds(setup=time.perf_counter() - started)
+    checkpoints = CheckpointWriter()  # in the background: done.json is written after its last write
 
     def write_parts(step: int) -> None:
         nonlocal metrics, telemetry
@@ -374,8 +377,17 @@ def _train(
     def save_resume(step: int) -> None:
         write_parts(step)
         engine.save_resume(
-            run.resume, step, {"recipe": recipe.name, "experiment": exp.name, "fingerprint": run.fingerprint}
+            run.resume,
+            step,
+            {"recipe": recipe.name, "experiment": exp.name, "fingerprint": run.fingerprint},
+            checkpoints,
         )
+
+    def checkpoints_written() -> None:
+        """Wait for the background checkpoint writes (their seconds count as the checkpoints')."""
+        waiting = time.perf_counter()
+        checkpoints.wait()
+        seconds.checkpoints += time.perf_counter() - waiting
 
     def write_tables() -> None:
         if writer:
@@ -456,7 +468,7 @@ def _train(
             if done in eval_steps:
                 weights = engine.eval_state_dict()
                 if writer:
-                    save_checkpoint(
+                    checkpoints.save(
                         {
                             "model": weights,
                             "step": done,
@@ -477,6 +489,7 @@ def _train(
             seconds.checkpoints += time.perf_counter() - saving
     except NonFiniteLoss as err:
         telemetry.extend(err.rows)
+        checkpoints_written()
         write_parts(step + 1)  # the steps before the failure and the failing step's telemetry (a part
         # of its own: the one of step ``step`` may be a resume checkpoint's)
         write_tables()
@@ -491,6 +504,7 @@ def _train(
         if profiler is not None:
             profiler.close()
 
+    checkpoints_written()  # a --stop-after run's last resume checkpoint too: the next attempt reads it
     if end_step == t.total_steps:
         write_tables()
         write_done(end_step)
