@@ -64,7 +64,20 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
+def _start_order(item) -> int:
+    """Where a test starts in ``make test`` (its workers take the tests in the collection's order):
+    first the Slurm tests (one unit, the longest), then the tests that share the smoke run (the
+    first of them makes it while the others wait for it), then the other slow ones, then the rest,
+    which fill the workers evenly at the end instead of a long test running alone."""
+    if item.nodeid.startswith("tests/slurm/"):
+        return 0
+    if "smoke_run" in item.fixturenames:
+        return 1
+    return 2 if item.get_closest_marker("slow") else 3
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_start_order)  # stable: the collection's order within each group
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -21,6 +21,7 @@ def experiment(guarded, tmp_path):
     return steptest, data
 
 
+@pytest.mark.slow
 def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_not_run_again(
     experiment, tmp_path, capsys
 ):

@@ -54,6 +54,7 @@ print(seen)
 """
 
 
+@pytest.mark.slow
 def test_deterministic_mode_is_chosen_before_megatron_core_is_imported(tmp_path):
     """mamba-ssm fixes its kernels' launch configs when megatron-core imports it: a deterministic
     run must have chosen mamba-ssm's deterministic mode by then, whatever imports megatron-core

@@ -43,6 +43,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_a_dead_holders_lock_neve
         pass
 
 
+@pytest.mark.slow
 def test_a_second_train_on_a_folder_in_use_exits_1_and_a_killed_trainings_lock_is_released(tmp_path, train_command):
     out = tmp_path / "run"
     first = subprocess.Popen(train_command(out), stderr=subprocess.DEVNULL)

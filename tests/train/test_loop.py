@@ -89,6 +89,7 @@ def _run_folder(out) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bit_exact(prepared):
     """Kill a run right after its step-10 resume checkpoint: the second process resumes from the
     newest checkpoint on disk, runs only the steps after it, and ends bit for bit like an
@@ -156,6 +157,7 @@ def test_resume_after_sigkill_is_bit_exact(prepared):
     assert np.array_equal(a["loss"].to_numpy()[:5], c["loss"].to_numpy())
 
 
+@pytest.mark.slow
 def test_outputs_of_a_finished_run(prepared):
     study, path, root = prepared
     out = root / "nvfp4"
@@ -280,6 +282,7 @@ def _new_fingerprint(out, old) -> str:
     return next(r.fingerprint for r in list_runs(out) if r.fingerprint != old.fingerprint)
 
 
+@pytest.mark.slow
 def test_a_change_of_what_is_recorded_resumes(prepared, tmp_path, capsys):
     """telemetry_every and resume_every change what is recorded, not the numbers: the run resumes."""
     import dataclasses
@@ -446,6 +449,7 @@ def test_a_token_file_changed_in_place_stops_training_before_any_step(guarded, t
     assert run_fingerprint(study, "bf16", 0, tampered)[1] != run_fingerprint(study, "bf16", 0, manifest.data_hash)[1]
 
 
+@pytest.mark.slow
 def test_token_ids_beyond_the_vocabulary_stop_training_with_one_line_naming_file_and_offset(
     guarded, tmp_path, train_command
 ):

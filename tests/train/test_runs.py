@@ -8,6 +8,8 @@ import json
 import subprocess
 from dataclasses import replace
 
+import pytest
+
 from fp4repro.config.files import PACKAGED
 from fp4repro.config.study import load_study
 from fp4repro.train.runs import fingerprint_of, run_numerics
@@ -38,6 +40,7 @@ def test_separate_q_k_v_enter_the_fingerprint_and_fused_ones_keep_theirs():
     assert run_numerics(separate, *args)["model"] == dataclasses.asdict(separate)
 
 
+@pytest.mark.slow
 def test_a_second_recipe_given_the_same_out_is_refused_and_the_first_results_stay(guarded, tmp_path, train_command):
     # issue 42: two recipes given the same --out: the second replaced the first's top-level results
     path, _ = guarded
