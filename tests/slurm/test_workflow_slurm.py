@@ -1,5 +1,5 @@
 """`snakemake --profile slurm` on the single-node test Slurm: the reduced study's jobs through sbatch
-(data, then the training and evaluation of two recipes), equal to the local smoke run's.
+(data, then the training and evaluation of one recipe), equal to the local smoke run's.
 
 The repository's cluster profile is installed with `make slurm-profile` into a temporary config
 home, as a user would install it; the test cluster has no accounting, so the run adds the two
@@ -84,9 +84,10 @@ def next_job_id(slurm_cluster) -> int:
     return max((int(j["JobId"]) for j in slurm_cluster.jobs()), default=0) + 1
 
 
-# the jobs of two recipes, one unquantized: every kind of rule that becomes a Slurm job (the
-# figures and the report are local rules, run beside Snakemake as in the local smoke run)
-RECIPES = ("bf16", "ue5m3")
+# the jobs of one quantized recipe: every kind of rule that becomes a Slurm job (the figures and the
+# report are local rules, run beside Snakemake as in the local smoke run); the cancelled training
+# below is bf16's
+RECIPES = ("ue5m3",)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def slurm_run(slurm_cluster, slurm_profile_env, tmp_path_factory, slurm_snakemak
 def test_every_rule_ran_as_a_slurm_job_with_the_profiles_resources(slurm_run, slurm_cluster):
     _, jobs, _ = slurm_run
     # the light rules (figures, report) are local rules: they run beside Snakemake, not as jobs
-    assert {rule: len(j) for rule, j in jobs.items()} == {"prepare_data": 1, "train": 2, "evaluate": 2}
+    assert {rule: len(j) for rule, j in jobs.items()} == {"prepare_data": 1, "train": 1, "evaluate": 1}
     for job in (j for js in jobs.values() for j in js):
         assert job["JobState"] == "COMPLETED" and job["NodeList"] == slurm_cluster.node
     # resources: the experiment's (smoke.yaml)
