@@ -469,6 +469,36 @@ def test_token_ids_beyond_the_vocabulary_stop_training_with_one_line_naming_file
     assert proc.stderr.startswith(f"fp4repro train: error: token id 65535 ≥ vocab 2048 in {path} at offset 0 (byte 0)")
 
 
+def test_a_training_that_fails_waits_for_the_checkpoint_being_written_before_it_ends(guarded, tmp_path, monkeypatch):
+    """A step fails while the step-5 resume checkpoint is still being written in the background (its
+    write held back 1.5 s): the error reaches the caller only after that write has ended, so that
+    nothing writes in the run folder once its lock is released (or a temporary folder removed)."""
+    from fp4repro.train import checkpoint
+    from fp4repro.train.engine import ReferenceEngine
+
+    write, step_of = checkpoint.save_checkpoint, ReferenceEngine.step
+
+    def slow_write(obj, path):
+        time.sleep(1.5)
+        write(obj, path)
+
+    def failing_step(self, step, batch):
+        if step == 6:
+            raise RuntimeError("a CUDA error at step 7")
+        return step_of(self, step, batch)
+
+    monkeypatch.setattr(checkpoint, "save_checkpoint", slow_write)
+    monkeypatch.setattr(ReferenceEngine, "step", failing_step)
+    path, data = guarded
+    out = tmp_path / "run"
+    args = ["train", "--experiment", str(path), "--recipe", "bf16", "--data", str(data), "--out", str(out), "--quiet"]
+    with pytest.raises(RuntimeError, match="a CUDA error at step 7"):
+        main(args)
+    (run,) = list_runs(out)
+    assert [p.name for p in resume_checkpoints(run.resume)] == ["resume_00000005.pt"]
+    assert load_checkpoint(run.resume / "resume_00000005.pt")["step"] == 5
+
+
 def test_a_full_disk_during_training_is_one_line_and_the_run_resumes_from_its_last_checkpoint(
     guarded, tmp_path, capsys, full_disk
 ):

@@ -98,10 +98,10 @@ def test_a_background_checkpoint_holds_the_tensors_as_they_were_when_it_was_save
     assert saved["state"][1][1] == 7 and saved["step"] == 5 and pruned == [1]
 
 
-def test_a_failed_background_write_is_raised_once_by_the_next_save_or_wait(tmp_path, monkeypatch):
+def test_a_failed_background_write_is_raised_once_by_the_next_save_or_wait(tmp_path, monkeypatch, capsys):
     """A full disk in the writer's thread reaches the caller: ``wait`` raises the error the write
     raised (the loop waits before it writes done.json), once; a ``save`` after it raises it too
-    and writes nothing."""
+    and writes nothing; ``wait_quietly`` (a caller ending on an error of its own) prints it."""
     from fp4repro.errors import DiskFullError
     from fp4repro.train import checkpoint
 
@@ -118,3 +118,8 @@ def test_a_failed_background_write_is_raised_once_by_the_next_save_or_wait(tmp_p
     with pytest.raises(DiskFullError, match="b.pt"):
         writer.save({"step": 3}, tmp_path / "c.pt")
     assert not list(tmp_path.iterdir())
+    writer.save({"step": 4}, tmp_path / "d.pt")
+    capsys.readouterr()
+    writer.wait_quietly()
+    assert capsys.readouterr().err == f"warning: a checkpoint write failed too: disk full writing {tmp_path / 'd.pt'}\n"
+    writer.wait()  # printed, not kept

@@ -104,6 +104,15 @@ class CheckpointWriter:
             error, self._error = self._error, None
             raise error
 
+    def wait_quietly(self) -> None:
+        """``wait`` for a caller that is ending on an error of its own (the one it raises): the
+        write under way ends before the caller releases what it holds (a run folder's lock, a
+        temporary folder), and the write's own error is printed as a warning."""
+        try:
+            self.wait()
+        except BaseException as err:
+            print(f"warning: a checkpoint write failed too: {err}", file=sys.stderr)
+
 
 def load_checkpoint(path: Path) -> dict:
     """Load a checkpoint after checking its sidecar digest; CheckpointError says what is wrong."""

@@ -9,9 +9,10 @@ optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` po
 spaced in tokens (for a seed outside ``eval.curve_seeds`` only the last: ``saved_checkpoint_steps``);
 a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
 step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
-one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). Both kinds of
-checkpoint are written in the background while the next steps train
-(``fp4repro.train.checkpoint.CheckpointWriter``); the run waits for them before it ends. Outputs in
+one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). The evaluation
+checkpoints and the reference engine's resume checkpoints are written in the background while the
+next steps train (``fp4repro.train.checkpoint.CheckpointWriter``; megatron's resume checkpoints are
+written collectively, in the step); the run waits for them before it ends, on an error too. Outputs in
 ``out_dir``, written when the run finishes:
 
     metrics.parquet     one row per step: step, tokens, stage, loss, lr, grad_norm, tokens_per_s,
@@ -499,6 +500,9 @@ def _train(
             f"too) in {out_dir}, done.json says where it diverged"
         )
         return out_dir
+    except BaseException:
+        checkpoints.wait_quietly()  # before the run folder's lock is released
+        raise
     finally:
         bar.close()
         if profiler is not None:
