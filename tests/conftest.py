@@ -64,26 +64,7 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
-def _start_order(item) -> int:
-    """Where a test's module starts in ``make test`` (its workers take the tests in the
-    collection's order): first the Slurm tests (one unit, the longest), then the modules with tests
-    that share the smoke run (the first of them makes it while the others wait for it), then those
-    with other slow tests, then the rest, which fill the workers evenly at the end instead of a long
-    test running alone. Whole modules move, so that a module's fixtures are made once in a run of
-    one process."""
-    if item.nodeid.startswith("tests/slurm/"):
-        return 0
-    if "smoke_run" in item.fixturenames:
-        return 1
-    return 2 if item.get_closest_marker("slow") else 3
-
-
 def pytest_collection_modifyitems(config, items):
-    module_order: dict[str, int] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        module_order[module] = min(module_order.get(module, 3), _start_order(item))
-    items.sort(key=lambda item: module_order[item.nodeid.split("::")[0]])  # stable: in the collection's order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
