@@ -312,13 +312,16 @@ def test_each_recipe_is_read_under_its_own_policy(tmp_path):
 
 def _also_under(results: Path, recipe: str, seed: int, policy: str, shift: float) -> None:
     """Add rows under ``policy`` to every evaluation table of a synthetic run: a copy of its rows
-    with the NLL and per-document NLL sums raised by ``shift`` and every item wrong."""
+    with the NLL raised by ``shift`` (per-document sums by 100 x ``shift``) and every item wrong."""
     for path in eval_dir(results, "tiny", recipe, seed).glob("*.parquet"):
         table = pd.read_parquet(path)
         extra = table.assign(policy=policy)
-        for column, value in (("nll", shift), ("nll_sum", shift * 100), ("acc", -1.0), ("correct", -1)):
+        for column, raised in (("nll", shift), ("nll_sum", shift * 100)):
             if column in extra:
-                extra[column] = extra[column] + value if value > 0 else 0
+                extra[column] += raised
+        for column in ("acc", "correct"):
+            if column in extra:
+                extra[column] = 0
         pd.concat([table, extra], ignore_index=True).to_parquet(path)
 
 

@@ -206,10 +206,10 @@ def claim_policies(claim: Claim, study) -> ClaimPolicies:
     evaluated it (``eval.policies`` names recipe or that policy), else the current amax."""
     if claim.policy != RECIPE_POLICY:
         return ClaimPolicies.same(claim)
-    policies = ClaimPolicies({}, {})
-    for r in (claim.recipe, claim.baseline):
-        own = study.recipes[r].inference_policy if r in study.recipes else "quantized"
-        policies = ClaimPolicies({**policies.of, r: own}, policies.not_evaluated)
-        if own not in resolve_policies(study.experiment.eval.policies, own):
+    sides = (claim.recipe, claim.baseline)
+    own = {r: study.recipes[r].inference_policy if r in study.recipes else "quantized" for r in sides}
+    policies = ClaimPolicies(own, {})
+    for r, policy in own.items():
+        if policy not in resolve_policies(study.experiment.eval.policies, policy):
             policies = policies.under_current_amax(r, "eval.policies lacks recipe")
     return policies

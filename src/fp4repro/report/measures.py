@@ -88,38 +88,45 @@ def final_loss(claim: Claim, root: Path, seeds) -> list[Row]:
     ]
 
 
-def _last_rows(path: Path, columns, what: str, policy: str) -> pd.DataFrame:
-    table = read_table(path, columns, what, ReportError)
-    return last_checkpoint(table[table["policy"] == policy], [])
-
-
-def in_tables(claim: Claim, policies: ClaimPolicies, files: dict, columns, what: str) -> ClaimPolicies:
+def _own_policies_in(claim: Claim, policies: ClaimPolicies, tables: dict, what: str) -> ClaimPolicies:
     """For a claim under each recipe's own policy, ``policies`` with each recipe whose own policy
-    is missing from its table of some seed (``files``: recipe -> seed -> path; ``columns``,
-    ``what``: the table's) read under the current amax, which every quantized evaluation has: runs
-    evaluated before the experiment's plan named the recipe's own policy, beside later runs that
-    have it. A claim under one fixed policy is read under it or not at all."""
-    for recipe, per_seed in files.items():
+    is missing from its table of some seed (``tables``: recipe -> seed -> table; ``what``: its name)
+    read under the current amax, which every quantized evaluation has: runs evaluated before the
+    experiment's plan named the recipe's own policy, beside later runs that have it. A claim under
+    one fixed policy is read under it or not at all."""
+    if claim.policy != RECIPE_POLICY:
+        return policies
+    for recipe, runs in tables.items():
         policy = policies.of[recipe]
-        if claim.policy != RECIPE_POLICY or policy == "quantized":
-            continue
-        lacking = [
-            str(seed)
-            for seed, path in per_seed.items()
-            if policy not in set(read_table(path, columns, what, ReportError)["policy"])
-        ]
-        if lacking:
-            policies = policies.under_current_amax(recipe, f"not in {what} of seed(s) {', '.join(lacking)}")
+        lacking = [str(seed) for seed, table in runs.items() if policy not in set(table["policy"])]
+        if policy != "quantized" and lacking:
+            policies = policies.under_current_amax(recipe, f"not in the {what} of seed(s) {', '.join(lacking)}")
     return policies
 
 
-def _without_rows(last: dict, policies: ClaimPolicies) -> str:
-    """ "not measured: ..." naming the runs with no evaluation rows under their policy (``last``:
-    recipe -> seed -> the rows of its last checkpoint), or "" when every run has some."""
-    empty = [
-        f"{r} seed {s} (under {policies.of[r]})" for r, runs in last.items() for s, t in runs.items() if not len(t)
-    ]
-    return f"not measured: no evaluation rows of {', '.join(empty)}" if empty else ""
+def _last_evaluated(
+    claim: Claim, policies: ClaimPolicies, files: dict, columns, what: str
+) -> tuple[ClaimPolicies, dict, int] | Row:
+    """Each run's table (``files``: recipe -> seed -> path; ``columns``, ``what``: the table's) read
+    once: the policies it is read under (``_own_policies_in``), the rows of each run's last
+    evaluated checkpoint under its side's policy (recipe -> seed -> rows) and that checkpoint's
+    step; or the line saying why it is not measured (a run without rows, checkpoints that differ)."""
+    tables = {
+        r: {s: read_table(path, columns, f"a {what}", ReportError) for s, path in runs.items()}
+        for r, runs in files.items()
+    }
+    policies = _own_policies_in(claim, policies, tables, what)
+    last = {
+        r: {s: last_checkpoint(t[t["policy"] == policies.of[r]], []) for s, t in runs.items()}
+        for r, runs in tables.items()
+    }
+    empty = [f"{r} seed {s} (under {policies.of[r]})" for r, runs in last.items() for s, t in runs.items() if t.empty]
+    if empty:
+        return Row(claim, claim.id, note=f"not measured: no evaluation rows of {', '.join(empty)}")
+    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values()}
+    if len(steps) != 1:
+        return Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")
+    return policies, last, steps.pop()
 
 
 def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], policies: ClaimPolicies) -> list[Row]:
@@ -129,17 +136,10 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], polici
     files = _per_seed(root, claim, seeds, "eval", "nll.parquet")
     if isinstance(files, Row):
         return [files]
-    policies = in_tables(claim, policies, files, NLL_COLUMNS, "the held-out NLL table")
-    last = {
-        r: {s: _last_rows(files[r][s], NLL_COLUMNS, "a held-out NLL table", policies.of[r]) for s in seeds}
-        for r in files
-    }
-    if empty := _without_rows(last, policies):
-        return [Row(claim, claim.id, note=empty)]
-    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values()}
-    if len(steps) != 1:
-        return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
-    step = steps.pop()
+    found = _last_evaluated(claim, policies, files, NLL_COLUMNS, "held-out NLL table")
+    if isinstance(found, Row):
+        return [found]
+    policies, last, step = found
     blend_of = {
         r: np.array([float(t.loc[t["source"] == "blend", "nll"].iloc[0]) for t in last[r].values()]) for r in last
     }
@@ -181,17 +181,10 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
     files = _per_seed(root, claim, seeds, "eval", "downstream.parquet")
     if isinstance(files, Row):
         return [files]
-    policies = in_tables(claim, policies, files, DOWNSTREAM_COLUMNS, "the downstream results table")
-    last = {
-        r: {s: _last_rows(files[r][s], DOWNSTREAM_COLUMNS, "a downstream results table", policies.of[r]) for s in seeds}
-        for r in files
-    }
-    if empty := _without_rows(last, policies):
-        return [Row(claim, claim.id, note=empty)]
-    steps = {int(t["step"].iloc[0]) for runs in last.values() for t in runs.values()}
-    if len(steps) != 1:
-        return [Row(claim, claim.id, note=f"not measured: last evaluated checkpoints differ ({sorted(steps)})")]
-    step = steps.pop()
+    found = _last_evaluated(claim, policies, files, DOWNSTREAM_COLUMNS, "downstream results table")
+    if isinstance(found, Row):
+        return [found]
+    policies, last, step = found
     aggregates = {
         r: {s: t[t["level"] == "aggregate"].set_index("aggregate") for s, t in runs.items()} for r, runs in last.items()
     }
