@@ -36,8 +36,13 @@ def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
         write_run(results, "nvfp4", seed)
     write_run(results, "ue5m3", 2, loss=-0.1)
     claim = claims_by_id()["final_loss"]
-    (row,) = measure(claim, results / "tiny", {"nvfp4": (0, 1, 2), "ue5m3": (2,)}, ClaimPolicies.same(claim), BLEND)
-    assert row.comparison.difference == pytest.approx(-0.1, abs=0.005) and "1 seed(s)" in row.note
+    runs = {"nvfp4": (0, 1, 2), "ue5m3": (2,)}
+    (row,) = measure(claim, results / "tiny", runs, ClaimPolicies.same(claim), BLEND)
+    assert row.comparison.difference == pytest.approx(-0.1, abs=0.005) and row.note.endswith("steps), 1 seed")
+    # while the plan's pairs are not all there, a line says how many of them it rests on
+    plan = {"nvfp4": tuple(range(8)), "ue5m3": tuple(range(8)), "bf16": (0,)}
+    (row,) = measure(claim, results / "tiny", runs, ClaimPolicies.same(claim), BLEND, planned=plan)
+    assert row.note.endswith(", 1 of 8 planned seeds")
     (apart,) = measure(claim, results / "tiny", {"nvfp4": (0, 1), "ue5m3": (2,)}, ClaimPolicies.same(claim), BLEND)
     assert (
         apart.comparison is None

@@ -83,7 +83,7 @@ def final_loss(claim: Claim, root: Path, seeds) -> list[Row]:
             float(a.mean()),
             float(b.mean()),
             comparison,
-            note=f"mean loss over the final window ({steps} steps), {len(seeds)} seed(s)",
+            note=f"mean loss over the final window ({steps} steps)",
         )
     ]
 
@@ -156,7 +156,7 @@ def heldout_nll(claim: Claim, root: Path, seeds, blend: dict[str, float], polici
             float(a.mean()),
             float(b.mean()),
             comparison,
-            note=f"blend NLL (nats/token) at step {step}, {policies.text(claim)}, {len(seeds)} seed(s)",
+            note=f"blend NLL (nats/token) at step {step}, {policies.text(claim)}",
         )
     ]
 
@@ -208,7 +208,7 @@ def downstream(claim: Claim, root: Path, seeds, policies: ClaimPolicies) -> list
                 float(a.mean()),
                 float(b.mean()),
                 comparison,
-                note=f"{metric} at step {step}, {policies.text(claim)}, {len(seeds)} seed(s)",
+                note=f"{metric} at step {step}, {policies.text(claim)}",
             )
         )
     return rows
@@ -294,6 +294,14 @@ def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
     return [Row(claim, claim.id, float(a.mean()), float(b.mean()), comparison, note=detail)]
 
 
+def seeds_text(seeds: tuple[int, ...], planned: tuple[int, ...]) -> str:
+    """The paired seeds a line rests on, and while the plan's pairs are not all there (``planned``:
+    the seeds the plan gives both recipes) of how many: "1 of 8 planned seeds"."""
+    if len(planned) > len(seeds):
+        return f"{len(seeds)} of {len(planned)} planned seeds"
+    return f"{len(seeds)} seed" + ("" if len(seeds) == 1 else "s")
+
+
 def measure(
     claim: Claim,
     root: Path,
@@ -301,11 +309,14 @@ def measure(
     policies: ClaimPolicies,
     blend: dict[str, float] | None = None,
     model: str | None = None,
+    planned: dict[str, tuple[int, ...]] | None = None,
 ) -> list[Row]:
     """The report lines of one claim against the results under ``root`` (results/<exp>) of
     ``runs`` (recipe -> seeds), paired on the seeds that recipe and baseline share, each side's
     evaluation rows read under its policy (``fp4repro.report.claims.claim_policies``); a
-    throughput claim reads the benchmark files beside it (results/bench) for ``model``."""
+    throughput claim reads the benchmark files beside it (results/bench) for ``model``. Each
+    measured line's note ends with its seeds, of the seeds ``planned`` (recipe -> seeds, the
+    experiment's plan) pairs."""
     if claim.measure == "throughput":
         return throughput(claim, root.parent / "bench", model)
     absent = [r for r in (claim.recipe, claim.baseline) if not runs.get(r)]
@@ -333,4 +344,9 @@ def measure(
     # the first step, and at small scale a rate can move between seeds as much as T moves it. One
     # run's interval does not contain the seed's share, so with one seed a verdict is at most
     # "suggestive".
-    return [replace(row, capped=len(seeds) == 1) for row in rows]
+    pair = (claim.recipe, claim.baseline)
+    of_plan = shared_seeds(planned, pair) if planned and all(r in planned for r in pair) else ()
+    return [
+        replace(row, capped=len(seeds) == 1, note=f"{row.note}, {seeds_text(seeds, of_plan)}") if row.measured else row
+        for row in rows
+    ]

@@ -246,7 +246,7 @@ def report_text(
     rows = [
         row
         for claim in claim_list
-        for row in measure(claim, root, runs, claim_policies(claim, study), blend, study.model.name)
+        for row in measure(claim, root, runs, claim_policies(claim, study), blend, study.model.name, study.runs)
     ]
     out = Path(out)
     beyond = (
