@@ -83,6 +83,18 @@ def test_bench_quant_writes_json(tmp_path, capsys):
     assert len(rows) == 5 and all(r["median_s"] > 0 for r in rows)
 
 
+def test_a_gpu_benchmark_writes_the_file_its_device_has_committed(monkeypatch):
+    """A rerun on an H200 replaces the committed file that the docs render (no GPU here: its name is given)."""
+    import torch
+
+    from fp4repro.cli.bench import _device_file
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")
+    repo = Path(__file__).resolve().parents[2]
+    for name in ("kernels", "live_amax", "gemm", "head", "components"):
+        assert (repo / _device_file(name)).is_file(), _device_file(name)
+
+
 def test_model_command_counts_8b_and_lists_specs(capsys):
     assert main(["model", "nemotron_h_8b"]) == 0
     assert "8,100,852,736" in capsys.readouterr().out

@@ -13,13 +13,22 @@ from fp4repro.cli.bench_help import DESCRIPTION
 from fp4repro.cli.common import _cuda_present, _recipe_name, _study
 
 
+def _device_file(name: str) -> str:
+    """results/bench/NAME_<device>.json for this machine's first GPU (the committed files' names)."""
+    import torch
+
+    from fp4repro.config.devices import device_tag
+
+    return f"results/bench/{name}_{device_tag(torch.cuda.get_device_name())}.json"
+
+
 def _cmd_bench(args) -> int:
     if args.what == "kernels":
         if not _cuda_present("bench kernels"):
             return 2
         from fp4repro.bench.kernels import run, table
 
-        out = Path(args.out or "results/bench/kernels.json")
+        out = Path(args.out or _device_file("kernels"))
         print(table(run(out=out)))
         print(f"wrote {out}")
     if args.what == "live":
@@ -27,7 +36,7 @@ def _cmd_bench(args) -> int:
             return 2
         from fp4repro.bench.live import run, table
 
-        out = Path(args.out or "results/bench/live_amax.json")
+        out = Path(args.out or _device_file("live_amax"))
         print(table(run(out=out, pairs=args.pairs)))
         print(f"wrote {out}")
     if args.what == "gemm":
@@ -35,18 +44,15 @@ def _cmd_bench(args) -> int:
             return 2
         from fp4repro.bench.gemm import bench_gemm
 
-        out = Path(args.out or "results/bench/gemm.json")
+        out = Path(args.out or _device_file("gemm"))
         bench_gemm(out)
         print(f"wrote {out}")
     if args.what == "head":
         if not _cuda_present("bench head", "it times the LM head's GEMMs on a GPU"):
             return 2
-        import torch
-
         from fp4repro.bench import head
-        from fp4repro.config.devices import device_tag
 
-        out = Path(args.out or f"results/bench/head_{device_tag(torch.cuda.get_device_name())}.json")
+        out = Path(args.out or _device_file("head"))
         print(head.table(head.run(head.training_shapes(), out)))
         print(f"wrote {out}")
     if args.what == "throughput":
@@ -145,15 +151,12 @@ def _bench_throughput(args) -> int:
 
 
 def _bench_components(args) -> int:
-    import torch
-
     from fp4repro.bench import components
-    from fp4repro.config.devices import device_tag
 
     if not _cuda_present("bench components", "it times kernels and GEMMs on a GPU"):
         return 2
     study, names = _ablation_study(args)
-    out = Path(args.out or f"results/bench/components_{device_tag(torch.cuda.get_device_name())}.json")
+    out = Path(args.out or _device_file("components"))
     # the GEMM and quantization shapes follow the tokens alone: one entry per token count
     token_counts = list(dict.fromkeys(batch * seq_len for batch, seq_len in _shapes(args, study)))
     for tokens in token_counts:
@@ -347,8 +350,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--out",
         default=None,
-        help="JSON output (default results/bench/quant_cpu.json, kernels.json, kernels_sass_smARCH.json, "
-        "live_amax.json, throughput_<device>.json, components_<device>.json or gemm.json); project: the "
+        help="JSON output (default results/bench/quant_cpu.json, kernels_<device>.json, kernels_sass_smARCH.json, "
+        "live_amax_<device>.json, throughput_<device>.json, components_<device>.json, gemm_<device>.json or "
+        "head_<device>.json; <device>: the GPU's name, e.g. h200); project: the "
         "throughput file to project and write back (default results/bench/throughput_h200.json)",
     )
     b.set_defaults(func=_cmd_bench)

@@ -343,7 +343,7 @@ def _add_explain(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--scale", default="ue5m3", help="block-scale format (default ue5m3)")
     e.add_argument("--target", type=float, default=448.0, help="target T (default 448)")
     e.add_argument("--amax", type=float, default=None, help="a held amax instead of the current one")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=int, default=0, help="seed of the two blocks' random values (default 0)")
     e.set_defaults(func=_cmd_explain)
 
 

@@ -319,10 +319,12 @@ def _add_docs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "docs",
         help="render the docs pages that give measurements from the committed results",
-        description=__doc__.split("\n\n")[0].replace("\n", " ")
-        + ". Pages: docs/results/<study>.md (each committed study's report), docs/results/benchmarks.md "
-        "(each results/bench file's table), docs/recipes.md (every packaged recipe) and README.md's "
-        "generated blocks (the main study's claims; make test and make repro wall times).",
+        description="The documentation's pages that give measurements, rendered from the committed result "
+        "files under results/, so that no page copies a number by hand. Pages: docs/results/<study>.md "
+        "(each committed study's report), docs/results/benchmarks.md "
+        "(each results/bench file's table), docs/results/megatron.md (the megatron backend's parity files), "
+        "docs/recipes.md (every packaged recipe) and README.md's generated blocks (the main study's claims, "
+        "the make test and make repro wall times, the command list).",
     )
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each page out of date")
     p.add_argument("--root", default=".", help="the checkout whose results and pages are read (default .)")

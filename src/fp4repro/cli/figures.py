@@ -130,11 +130,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser(
         "report",
         help="set each paper claim beside what an experiment measured (Markdown)",
-        description="Read the claims file (configs/claims.yaml) and an experiment's results (final-window loss, "
-        "held-out NLL, downstream aggregates, block-scale telemetry) and write a "
-        "Markdown report: per claim the paper's value, ours, whether the direction "
-        "reproduced, whether the difference exceeds twice its standard error, and "
-        "the scale of both. Claims the experiment cannot measure say why.",
+        description="Read the claims file (./configs/claims.yaml, else the packaged one) and an experiment's "
+        "results (final-window loss, held-out NLL, downstream aggregates, block-scale telemetry) and write a "
+        "Markdown report: per claim the paper's value and the scale it was measured at, ours, the paired "
+        "difference (recipe - baseline) with its 95% interval, the test, its minimum detectable effect and "
+        "a verdict on the paper's direction (docs/statistics.md defines them). Claims the experiment cannot "
+        "measure say why.",
     )
     _experiment_arguments(rp)
     rp.add_argument(

@@ -85,7 +85,7 @@ def _add_parity(sub: argparse._SubParsersAction) -> None:
     pa.add_argument("--recipes", nargs="+", default=["bf16", "ue5m3", "nvfp4"], help="recipe names or paths")
     pa.add_argument("--batch", type=int, default=4, help="sequences (default 4)")
     pa.add_argument("--length", type=int, default=256, help="tokens per sequence (default 256)")
-    pa.add_argument("--seed", type=int, default=0)
+    pa.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the inputs (default 0)")
     pa.add_argument("--out", help="JSON output path")
     pa.set_defaults(func=_cmd_parity)
 
@@ -106,7 +106,7 @@ def _add_parity_curves(sub: argparse._SubParsersAction) -> None:
     pc.add_argument("--recipes", nargs="+", help="recipe names or paths (default: the experiment's)")
     pc.add_argument("--data", help="prepared data folder (default results/<experiment>/data)")
     pc.add_argument("--steps", type=int, default=20, help="optimizer steps (default 20)")
-    pc.add_argument("--seed", type=int, default=0)
+    pc.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batches (default 0)")
     pc.add_argument("--out", help="JSON output path")
     pc.set_defaults(func=_cmd_parity_curves)
 
