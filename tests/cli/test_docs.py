@@ -61,3 +61,19 @@ def test_the_committed_pages_are_current_and_check_names_a_stale_one(tmp_path, m
     assert main(["docs", "--check", "--root", str(root)]) == 1
     assert capsys.readouterr().out == f"out of date: {page} (run `fp4repro docs`)\n"
     assert page.read_text() == before
+
+
+def test_the_recipe_guides_example_is_a_recipe_that_does_what_the_guide_says(tmp_path, monkeypatch, capsys):
+    """docs/recipes-guide.md's own recipe, written where the guide says, checked with the guide's
+    command: the base's override kept and widened to dgrad's dY on the 8B's last four fc2."""
+    guide = (REPO / "docs/recipes-guide.md").read_text()
+    example = guide.split("```yaml\n# configs/recipes/ue5m3_fc2_dy2048.yaml\n")[1].split("```")[0]
+    command = guide.split("```bash\nfp4repro recipe ue5m3_fc2_dy2048")[1].split("#")[0].split()
+    (tmp_path / "configs/recipes").mkdir(parents=True)
+    (tmp_path / "configs/recipes/ue5m3_fc2_dy2048.yaml").write_text(example)
+    monkeypatch.chdir(tmp_path)
+    assert main(["recipe", "ue5m3_fc2_dy2048", *command]) == 0
+    printed = capsys.readouterr().out
+    widened = printed.split("layers 45, 47, 49, 51 (fc2):\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in widened] == ["dgrad.dy", "wgrad.dy"]
+    assert all(" T=2048 " in line for line in widened)

@@ -166,6 +166,24 @@ def test_target_section_needs_two_of_its_recipes(tmp_path):
     assert list(section_table(lines)) == ["ue5m3", "ue5m3_auto"]
 
 
+def test_target_section_reads_todays_recipe_names_first(tmp_path):
+    """T = 448 is ue5m3_t448 where a study has it (ue5m3 is the authors' recipe, with T = 2048 on one
+    layer's dY) and T = 2048 on dY is ue5m3_t2048_all_dy; small_v1's runs keep their old names."""
+    results = tmp_path / "results"
+    recipes = ["ue5m3", "ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_auto"]
+    write_target_run(results, "ue5m3", 0, scale={"gradients": 0.1})  # better than both, but not a rival
+    write_target_run(results, "ue5m3_t448", 0)
+    write_target_run(results, "ue5m3_t2048_all_dy", 0, scale={"gradients": 0.5})
+    write_target_run(results, "ue5m3_auto", 0, scale={"gradients": 0.4})
+    lines = target_section(results / "tiny", dict.fromkeys(recipes, (0,)))
+    assert list(section_table(lines)) == ["ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_auto"]
+    assert "the fixed T = 448 (ue5m3_t448) and T = 2048 on dY (ue5m3_t2048_all_dy)." in "\n".join(lines)
+    assert (
+        "is no higher than the better of T = 448 and T = 2048 (ue5m3_t2048_all_dy: "
+        in comparison_lines(lines)["gradients"]
+    )
+
+
 # ------------------------------------------------------------ events by operand and refresh phase
 
 

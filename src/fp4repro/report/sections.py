@@ -177,10 +177,24 @@ def _held_cells(runs: list) -> str:
 
 # ------------------------------------------------------------------- beyond the paper: automatic T
 
-# the recipes the section compares: T = 448, T = 2048 on dY, T = 8192, automatic T
-TARGET_RECIPES = ("ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto")
+# What the section compares, each role filled by the first of its recipes that the study has:
+# today's names, then those of the small_v1 runs (made before the authors' recipes became
+# `ue5m3`, when `ue5m3` had T = 448 on every operand and `ue5m3_t2048` T = 2048 on every dY).
+TARGET_ROLES = {
+    "T = 448": ("ue5m3_t448", "ue5m3"),
+    "T = 2048 on dY": ("ue5m3_t2048_all_dy", "ue5m3_t2048"),
+    "T = 8192": ("ue5m3_t8192",),
+    "automatic T": ("ue5m3_auto",),
+}
 AUTO_RECIPE = "ue5m3_auto"
-FIXED_RIVALS = ("ue5m3", "ue5m3_t2048")  # "the better of T = 448 and T = 2048"
+FIXED_RIVALS = ("T = 448", "T = 2048 on dY")  # "the better of T = 448 and T = 2048"
+
+
+def target_recipes(runs: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Role -> the recipe that fills it in ``runs`` (recipe -> seeds): the first of the role's
+    recipes with runs; roles without one are left out."""
+    chosen = {role: next((r for r in names if runs.get(r)), None) for role, names in TARGET_ROLES.items()}
+    return {role: recipe for role, recipe in chosen.items() if recipe}
 
 
 @dataclass(frozen=True)
@@ -210,10 +224,11 @@ class TargetRow:
 
 
 def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]:
-    """The rows of the automatic-T section: each of ``TARGET_RECIPES`` in ``runs`` (recipe ->
-    seeds), from its runs' telemetry and final-window losses under ``root`` (results/<exp>)."""
+    """The rows of the automatic-T section: each recipe that fills a role (``target_recipes``) in
+    ``runs`` (recipe -> seeds), from its runs' telemetry and final-window losses under ``root``
+    (results/<exp>)."""
     rows = []
-    for recipe in (r for r in TARGET_RECIPES if runs.get(r)):
+    for recipe in target_recipes(runs).values():
         seeds = runs[recipe]
         events: dict[str, dict[str, list[tuple[int, int]]]] = {c: {e: [] for e in EVENTS} for c in OPERAND_CLASSES}
         targets: dict[str, list[float] | None] = {c: [] for c in OPERAND_CLASSES}
@@ -279,7 +294,8 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
         return [f"- {AUTO_RECIPE} has no results here (not among the recipes, or not run yet): no comparison."]
     if auto.missing:
         return [f"- {AUTO_RECIPE}: telemetry missing ({', '.join(auto.missing)}): no comparison."]
-    rivals = [by[r] for r in FIXED_RIVALS if r in by and not by[r].missing]
+    roles = target_recipes(dict.fromkeys(by, (0,)))
+    rivals = [by[roles[role]] for role in FIXED_RIVALS if role in roles and not by[roles[role]].missing]
     lines = []
     for cls in OPERAND_CLASSES:
         saturated, blocks = auto.count(cls, "saturation")
@@ -306,11 +322,14 @@ def target_comparison(rows: list[TargetRow]) -> list[str]:
 
 def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     """The report's section "Beyond the paper: an automatic target T" (Markdown lines), or none
-    when fewer than two of ``TARGET_RECIPES`` have runs in ``runs`` (recipe -> seeds).
+    when fewer than two of its roles (``TARGET_ROLES``) have runs in ``runs`` (recipe -> seeds).
     Measurements, no verdicts: the paper makes no claim about an automatic T."""
-    present = [r for r in TARGET_RECIPES if runs.get(r)]
+    roles = target_recipes(runs)
+    present = list(roles.values())
     if len(present) < 2:
         return []
+    fixed = [f"{role} ({recipe})" for role, recipe in roles.items() if recipe != AUTO_RECIPE]  # one at least
+    fixed_text = " and ".join(filter(None, [", ".join(fixed[:-1]), fixed[-1]]))
     heading = ["", "## Beyond the paper: an automatic target T", ""]
     seeds = shared_seeds(runs, present)
     if not seeds:
@@ -329,7 +348,8 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
         "Not a claim of the paper, which names the hand-tuned T as its limitation and gives no automatic "
         f"rule: this suite's recipe {AUTO_RECIPE} chooses T per operand at each amax refresh, "
         "T = clamp(scale max / (safety · max growth over the last intervals), min, max), compared here with "
-        "the fixed T = 448 (ue5m3), T = 2048 on dY (ue5m3_t2048) and T = 8192 (ue5m3_t8192). Rates are events "
+        f"the fixed {fixed_text}. "
+        "Rates are events "
         "/ units summed over the run, all layers and the class's operands (underflow and saturation per "
         "block, clipping per non-zero element); activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "
         "gradients: dgrad.dy, wgrad.dy"
