@@ -80,8 +80,9 @@ def recipes_page(root: Path, parser: argparse.ArgumentParser) -> str:
         "# Recipes",
         "",
         "Every packaged recipe, as `fp4repro recipe NAME` prints it: what it is, the files it is read from,",
-        "what it changes from its base, and each operand's numerics on the `small` model's linears.",
-        "Add your own as a YAML file under `./configs/recipes/` (see [Workflow](workflow.md)).",
+        "what it changes from its base, and each operand's numerics on the linears of the paper's 8B",
+        "(`nemotron_h_8b`, the command's default model; `--model NAME` shows another). Add your own as a",
+        "YAML file under `./configs/recipes/` ([Recipes explained](recipes-guide.md)).",
         "",
     ]
     for name in names:
