@@ -273,6 +273,12 @@ def test_bad_command_options_are_config_errors(capsys):
     assert "format 'e9m9': 19 bits; at most 8 are supported" in capsys.readouterr().err
     assert main(["explain", "--scale", "e4m3", "--target", "1000"]) == 2
     assert "--target: value 1000.0: must satisfy 0 < T <= 448" in capsys.readouterr().err
+    # an option the command does not have: named with that command's usage, whose options it lists
+    with pytest.raises(SystemExit) as stopped:
+        main(["recipe", "ue5m3", "--layers", "52"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "fp4repro recipe: error: unrecognized arguments: --layers 52" in err
+    assert err.startswith("usage: fp4repro recipe [-h] [--model MODEL]")
 
 
 def test_a_full_disk_in_any_writer_is_one_line_naming_the_file_and_debug_keeps_the_traceback(

@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in ORDER:
         adders[command](sub)
     p.set_defaults(command_line=p)  # for `docs`, which renders what commands print
+    p.commands = sub.choices  # command -> its parser: an unknown option is told with the command's usage
     return p
 
 
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     141, as a command killed by SIGPIPE; anything else keeps its traceback (exit 1). ``--debug``
     shows the traceback of every error."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would name them under fp4repro's own usage, not the command's
+        parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 0
