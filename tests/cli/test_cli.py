@@ -83,16 +83,33 @@ def test_bench_quant_writes_json(tmp_path, capsys):
     assert len(rows) == 5 and all(r["median_s"] > 0 for r in rows)
 
 
-def test_a_gpu_benchmark_writes_the_file_its_device_has_committed(monkeypatch):
-    """A rerun on an H200 replaces the committed file that the docs render (no GPU here: its name is given)."""
+@pytest.mark.parametrize(
+    "what, module, measure",
+    [("kernels", "kernels", "run"), ("live", "live", "run"), ("gemm", "gemm", "bench_gemm"), ("head", "head", "run")],
+)
+def test_a_gpu_benchmark_writes_the_file_its_device_has_committed(monkeypatch, capsys, what, module, measure):
+    """A rerun on an H200 replaces the committed file that the docs render. No GPU here: the device's
+    name is given and the measurement stands in, so that only the command's choice of file runs."""
+    import importlib
+
     import torch
 
-    from fp4repro.cli.bench import _device_file
+    import fp4repro.cli.bench as cli_bench
 
+    bench = importlib.import_module(f"fp4repro.bench.{module}")
+    written = []
+    monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")
+    monkeypatch.setattr(bench, measure, lambda *args, out=None, **kwargs: written.append(out or args[-1]) or {})
+    monkeypatch.setattr(bench, "table", lambda *args: "", raising=False)
+    if what == "head":
+        monkeypatch.setattr(bench, "training_shapes", lambda: [])
+    assert main(["bench", what]) == 0
     repo = Path(__file__).resolve().parents[2]
-    for name in ("kernels", "live_amax", "gemm", "head", "components"):
-        assert (repo / _device_file(name)).is_file(), _device_file(name)
+    (out,) = written
+    assert (repo / out).is_file() and Path(out).parent == Path("results/bench"), out
+    assert f"wrote {out}" in capsys.readouterr().out
 
 
 def test_model_command_counts_8b_and_lists_specs(capsys):
@@ -279,6 +296,11 @@ def test_bad_command_options_are_config_errors(capsys):
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "fp4repro recipe: error: unrecognized arguments: --layers 52" in err
     assert err.startswith("usage: fp4repro recipe [-h] [--model MODEL]")
+    # fp4repro's own option after the command, or an unknown one before it: told with fp4repro's usage
+    for argv in (["recipe", "ue5m3", "--debug"], ["--bogus", "recipe", "ue5m3"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert capsys.readouterr().err.startswith("usage: fp4repro [-h] [--debug] <command>")
 
 
 def test_a_full_disk_in_any_writer_is_one_line_naming_the_file_and_debug_keeps_the_traceback(

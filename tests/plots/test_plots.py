@@ -499,6 +499,29 @@ def test_telemetry_has_every_event_by_operand_and_phase(results):
     assert "no saturated blocks" in " ".join(t.get_text() for t in axis(fig, "operand:saturation").texts)
 
 
+def test_the_telemetry_legend_gives_each_recipe_the_target_its_rows_record(results, tmp_path):
+    """T is read from the runs, not the recipe's name: the authors' ue5m3 quantizes one layer at
+    T = 2048; a table without the column says no T."""
+    inputs = []
+    for recipe, targets in (("nvfp4", {}), ("ue5m3", {"last": 2048.0}), ("ue5m3_t2048", None)):
+        table = pd.read_parquet(results / f"train/{recipe}/seed0/telemetry.parquet")
+        if targets is not None:
+            last = sorted(table["layer"].unique())[-1]
+            table["target"] = np.where(table["layer"] == last, targets.get("last", 448.0), 448.0)
+        path = tmp_path / f"results/toy/train/{recipe}/seed0/telemetry.parquet"
+        path.parent.mkdir(parents=True)
+        table.to_parquet(path)
+        inputs.append(path)
+    fig = draw_figure("telemetry", inputs)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    linears = {r: pd.read_parquet(p)["layer"].nunique() for r, p in zip(("nvfp4", "ue5m3", "ue5m3_t2048"), inputs)}
+    assert labels == [
+        f"nvfp4 (E4M3 scales; T=448; {linears['nvfp4']} linears)",
+        f"ue5m3 (UE5M3; T=448 or 2048; {linears['ue5m3']} linears)",
+        f"ue5m3_t2048 (UE5M3; {linears['ue5m3_t2048']} linears)",
+    ]
+
+
 # a table of each kind without one column the figure needs
 BROKEN = {
     "loss": ("train/ue5m3/seed0/metrics.parquet", "loss"),

@@ -22,6 +22,10 @@ CLASSES = {
 }
 
 
+# the names the rows' random counts are drawn under (the tests' numbers were written for them)
+DATA_NAMES = {"ue5m3_t448": "ue5m3", "ue5m3_t2048_all_dy": "ue5m3_t2048"}
+
+
 def target_telemetry(
     recipe: str, seed: int, scale: dict | None = None, saturated: int = 0, target: bool = True
 ) -> list[dict]:
@@ -33,7 +37,7 @@ def target_telemetry(
         for layer in ("layers.0.mixer.in_proj", "layers.1.mlp.fc1"):
             for cls, ops in CLASSES.items():
                 for op in ops:
-                    g = rng("target", recipe, seed, step, layer, op)
+                    g = rng("target", DATA_NAMES.get(recipe, recipe), seed, step, layer, op)
                     f = (scale or {}).get(cls, 1.0)
                     row = {
                         "step": step,
@@ -50,8 +54,8 @@ def target_telemetry(
                         row["target"] = (
                             448.0 * (1 + step // 10 * (2 if cls == "gradients" else 1))
                             if recipe == "ue5m3_auto"
-                            else {"ue5m3_t8192": 8192.0, "ue5m3_t2048": 2048.0}.get(recipe, 448.0)
-                            if (recipe != "ue5m3_t2048" or cls == "gradients")
+                            else {"ue5m3_t8192": 8192.0, "ue5m3_t2048_all_dy": 2048.0}.get(recipe, 448.0)
+                            if (recipe != "ue5m3_t2048_all_dy" or cls == "gradients")
                             else 448.0
                         )
                     rows.append(row)
@@ -78,18 +82,19 @@ def section_table(lines: list[str]) -> dict[str, dict[str, str]]:
 def test_target_section_rates_losses_and_T_ranges_are_those_of_the_runs(tmp_path):
     results = tmp_path / "results"
     written = {}
-    for recipe in ("ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"):
+    for recipe in ("ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_t8192", "ue5m3_auto"):
         for seed in (0, 1):
             written[recipe, seed] = write_target_run(
-                results, recipe, seed, loss=0.01 * len(recipe), target=recipe != "ue5m3"
+                results, recipe, seed, loss=0.01 * len(recipe), target=recipe != "ue5m3_t448"
             )
     (eval_dir(results, "tiny", "ue5m3_t8192", 1) / "final_loss.json").unlink()
     lines = target_section(
-        results / "tiny", dict.fromkeys(["nvfp4", "ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"], (0, 1))
+        results / "tiny",
+        dict.fromkeys(["nvfp4", "ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_t8192", "ue5m3_auto"], (0, 1)),
     )
     assert lines[1] == "## Beyond the paper: an automatic target T" and "Not a claim of the paper" in lines[3]
     table = section_table(lines)
-    assert list(table) == ["ue5m3", "ue5m3_t2048", "ue5m3_t8192", "ue5m3_auto"]
+    assert list(table) == ["ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_t8192", "ue5m3_auto"]
     short = {"activations": "act.", "weights": "wts.", "gradients": "grads"}
     for recipe, cells in table.items():
         for cls, ops in CLASSES.items():
@@ -115,8 +120,8 @@ def test_target_section_rates_losses_and_T_ranges_are_those_of_the_runs(tmp_path
         "896 (448–1344)",
         "1344 (448–2240)",
     ]
-    assert [table["ue5m3_t2048"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["448", "448", "2048"]
-    assert table["ue5m3_t8192"]["T grads"] == "8192" and table["ue5m3"]["T act."] == "not recorded"
+    assert [table["ue5m3_t2048_all_dy"][f"T {s}"] for s in ("act.", "wts.", "grads")] == ["448", "448", "2048"]
+    assert table["ue5m3_t8192"]["T grads"] == "8192" and table["ue5m3_t448"]["T act."] == "not recorded"
 
 
 def comparison_lines(lines: list[str]) -> dict[str, str]:
@@ -125,9 +130,9 @@ def comparison_lines(lines: list[str]) -> dict[str, str]:
 
 def test_target_comparison_follows_the_numbers(tmp_path):
     results = tmp_path / "results"
-    recipes = ["ue5m3", "ue5m3_t2048", "ue5m3_auto"]
-    write_target_run(results, "ue5m3", 0)
-    write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
+    recipes = ["ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_auto"]
+    write_target_run(results, "ue5m3_t448", 0)
+    write_target_run(results, "ue5m3_t2048_all_dy", 0, scale={"gradients": 0.5})
     # automatic: fewer events than both in activations and gradients, more in weights; no saturation
     write_target_run(results, "ue5m3_auto", 0, scale={"activations": 0.2, "weights": 3.0, "gradients": 0.1})
     lines = comparison_lines(target_section(results / "tiny", dict.fromkeys(recipes, (0,))))
@@ -135,7 +140,7 @@ def test_target_comparison_follows_the_numbers(tmp_path):
         "ue5m3_auto has no block-saturation event at the sampled telemetry steps (0 of 40,000 blocks)" in line
         for line in lines.values()
     )
-    assert "is no higher than the better of T = 448 and T = 2048 (ue5m3_t2048: " in lines["gradients"]
+    assert "is no higher than the better of T = 448 and T = 2048 (ue5m3_t2048_all_dy: " in lines["gradients"]
     assert "is no higher than" in lines["activations"]
     assert "is higher than the better" in lines["weights"]
     # the numbers the other way: automatic has saturation and more events where it had fewer
@@ -144,8 +149,8 @@ def test_target_comparison_follows_the_numbers(tmp_path):
             for f in folder.iterdir():
                 f.unlink()
             folder.rmdir()
-    write_target_run(results, "ue5m3", 0)
-    write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
+    write_target_run(results, "ue5m3_t448", 0)
+    write_target_run(results, "ue5m3_t2048_all_dy", 0, scale={"gradients": 0.5})
     write_target_run(
         results, "ue5m3_auto", 0, scale={"activations": 3.0, "weights": 0.2, "gradients": 2.0}, saturated=3
     )
@@ -153,22 +158,23 @@ def test_target_comparison_follows_the_numbers(tmp_path):
     assert "has block-saturation events (120 of 40,000 blocks)" in lines["gradients"]
     assert "has no block-saturation event" in lines["weights"]
     assert "is higher than the better" in lines["gradients"] and "is higher than the better" in lines["activations"]
-    assert "is no higher than the better of T = 448 and T = 2048 (ue5m3: " in lines["weights"]
+    assert "is no higher than the better of T = 448 and T = 2048 (ue5m3_t448: " in lines["weights"]
 
 
 def test_target_section_needs_two_of_its_recipes(tmp_path):
     results = tmp_path / "results"
-    for recipe in ("nvfp4", "ue5m3", "ue5m3_auto"):
+    for recipe in ("nvfp4", "ue5m3_t448", "ue5m3_auto"):
         write_target_run(results, recipe, 0)
-    assert target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3"], (0,))) == []
+    assert target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3_t448"], (0,))) == []
     assert target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3_auto", "mxfp4"], (0,))) == []
-    lines = target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3", "ue5m3_auto"], (0,)))
-    assert list(section_table(lines)) == ["ue5m3", "ue5m3_auto"]
+    lines = target_section(results / "tiny", dict.fromkeys(["nvfp4", "ue5m3_t448", "ue5m3_auto"], (0,)))
+    assert list(section_table(lines)) == ["ue5m3_t448", "ue5m3_auto"]
 
 
-def test_target_section_reads_todays_recipe_names_first(tmp_path):
-    """T = 448 is ue5m3_t448 where a study has it (ue5m3 is the authors' recipe, with T = 2048 on one
-    layer's dY) and T = 2048 on dY is ue5m3_t2048_all_dy; small_v1's runs keep their old names."""
+def test_target_section_plays_its_roles_with_the_packaged_recipes_and_kept_ones_under_their_old_names(tmp_path):
+    """T = 448 is ue5m3_t448 and T = 2048 on dY ue5m3_t2048_all_dy; the packaged ue5m3 (the authors'
+    B16, T = 2048 on one layer's dY) plays none. small_v1's runs were made under the names ue5m3
+    (T = 448 then) and ue5m3_t2048: those play the roles where the study keeps their recipes."""
     results = tmp_path / "results"
     recipes = ["ue5m3", "ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_auto"]
     write_target_run(results, "ue5m3", 0, scale={"gradients": 0.1})  # better than both, but not a rival
@@ -178,10 +184,17 @@ def test_target_section_reads_todays_recipe_names_first(tmp_path):
     lines = target_section(results / "tiny", dict.fromkeys(recipes, (0,)))
     assert list(section_table(lines)) == ["ue5m3_t448", "ue5m3_t2048_all_dy", "ue5m3_auto"]
     assert "the fixed T = 448 (ue5m3_t448) and T = 2048 on dY (ue5m3_t2048_all_dy)." in "\n".join(lines)
-    assert (
-        "is no higher than the better of T = 448 and T = 2048 (ue5m3_t2048_all_dy: "
-        in comparison_lines(lines)["gradients"]
-    )
+    # the better rival is T = 2048's, though ue5m3's rate is lower still
+    assert "the better of T = 448 and T = 2048 (ue5m3_t2048_all_dy: " in comparison_lines(lines)["gradients"]
+    old = {"ue5m3": (0,), "ue5m3_t2048": (0,), "ue5m3_auto": (0,)}
+    write_target_run(results, "ue5m3_t2048", 0, scale={"gradients": 0.5})
+    assert target_section(results / "tiny", old) == []  # packaged names without their roles: auto alone
+    (results / "tiny/recipes").mkdir()
+    for name in ("ue5m3", "ue5m3_t2048"):
+        (results / "tiny/recipes" / f"{name}.yaml").write_text(f"name: {name}\n")
+    kept = target_section(results / "tiny", old)
+    assert list(section_table(kept)) == ["ue5m3", "ue5m3_t2048", "ue5m3_auto"]
+    assert "the fixed T = 448 (ue5m3) and T = 2048 on dY (ue5m3_t2048)." in "\n".join(kept)
 
 
 # ------------------------------------------------------------ events by operand and refresh phase
@@ -244,15 +257,15 @@ def test_event_rates_by_operand_and_refresh_phase(tmp_path):
 
 def test_target_section_reads_every_recipe_on_the_seeds_they_all_have(tmp_path):
     results = tmp_path / "results"
-    write_target_run(results, "ue5m3", 0, loss=0.25)
-    write_target_run(results, "ue5m3", 1, loss=0.75, scale={"gradients": 5.0})
-    write_target_run(results, "ue5m3_t2048", 0, loss=0.5)
-    lines = target_section(results / "tiny", {"ue5m3": (0, 1), "ue5m3_t2048": (0,)})
-    assert "; seed 0, the seeds every recipe here has; not read: ue5m3 seed 1." in lines[3]
-    cells = section_table(lines)["ue5m3"]
-    seed0 = json.loads((eval_dir(results, "tiny", "ue5m3", 0) / "final_loss.json").read_text())["loss"]
+    write_target_run(results, "ue5m3_t448", 0, loss=0.25)
+    write_target_run(results, "ue5m3_t448", 1, loss=0.75, scale={"gradients": 5.0})
+    write_target_run(results, "ue5m3_t2048_all_dy", 0, loss=0.5)
+    lines = target_section(results / "tiny", {"ue5m3_t448": (0, 1), "ue5m3_t2048_all_dy": (0,)})
+    assert "; seed 0, the seeds every recipe here has; not read: ue5m3_t448 seed 1." in lines[3]
+    cells = section_table(lines)["ue5m3_t448"]
+    seed0 = json.loads((eval_dir(results, "tiny", "ue5m3_t448", 0) / "final_loss.json").read_text())["loss"]
     assert cells["final-window loss"] == f"{seed0:.4f}"  # seed 1 (0.5 higher) left out
-    only_seed0 = target_section(results / "tiny", {"ue5m3": (0,), "ue5m3_t2048": (0,)})
-    assert section_table(only_seed0)["ue5m3"] == cells
-    apart = target_section(results / "tiny", {"ue5m3": (1,), "ue5m3_t2048": (0,)})
-    assert apart[-1] == "Not compared: these recipes share no seed (seeds: ue5m3 1; ue5m3_t2048 0)."
+    only_seed0 = target_section(results / "tiny", {"ue5m3_t448": (0,), "ue5m3_t2048_all_dy": (0,)})
+    assert section_table(only_seed0)["ue5m3_t448"] == cells
+    apart = target_section(results / "tiny", {"ue5m3_t448": (1,), "ue5m3_t2048_all_dy": (0,)})
+    assert apart[-1] == "Not compared: these recipes share no seed (seeds: ue5m3_t448 1; ue5m3_t2048_all_dy 0)."

@@ -44,12 +44,15 @@ ORDER = (
 )
 
 
+DEBUG = "--debug"  # fp4repro's own option, given before the command
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fp4repro", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--debug",
+        DEBUG,
         action="store_true",
         help="show the traceback of every error (by default, errors in configs and inputs print one line)",
     )
@@ -73,9 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     141, as a command killed by SIGPIPE; anything else keeps its traceback (exit 1). ``--debug``
     shows the traceback of every error."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # argparse would name them under fp4repro's own usage, not the command's
-        parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        # argparse names them all under fp4repro's own usage; one the command does not have is told
+        # with the command's, one given before the command or of fp4repro's own (--debug after
+        # the command) with fp4repro's
+        before = argv[: argv.index(args.command)] if args.command in argv else argv
+        misplaced = any(t in before or t.split("=")[0] == DEBUG for t in unknown)
+        owner = parser if misplaced or args.command is None else parser.commands[args.command]
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 0

@@ -13,13 +13,18 @@ from fp4repro.cli.bench_help import DESCRIPTION
 from fp4repro.cli.common import _cuda_present, _recipe_name, _study
 
 
-def _device_file(name: str) -> str:
-    """results/bench/NAME_<device>.json for this machine's first GPU (the committed files' names)."""
+def _device() -> str:
+    """The tag of this process's first GPU as files name it ("h200"), "cpu" without one."""
     import torch
 
     from fp4repro.config.devices import device_tag
 
-    return f"results/bench/{name}_{device_tag(torch.cuda.get_device_name())}.json"
+    return device_tag(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+
+
+def _device_file(name: str) -> str:
+    """results/bench/NAME_<device>.json (the committed files' names)."""
+    return f"results/bench/{name}_{_device()}.json"
 
 
 def _cmd_bench(args) -> int:
@@ -104,16 +109,13 @@ def _bench_throughput(args) -> int:
     import torch
 
     from fp4repro.bench import throughput
-    from fp4repro.config.devices import device_tag
     from fp4repro.errors import FP4ReproError
     from fp4repro.results import read_throughput, throughput_key
 
     study, names = _ablation_study(args)
     cuda = torch.cuda.is_available()
     columns = args.columns or (list(throughput.COLUMNS) if cuda else ["emulated"])
-    out = Path(
-        args.out or f"results/bench/throughput_{device_tag(torch.cuda.get_device_name() if cuda else None)}.json"
-    )
+    out = Path(args.out or _device_file("throughput"))
     recorded = []
     for batch, seq_len in _shapes(args, study):
         # a measurement replacing one of the same model and shape says how far it agrees with it
@@ -216,13 +218,11 @@ def _bench_project(args) -> int:
 
 
 def _bench_train_step(args) -> int:
-    import torch
 
     from fp4repro.bench import train_step
-    from fp4repro.config.devices import device_tag
 
     study = _study(args)
-    tag = device_tag(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    tag = _device()
     recipes = [_recipe_name(study, r) for r in args.recipes] if args.recipes else list(study.recipes)
     train_step.run(
         study,
@@ -230,7 +230,7 @@ def _bench_train_step(args) -> int:
         args.kernels,
         data=Path(args.data or f"results/{study.name}/data"),
         records=Path(args.records) / tag,  # a device's own: another's steps do not compare
-        out=Path(args.out or f"results/bench/train_step_{tag}.json"),
+        out=Path(args.out or _device_file("train_step")),
         window=args.window,
         stop_after=args.stop_after,
         scratch=args.scratch,

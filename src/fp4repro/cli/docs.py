@@ -321,11 +321,11 @@ def _add_docs(sub: argparse._SubParsersAction) -> None:
         "docs",
         help="render the docs pages that give measurements from the committed results",
         description="The documentation's pages that give measurements, rendered from the committed result "
-        "files under results/, so that no page copies a number by hand. Pages: docs/results/<study>.md "
-        "(each committed study's report), docs/results/benchmarks.md "
-        "(each results/bench file's table), docs/results/megatron.md (the megatron backend's parity files), "
-        "docs/recipes.md (every packaged recipe) and README.md's generated blocks (the main study's claims, "
-        "the make test and make repro wall times, the command list).",
+        "files under results/, so that no page copies a number by hand: "
+        + ", ".join(PAGES)
+        + f"; README.md's generated blocks ({', '.join(BLOCKS)}) and its figures "
+        + ", ".join(f"docs/assets/{STUDIES[0]}_{name}.png" for name in THUMBNAILS)
+        + ".",
     )
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each page out of date")
     p.add_argument("--root", default=".", help="the checkout whose results and pages are read (default .)")

@@ -14,7 +14,7 @@ class PlotError(FP4ReproError):
 
 # The study's recipes in a fixed order (every figure draws a recipe in the same colour and place),
 # and the baseline of the paired differences when none is given and it is among the inputs.
-RECIPE_ORDER = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")
+RECIPE_ORDER = ("bf16", "nvfp4", "ue5m3", "ue5m3_t2048", "mxfp4")  # ue5m3_t2048: small_v1's runs
 DEFAULT_BASELINE = "nvfp4"
 
 # name -> (what it shows, the inputs it takes)
@@ -52,9 +52,9 @@ CATALOG: dict[str, tuple[str, str]] = {
         "underflow, saturation (blocks) and clipping (non-zero elements) rates per recipe: by GEMM operand "
         "(summed over layers and steps, mean over seeds), and by steps since the amax refresh for the operands "
         "that hold an amax (fresh = 0 vs held >= 1, the regime of periodic tensor scaling)",
-        "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of the runs to compare (the study's: nvfp4, "
-        "ue5m3 with T = 448, ue5m3_t2048 with T = 2048; every run given with telemetry rows is drawn, "
-        "an empty table such as bf16's is skipped)",
+        "results/<exp>/train/<recipe>/seed<s>/telemetry.parquet of the runs to compare (every run given "
+        "with telemetry rows is drawn, each recipe's legend with the target T its rows record; an empty "
+        "table such as bf16's is skipped)",
     ),
     "target": (
         "the target T chosen per operand class (activations: fprop.x, wgrad.x; weights: fprop.w, dgrad.w; "

@@ -23,15 +23,11 @@ from fp4repro.plots.common import (
     split_inputs,
     theme,
 )
-from fp4repro.results import EVENTS, TELEMETRY_COLUMNS, after_initialization, event_rates
+from fp4repro.results import EVENTS, TARGET_COLUMN, TELEMETRY_COLUMNS, after_initialization, event_rates
 
-# What sets a recipe's scale range, for the legend (other recipes are shown by name only).
-RECIPE_NOTES = {
-    "nvfp4": "E4M3 scales, T=448",
-    "ue5m3": "UE5M3, T=448",
-    "ue5m3_t2048": "UE5M3, T=2048 on dY",
-    "mxfp4": "UE8M0 scales",
-}
+# The scale format of each recipe family (the name's first part), for the legend; the target T
+# beside it is what the run's telemetry recorded (a recipe's name says less than its file).
+SCALE_NOTES = {"nvfp4": "E4M3 scales", "ue5m3": "UE5M3", "mxfp4": "UE8M0 scales"}
 OPERAND_ORDER = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.dy", "wgrad.x")
 EVENT_TEXT = {
     "underflow": "underflowed blocks / blocks\n(non-zero block whose scale flushed to 0)",
@@ -98,9 +94,18 @@ def _log_limits(values: np.ndarray) -> tuple[float, float] | None:
     return 10 ** math.floor(math.log10(nonzero.min()) - 0.5), 10 ** math.ceil(math.log10(nonzero.max()) + 0.3)
 
 
-def _label(recipe: str, n_linears: int) -> str:
-    note = RECIPE_NOTES.get(recipe)
-    return f"{recipe} ({note}; {n_linears} linears)" if note else f"{recipe} ({n_linears} linears)"
+def _label(recipe: str, table: pd.DataFrame) -> str:
+    """The legend's "recipe (scale format; T; linears)": T the targets the recipe's rows record (one,
+    "448 or 2048" where some layers use another, a range where it changes over training), none where
+    the telemetry records no T."""
+    notes = [SCALE_NOTES[recipe.split("_")[0]]] if recipe.split("_")[0] in SCALE_NOTES else []
+    if TARGET_COLUMN in table.columns:
+        t = pd.to_numeric(table[TARGET_COLUMN], errors="coerce")
+        t = sorted(set(t[np.isfinite(t)]))
+        if t:
+            notes.append("T=" + (" or ".join(f"{v:g}" for v in t) if len(t) <= 2 else f"{t[0]:g}–{t[-1]:g}"))
+    notes.append(f"{table['layer'].nunique()} linears")
+    return f"{recipe} ({'; '.join(notes)})"
 
 
 def plot_telemetry(inputs: list[Path]):
@@ -113,8 +118,7 @@ def plot_telemetry(inputs: list[Path]):
     recipes = ordered(df["recipe"].unique())
     operands = ordered(df["operand"].unique(), OPERAND_ORDER)
     colors = recipe_colors(recipes)
-    n_linears = df.groupby("recipe")["layer"].nunique()
-    labels = {r: _label(r, int(n_linears[r])) for r in recipes}
+    labels = {r: _label(r, df[df["recipe"] == r]) for r in recipes}
     per_operand = mean_over_seeds(df, ["recipe", "operand"])
     by_step, by_phase = phase_rates(df)
     n_seeds = df.groupby("recipe")["seed"].nunique()

@@ -177,24 +177,33 @@ def _held_cells(runs: list) -> str:
 
 # ------------------------------------------------------------------- beyond the paper: automatic T
 
-# What the section compares, each role filled by the first of its recipes that the study has:
-# today's names, then those of the small_v1 runs (made before the authors' recipes became
-# `ue5m3`, when `ue5m3` had T = 448 on every operand and `ue5m3_t2048` T = 2048 on every dY).
+# What the section compares: role -> the packaged recipe that plays it
 TARGET_ROLES = {
-    "T = 448": ("ue5m3_t448", "ue5m3"),
-    "T = 2048 on dY": ("ue5m3_t2048_all_dy", "ue5m3_t2048"),
-    "T = 8192": ("ue5m3_t8192",),
-    "automatic T": ("ue5m3_auto",),
+    "T = 448": "ue5m3_t448",
+    "T = 2048 on dY": "ue5m3_t2048_all_dy",
+    "T = 8192": "ue5m3_t8192",
+    "automatic T": "ue5m3_auto",
 }
 AUTO_RECIPE = "ue5m3_auto"
 FIXED_RIVALS = ("T = 448", "T = 2048 on dY")  # "the better of T = 448 and T = 2048"
+# The names small_v1's runs were made under, their recipes kept beside them (results/small_v1/recipes/):
+# its `ue5m3` had T = 448 on every operand (the packaged `ue5m3` is the authors' B16, T = 2048 on one
+# fc2's wgrad dY) and its `ue5m3_t2048` T = 2048 on every dY
+KEPT_ROLE_NAMES = {"T = 448": "ue5m3", "T = 2048 on dY": "ue5m3_t2048"}
 
 
-def target_recipes(runs: dict[str, tuple[int, ...]]) -> dict[str, str]:
-    """Role -> the recipe that fills it in ``runs`` (recipe -> seeds): the first of the role's
-    recipes with runs; roles without one are left out."""
-    chosen = {role: next((r for r in names if runs.get(r)), None) for role, names in TARGET_ROLES.items()}
-    return {role: recipe for role, recipe in chosen.items() if recipe}
+def target_recipes(root: Path, runs: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Role -> the recipe that plays it in ``runs`` (recipe -> seeds) of the study under ``root``
+    (results/<exp>): the role's packaged recipe, else its kept name where the study keeps that
+    recipe beside its runs (``root/recipes/NAME.yaml``); roles without one are left out."""
+    chosen = {}
+    for role, recipe in TARGET_ROLES.items():
+        kept = KEPT_ROLE_NAMES.get(role)
+        if runs.get(recipe):
+            chosen[role] = recipe
+        elif kept and runs.get(kept) and (Path(root) / "recipes" / f"{kept}.yaml").is_file():
+            chosen[role] = kept
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -224,11 +233,11 @@ class TargetRow:
 
 
 def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]:
-    """The rows of the automatic-T section: each recipe that fills a role (``target_recipes``) in
+    """The rows of the automatic-T section: each recipe that plays a role (``target_recipes``) in
     ``runs`` (recipe -> seeds), from its runs' telemetry and final-window losses under ``root``
     (results/<exp>)."""
     rows = []
-    for recipe in target_recipes(runs).values():
+    for recipe in target_recipes(root, runs).values():
         seeds = runs[recipe]
         events: dict[str, dict[str, list[tuple[int, int]]]] = {c: {e: [] for e in EVENTS} for c in OPERAND_CLASSES}
         targets: dict[str, list[float] | None] = {c: [] for c in OPERAND_CLASSES}
@@ -285,16 +294,16 @@ def _target_text(spread: tuple[float, float, float] | None) -> str:
     return f"{low:g}" if low == high else f"{median:.0f} ({low:g}–{high:g})"
 
 
-def target_comparison(rows: list[TargetRow]) -> list[str]:
+def target_comparison(rows: list[TargetRow], roles: dict[str, str]) -> list[str]:
     """Per operand class: whether ue5m3_auto had no block-saturation event, and whether its
-    underflow + clipping rate is no higher than the better (lower) of T = 448 and T = 2048."""
+    underflow + clipping rate is no higher than the better (lower) of T = 448 and T = 2048
+    (``roles``: role -> the recipe that plays it, ``target_recipes``)."""
     by = {r.recipe: r for r in rows}
     auto = by.get(AUTO_RECIPE)
     if auto is None:
         return [f"- {AUTO_RECIPE} has no results here (not among the recipes, or not run yet): no comparison."]
     if auto.missing:
         return [f"- {AUTO_RECIPE}: telemetry missing ({', '.join(auto.missing)}): no comparison."]
-    roles = target_recipes(dict.fromkeys(by, (0,)))
     rivals = [by[roles[role]] for role in FIXED_RIVALS if role in roles and not by[roles[role]].missing]
     lines = []
     for cls in OPERAND_CLASSES:
@@ -324,7 +333,7 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     """The report's section "Beyond the paper: an automatic target T" (Markdown lines), or none
     when fewer than two of its roles (``TARGET_ROLES``) have runs in ``runs`` (recipe -> seeds).
     Measurements, no verdicts: the paper makes no claim about an automatic T."""
-    roles = target_recipes(runs)
+    roles = target_recipes(root, runs)
     present = list(roles.values())
     if len(present) < 2:
         return []
@@ -368,5 +377,5 @@ def target_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
     missing = [m for row in rows for m in row.missing]
     if missing:
         lines += ["", f"Telemetry missing (its cells are –): {', '.join(missing)}."]
-    lines += ["", *target_comparison(rows)]
+    lines += ["", *target_comparison(rows, roles)]
     return lines
