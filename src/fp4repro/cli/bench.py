@@ -218,7 +218,6 @@ def _bench_project(args) -> int:
 
 
 def _bench_train_step(args) -> int:
-
     from fp4repro.bench import train_step
 
     study = _study(args)

@@ -98,7 +98,8 @@ def _label(recipe: str, table: pd.DataFrame) -> str:
     """The legend's "recipe (scale format; T; linears)": T the targets the recipe's rows record (one,
     "448 or 2048" where some layers use another, a range where it changes over training), none where
     the telemetry records no T."""
-    notes = [SCALE_NOTES[recipe.split("_")[0]]] if recipe.split("_")[0] in SCALE_NOTES else []
+    family = recipe.split("_")[0]
+    notes = [SCALE_NOTES[family]] if family in SCALE_NOTES else []
     if TARGET_COLUMN in table.columns:
         t = pd.to_numeric(table[TARGET_COLUMN], errors="coerce")
         t = sorted(set(t[np.isfinite(t)]))
@@ -118,7 +119,7 @@ def plot_telemetry(inputs: list[Path]):
     recipes = ordered(df["recipe"].unique())
     operands = ordered(df["operand"].unique(), OPERAND_ORDER)
     colors = recipe_colors(recipes)
-    labels = {r: _label(r, df[df["recipe"] == r]) for r in recipes}
+    labels = {r: _label(r, table) for r, table in df.groupby("recipe")}
     per_operand = mean_over_seeds(df, ["recipe", "operand"])
     by_step, by_phase = phase_rates(df)
     n_seeds = df.groupby("recipe")["seed"].nunique()

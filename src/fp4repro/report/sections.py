@@ -233,12 +233,11 @@ class TargetRow:
 
 
 def target_rows(root: Path, runs: dict[str, tuple[int, ...]]) -> list[TargetRow]:
-    """The rows of the automatic-T section: each recipe that plays a role (``target_recipes``) in
-    ``runs`` (recipe -> seeds), from its runs' telemetry and final-window losses under ``root``
-    (results/<exp>)."""
+    """The rows of the automatic-T section, one per recipe of ``runs`` (recipe -> seeds: those that
+    play its roles, ``target_recipes``), from its runs' telemetry and final-window losses under
+    ``root`` (results/<exp>)."""
     rows = []
-    for recipe in target_recipes(root, runs).values():
-        seeds = runs[recipe]
+    for recipe, seeds in runs.items():
         events: dict[str, dict[str, list[tuple[int, int]]]] = {c: {e: [] for e in EVENTS} for c in OPERAND_CLASSES}
         targets: dict[str, list[float] | None] = {c: [] for c in OPERAND_CLASSES}
         losses, missing = [], []
