@@ -20,6 +20,7 @@ from fp4repro.train.profiling import (
     LABELLED_MODULES,
     MODULE_LABEL,
     PARTS,
+    Activity,
     DeviceTrace,
     ProfileWindow,
     busy_us,
@@ -206,6 +207,26 @@ def test_a_gpu_timeline_follows_each_kernel_to_its_operators_and_a_backward_kern
     assert activities[2].within == ("aten::mm",)  # the operator, not the runtime call sharing its id
     assert split(activities)["parts"] == {**dict.fromkeys(PARTS, 0.0), "norm": 5.0, "gemm": 6.0, "other": 1.0}
     assert busy_us(activities) == 12.0  # 2-4, 12-18, 22-25, 30-31
+
+
+def test_a_parts_costliest_sources_name_the_operators_that_launched_its_kernels():
+    cast = "vectorized_elementwise_kernel<8, bfloat16_copy_kernel_cuda>"
+    weight_cast = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::linear", MODULE_LABEL + "MLP")
+    activities = [
+        Activity(cast, 0, 3, 3.0, weight_cast),
+        Activity(cast, 5, 7, 2.0, weight_cast),
+        Activity(cast, 8, 12, 4.0, ("aten::copy_", "aten::_to_copy")),
+        Activity("direct_copy_kernel_cuda", 12, 13, 1.0, ()),
+    ]
+    sources = split(activities)["costliest_sources"]
+    assert sources == {
+        "copies": [
+            {"name": f"aten::copy_ < aten::_to_copy < aten::to < … < {MODULE_LABEL}MLP", "us": 5.0, "count": 2},
+            {"name": "aten::copy_ < aten::_to_copy", "us": 4.0, "count": 1},
+            {"name": "-", "us": 1.0, "count": 1},
+        ]
+    }
+    assert split(activities)["costliest"]["copies"][0] == {"name": cast, "us": 9.0, "count": 3}
 
 
 def test_a_cpu_timeline_puts_a_norms_backward_and_the_optimizer_phase_in_their_parts():

@@ -24,7 +24,9 @@ reference's and megatron's RMSNorms are elementwise operators and a reduction, a
 otherwise, and the head's GEMMs (``lm_head``: FP32 products, forward and backward, with the
 gradient's split and the casts) would be GEMMs among the others. The engines
 mark their optimizer phase (``fp4repro.util.OPTIMIZER_PHASE``). What no rule matches is
-``other``; the record lists each part's costliest kernels, so that ``other`` can be read.
+``other``; the record lists each part's costliest kernels, so that ``other`` can be read, and its
+costliest sources (the operators that launched them: ``source``), so that a part's time can be
+traced to the code that spends it.
 
 **FLOPs and MFU.** ``flops_per_token`` counts two ways. ``dense``: 6·N, N the parameters without
 the input embedding (the LM head included: its GEMM runs every step), forward and backward of
@@ -340,27 +342,50 @@ def busy_us(activities: list[Activity]) -> float:
     return total
 
 
+def source(within: tuple[str, ...], depth: int = 3) -> str:
+    """Where an activity comes from, as a profile's reader needs it to find the code: the
+    ``depth`` innermost operators around it, innermost first, and the outermost one (a backward
+    node, a module label, the optimizer's phase) where the chain is longer; "-" for none."""
+    if not within:
+        return "-"
+    inner = list(within[:depth])
+    if len(within) > depth:
+        inner += ["…", within[-1]]
+    return " < ".join(inner)
+
+
 def split(activities: list[Activity], top: int = 5) -> dict:
     """Microseconds per part (every part of ``PARTS``, zero where nothing ran), per rule, and each
-    part's ``top`` costliest activity names with their microseconds and counts."""
+    part's ``top`` costliest activity names and ``top`` costliest sources (``source``) with their
+    microseconds and counts."""
     parts = dict.fromkeys(PARTS, 0.0)
     rules: dict[str, float] = {}
     names: dict[str, dict[str, list]] = {p: {} for p in PARTS}
+    sources: dict[str, dict[str, list]] = {p: {} for p in PARTS}
     for a in activities:
         rule = classify(a.name, a.within)
         part = "other" if rule is None else rule.part
         parts[part] += a.us
         if rule is not None:
             rules[f"{rule.part}/{rule.name}"] = rules.get(f"{rule.part}/{rule.name}", 0.0) + a.us
-        entry = names[part].setdefault(a.name, [0.0, 0])
-        entry[0] += a.us
-        entry[1] += 1
-    costliest = {
+        for table, key in ((names, a.name), (sources, source(a.within))):
+            entry = table[part].setdefault(key, [0.0, 0])
+            entry[0] += a.us
+            entry[1] += 1
+    return {
+        "parts": parts,
+        "rules": rules,
+        "costliest": _costliest(names, top),
+        "costliest_sources": _costliest(sources, top),
+    }
+
+
+def _costliest(table: dict[str, dict[str, list]], top: int) -> dict[str, list[dict]]:
+    return {
         p: [{"name": n[:200], "us": us, "count": c} for n, (us, c) in sorted(v.items(), key=lambda kv: -kv[1][0])[:top]]
-        for p, v in names.items()
+        for p, v in table.items()
         if v
     }
-    return {"parts": parts, "rules": rules, "costliest": costliest}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,9 +685,12 @@ def summarize(
         "host_gap_ms_per_step": per_step * 1e3 - busy,
         "activities_per_step": len(activities) / steps,
         "rules_ms_per_step": {rule: us / 1e3 / steps for rule, us in sorted(pieces["rules"].items())},
-        "costliest": {
-            part: [{"name": k["name"], "ms_per_step": k["us"] / 1e3 / steps, "count": k["count"]} for k in kernels]
-            for part, kernels in pieces["costliest"].items()
+        **{
+            key: {
+                part: [{"name": k["name"], "ms_per_step": k["us"] / 1e3 / steps, "count": k["count"]} for k in kernels]
+                for part, kernels in pieces[key].items()
+            }
+            for key in ("costliest", "costliest_sources")
         },
     }
 
