@@ -245,6 +245,31 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
     assert pd.read_parquet(ev / "nll.parquet")["step"].nunique() == len(done["checkpoints"])
 
 
+def test_a_run_that_reads_each_step_after_launching_the_next_diverges_as_one_that_reads_it_at_once(prepared, tmp_path):
+    # With fused AdamW the reference engine leaves a step's loss and norm on the device and the
+    # loop reads them after launching the next step; before a checkpoint it reads at once. A
+    # resume checkpoint after every step makes every read immediate: both runs must fail at the
+    # same step with the same tables, the failing step's redo included (the step launched after
+    # the failure changes nothing: AdamW skips it on the device, and its telemetry is dropped).
+    study, path, root = prepared
+    (tmp_path / "bad.yaml").write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6"))
+    tables = {}
+    for every in (1, 10):
+        bad = load_study(tmp_path / "bad.yaml").with_train(fused_kernels=True, resume_every=every)
+        out = tmp_path / f"every{every}"
+        train(bad, "ue5m3", root / "data", out, device="cpu", progress=False)
+        done = json.loads((out / "done.json").read_text())
+        metrics = pd.read_parquet(out / "metrics.parquet").drop(columns="tokens_per_s")
+        tables[every] = (done["diverged"], done["steps"], metrics, pd.read_parquet(out / "telemetry.parquet"))
+    (diverged, steps, metrics, telemetry), lagged = tables[1], tables[10]
+    assert 1 < diverged["step"] < 5  # before the first evaluation checkpoint: read one step late
+    assert lagged[0] == diverged and lagged[1] == steps
+    pd.testing.assert_frame_equal(lagged[2], metrics)
+    pd.testing.assert_frame_equal(lagged[3], telemetry)
+    rows = telemetry.groupby("step").size()  # the failing step's redo replaces its rows, once
+    assert list(rows.index) == list(range(diverged["step"])) and rows.nunique() == 1
+
+
 def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared, tmp_path, capsys):
     """Another learning rate is another run: it starts at step 0 in its own folder, says which
     field changed, and leaves the old run (and its checkpoints) where it was; it ends exactly

@@ -53,7 +53,7 @@ def _curve(engine, batches: list[torch.Tensor]) -> list[float]:
         loss, _, _ = engine.step(step, batch)
         engine.quant_state.advance()
         losses.append(loss)
-    return losses
+    return [float(loss) for loss in losses]  # read once the curve is launched
 
 
 def loss_curves(study: Study, recipe: str, batches: list[torch.Tensor], seed: int) -> dict:

@@ -25,15 +25,20 @@ from fp4repro.train.checkpoint import CheckpointWriter, load_latest_resume, prun
 from fp4repro.train.schedule import WSDSchedule
 from fp4repro.util import OPTIMIZER_PHASE, rng_state, set_rng_state
 
+#: a step's loss or gradient norm: a float, or a 0-d tensor on the device that the loop reads one
+#: step later (reading it at once would stop the host until the GPU has finished the step)
+StepValue = float | torch.Tensor
+
 
 class Engine(Protocol):
     quant_state: QuantState
     writer: bool  # this process writes the run's files (rank 0)
     model: torch.nn.Module  # the model it trains (a profile labels its norms: fp4repro.train.profiling)
 
-    def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
+    def step(self, step: int, batch: torch.Tensor) -> tuple[StepValue, StepValue, float]:
         """One optimizer step on the global batch (sequences of seq_len + 1 tokens): (loss,
-        gradient norm before clipping, LR). With a non-finite loss or norm the parameters stay."""
+        gradient norm before clipping, LR). With a non-finite loss or norm the parameters stay, at
+        this step and, where the loss and norm are returned on the device, at every later one."""
 
     def forward_backward(self, batch: torch.Tensor) -> None:
         """Forward and backward only (gradients zeroed before; the diagnosis of a failed step)."""
@@ -99,20 +104,31 @@ class ReferenceEngine:
         self.quant_state.seed = seed
         self.optimizer = build_optimizer(self.model, study.experiment.train)
         self.schedule, self.grad_clip, self.device = schedule, study.experiment.train.grad_clip, device
+        self.failed = torch.zeros((), dtype=torch.bool, device=device)  # a step's loss or norm was non-finite
         self.model.train()
 
-    def step(self, step: int, batch: torch.Tensor) -> tuple[float, float, float]:
+    def step(self, step: int, batch: torch.Tensor) -> tuple[StepValue, StepValue, float]:
+        """With fused AdamW, no synchronization: the loss and norm stay on the device, and AdamW
+        skips its update on the device (``found_inf``: its kernel returns before touching the
+        parameters and moments; the step count is restored) once either has been non-finite.
+        torch's single-tensor AdamW has no such input: its step reads both first."""
         batch = batch.to(self.device)
         lr = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = lm_loss(self.model, batch[:, :-1], batch[:, 1:])
         loss.backward()
+        loss = loss.detach()
         with torch.profiler.record_function(OPTIMIZER_PHASE):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip).item()
-            loss = loss.item()
-            if math.isfinite(loss) and math.isfinite(grad_norm):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            if self.optimizer.defaults["fused"]:
+                self.failed |= ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+                self.optimizer.found_inf = self.failed.float()
                 self.optimizer.step()
+            else:
+                loss, grad_norm = loss.item(), grad_norm.item()
+                if math.isfinite(loss) and math.isfinite(grad_norm):
+                    self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss, grad_norm, lr
 

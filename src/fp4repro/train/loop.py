@@ -5,7 +5,10 @@ take the step's batch from its stage's sampler (a pure function of the step, so 
 only the step), let the backend's engine (``fp4repro.train.engine``) take one optimizer step
 (forward under BF16 autocast on CUDA, FP32 on CPU, cross-entropy, backward, clip, AdamW), stop on a
 non-finite loss or gradient, advance the quantization state (periodic amax refresh counts
-optimizer steps). Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
+optimizer steps). An engine may return the step's loss and norm on the device (the reference
+engine with fused AdamW): the loop reads them after launching the next step, so that the host
+queues the next step's kernels while the GPU runs this one instead of waiting for it, and at once
+before a checkpoint, which holds finite steps only. Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
 spaced in tokens (for a seed outside ``eval.curve_seeds`` only the last: ``saved_checkpoint_steps``);
 a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
 step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
@@ -29,7 +32,8 @@ also writes where the window's steps spent their time (default ``profile.json`` 
 nothing else changes.
 
 A run whose loss or gradient norm turns non-finite has ended too: it is a result, not a crash. Its
-tables hold the steps before and the failing step's telemetry (the step redone with telemetry on),
+tables hold the steps before and the failing step's telemetry (the step redone with telemetry on,
+on the parameters before it: the engine updates none after a non-finite step),
 and done.json says ``diverged`` (the step and the worst operands) beside the evaluation
 checkpoints saved before it; the run is resumable as any other.
 """
@@ -60,7 +64,7 @@ from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
 from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of
 from fp4repro.train.checkpoint import CheckpointWriter, load_checkpoint, resume_checkpoints
-from fp4repro.train.engine import Engine, ReferenceEngine
+from fp4repro.train.engine import Engine, ReferenceEngine, StepValue
 from fp4repro.train.lock import run_lock
 from fp4repro.train.phases import PhaseSeconds
 from fp4repro.train.profiling import ProfileWindow, StepProfiler
@@ -94,9 +98,22 @@ class NonFiniteLoss(FP4ReproError):
     """The loss or the gradient norm became NaN or inf; the message names the worst operands,
     ``rows`` are the failing step's telemetry."""
 
-    def __init__(self, message: str, rows: list[dict] = ()):
+    def __init__(self, message: str, rows: list[dict] = (), step: int = 0):
         super().__init__(message)
-        self.rows = list(rows)
+        self.rows, self.step = list(rows), step
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step the engine has launched (``step`` from 0): its loss and norm may still be on the device."""
+
+    step: int
+    stage: str
+    batch: torch.Tensor
+    loss: StepValue
+    grad_norm: StepValue
+    lr: float
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -429,6 +446,30 @@ def _train(
         dynamic_ncols=True,
         file=sys.stderr,
     )
+    pending: LaunchedStep | None = None  # the step launched last: its loss and norm not read yet
+
+    def finish(launched: LaunchedStep) -> None:
+        """Read a launched step's loss and norm (waiting for its kernels) and record it; a
+        non-finite one ends the run, diagnosed on the step's batch."""
+        loss, grad_norm = float(launched.loss), float(launched.grad_norm)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise NonFiniteLoss(*_diagnose(engine, launched.batch, launched.step, loss, grad_norm), step=launched.step)
+        tokens_per_s = t.tokens_per_step / launched.seconds
+        metrics.append(
+            {
+                "step": launched.step + 1,
+                "tokens": (launched.step + 1) * t.tokens_per_step,
+                "stage": launched.stage,
+                "loss": loss,
+                "lr": launched.lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": tokens_per_s,
+                "attempt": attempt,
+            }
+        )
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", stage=launched.stage)
+
     try:
         for step in range(start_step, end_step):
             if profiler is not None:
@@ -438,9 +479,10 @@ def _train(
             batch = samplers[stage].batch((step - plan.first_step_of_stage[stage]) * t.batch_size, t.batch_size)
             state.telemetry = is_telemetry_step(step, t.telemetry_every, refreshes)
 
+            # the GPU runs this step while the host reads the one before (one step of lag, no stop)
             loss, grad_norm, lr = engine.step(step, batch)
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise NonFiniteLoss(*_diagnose(engine, batch, step, loss, grad_norm))
+            if pending is not None:
+                finish(pending)
             state.advance()
             telemetry.extend(state.pop_telemetry())
 
@@ -448,24 +490,13 @@ def _train(
             if profiler is not None:
                 profiler.after(step, elapsed, state.telemetry)
             seconds.add_step(elapsed)
-            tokens = (step + 1) * t.tokens_per_step
-            metrics.append(
-                {
-                    "step": step + 1,
-                    "tokens": tokens,
-                    "stage": t.stages[stage].name,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "tokens_per_s": t.tokens_per_step / elapsed,
-                    "attempt": attempt,
-                }
-            )
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{t.tokens_per_step / elapsed:,.0f}", stage=t.stages[stage].name)
+            pending = LaunchedStep(step, t.stages[stage].name, batch, loss, grad_norm, lr, elapsed)
 
             done = step + 1
             saving = time.perf_counter()
+            if done in eval_steps or done % t.resume_every == 0 or done == end_step:
+                finish(pending)  # a checkpoint holds finite steps only
+                pending = None
             if done in eval_steps:
                 weights = engine.eval_state_dict()
                 if writer:
@@ -473,7 +504,7 @@ def _train(
                         {
                             "model": weights,
                             "step": done,
-                            "tokens": tokens,
+                            "tokens": done * t.tokens_per_step,
                             "stage": t.stages[stage].name,
                             "model_config": exp.model,
                             "recipe": recipe.name,
@@ -489,12 +520,13 @@ def _train(
                 save_resume(done)
             seconds.checkpoints += time.perf_counter() - saving
     except NonFiniteLoss as err:
-        telemetry.extend(err.rows)
+        failed = err.step
+        telemetry = [row for row in telemetry if row["step"] < failed] + err.rows  # the redo's rows replace the step's
         checkpoints_written()
-        write_parts(step + 1)  # the steps before the failure and the failing step's telemetry (a part
-        # of its own: the one of step ``step`` may be a resume checkpoint's)
+        write_parts(failed + 1)  # the steps before the failure and the failing step's telemetry (a part
+        # of its own: the one of step ``failed`` may be a resume checkpoint's)
         write_tables()
-        write_done(step, {"step": step + 1, "reason": str(err)})
+        write_done(failed, {"step": failed + 1, "reason": str(err)})
         _say(
             f"{run.out}: diverged: {err}. Kept as the run's result: metrics and telemetry (the failing step's "
             f"too) in {out_dir}, done.json says where it diverged"
@@ -517,7 +549,10 @@ def _train(
 
 def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_norm: float) -> tuple[str, list]:
     """Redo the failing step with telemetry on: (a message naming the operands with the most
-    non-finite and saturated blocks, the step's telemetry rows); the state is not advanced."""
+    non-finite and saturated blocks, the step's telemetry rows). The failing step is read after
+    the next has been launched, so the redo runs on the parameters before the failing step (the
+    engine updates none after it) and the quantization state one step on; its rows carry the
+    failing step."""
     message = (
         f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
         f"(loss {loss}, grad norm {grad_norm})"
@@ -526,5 +561,5 @@ def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_
     state.pop_telemetry()
     state.telemetry = True
     engine.forward_backward(batch)
-    rows = state.pop_telemetry()
+    rows = [{**row, "step": step} for row in state.pop_telemetry()]
     return message + ("; worst operands: " + _worst_operands(rows) if rows else "; the recipe quantizes nothing"), rows
