@@ -66,6 +66,14 @@ def lm_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor)
     return F.cross_entropy(forward_logits(model, inputs).flatten(0, 1), targets.flatten())
 
 
+def to_device(batch: torch.Tensor, device: str) -> torch.Tensor:
+    """The batch on ``device`` without stopping the host: a copy from pageable host memory waits
+    for the work queued on the GPU before it; one from pinned memory is queued behind it."""
+    if torch.device(device).type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
+
+
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices (linears, embedding, conv), none on norms and SSM vectors.
     torch's fused AdamW with ``train.fused_kernels``, else its single-tensor implementation: a loop
@@ -112,7 +120,7 @@ class ReferenceEngine:
         skips its update on the device (``found_inf``: its kernel returns before touching the
         parameters and moments; the step count is restored) once either has been non-finite.
         torch's single-tensor AdamW has no such input: its step reads both first."""
-        batch = batch.to(self.device)
+        batch = to_device(batch, self.device)
         lr = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -134,7 +142,7 @@ class ReferenceEngine:
 
     def forward_backward(self, batch: torch.Tensor) -> None:
         self.model.zero_grad(set_to_none=True)
-        batch = batch.to(self.device)
+        batch = to_device(batch, self.device)
         lm_loss(self.model, batch[:, :-1], batch[:, 1:]).backward()
 
     def eval_state_dict(self) -> dict:
