@@ -8,10 +8,10 @@ non-finite loss or gradient, advance the quantization state (periodic amax refre
 optimizer steps). An engine may return the step's loss and norm on the device (the reference
 engine with fused AdamW): the loop reads them after launching the next step, so that the host
 queues the next step's kernels while the GPU runs this one instead of waiting for it, and at once
-before a checkpoint, which holds finite steps only. Evaluation checkpoints (model only) land at ``checkpoints`` points evenly
-spaced in tokens (for a seed outside ``eval.curve_seeds`` only the last: ``saved_checkpoint_steps``);
-a rolling resume checkpoint (model, optimizer, quantization state, RNG states,
-step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
+before a checkpoint, which holds finite steps only. Evaluation checkpoints (model only) land at
+``checkpoints`` points evenly spaced in tokens (for a seed outside ``eval.curve_seeds`` only the
+last: ``saved_checkpoint_steps``); a rolling resume checkpoint (model, optimizer, quantization
+state, RNG states, step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
 one (``fp4repro.train.runs`` gives the layout: one run folder per fingerprint). The evaluation
 checkpoints and the reference engine's resume checkpoints are written in the background while the
 next steps train (``fp4repro.train.checkpoint.CheckpointWriter``; megatron's resume checkpoints are
