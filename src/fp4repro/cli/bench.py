@@ -239,45 +239,43 @@ def _bench_train_step(args) -> int:
 
 def _add_train_step_arguments(b: argparse.ArgumentParser) -> None:
     """The options of ``bench train-step`` alone."""
-    b.add_argument(
+    g = b.add_argument_group("train-step")
+    g.add_argument(
         "--kernels",
         nargs="+",
         choices=["default", "fused"],
         default=["default", "fused"],
-        help="train-step: the kernels to train each recipe with (default both; fused: fp4repro train --fused-kernels)",
+        help="the kernels to train each recipe with (default both; fused: fp4repro train --fused-kernels)",
     )
-    b.add_argument(
-        "--recipes",
-        nargs="+",
-        metavar="RECIPE",
-        help="train-step: these of the experiment's recipes only (default all of them)",
+    g.add_argument(
+        "--recipes", nargs="+", metavar="RECIPE", help="only these of the experiment's recipes (default all of them)"
     )
-    b.add_argument(
+    g.add_argument(
         "--window",
         default="5:4",
         metavar="START:COUNT",
-        help="train-step: the steps each run profiles (fp4repro train --profile-steps; default 5:4)",
+        help="the steps each run profiles (fp4repro train --profile-steps; default 5:4)",
     )
-    b.add_argument(
+    g.add_argument(
         "--stop-after",
         type=int,
         default=60,
         metavar="STEPS",
-        help="train-step: steps each run trains (default 60: profile8b's telemetry step 50 and plain steps after "
-        "the window give the telemetry step's ratio)",
+        help="steps each run trains (default 60: profile8b's telemetry step 50 and plain steps after the window "
+        "give the telemetry step's ratio)",
     )
-    b.add_argument(
+    g.add_argument(
         "--records",
         default="results/bench/train_step",
-        help="train-step: the folder of each configuration's record, one subfolder per device (a configuration "
-        "recorded there at this commit with this window and steps is not run again; all of the device's are "
-        "assembled) (default results/bench/train_step)",
+        help="the folder of each configuration's record, one subfolder per device (a configuration recorded there "
+        "at this commit with this window and steps is not run again; all of the device's are assembled) (default "
+        "results/bench/train_step)",
     )
-    b.add_argument("--data", help="train-step: the experiment's prepared data (default results/<experiment>/data)")
-    b.add_argument(
+    g.add_argument("--data", help="the experiment's prepared data (default results/<experiment>/data)")
+    g.add_argument(
         "--scratch",
-        help="train-step: where the runs train, each removed once recorded (default the system's temporary folder; "
-        "an 8B-width run writes a resume checkpoint of about 17 GB)",
+        help="where the runs train, each removed once recorded (default the system's temporary folder; an 8B-width "
+        "run writes a resume checkpoint of about 17 GB)",
     )
 
 
@@ -293,66 +291,65 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("what", choices=WHAT)
     b.add_argument(
+        "--out",
+        default=None,
+        help="JSON output (default results/bench/quant_cpu.json, kernels_<device>.json, kernels_sass_smARCH.json, "
+        "live_amax_<device>.json, throughput_<device>.json, components_<device>.json, gemm_<device>.json, "
+        "head_<device>.json or train_step_<device>.json; <device>: the GPU's name, e.g. h200); project: the "
+        "throughput file to project and write back (default results/bench/throughput_h200.json)",
+    )
+    shapes = b.add_argument_group("throughput, components and train-step")
+    shapes.add_argument(
         "--experiment",
         default="tiny",
-        help="throughput, components: the experiment whose model shapes and recipes are timed, with the paper's "
-        "ablation recipes (default tiny)",
+        help="the experiment whose model is timed (throughput, components: its shapes and recipes, with the "
+        "paper's ablation recipes; train-step: its training steps) (default tiny)",
     )
-    b.add_argument(
-        "--add-recipe",
-        action="append",
-        metavar="RECIPE",
-        help="throughput: another recipe (name or YAML path) to time; repeatable",
-    )
-    b.add_argument(
+    shapes.add_argument(
         "--seq-len",
         type=int,
         help="throughput, components: tokens per sequence of one shape to time instead of the experiment's "
         "bench.throughput_shapes (default: those, else 1 x the experiment's seq_len)",
     )
-    b.add_argument(
+    shapes.add_argument(
         "--batch",
         type=int,
         help="throughput, components: sequences per step of one shape to time instead of the experiment's "
         "(default 1 with --seq-len)",
     )
-    b.add_argument("--steps", type=int, default=7, help="throughput: timed steps per recipe (at least 5)")
-    b.add_argument("--warmup", type=int, default=2, help="throughput: untimed steps per recipe first")
-    b.add_argument(
+    throughput = b.add_argument_group("throughput")
+    throughput.add_argument(
+        "--add-recipe", action="append", metavar="RECIPE", help="another recipe (name or YAML path); repeatable"
+    )
+    throughput.add_argument("--steps", type=int, default=7, help="timed steps per recipe (at least 5)")
+    throughput.add_argument("--warmup", type=int, default=2, help="untimed steps per recipe first")
+    throughput.add_argument(
         "--columns",
         nargs="+",
         choices=["emulated", "fp8_analogue"],
-        help="throughput: what to measure (default both on a GPU, emulated on CPU)",
+        help="what to measure (default both on a GPU, emulated on CPU)",
     )
-    b.add_argument("--quiet", action="store_true", help="throughput: no progress lines")
-    b.add_argument(
+    throughput.add_argument("--quiet", action="store_true", help="no progress lines")
+    project = b.add_argument_group("project")
+    project.add_argument(
         "--components",
         default="results/bench/components_h200.json",
-        help="project: the components file the projection is calibrated on (default "
-        "results/bench/components_h200.json)",
+        help="the components file the projection is calibrated on (default results/bench/components_h200.json)",
     )
-    b.add_argument(
+    project.add_argument(
         "--devices",
         default="devices",
-        help="project: peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)",
+        help="peaks and uncertain parameters (default ./configs/devices.yaml, else the packaged one)",
     )
     _add_train_step_arguments(b)
-    b.add_argument("--size", type=int, default=4096, help="quant: the tensor is size x size")
-    b.add_argument("--repeats", type=int, default=5, help="quant: timed repeats (the median is reported)")
-    b.add_argument("--pairs", type=int, default=50, help="live: interleaved (plain, live) timing pairs (at least 30)")
-    b.add_argument(
-        "--arch",
-        type=int,
-        default=90,
-        help="sass: the CUDA compute capability to compile for (90: H100/H200; 100: B200)",
+    quant = b.add_argument_group("quant")
+    quant.add_argument("--size", type=int, default=4096, help="the tensor is size x size")
+    quant.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is reported)")
+    b.add_argument_group("live").add_argument(
+        "--pairs", type=int, default=50, help="interleaved (plain, live) timing pairs (at least 30)"
     )
-    b.add_argument(
-        "--out",
-        default=None,
-        help="JSON output (default results/bench/quant_cpu.json, kernels_<device>.json, kernels_sass_smARCH.json, "
-        "live_amax_<device>.json, throughput_<device>.json, components_<device>.json, gemm_<device>.json or "
-        "head_<device>.json; <device>: the GPU's name, e.g. h200); project: the "
-        "throughput file to project and write back (default results/bench/throughput_h200.json)",
+    b.add_argument_group("sass").add_argument(
+        "--arch", type=int, default=90, help="the CUDA compute capability to compile for (90: H100/H200; 100: B200)"
     )
     b.set_defaults(func=_cmd_bench)
 
