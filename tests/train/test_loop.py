@@ -231,6 +231,7 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
     failing = t[t["step"] == step - 1]  # telemetry steps count from 0
     assert len(failing) and (failing["nonfinite_blocks"] > 0).any()
     assert sorted(set(t["step"])) == list(range(step))
+    assert (t["steps_since_refresh"] == t["step"] % 50).all()  # the redo quantizes in the failing step's phase
     # evaluation scores what checkpoints there are and carries the divergence to the report
     ev = evaluate(
         study_bad,
@@ -245,29 +246,65 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
     assert pd.read_parquet(ev / "nll.parquet")["step"].nunique() == len(done["checkpoints"])
 
 
-def test_a_run_that_reads_each_step_after_launching_the_next_diverges_as_one_that_reads_it_at_once(prepared, tmp_path):
+@pytest.mark.parametrize("failing", [3, 49], ids=["plain-step", "before-a-refresh"])
+def test_a_run_that_reads_each_step_after_launching_the_next_diverges_as_one_that_reads_it_at_once(
+    prepared, tmp_path, monkeypatch, failing
+):
     # With fused AdamW the reference engine leaves a step's loss and norm on the device and the
-    # loop reads them after launching the next step; before a checkpoint it reads at once. A
-    # resume checkpoint after every step makes every read immediate: both runs must fail at the
-    # same step with the same tables, the failing step's redo included (the step launched after
-    # the failure changes nothing: AdamW skips it on the device, and its telemetry is dropped).
+    # loop reads them after launching the next step (at once before a checkpoint, and before a
+    # step that samples a fresh amax: ue5m3 samples at step 50). One step's loss is made NaN, the
+    # steps after it are finite: a resume checkpoint after every step (every read at once) and
+    # one at the end only (every read one step late) must fail at the same step with the same
+    # tables, the failing step's redo included: the step launched after the failure updates
+    # nothing (AdamW skips it on the device), and the redo quantizes as the failing step did.
+    import fp4repro.train.engine as engine_module
+
     study, path, root = prepared
-    (tmp_path / "bad.yaml").write_text(EXPERIMENT.replace("lr: 3.0e-3", "lr: 1.0e+6"))
+    real_loss = engine_module.lm_loss
+
+    def nan_at_the_failing_step(model, inputs, targets):
+        calls.append(1)
+        loss = real_loss(model, inputs, targets)
+        return loss * float("nan") if len(calls) == failing + 1 else loss
+
+    monkeypatch.setattr(engine_module, "lm_loss", nan_at_the_failing_step)
     tables = {}
-    for every in (1, 10):
-        bad = load_study(tmp_path / "bad.yaml").with_train(fused_kernels=True, resume_every=every)
+    for every in (1, 100):
+        calls = []
+        run_study = study.with_train(fused_kernels=True, resume_every=every, checkpoints=1)
         out = tmp_path / f"every{every}"
-        train(bad, "ue5m3", root / "data", out, device="cpu", progress=False)
+        train(run_study, "ue5m3", root / "data", out, device="cpu", progress=False)
         done = json.loads((out / "done.json").read_text())
         metrics = pd.read_parquet(out / "metrics.parquet").drop(columns="tokens_per_s")
         tables[every] = (done["diverged"], done["steps"], metrics, pd.read_parquet(out / "telemetry.parquet"))
-    (diverged, steps, metrics, telemetry), lagged = tables[1], tables[10]
-    assert 1 < diverged["step"] < 5  # before the first evaluation checkpoint: read one step late
+    (diverged, steps, metrics, telemetry), lagged = tables[1], tables[100]
+    assert diverged["step"] == failing + 1 and steps == failing
     assert lagged[0] == diverged and lagged[1] == steps
     pd.testing.assert_frame_equal(lagged[2], metrics)
     pd.testing.assert_frame_equal(lagged[3], telemetry)
     rows = telemetry.groupby("step").size()  # the failing step's redo replaces its rows, once
-    assert list(rows.index) == list(range(diverged["step"])) and rows.nunique() == 1
+    assert list(rows.index) == list(range(failing + 1)) and rows.nunique() == 1
+    assert (telemetry["steps_since_refresh"] == telemetry["step"] % 50).all()  # the redo's phase too
+
+
+def test_a_step_returned_as_floats_is_read_before_the_next_is_launched(prepared, tmp_path, monkeypatch):
+    # torch's single-tensor AdamW cannot skip on the device: its engine reads loss and norm in the
+    # step, and the loop must not launch another step after a non-finite one (it would update)
+    import fp4repro.train.engine as engine_module
+
+    study, path, root = prepared
+    real_loss, calls = engine_module.lm_loss, []
+
+    def nan_at_step_3(model, inputs, targets):
+        calls.append(1)
+        loss = real_loss(model, inputs, targets)
+        return loss * float("nan") if len(calls) == 4 else loss
+
+    monkeypatch.setattr(engine_module, "lm_loss", nan_at_step_3)
+    run_study = study.with_train(fused_kernels=False, resume_every=100, checkpoints=1)
+    train(run_study, "ue5m3", root / "data", tmp_path / "run", device="cpu", progress=False)
+    assert json.loads((tmp_path / "run" / "done.json").read_text())["diverged"]["step"] == 4
+    assert len(calls) == 5  # steps 0-3 and the failing step's redo: no step 4
 
 
 def test_a_config_change_of_the_numbers_starts_a_new_run_beside_the_old(prepared, tmp_path, capsys):

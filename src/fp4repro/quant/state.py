@@ -147,6 +147,12 @@ class QuantState:
         self.step += 1
         self._sr_draws = {}
 
+    def restart_step(self, step: int) -> None:
+        """Count refresh phases and SR draws as at the start of ``step`` again (a redo of it,
+        with the amaxes it held): its quantizations draw the same SR seeds."""
+        self.step = step
+        self._sr_draws = {}
+
     # ---------------------------------------------------------------------- stochastic rounding
     def sr_seed(self, key: str) -> int:
         """The seed of the next stochastic rounding of ``key``: crc32 of "<run seed>/<key>/<step>/<n>"

@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 from fp4repro.config.files import recorded_name
 from fp4repro.config.numerics import numerics_record
-from fp4repro.config.study import Study
+from fp4repro.config.study import Study, refresh_intervals
 from fp4repro.data import Manifest, RunSampler, load_manifest
 from fp4repro.data.integrity import VERIFIED, verify_token_files
 from fp4repro.errors import FP4ReproError
@@ -98,14 +98,15 @@ class NonFiniteLoss(FP4ReproError):
     """The loss or the gradient norm became NaN or inf; the message names the worst operands,
     ``rows`` are the failing step's telemetry."""
 
-    def __init__(self, message: str, rows: list[dict] = (), step: int = 0):
+    def __init__(self, message: str, rows: list[dict], step: int):
         super().__init__(message)
         self.rows, self.step = list(rows), step
 
 
 @dataclass(frozen=True)
 class LaunchedStep:
-    """A step the engine has launched (``step`` from 0): its loss and norm may still be on the device."""
+    """A step the engine has launched (``step`` from 0): its loss and norm may still be on the
+    device; ``clock``: when its seconds start (its launch, or the read of the step before it)."""
 
     step: int
     stage: str
@@ -113,7 +114,7 @@ class LaunchedStep:
     loss: StepValue
     grad_norm: StepValue
     lr: float
-    seconds: float
+    clock: float
 
 
 @dataclass(frozen=True)
@@ -447,14 +448,21 @@ def _train(
         file=sys.stderr,
     )
     pending: LaunchedStep | None = None  # the step launched last: its loss and norm not read yet
+    last_read = 0.0  # when the host last read a step (each step's clock starts there or at its launch)
+    sampling = refresh_intervals(recipe, study.model)  # a step at a multiple of one samples a fresh amax
 
     def finish(launched: LaunchedStep) -> None:
-        """Read a launched step's loss and norm (waiting for its kernels) and record it; a
-        non-finite one ends the run, diagnosed on the step's batch."""
+        """Read a launched step's loss and norm (waiting for its kernels) and record it, with the
+        seconds from its clock's start to this read; a non-finite one ends the run, diagnosed on
+        the step's batch."""
+        nonlocal last_read
         loss, grad_norm = float(launched.loss), float(launched.grad_norm)
+        last_read = time.perf_counter()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteLoss(*_diagnose(engine, launched.batch, launched.step, loss, grad_norm), step=launched.step)
-        tokens_per_s = t.tokens_per_step / launched.seconds
+        elapsed = last_read - launched.clock
+        seconds.add_step(elapsed)
+        tokens_per_s = t.tokens_per_step / elapsed
         metrics.append(
             {
                 "step": launched.step + 1,
@@ -483,20 +491,23 @@ def _train(
             loss, grad_norm, lr = engine.step(step, batch)
             if pending is not None:
                 finish(pending)
+                pending = None
+            launched = LaunchedStep(step, t.stages[stage].name, batch, loss, grad_norm, lr, max(began, last_read))
             state.advance()
             telemetry.extend(state.pop_telemetry())
-
-            elapsed = time.perf_counter() - began
-            if profiler is not None:
-                profiler.after(step, elapsed, state.telemetry)
-            seconds.add_step(elapsed)
-            pending = LaunchedStep(step, t.stages[stage].name, batch, loss, grad_norm, lr, elapsed)
-
             done = step + 1
+            checkpoint = done in eval_steps or done % t.resume_every == 0 or done == end_step
+            # read at once: an engine that returned floats has waited already; a checkpoint holds finite
+            # steps only; and before a step that samples a fresh amax, so that a failure's redo
+            # quantizes with the amax the failing step held
+            if not isinstance(loss, torch.Tensor) or checkpoint or any(done % k == 0 for k in sampling):
+                finish(launched)
+            else:
+                pending = launched
+
+            if profiler is not None:
+                profiler.after(step, time.perf_counter() - began, state.telemetry)
             saving = time.perf_counter()
-            if done in eval_steps or done % t.resume_every == 0 or done == end_step:
-                finish(pending)  # a checkpoint holds finite steps only
-                pending = None
             if done in eval_steps:
                 weights = engine.eval_state_dict()
                 if writer:
@@ -549,17 +560,18 @@ def _train(
 
 def _diagnose(engine: Engine, batch: torch.Tensor, step: int, loss: float, grad_norm: float) -> tuple[str, list]:
     """Redo the failing step with telemetry on: (a message naming the operands with the most
-    non-finite and saturated blocks, the step's telemetry rows). The failing step is read after
-    the next has been launched, so the redo runs on the parameters before the failing step (the
-    engine updates none after it) and the quantization state one step on; its rows carry the
-    failing step."""
+    non-finite and saturated blocks, the step's telemetry rows). The step may have been read after
+    the next was launched: the engine then updated no parameter after the failure (the reference
+    engine skips on the device), the loop reads at once before a step that samples a fresh amax,
+    and the quantization state restarts the failing step, so that the redo quantizes as it did."""
     message = (
         f"step {step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
         f"(loss {loss}, grad norm {grad_norm})"
     )
     state = engine.quant_state
     state.pop_telemetry()
+    state.restart_step(step)
     state.telemetry = True
     engine.forward_backward(batch)
-    rows = [{**row, "step": step} for row in state.pop_telemetry()]
+    rows = state.pop_telemetry()
     return message + ("; worst operands: " + _worst_operands(rows) if rows else "; the recipe quantizes nothing"), rows

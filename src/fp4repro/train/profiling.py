@@ -348,10 +348,8 @@ def source(within: tuple[str, ...], depth: int = 3) -> str:
     node, a module label, the optimizer's phase) where the chain is longer; "-" for none."""
     if not within:
         return "-"
-    inner = list(within[:depth])
-    if len(within) > depth:
-        inner += ["…", within[-1]]
-    return " < ".join(inner)
+    shown = within if len(within) <= depth + 1 else (*within[:depth], "…", within[-1])
+    return " < ".join(shown)
 
 
 def split(activities: list[Activity], top: int = 5) -> dict:
