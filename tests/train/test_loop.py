@@ -246,17 +246,18 @@ def test_a_diverged_run_is_kept_as_a_result_with_the_failing_steps_telemetry(pre
     assert pd.read_parquet(ev / "nll.parquet")["step"].nunique() == len(done["checkpoints"])
 
 
-@pytest.mark.parametrize("failing", [3, 49], ids=["plain-step", "before-a-refresh"])
+@pytest.mark.parametrize("failing, resume_every", [(3, (1, 100)), (49, (100,))], ids=["plain-step", "before-a-refresh"])
 def test_a_run_that_reads_each_step_after_launching_the_next_diverges_as_one_that_reads_it_at_once(
-    prepared, tmp_path, monkeypatch, failing
+    prepared, tmp_path, monkeypatch, failing, resume_every
 ):
     # With fused AdamW the reference engine leaves a step's loss and norm on the device and the
     # loop reads them after launching the next step (at once before a checkpoint, and before a
     # step that samples a fresh amax: ue5m3 samples at step 50). One step's loss is made NaN, the
-    # steps after it are finite: a resume checkpoint after every step (every read at once) and
-    # one at the end only (every read one step late) must fail at the same step with the same
-    # tables, the failing step's redo included: the step launched after the failure updates
-    # nothing (AdamW skips it on the device), and the redo quantizes as the failing step did.
+    # steps after it are finite. At a plain step, a resume checkpoint after every step (every
+    # read at once) and one at the end only (every read one step late) must fail at the same step
+    # with the same tables, the failing step's redo included: the step launched after the failure
+    # updates nothing (AdamW skips it on the device). Before a refresh, the redo must quantize in
+    # the failing step's phase with the amax it held, not the one the next step would sample.
     import fp4repro.train.engine as engine_module
 
     study, path, root = prepared
@@ -268,20 +269,21 @@ def test_a_run_that_reads_each_step_after_launching_the_next_diverges_as_one_tha
         return loss * float("nan") if len(calls) == failing + 1 else loss
 
     monkeypatch.setattr(engine_module, "lm_loss", nan_at_the_failing_step)
-    tables = {}
-    for every in (1, 100):
+    tables = []
+    for every in resume_every:
         calls = []
         run_study = study.with_train(fused_kernels=True, resume_every=every, checkpoints=1)
         out = tmp_path / f"every{every}"
         train(run_study, "ue5m3", root / "data", out, device="cpu", progress=False)
         done = json.loads((out / "done.json").read_text())
         metrics = pd.read_parquet(out / "metrics.parquet").drop(columns="tokens_per_s")
-        tables[every] = (done["diverged"], done["steps"], metrics, pd.read_parquet(out / "telemetry.parquet"))
-    (diverged, steps, metrics, telemetry), lagged = tables[1], tables[100]
+        tables.append((done["diverged"], done["steps"], metrics, pd.read_parquet(out / "telemetry.parquet")))
+    (diverged, steps, metrics, telemetry), *lagged = tables
     assert diverged["step"] == failing + 1 and steps == failing
-    assert lagged[0] == diverged and lagged[1] == steps
-    pd.testing.assert_frame_equal(lagged[2], metrics)
-    pd.testing.assert_frame_equal(lagged[3], telemetry)
+    for other in lagged:
+        assert other[0] == diverged and other[1] == steps
+        pd.testing.assert_frame_equal(other[2], metrics)
+        pd.testing.assert_frame_equal(other[3], telemetry)
     rows = telemetry.groupby("step").size()  # the failing step's redo replaces its rows, once
     assert list(rows.index) == list(range(failing + 1)) and rows.nunique() == 1
     assert (telemetry["steps_since_refresh"] == telemetry["step"] % 50).all()  # the redo's phase too
