@@ -21,7 +21,13 @@ def refresh_steps_of(study: Study, recipe: str) -> frozenset[int]:
     return frozenset(refresh_intervals(study.recipe(recipe), study.model))
 
 
+def samples_amax(step: int, refresh_intervals_: frozenset[int] | set[int]) -> bool:
+    """Whether optimizer step ``step`` (0-based) samples a fresh held amax: a multiple of one of
+    the refresh intervals (the amax is sampled at step 0 and every K steps after)."""
+    return any(step % k == 0 for k in refresh_intervals_)
+
+
 def is_telemetry_step(step: int, every: int, refresh_intervals_: frozenset[int] = frozenset()) -> bool:
-    """Whether optimizer step ``step`` (0-based) records telemetry: a multiple of ``every``, or of
-    one of ``refresh_intervals_`` (the amax is sampled at step 0 and every K steps after)."""
-    return step % every == 0 or any(step % k == 0 for k in refresh_intervals_)
+    """Whether optimizer step ``step`` (0-based) records telemetry: a multiple of ``every``, or a
+    step that samples the amax of one of ``refresh_intervals_`` (``samples_amax``)."""
+    return step % every == 0 or samples_amax(step, refresh_intervals_)

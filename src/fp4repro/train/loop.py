@@ -7,8 +7,9 @@ only the step), let the backend's engine (``fp4repro.train.engine``) take one op
 non-finite loss or gradient, advance the quantization state (periodic amax refresh counts
 optimizer steps). An engine may return the step's loss and norm on the device (the reference
 engine with fused AdamW): the loop reads them after launching the next step, so that the host
-queues the next step's kernels while the GPU runs this one instead of waiting for it, and at once
-before a checkpoint, which holds finite steps only. Evaluation checkpoints (model only) land at
+queues the next step's kernels while the GPU runs this one instead of waiting for it; it reads at
+once before a checkpoint (which holds finite steps only) and before a step that samples a fresh
+amax (a failing step is redone with the amax it held). Evaluation checkpoints (model only) land at
 ``checkpoints`` points evenly spaced in tokens (for a seed outside ``eval.curve_seeds`` only the
 last: ``saved_checkpoint_steps``); a rolling resume checkpoint (model, optimizer, quantization
 state, RNG states, step) every ``resume_every`` steps, after the metrics and telemetry of the steps since the last
@@ -62,7 +63,7 @@ from fp4repro.model import deterministic_mamba_ssm
 from fp4repro.model.fit import state_dict_mismatch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json, write_table
-from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of
+from fp4repro.train.cadence import is_telemetry_step, refresh_steps_of, samples_amax
 from fp4repro.train.checkpoint import CheckpointWriter, load_checkpoint, resume_checkpoints
 from fp4repro.train.engine import Engine, ReferenceEngine, StepValue
 from fp4repro.train.lock import run_lock
@@ -449,7 +450,7 @@ def _train(
     )
     pending: LaunchedStep | None = None  # the step launched last: its loss and norm not read yet
     last_read = 0.0  # when the host last read a step (each step's clock starts there or at its launch)
-    sampling = refresh_intervals(recipe, study.model)  # a step at a multiple of one samples a fresh amax
+    sampling = refresh_intervals(recipe, study.model)  # every one the recipe uses (telemetry or not)
 
     def finish(launched: LaunchedStep) -> None:
         """Read a launched step's loss and norm (waiting for its kernels) and record it, with the
@@ -500,7 +501,7 @@ def _train(
             # read at once: an engine that returned floats has waited already; a checkpoint holds finite
             # steps only; and before a step that samples a fresh amax, so that a failure's redo
             # quantizes with the amax the failing step held
-            if not isinstance(loss, torch.Tensor) or checkpoint or any(done % k == 0 for k in sampling):
+            if not isinstance(loss, torch.Tensor) or checkpoint or samples_amax(done, sampling):
                 finish(launched)
             else:
                 pending = launched
