@@ -166,7 +166,10 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
 
     theme()
     heights = (1.0, 0.9, 1.0) if over_time else (1.0, 0.9)
-    fig = plt.figure(figsize=(max(10.0, 3.6 * len(keys)), 4.3 * len(heights)), layout="constrained")
+    # a panel per policy, each with a slot per aggregate whose label ("prose_next_line") takes about
+    # 1.4 in; the legends' column about 2.5
+    fig_width = max(10.0, 3.6 * len(keys), 1.4 * len(keys) * len(policies) + 2.5)
+    fig = plt.figure(figsize=(fig_width, 4.3 * len(heights)), layout="constrained")
     subs = fig.subfigures(len(heights), 1, height_ratios=heights)
     top, middle = subs[0], subs[1]
     bottom = subs[2] if over_time else None
