@@ -1,7 +1,7 @@
 """The megatron model's linears get the recipe of the reference model's linear in the same layer
 (global layer numbers, from 1, against the reference's indices, from 0) and its QuantState key."""
 
-import re
+import dataclasses
 
 import pytest
 
@@ -22,15 +22,17 @@ overrides:
 """
 
 
-# nvfp4: its last layer BF16; overrides: single linears of single layers
+# nvfp4: its last layer BF16; overrides: single linears of single layers; separate: the q/k/v
+# linears of the paper's 8B (one override of qkv_proj names the three)
+@pytest.mark.parametrize("qkv", ["fused", "separate"])
 @pytest.mark.parametrize("name", ["bf16", "nvfp4", "ue5m3", "overrides"])
-def test_each_linear_gets_the_reference_linears_specs_and_key(name, megatron_cpu, tmp_path):
+def test_each_linear_gets_the_reference_linears_specs_and_key(name, qkv, megatron_cpu, tmp_path):
     if name == "overrides":
         (tmp_path / "overrides.yaml").write_text(OVERRIDES)
         recipe = load_recipe(tmp_path / "overrides.yaml")
     else:
         recipe = load_recipe(name)
-    tiny = load_model_config("tiny")
+    tiny = dataclasses.replace(load_model_config("tiny"), qkv=qkv)
     reference = {k: v for k, v in NemotronH(tiny, recipe).describe().items() if k != "lm_head"}
     model = megatron_cpu(tiny)
     state = QuantState()
@@ -48,54 +50,38 @@ def test_each_linear_gets_the_reference_linears_specs_and_key(name, megatron_cpu
         assert not any(k.startswith(f"layers.{tiny.n_layers - 1}.") for k in quantized)
     if name == "overrides":
         assert "layers.1.mixer.fc2" not in quantized and "layers.1.mixer.fc1" in quantized
-        assert (
-            "2048" in got["layers.3.mixer.qkv_proj"]["wgrad.dy"]
-            and "2048" not in got["layers.3.mixer.o_proj"]["wgrad.dy"]
-        )
+        projections = ["qkv_proj"] if qkv == "fused" else ["q_proj", "k_proj", "v_proj"]
+        assert all("2048" in got[f"layers.3.mixer.{p}"]["wgrad.dy"] for p in projections)
+        assert "2048" not in got["layers.3.mixer.o_proj"]["wgrad.dy"]
 
 
-def test_the_quantizable_linears_are_megatrons_parallel_linears(megatron_cpu):
+@pytest.mark.parametrize("qkv", ["fused", "separate"])
+def test_the_quantizable_linears_are_megatrons_parallel_linears(qkv, megatron_cpu):
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    model = megatron_cpu(load_model_config("tiny"))
+    from fp4repro.megatron.linear import SeparateQKVLinear
+
+    model = megatron_cpu(dataclasses.replace(load_model_config("tiny"), qkv=qkv))
     kinds = {name: type(module) for _, name, module in layer_linears(model)}
+    projections = ["linear_qkv"] if qkv == "fused" else ["linear_q", "linear_k", "linear_v"]
     assert kinds == {
         "in_proj": QuantColumnParallelLinear,
         "out_proj": QuantRowParallelLinear,
         "linear_fc1": QuantColumnParallelLinear,
         "linear_fc2": QuantRowParallelLinear,
-        "linear_qkv": QuantColumnParallelLinear,
+        **dict.fromkeys(projections, QuantColumnParallelLinear),
         "linear_proj": QuantRowParallelLinear,
     }
     assert issubclass(QuantColumnParallelLinear, ColumnParallelLinear)
     assert issubclass(QuantRowParallelLinear, RowParallelLinear)
-
-
-def test_the_backend_refuses_separate_q_k_v_naming_what_it_lacks():
-    """megatron-core fuses q/k/v into linear_qkv: the paper's 8B (qkv: separate) is refused in one
-    line, by the model build and by training before it reads any data; NVIDIA's 8B is not."""
-    from dataclasses import replace
-
-    from fp4repro.config.experiment import load_experiment
-    from fp4repro.config.study import load_study
-    from fp4repro.errors import ConfigError
-    from fp4repro.megatron.engine import refuse_here
-    from fp4repro.megatron.model import build_model, lacks
-
-    lacking = "the megatron backend lacks separate q/k/v linears (qkv: separate): megatron-core's attention fuses"
-    assert lacks(load_model_config("nemotron_h_8b")) is None
-    with pytest.raises(ConfigError, match="^" + re.escape(f"model 'nemotron_h_8b_paper': {lacking} them")) as err:
-        build_model(load_model_config("nemotron_h_8b_paper"))
-    assert "\n" not in str(err.value)
-    experiment = replace(load_experiment("paper8b"), model="nemotron_h_8b_paper")  # tensor 2, on megatron
-    refusal = f"{experiment.path}: field 'model': value 'nemotron_h_8b_paper': {lacking}"
-    with pytest.raises(ConfigError, match="^" + re.escape(refusal)):
-        refuse_here(load_study(experiment))
+    attention = model.decoder.layers[3].self_attention
+    assert isinstance(attention.linear_qkv, SeparateQKVLinear) == (qkv == "separate")
 
 
 def test_layer_numbers_map_to_reference_indices_and_keys():
     assert layer_index(1) == 0 and layer_index(52) == 51
     assert quant_key(4, "linear_qkv") == "layers.3.mixer.qkv_proj"
+    assert quant_key(4, "linear_k") == "layers.3.mixer.k_proj"
     assert quant_key(2, "linear_fc2") == "layers.1.mixer.fc2"
     with pytest.raises(ValueError, match="start at 1"):
         layer_index(0)

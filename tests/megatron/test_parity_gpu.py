@@ -5,6 +5,8 @@ of ``fp4repro.megatron.parity`` under autocast, and a transposed weight breaks t
 quantized recipe's first step in FP32 equals the reference's exactly where no quantization
 decision has flipped yet (the last quantized layer), which a recipe attached one layer off breaks."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,8 +24,9 @@ def _tokens(config, seed=1, batch=4, length=128):
     ).cuda()
 
 
-def test_bf16_first_step_agrees_within_rounding_and_a_transposed_weight_breaks_it(megatron_cpu):
-    tiny = load_model_config("tiny")
+@pytest.mark.parametrize("qkv", ["fused", "separate"])
+def test_bf16_first_step_agrees_within_rounding_and_a_misplaced_qkv_weight_breaks_it(qkv, megatron_cpu):
+    tiny = dataclasses.replace(load_model_config("tiny"), qkv=qkv)
     reference, megatron = pair(tiny, load_recipe("bf16"), seed=0)
     tokens = _tokens(tiny)
     fp32 = first_step(reference, megatron, tokens, seed=2, bf16=False)
@@ -33,12 +36,16 @@ def test_bf16_first_step_agrees_within_rounding_and_a_transposed_weight_breaks_i
     bounds = bf16_bounds(tiny.n_layers, bf16["logit_max"])
     assert abs(bf16["loss_difference"]) <= bounds["loss"]
     assert max(bf16["gradient_difference"].values()) <= bounds["gradient"], bf16["gradient_difference"]
-    # the fused QKV weight loaded in the reference's row order, not megatron's grouping
+    # fused: the QKV weight loaded in the reference's row order, not megatron's grouping;
+    # separate: the key and value weights swapped
     state = to_megatron(reference.state_dict(), tiny)
     i = tiny.layer_types.index("attention")
-    state[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = reference.state_dict()[
-        f"layers.{i}.mixer.qkv_proj.weight"
-    ]
+    attention = f"decoder.layers.{i}.self_attention.linear_qkv"
+    if qkv == "fused":
+        state[f"{attention}.weight"] = reference.state_dict()[f"layers.{i}.mixer.qkv_proj.weight"]
+    else:
+        key, value = f"{attention}.linear_k.weight", f"{attention}.linear_v.weight"
+        state[key], state[value] = state[value], state[key]
     megatron.load_state_dict(state, strict=True)
     broken = first_step(reference, megatron, tokens, seed=2, bf16=True)
     assert max(linear_gradients(broken["gradient_difference"]).values()) > bounds["gradient"]

@@ -3,7 +3,7 @@
 the group each half's quantized operand is bit for bit the same half of the whole tensor's, with
 each shard's own amax (tp_amax: local) it is not. And megatron's quantized MLP pair at tensor
 size 2 computes the tensor-size-1 reference MLP, its split operands reducing amaxes over the group,
-with sequence parallelism too."""
+with sequence parallelism too; so does its attention with the paper's separate q/k/v linears."""
 
 import contextlib
 
@@ -100,9 +100,23 @@ def _rne(specs):
     return dataclasses.replace(specs, **rne, gemm=GemmModel("fp32"))
 
 
-def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
-    from cpu_build import build_on, cpu_adaptations
+@contextlib.contextmanager
+def _megatron_tensor_size_2(rank: int, init: str):
+    """This worker as rank ``rank`` of megatron's tensor group of two (gloo, CPU builds) for the
+    block's duration."""
+    from cpu_build import cpu_adaptations
     from megatron.core import parallel_state, tensor_parallel
+
+    with _gloo(rank, init), contextlib.ExitStack() as teardown:
+        teardown.callback(parallel_state.destroy_model_parallel)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+        tensor_parallel.model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
+        cpu_adaptations()
+        yield
+
+
+def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
+    from cpu_build import build_on
 
     from fp4repro.config.model import ModelConfig
     from fp4repro.config.parallel import ParallelConfig
@@ -110,11 +124,7 @@ def _mlp_at_tensor_size_2(rank: int, init: str, out: str) -> None:
     from fp4repro.megatron.model import transformer_config
     from fp4repro.quant.state import QuantState
 
-    with _gloo(rank, init), contextlib.ExitStack() as teardown:
-        teardown.callback(parallel_state.destroy_model_parallel)
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-        tensor_parallel.model_parallel_cuda_manual_seed(0, inference_rng_tracker=True)
-        cpu_adaptations()
+    with _megatron_tensor_size_2(rank, init):
         from megatron.core.transformer.mlp import MLP, MLPSubmodules
 
         from fp4repro.megatron.linear import QuantColumnParallelLinear, QuantRowParallelLinear
@@ -233,6 +243,113 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path)
     assert local["groups"] == [] and local["groups_fc2"] == []
     # each shard scaled by its own amax (tp_amax: local): other operands, other numbers
     assert not torch.allclose(local["y"], y, rtol=1e-5, atol=1e-6)
+
+
+ATTENTION_MODEL = dict(MLP_MODEL, name="attention", pattern="*", qkv="separate")  # 4 heads in 2 KV groups
+
+
+def _attention_inputs():
+    g = torch.Generator().manual_seed(13)
+    q, k, v, o = (torch.randn(rows, 64, generator=g) * 0.1 for rows in (64, 32, 32, 64))
+    x, dy = torch.randn(2, 32, 64, generator=g), torch.randn(2, 32, 64, generator=g)
+    return {"q_proj": q, "k_proj": k, "v_proj": v, "o_proj": o}, x, dy
+
+
+def _attention_at_tensor_size_2(rank: int, init: str, out: str) -> None:
+    from cpu_build import build_on
+    from megatron.core.transformer.spec_utils import build_module
+
+    from fp4repro.config.model import ModelConfig
+    from fp4repro.config.parallel import ParallelConfig
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.megatron.model import linear_shards, stack_spec, transformer_config
+    from fp4repro.megatron.names import LINEAR_NAMES, MIXER_PATHS
+    from fp4repro.megatron.shard import shard
+    from fp4repro.quant.state import QuantState
+
+    with _megatron_tensor_size_2(rank, init):
+        config = ModelConfig(**ATTENTION_MODEL)
+        spec = stack_spec(config).submodules.attention_layer.submodules.self_attention
+        with build_on("cpu"):
+            tc = transformer_config(config, ParallelConfig(tensor=2, sequence_parallel=True), cpu_initialization=True)
+            attention = build_module(spec, config=tc, layer_number=1)
+        weights, x, dy = _attention_inputs()
+        linears = {
+            "q_proj": attention.linear_qkv.linear_q,
+            "k_proj": attention.linear_qkv.linear_k,
+            "v_proj": attention.linear_qkv.linear_v,
+            "o_proj": attention.linear_proj,
+        }
+        recipe, state = load_recipe("nvfp4"), QuantState()
+        # this rank's part of each weight as a run cuts it from the whole state dict (q/k/v: its
+        # half of the heads' rows, o_proj: their columns)
+        key = {v: f"decoder.layers.0.self_attention.{MIXER_PATHS[k]}.weight" for k, v in LINEAR_NAMES.items()}
+        parts = shard({key[name]: w for name, w in weights.items()}, config, 2, rank)
+        with torch.no_grad():
+            for name, module in linears.items():
+                module.weight.copy_(parts[key[name]])
+        for name, module in linears.items():
+            specs = _rne(recipe.linear_specs(0, 4, linear=name))
+            module.attach(specs, state, name, linear_shards(module, specs, config, name, "group"))
+        part = slice(rank * 16, (rank + 1) * 16)  # sequence parallelism: this rank's half of the sequence
+        xs = x.transpose(0, 1)[part].clone().requires_grad_()
+        with build_on("cpu"):
+            y, _ = attention(xs, attention_mask=None)
+            y.backward(dy.transpose(0, 1)[part])
+        torch.save(
+            {
+                "y": y.detach().transpose(0, 1),
+                "dx": xs.grad.transpose(0, 1),
+                **{f"d{name}": module.weight.grad.clone() for name, module in linears.items()},
+            },
+            f"{out}.{rank}",
+        )
+
+
+def test_megatrons_attention_with_separate_q_k_v_at_tensor_size_2_is_the_references(tmp_path):
+    # each rank holds half of the query heads and the KV heads of their groups; the three outputs
+    # must reach megatron's attention in its fused layout, grouped by KV head
+    import torch.multiprocessing as mp
+
+    from fp4repro.config.model import ModelConfig
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.model.layers import CausalSelfAttention
+    from fp4repro.quant.linear import QuantLinear
+
+    out = str(tmp_path / "attention")
+    mp.start_processes(
+        _attention_at_tensor_size_2,
+        args=(f"file://{tmp_path}/rendezvous", out),
+        nprocs=2,
+        start_method="spawn",
+        join=True,
+    )
+    ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
+    weights, x, dy = _attention_inputs()
+    recipe = load_recipe("nvfp4")
+    reference = CausalSelfAttention(
+        ModelConfig(**ATTENTION_MODEL),
+        lambda i, o, name: QuantLinear(i, o, specs=_rne(recipe.linear_specs(0, 4, linear=name)), name=name),
+    )
+    with torch.no_grad():
+        for name, w in weights.items():
+            getattr(reference, name).weight.copy_(w)
+    xr = x.clone().requires_grad_()
+    y = reference(xr)
+    y.backward(dy)
+    got = {
+        "y": torch.cat([r["y"] for r in ranks], dim=1),
+        "dx": torch.cat([r["dx"] for r in ranks], dim=1),
+        **{f"d{name}": torch.cat([r[f"d{name}"] for r in ranks]) for name in ("q_proj", "k_proj", "v_proj")},
+        "do_proj": torch.cat([r["do_proj"] for r in ranks], dim=1),
+    }
+    want = {"y": y, "dx": xr.grad, **{f"d{name}": getattr(reference, name).weight.grad for name in weights}}
+    # every quantized operand is the reference's: what differs is the order of FP32 sums
+    for key, value in want.items():
+        assert got[key].shape == value.shape and torch.allclose(got[key], value, rtol=1e-5, atol=1e-6), (
+            key,
+            (got[key] - value).abs().max(),
+        )
 
 
 def _refresh(rank: int, init: str, out: str) -> None:

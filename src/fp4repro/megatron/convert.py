@@ -12,6 +12,8 @@ model (tensor and pipeline size 1); a tensor-parallel rank's part of megatron's 
     layers.i.mixer.<mamba parameter>        decoder.layers.i.mixer.<same name>   (in_proj, conv1d, dt_bias,
                                                                                   A_log, D, norm, out_proj)
     layers.i.mixer.qkv_proj.weight          decoder.layers.i.self_attention.linear_qkv.weight   (rows permuted)
+    layers.i.mixer.q_proj/k_proj/v_proj     decoder.layers.i.self_attention.linear_qkv.linear_q/linear_k/linear_v
+      .weight (qkv: separate)                 .weight
     layers.i.mixer.o_proj.weight            decoder.layers.i.self_attention.linear_proj.weight
     layers.i.mixer.fc1/fc2.weight           decoder.layers.i.mlp.linear_fc1/linear_fc2.weight
     final_norm.weight                       decoder.final_norm.weight
@@ -30,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from fp4repro.config.model import ModelConfig
-from fp4repro.megatron.names import LAYER_MIXERS, LAYER_NORMS, LINEAR_NAMES
+from fp4repro.megatron.names import LAYER_MIXERS, LAYER_NORMS, LINEAR_NAMES, MIXER_PATHS
 
 MAMBA_PARAMETERS = (
     "in_proj.weight",
@@ -55,7 +57,7 @@ def key_map(config: ModelConfig) -> dict[str, str]:
         "final_norm.weight": "decoder.final_norm.weight",
         "lm_head.weight": "output_layer.weight",
     }
-    to_reference = {v: k for k, v in LINEAR_NAMES.items()}
+    megatron_name = {v: k for k, v in LINEAR_NAMES.items()}
     for i, layer_type in enumerate(config.layer_types):
         ours, theirs = f"layers.{i}", f"decoder.layers.{i}"
         keys[f"{ours}.norm.weight"] = f"{theirs}.{LAYER_NORMS[layer_type]}.weight"
@@ -64,7 +66,7 @@ def key_map(config: ModelConfig) -> dict[str, str]:
             keys.update({f"{ours}.mixer.{p}": f"{mixer}.{p}" for p in MAMBA_PARAMETERS})
         else:
             for linear in config.layer_linears[i]:
-                keys[f"{ours}.mixer.{linear}.weight"] = f"{mixer}.{to_reference[linear]}.weight"
+                keys[f"{ours}.mixer.{linear}.weight"] = f"{mixer}.{MIXER_PATHS[megatron_name[linear]]}.weight"
     return keys
 
 

@@ -47,7 +47,7 @@ from fp4repro.errors import ConfigError, FP4ReproError
 from fp4repro.megatron import resume
 from fp4repro.megatron.convert import from_megatron, to_megatron
 from fp4repro.megatron.distributed import initialize
-from fp4repro.megatron.model import attach_recipe, build_model, lacks
+from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
 from fp4repro.model import NemotronH, compile_norms, deterministic_mamba_ssm
@@ -59,17 +59,14 @@ OPTIMIZER_CHECKPOINT = {"distrib_optim_sharding_type": "fully_reshardable", "cha
 
 
 def refuse_here(study: Study) -> None:
-    """An error when this backend cannot train the study here: pipeline stages (not yet), a model
-    with separate q/k/v linears (``lacks``) or no CUDA device. The loop asks before it reads
-    any data; the engine asks again when it is built."""
+    """An error when this backend cannot train the study here: pipeline stages (not yet) or no
+    CUDA device. The loop asks before it reads any data; the engine asks again when it is built."""
     exp = study.experiment
     if exp.parallel.pipeline != 1:
         raise ConfigError(
             f"{exp.path}: field 'parallel.pipeline': value {exp.parallel.pipeline}: training through "
             "megatron-core runs without pipeline parallelism for now (1)"
         )
-    if (lacking := lacks(study.model)) is not None:
-        raise ConfigError(f"{exp.path}: field 'model': value {exp.model!r}: {lacking}")
     if not torch.cuda.is_available():
         raise FP4ReproError(
             f"{exp.path}: backend megatron trains on CUDA GPUs (megatron-core's DDP and "

@@ -30,6 +30,7 @@ from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
 )
+from megatron.core.transformer.module import MegatronModule
 
 from fp4repro.config.spec import LinearSpecs
 from fp4repro.model.head_gemm import fp32_head_linear
@@ -117,6 +118,76 @@ class QuantColumnParallelLinear(_Quantized, ColumnParallelLinear):
 
 class QuantRowParallelLinear(_Quantized, RowParallelLinear):
     SPLIT_DIM = "K"  # input features: W's and X's columns
+
+
+class SeparateQKVLinear(MegatronModule):
+    """megatron-core's ``linear_qkv`` as three column-parallel linears, ``linear_q``, ``linear_k``
+    and ``linear_v`` (a model's ``qkv: separate``, the paper's authors' attention): each
+    quantizes its GEMMs with its own specs, amax and ``QuantState`` key, as the reference's
+    ``q_proj``, ``k_proj`` and ``v_proj``. ``SelfAttention`` builds it where it builds
+    ``linear_qkv`` (the same arguments) and reads its output as that of the fused projection, so
+    the three outputs are laid out as megatron's fused one (``get_query_key_value_tensors``):
+
+        [s, b, G·(r + 2)·d] = per KV group g of this rank: [Q_g (its r query heads) | K_g | V_g]
+
+    with G the rank's KV groups, r = heads / KV heads. Tensor parallelism splits each linear's
+    output features by whole heads (``fp4repro.config.shards``), rank t holding query heads
+    t·H/T … and KV heads t·G/T …: the query heads of its own groups, so the rank's groups stay
+    whole. With sequence parallelism each linear gathers the sequence for itself."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        config,
+        init_method,
+        gather_output: bool,
+        bias: bool,
+        skip_bias_add: bool,
+        is_expert: bool,
+        tp_comm_buffer_name: str | None = None,
+        tp_group=None,
+    ):
+        super().__init__(config=config)
+        heads, groups, self.head_dim = config.num_attention_heads, config.num_query_groups, config.kv_channels
+        if output_size != (heads + 2 * groups) * self.head_dim:
+            raise ValueError(
+                f"linear_qkv of {output_size} outputs: separate q/k/v make (heads {heads} + 2 x KV heads "
+                f"{groups}) x head dim {self.head_dim} (no output gate)"
+            )
+        self.queries_per_group = heads // groups
+        for name, size in (("linear_q", heads), ("linear_k", groups), ("linear_v", groups)):
+            linear = QuantColumnParallelLinear(
+                input_size,
+                size * self.head_dim,
+                config=config,
+                init_method=init_method,
+                gather_output=gather_output,
+                bias=bias,
+                skip_bias_add=skip_bias_add,
+                is_expert=is_expert,
+                tp_group=tp_group,
+            )
+            self.add_module(name, linear)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """(the fused projection's output, no bias: the three add theirs, if any)."""
+        d = self.head_dim
+        q, k, v = (linear(hidden_states)[0] for linear in (self.linear_q, self.linear_k, self.linear_v))
+        groups = k.shape[-1] // d
+        grouped = torch.cat(
+            [
+                q.unflatten(-1, (groups, self.queries_per_group * d)),
+                k.unflatten(-1, (groups, d)),
+                v.unflatten(-1, (groups, d)),
+            ],
+            dim=-1,
+        )
+        return grouped.flatten(-2), None
+
+    def backward_dw(self) -> None:
+        """Nothing deferred: the three compute their weight gradients in the backward pass."""
 
 
 class FP32OutputColumnParallelLinear(ColumnParallelLinear):

@@ -24,7 +24,6 @@ from fp4repro.config.model import ModelConfig
 from fp4repro.config.parallel import ParallelConfig
 from fp4repro.config.recipe import Recipe
 from fp4repro.config.shards import ALONG, split_index
-from fp4repro.errors import ConfigError
 from fp4repro.kernels import shard_place
 from fp4repro.megatron.names import LINEAR_NAMES, layer_index, quant_key
 from fp4repro.model._mamba_ssm import prepare_mamba_ssm_import
@@ -54,6 +53,7 @@ from fp4repro.megatron.linear import (  # noqa: E402
     FP32OutputColumnParallelLinear,
     QuantColumnParallelLinear,
     QuantRowParallelLinear,
+    SeparateQKVLinear,
 )
 from fp4repro.megatron.norm import RMSNorm  # noqa: E402
 
@@ -79,7 +79,9 @@ def stack_spec(model: ModelConfig) -> ModuleSpec:
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.causal},
         submodules=SelfAttentionSubmodules(
-            linear_qkv=QuantColumnParallelLinear, core_attention=SDPAttention, linear_proj=QuantRowParallelLinear
+            linear_qkv=SeparateQKVLinear if model.qkv == "separate" else QuantColumnParallelLinear,
+            core_attention=SDPAttention,
+            linear_proj=QuantRowParallelLinear,
         ),
     )
     mlp = ModuleSpec(
@@ -104,18 +106,6 @@ def stack_spec(model: ModelConfig) -> ModuleSpec:
             ),
         ),
     )
-
-
-def lacks(model: ModelConfig) -> str | None:
-    """What this backend lacks to build ``model`` (None: nothing): separate query, key and value
-    linears (``qkv: separate``), which megatron-core's ``SelfAttention`` fuses into one
-    ``linear_qkv`` (one amax for the three)."""
-    if model.qkv != "fused":
-        return (
-            f"the megatron backend lacks separate q/k/v linears (qkv: {model.qkv}): megatron-core's attention "
-            "fuses them into one linear_qkv, one amax for the three (the reference backend builds them)"
-        )
-    return None
 
 
 def transformer_config(
@@ -175,8 +165,6 @@ def build_model(
     on this process's share of ``parallel`` (megatron's parallel state must be initialized)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    if (lacking := lacks(model)) is not None:
-        raise ConfigError(f"model {model.name!r}: {lacking}")
     built = MambaModel(
         config=transformer_config(model, parallel, params_dtype, cpu_initialization),
         mamba_stack_spec=stack_spec(model),

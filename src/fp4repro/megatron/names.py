@@ -15,10 +15,18 @@ LINEAR_NAMES = {
     "in_proj": "in_proj",
     "out_proj": "out_proj",  # Mamba mixer
     "linear_qkv": "qkv_proj",
+    "linear_q": "q_proj",  # a model's separate query, key and value linears: inside linear_qkv
+    "linear_k": "k_proj",  # (fp4repro.megatron.linear.SeparateQKVLinear)
+    "linear_v": "v_proj",
     "linear_proj": "o_proj",  # self-attention
     "linear_fc1": "fc1",
     "linear_fc2": "fc2",
 }  # MLP
+
+# where each megatron linear sits in its layer's mixer module (the separate q/k/v inside linear_qkv)
+MIXER_PATHS = {
+    name: f"linear_qkv.{name}" if name in ("linear_q", "linear_k", "linear_v") else name for name in LINEAR_NAMES
+}
 
 # the pre-norm of each layer type in megatron's layers (the reference calls every one ``norm``)
 LAYER_NORMS = {"mamba": "norm", "attention": "input_layernorm", "mlp": "pre_mlp_layernorm"}

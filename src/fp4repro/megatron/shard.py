@@ -12,6 +12,8 @@ What megatron-core splits, and along which dimension (its checkpoints' layout, `
     mixer.norm.weight                                         d_inner
     mixer.out_proj.weight                                     columns (d_inner)
     self_attention.linear_qkv.weight                          rows: whole KV groups
+    self_attention.linear_qkv.linear_q/linear_k/linear_v      rows: whole query heads / KV heads
+      .weight (separate q/k/v)
     self_attention.linear_proj.weight                         columns (heads)
     mlp.linear_fc1.weight / mlp.linear_fc2.weight             rows / columns (the MLP width)
     the norms of the layers and the final norm                not split: every rank holds them whole
