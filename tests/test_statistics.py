@@ -124,3 +124,19 @@ def test_seeds_that_agree_exactly_leave_the_items_noise_as_a_normal_interval():
     assert (k.low, k.high) == (pytest.approx(-0.015 - 1.959963984540054 * 0.01), pytest.approx(-0.015 + 0.0195996398))
     with pytest.raises(ValueError, match="at least 2 seeds"):
         seeds_and_items([0.01], items)
+
+
+def test_a_seed_level_mde_projects_to_more_seeds_from_the_spread_measured():
+    k = seed_level([0.0, 0.02, -0.02])  # sd 0.02
+    assert k.mde_at(3) == pytest.approx(k.mde)  # its own seeds: its own MDE
+    # 8 seeds: (t_{0.975, 7} + t_{0.80, 7}) · 0.02 / √8 = (2.364624 + 0.896030) · 0.00707107
+    assert k.mde_at(8) == pytest.approx(0.0230563, abs=1e-6)
+    # the items' noise does not average away over seeds: with many seeds the MDE tends to the
+    # normal quantiles' (1.959964 + 0.841621) times the items' standard error
+    items = Comparison(0.0, -0.02, 0.02, 0.01, "bootstrap", 100, 0.03)
+    both = seeds_and_items([0.0, 0.02, -0.02], items)
+    assert both.mde_at(3) == pytest.approx(both.mde)
+    assert both.mde_at(10**7) == pytest.approx(2.801585 * 0.01, rel=1e-3)
+    assert items.mde_at(8) is None  # a test over items, not seeds, projects nothing
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        k.mde_at(1)

@@ -25,7 +25,10 @@ d_u = recipe_u − baseline_u and gives a 95% interval for their mean:
 
 The minimum detectable effect (MDE) of a test is the true difference it detects with 80% power at
 the 5% level: (q_{0.975} + q_{0.80}) · SE with the test's quantiles (for the bootstrap, SE is the
-bootstrap standard deviation and the normal quantiles are used).
+bootstrap standard deviation and the normal quantiles are used). A seed-level test also projects
+its MDE to N seeds from the spread it measured (``Comparison.mde_at``): SE² = sd²/N + SE_items²
+(the items' term does not shrink with seeds), degrees of freedom as above with N − 1; an estimate
+that is only as good as sd from the seeds so far.
 
 A verdict reads the interval against the paper's direction (``expect``: lower | higher):
 "reproduced" when it lies wholly on the paper's side of 0, "opposite direction" when the point
@@ -64,6 +67,17 @@ class Comparison:
     test: str
     units: int
     mde: float
+    seed_sd: float | None = None  # seed-level tests: the per-seed differences' standard deviation
+    items_stderr: float = 0.0  # seeds_and_items: the items' standard error, shared by the seeds
+
+    def mde_at(self, seeds: int) -> float | None:
+        """The MDE this seed-level test would have over ``seeds`` seeds (>= 2) with the spread it
+        measured (module docstring); None for a test that is not over seeds."""
+        if self.seed_sd is None:
+            return None
+        if seeds < 2:
+            raise ValueError(f"a seed-level test needs at least 2 seeds, got {seeds}")
+        return _welch(self.seed_sd**2, seeds, self.items_stderr**2)[1]
 
     def verdict(self, expect: str, capped: bool = False) -> str:
         """The verdict against the paper's direction (``expect``: lower | higher); ``capped``:
@@ -79,10 +93,20 @@ class Comparison:
         return SUGGESTIVE if capped else REPRODUCED
 
 
-def _t_interval(mean: float, se: float, df: float, units: int, test: str) -> Comparison:
+def _t_interval(mean: float, se: float, df: float, units: int, test: str, **spread) -> Comparison:
     q = float(stats.t.ppf(0.5 + LEVEL / 2, df))
     mde = (q + float(stats.t.ppf(POWER, df))) * se
-    return Comparison(mean, mean - q * se, mean + q * se, se, test, units, mde)
+    return Comparison(mean, mean - q * se, mean + q * se, se, test, units, mde, **spread)
+
+
+def _welch(seed_var: float, n: int, items_var: float) -> tuple[float, float, float]:
+    """(SE, MDE, degrees of freedom) of n seeds' mean difference whose per-seed variance is
+    ``seed_var``, widened by the items' variance ``items_var`` (``seeds_and_items``)."""
+    seeds_var = seed_var / n
+    total = seeds_var + items_var
+    df = total**2 * (n - 1) / seeds_var**2 if seeds_var > 0 else math.inf
+    se = math.sqrt(total)
+    return se, (float(stats.t.ppf(0.5 + LEVEL / 2, df)) + float(stats.t.ppf(POWER, df))) * se, df
 
 
 def seed_level(differences) -> Comparison:
@@ -90,8 +114,9 @@ def seed_level(differences) -> Comparison:
     d = np.asarray(differences, dtype=np.float64)
     if len(d) < 2:
         raise ValueError(f"a seed-level test needs at least 2 seeds, got {len(d)}")
+    sd = float(d.std(ddof=1))
     return _t_interval(
-        float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d))), len(d) - 1, len(d), f"paired t over {len(d)} seeds"
+        float(d.mean()), sd / math.sqrt(len(d)), len(d) - 1, len(d), f"paired t over {len(d)} seeds", seed_sd=sd
     )
 
 
@@ -101,11 +126,9 @@ def seeds_and_items(differences, items: Comparison) -> Comparison:
     d = np.asarray(differences, dtype=np.float64)
     if len(d) < 2:
         raise ValueError(f"a seed-level test needs at least 2 seeds, got {len(d)}")
-    seeds_var, items_var = float(d.var(ddof=1)) / len(d), items.stderr**2
-    total = seeds_var + items_var
-    df = total**2 * (len(d) - 1) / seeds_var**2 if seeds_var > 0 else math.inf
+    se, _, df = _welch(float(d.var(ddof=1)), len(d), items.stderr**2)
     test = f"paired t over {len(d)} seeds, with the noise of the {items.test}"
-    return _t_interval(float(d.mean()), math.sqrt(total), df, len(d), test)
+    return _t_interval(float(d.mean()), se, df, len(d), test, seed_sd=float(d.std(ddof=1)), items_stderr=items.stderr)
 
 
 def batch_count(n: int) -> int:

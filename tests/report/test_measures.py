@@ -53,6 +53,24 @@ def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
     )
 
 
+def test_while_the_plans_seeds_are_not_all_made_the_mde_is_projected_to_them(tmp_path):
+    from fp4repro.report.rendering import mde_text
+
+    results = tmp_path / "results"
+    for seed in (0, 1, 2):
+        write_run(results, "nvfp4", seed)
+        write_run(results, "ue5m3", seed, loss=-0.1)
+    claim = claims_by_id()["final_loss"]
+    runs = {"nvfp4": (0, 1, 2), "ue5m3": (0, 1, 2)}
+    plan = {"nvfp4": tuple(range(8)), "ue5m3": tuple(range(8))}
+    (row,) = measure(claim, results / "tiny", runs, ClaimPolicies.same(claim), BLEND, planned=plan)
+    k = row.comparison
+    assert row.planned_seeds == 8 and k.mde_at(8) < k.mde
+    assert mde_text(row) == f"{k.mde:.4f}; 8 seeds: ~{k.mde_at(8):.4f}"
+    (done,) = measure(claim, results / "tiny", runs, ClaimPolicies.same(claim), BLEND, planned=runs)
+    assert done.planned_seeds == 0 and mde_text(done) == f"{k.mde:.4f}"
+
+
 def test_one_seed_loss_in_the_other_direction(tmp_path):
     row = one_seed(tmp_path, "final_loss", loss=+0.05)
     assert row.verdict == OPPOSITE

@@ -140,6 +140,7 @@ class Row:
     comparison: Comparison | None = None
     capped: bool = False  # one seed on an outcome of training: at most suggestive
     note: str = ""  # what was compared, or why it was not
+    planned_seeds: int = 0  # the plan's paired seeds, where more than the row's: its MDE is projected to them
 
     @property
     def measured(self) -> bool:

@@ -347,6 +347,13 @@ def measure(
     pair = (claim.recipe, claim.baseline)
     of_plan = shared_seeds(planned, pair) if planned and all(r in planned for r in pair) else ()
     return [
-        replace(row, capped=len(seeds) == 1, note=f"{row.note}, {seeds_text(seeds, of_plan)}") if row.measured else row
+        replace(
+            row,
+            capped=len(seeds) == 1,
+            note=f"{row.note}, {seeds_text(seeds, of_plan)}",
+            planned_seeds=len(of_plan) if len(of_plan) > len(seeds) else 0,
+        )
+        if row.measured
+        else row
         for row in rows
     ]

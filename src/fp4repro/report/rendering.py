@@ -44,6 +44,14 @@ def _signed(row: Row, value: float) -> str:
     return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
 
 
+def mde_text(row: Row) -> str:
+    """A measured row's MDE, and where the plan pairs more seeds than it has, the MDE projected to
+    them from the seed spread so far ("0.0627; 8 seeds: ~0.0231")."""
+    k = row.comparison
+    projected = k.mde_at(row.planned_seeds) if row.planned_seeds else None
+    return _fmt(row, k.mde) + ("" if projected is None else f"; {row.planned_seeds} seeds: ~{_fmt(row, projected)}")
+
+
 def difference_text(row: Row) -> str:
     """A measured row's difference with its 95% interval, as the report's table gives it."""
     k = row.comparison
@@ -112,7 +120,9 @@ def render(
         *measured_where(claims_of(rows), paper.get("artifact")),
         "- **Reading it:** *difference* is recipe − baseline on paired units (the same seeds, batches, "
         "documents, items) with its 95% interval; *MDE* is the smallest true difference the test would "
-        "detect (80% power, 5% level). *reproduced*: the interval lies wholly on the paper's side of 0; "
+        "detect (80% power, 5% level), and while the plan's seeds are not all made, the MDE they would "
+        "give with the seed spread measured so far (*N seeds: ~*). *reproduced*: the interval lies "
+        "wholly on the paper's side of 0; "
         "*same direction, within noise*: the paper's sign but an interval that includes 0; *opposite "
         "direction*: the other sign; *suggestive*: beyond the test's noise, but one seed cannot tell a "
         "recipe's effect on training from the seed's. A direction at a scale this far below the paper's "
@@ -139,7 +149,7 @@ def render(
         k = row.comparison
         lines.append(
             f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {_fmt(row, row.recipe_value)} / "
-            f"{_fmt(row, row.baseline_value)} | {difference_text(row)} | {k.test} | {_fmt(row, k.mde)} | "
+            f"{_fmt(row, row.baseline_value)} | {difference_text(row)} | {k.test} | {mde_text(row)} | "
             f"**{row.verdict}** |"
         )
     lines += list(scale_note)
