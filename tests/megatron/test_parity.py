@@ -1,5 +1,5 @@
 """The parity measurement's arithmetic and table on recorded numbers (the measurement itself needs
-a GPU: test_parity_gpu.py)."""
+a GPU: test_parity_gpu.py), and its first step on a CPU for a model without Mamba layers."""
 
 import pytest
 
@@ -183,3 +183,41 @@ def test_the_bf16_effect_compares_the_reference_under_autocast_with_itself_in_fp
     lin = linear_gradients(first["gradient_difference"])
     assert min(lin.values()) > 1e-3 and first["loss_difference"] != 0.0
     assert bf16_effect(reference, tokens, seed=1) == first
+
+
+@pytest.mark.parametrize("qkv", ["fused", "separate"])
+def test_a_model_without_mamba_takes_the_references_first_fp32_step_on_a_cpu(qkv, megatron_cpu):
+    """megatron-core's Mamba mixer needs mamba-ssm's GPU kernels, its attention and MLP do not: a
+    model of attention and MLP layers runs whole on a CPU, fused or separate q/k/v. In FP32 its
+    loss is the reference's and its weight gradients agree to FP32 rounding; the key and value
+    weights swapped break that."""
+    import dataclasses
+
+    import torch
+
+    from fp4repro.config.model import load_model_config
+    from fp4repro.config.recipe import load_recipe
+    from fp4repro.megatron.convert import to_megatron
+    from fp4repro.megatron.parity import first_step
+    from fp4repro.model import NemotronH
+
+    config = dataclasses.replace(load_model_config("tiny"), pattern="-*-", qkv=qkv)
+    torch.manual_seed(0)
+    reference = NemotronH(config, load_recipe("bf16"))
+    megatron = megatron_cpu(config)
+    state = to_megatron(reference.state_dict(), config)
+    megatron.load_state_dict(state, strict=True)
+    tokens = torch.randint(0, config.vocab_size, (2, 65), generator=torch.Generator().manual_seed(1))
+    step = first_step(reference, megatron, tokens, seed=2, bf16=False)
+    assert abs(step["loss_difference"]) <= 1e-6 * step["loss_reference"]
+    assert max(linear_gradients(step["gradient_difference"]).values()) <= 1e-5
+    attention = "decoder.layers.1.self_attention.linear_qkv"
+    if qkv == "fused":  # the K rows of every group in the V rows' place
+        w = state[f"{attention}.weight"].unflatten(0, (config.attn_kv_heads, -1, config.attn_head_dim))
+        state[f"{attention}.weight"] = w[:, [0, 1, 3, 2]].flatten(0, 2)  # r = 2 query heads per group
+    else:
+        key, value = f"{attention}.linear_k.weight", f"{attention}.linear_v.weight"
+        state[key], state[value] = state[value], state[key]
+    megatron.load_state_dict(state, strict=True)
+    swapped = first_step(reference, megatron, tokens, seed=2, bf16=False)
+    assert max(linear_gradients(swapped["gradient_difference"]).values()) > 0.1
