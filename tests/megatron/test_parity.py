@@ -142,6 +142,13 @@ def test_loss_curves_compare_megatron_with_three_times_the_larger_reference_drif
     outside = compare(curves)
     assert not outside["within"]
     assert table_row({"recipe": "ue5m3", **outside}).endswith("NO")
+    # a curve that diverges after its first step is outside whichever curve it is (Python's max
+    # would pass over a NaN that is not first)
+    for name in ("megatron", "again", "reference"):
+        diverged = {k: list(v) for k, v in curves.items()} | {"megatron": [5.0, 4.03, 3.05]}
+        diverged[name][2] = float("nan")
+        got = compare(diverged)
+        assert not got["within"] and (got["max_difference"]["megatron"] == float("inf") or name != "megatron"), name
 
 
 def test_the_yardstick_leaves_the_references_stochastic_rounding_draws_alone():

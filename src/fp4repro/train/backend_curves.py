@@ -14,11 +14,14 @@ schedule and AdamW:
     megatron    the megatron engine (``fp4repro.megatron.engine.MegatronEngine``)
 
 The comparison: max over steps of |megatron − reference| against 3× the larger of the two
-yardsticks' max |· − reference|.
+yardsticks' max |· − reference|. A non-finite loss in any curve makes its gap infinite and the
+comparison fail (the reference engine with fused AdamW skips every update after one: its failure
+flag stays set, as a training run stops there).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -82,12 +85,15 @@ def compare(curves: dict[str, list[float]]) -> dict:
     """max over steps of |curve − reference| for each other curve; the band (``FACTOR`` × the larger
     of the two yardsticks'), and whether the megatron curve is within it."""
     ref = curves["reference"]
-    gap = {
-        name: max(abs(a - b) for a, b in zip(curves[name], ref, strict=True))
-        for name in ("again", "yardstick", "megatron")
-    }
+
+    def max_gap(curve: list[float]) -> float:
+        gaps = [abs(a - b) for a, b in zip(curve, ref, strict=True)]
+        # Python's max passes over a NaN that is not first: a diverged curve would look close
+        return max(gaps) if all(math.isfinite(g) for g in gaps) else math.inf
+
+    gap = {name: max_gap(curves[name]) for name in ("again", "yardstick", "megatron")}
     band = FACTOR * max(gap["again"], gap["yardstick"])
-    return {"max_difference": gap, "band": band, "within": gap["megatron"] <= band}
+    return {"max_difference": gap, "band": band, "within": math.isfinite(band) and gap["megatron"] <= band}
 
 
 def table_header(study: Study, steps: int) -> str:
