@@ -245,7 +245,11 @@ def test_megatrons_quantized_mlp_at_tensor_size_2_is_the_reference_mlp(tmp_path)
     assert not torch.allclose(local["y"], y, rtol=1e-5, atol=1e-6)
 
 
-ATTENTION_MODEL = dict(MLP_MODEL, name="attention", pattern="*", qkv="separate")  # 4 heads in 2 KV groups
+# 8 query heads in 4 KV groups of 8 channels: two groups on each rank, so that the grouping of the
+# three outputs by KV head matters within a rank
+ATTENTION_MODEL = dict(
+    MLP_MODEL, name="attention", pattern="*", qkv="separate", attn_heads=8, attn_kv_heads=4, attn_head_dim=8
+)
 
 
 def _attention_inputs():
@@ -296,8 +300,17 @@ def _attention_at_tensor_size_2(rank: int, init: str, out: str) -> None:
         with build_on("cpu"):
             y, _ = attention(xs, attention_mask=None)
             y.backward(dy.transpose(0, 1)[part])
+        # one KV head for two ranks: megatron's fused path shares the group, three linears cannot
+        shared = ModelConfig(**{**ATTENTION_MODEL, "attn_kv_heads": 1})
+        refused = ""
+        with build_on("cpu"):
+            try:
+                build_module(spec, config=transformer_config(shared, ParallelConfig(tensor=2)), layer_number=1)
+            except ValueError as error:
+                refused = str(error)
         torch.save(
             {
+                "refused": refused,
                 "y": y.detach().transpose(0, 1),
                 "dx": xs.grad.transpose(0, 1),
                 **{f"d{name}": module.weight.grad.clone() for name, module in linears.items()},
@@ -325,6 +338,11 @@ def test_megatrons_attention_with_separate_q_k_v_at_tensor_size_2_is_the_referen
         join=True,
     )
     ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
+    refused = {rank.pop("refused") for rank in ranks}  # megatron's build_module names the module after it
+    assert refused == {
+        "separate q/k/v with 1 KV heads over tensor size 2: each rank must hold whole KV groups "
+        "(KV heads a multiple of the tensor size) when instantiating SelfAttention"
+    }
     weights, x, dy = _attention_inputs()
     recipe = load_recipe("nvfp4")
     reference = CausalSelfAttention(

@@ -25,6 +25,7 @@ places in the whole tensor (``quantized_operand``).
 from __future__ import annotations
 
 import torch
+from megatron.core.parallel_state import get_tensor_model_parallel_world_size
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
@@ -133,7 +134,9 @@ class SeparateQKVLinear(MegatronModule):
     with G the rank's KV groups, r = heads / KV heads. Tensor parallelism splits each linear's
     output features by whole heads (``fp4repro.config.shards``), rank t holding query heads
     t·H/T … and KV heads t·G/T …: the query heads of its own groups, so the rank's groups stay
-    whole. With sequence parallelism each linear gathers the sequence for itself."""
+    whole (KV heads must be a multiple of the tensor size). With sequence parallelism each linear
+    gathers the sequence for itself: three gathers of the layer's input where the fused linear
+    makes one (four attention layers in the paper's 8B)."""
 
     def __init__(
         self,
@@ -155,6 +158,13 @@ class SeparateQKVLinear(MegatronModule):
             raise ValueError(
                 f"linear_qkv of {output_size} outputs: separate q/k/v make (heads {heads} + 2 x KV heads "
                 f"{groups}) x head dim {self.head_dim} (no output gate)"
+            )
+        tp = tp_group.size() if tp_group is not None else get_tensor_model_parallel_world_size()
+        if groups % tp:
+            # megatron's fused path all-gathers a KV group that ranks share; three split linears cannot
+            raise ValueError(
+                f"separate q/k/v with {groups} KV heads over tensor size {tp}: each rank must hold whole KV "
+                "groups (KV heads a multiple of the tensor size)"
             )
         self.queries_per_group = heads // groups
         for name, size in (("linear_q", heads), ("linear_k", groups), ("linear_v", groups)):
@@ -187,7 +197,9 @@ class SeparateQKVLinear(MegatronModule):
         return grouped.flatten(-2), None
 
     def backward_dw(self) -> None:
-        """Nothing deferred: the three compute their weight gradients in the backward pass."""
+        """The three linears' deferred weight gradients (none unless megatron defers them)."""
+        for linear in (self.linear_q, self.linear_k, self.linear_v):
+            linear.backward_dw()
 
 
 class FP32OutputColumnParallelLinear(ColumnParallelLinear):
