@@ -136,7 +136,12 @@ def test_a_seed_level_mde_projects_to_more_seeds_from_the_spread_measured():
     items = Comparison(0.0, -0.02, 0.02, 0.01, "bootstrap", 100, 0.03)
     both = seeds_and_items([0.0, 0.02, -0.02], items)
     assert both.mde_at(3) == pytest.approx(both.mde)
+    # 8 seeds: SE² = 0.02²/8 + 0.01² = 1.5e-4, df = SE⁴ · 7 / (0.02²/8)² = 63:
+    # (t_{0.975, 63} + t_{0.80, 63}) · 0.0122474 = (1.998341 + 0.847274) · 0.0122474
+    assert both.mde_at(8) == pytest.approx(0.0348526, abs=1e-6)
     assert both.mde_at(10**7) == pytest.approx(2.801585 * 0.01, rel=1e-3)
+    # the spread's one-sided 80% upper bound from 3 seeds: sd · √(2 / χ²_{0.20, 2}) = 2.116936 sd
+    assert k.mde_at(8, upper=True) == pytest.approx(0.0230563 * 2.116936, abs=1e-6)
     assert items.mde_at(8) is None  # a test over items, not seeds, projects nothing
     with pytest.raises(ValueError, match="at least 2 seeds"):
         k.mde_at(1)

@@ -26,9 +26,11 @@ d_u = recipe_u − baseline_u and gives a 95% interval for their mean:
 The minimum detectable effect (MDE) of a test is the true difference it detects with 80% power at
 the 5% level: (q_{0.975} + q_{0.80}) · SE with the test's quantiles (for the bootstrap, SE is the
 bootstrap standard deviation and the normal quantiles are used). A seed-level test also projects
-its MDE to N seeds from the spread it measured (``Comparison.mde_at``): SE² = sd²/N + SE_items²
-(the items' term does not shrink with seeds), degrees of freedom as above with N − 1; an estimate
-that is only as good as sd from the seeds so far.
+its MDE to N seeds from the spread it measured (``Comparison.mde_at``): SE² = sd²/N + SE_items²,
+degrees of freedom as above with N − 1. It is a point estimate, as good as sd from the seeds so
+far (n − 1 degrees of freedom): ``upper=True`` projects from sd's one-sided 80% upper bound,
+sd · √((n − 1) / χ²_{0.20, n−1}) (2.12 sd at n = 3). The items' term is held as measured, although
+the part of it that is seed × item noise would shrink with more seeds: on the safe side.
 
 A verdict reads the interval against the paper's direction (``expect``: lower | higher):
 "reproduced" when it lies wholly on the paper's side of 0, "opposite direction" when the point
@@ -47,6 +49,7 @@ from scipy import stats
 
 LEVEL = 0.95
 POWER = 0.80
+SPREAD_BOUND = 0.80  # the one-sided confidence of the seed spread's upper bound in MDE projections
 
 REPRODUCED = "reproduced"
 SUGGESTIVE = "suggestive"
@@ -70,14 +73,19 @@ class Comparison:
     seed_sd: float | None = None  # seed-level tests: the per-seed differences' standard deviation
     items_stderr: float = 0.0  # seeds_and_items: the items' standard error, shared by the seeds
 
-    def mde_at(self, seeds: int) -> float | None:
+    def mde_at(self, seeds: int, upper: bool = False) -> float | None:
         """The MDE this seed-level test would have over ``seeds`` seeds (>= 2) with the spread it
-        measured (module docstring); None for a test that is not over seeds."""
+        measured, or with ``upper`` its 80% upper bound (module docstring); None for a test that is
+        not over seeds."""
         if self.seed_sd is None:
             return None
         if seeds < 2:
             raise ValueError(f"a seed-level test needs at least 2 seeds, got {seeds}")
-        return _welch(self.seed_sd**2, seeds, self.items_stderr**2)[1]
+        sd = self.seed_sd
+        if upper:
+            df = self.units - 1
+            sd *= math.sqrt(df / float(stats.chi2.ppf(1 - SPREAD_BOUND, df)))
+        return _welch(sd**2, seeds, self.items_stderr**2)[1]
 
     def verdict(self, expect: str, capped: bool = False) -> str:
         """The verdict against the paper's direction (``expect``: lower | higher); ``capped``:

@@ -46,10 +46,13 @@ def _signed(row: Row, value: float) -> str:
 
 def mde_text(row: Row) -> str:
     """A measured row's MDE, and where the plan pairs more seeds than it has, the MDE projected to
-    them from the seed spread so far ("0.0627; 8 seeds: ~0.0231")."""
-    k = row.comparison
-    projected = k.mde_at(row.planned_seeds) if row.planned_seeds else None
-    return _fmt(row, k.mde) + ("" if projected is None else f"; {row.planned_seeds} seeds: ~{_fmt(row, projected)}")
+    them from the seed spread so far and from its 80% upper bound ("0.0627; 8 seeds: ~0.0233,
+    ≤ 0.0494")."""
+    k, n = row.comparison, row.planned_seeds
+    projected = k.mde_at(n) if n else None
+    if projected is None:
+        return _fmt(row, k.mde)
+    return f"{_fmt(row, k.mde)}; {n} seeds: ~{_fmt(row, projected)}, ≤ {_fmt(row, k.mde_at(n, upper=True))}"
 
 
 def difference_text(row: Row) -> str:
@@ -121,7 +124,8 @@ def render(
         "- **Reading it:** *difference* is recipe − baseline on paired units (the same seeds, batches, "
         "documents, items) with its 95% interval; *MDE* is the smallest true difference the test would "
         "detect (80% power, 5% level), and while the plan's seeds are not all made, the MDE they would "
-        "give with the seed spread measured so far (*N seeds: ~*). *reproduced*: the interval lies "
+        "give with the seed spread measured so far and with its 80% upper bound (*N seeds: ~point, ≤ "
+        "bound*; with a few seeds the spread is poorly known). *reproduced*: the interval lies "
         "wholly on the paper's side of 0; "
         "*same direction, within noise*: the paper's sign but an interval that includes 0; *opposite "
         "direction*: the other sign; *suggestive*: beyond the test's noise, but one seed cannot tell a "
