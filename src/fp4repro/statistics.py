@@ -85,7 +85,7 @@ class Comparison:
         if upper:
             df = self.units - 1
             sd *= math.sqrt(df / float(stats.chi2.ppf(1 - SPREAD_BOUND, df)))
-        return _welch(sd**2, seeds, self.items_stderr**2)[1]
+        return _mde(*_welch(sd**2, seeds, self.items_stderr**2))
 
     def verdict(self, expect: str, capped: bool = False) -> str:
         """The verdict against the paper's direction (``expect``: lower | higher); ``capped``:
@@ -101,20 +101,23 @@ class Comparison:
         return SUGGESTIVE if capped else REPRODUCED
 
 
+def _mde(se: float, df: float) -> float:
+    """(t_{0.975, df} + t_{0.80, df}) · SE: the true difference a t test detects with 80% power."""
+    return (float(stats.t.ppf(0.5 + LEVEL / 2, df)) + float(stats.t.ppf(POWER, df))) * se
+
+
 def _t_interval(mean: float, se: float, df: float, units: int, test: str, **spread) -> Comparison:
     q = float(stats.t.ppf(0.5 + LEVEL / 2, df))
-    mde = (q + float(stats.t.ppf(POWER, df))) * se
-    return Comparison(mean, mean - q * se, mean + q * se, se, test, units, mde, **spread)
+    return Comparison(mean, mean - q * se, mean + q * se, se, test, units, _mde(se, df), **spread)
 
 
-def _welch(seed_var: float, n: int, items_var: float) -> tuple[float, float, float]:
-    """(SE, MDE, degrees of freedom) of n seeds' mean difference whose per-seed variance is
+def _welch(seed_var: float, n: int, items_var: float) -> tuple[float, float]:
+    """(SE, degrees of freedom) of n seeds' mean difference whose per-seed variance is
     ``seed_var``, widened by the items' variance ``items_var`` (``seeds_and_items``)."""
     seeds_var = seed_var / n
     total = seeds_var + items_var
     df = total**2 * (n - 1) / seeds_var**2 if seeds_var > 0 else math.inf
-    se = math.sqrt(total)
-    return se, (float(stats.t.ppf(0.5 + LEVEL / 2, df)) + float(stats.t.ppf(POWER, df))) * se, df
+    return math.sqrt(total), df
 
 
 def seed_level(differences) -> Comparison:
@@ -134,9 +137,10 @@ def seeds_and_items(differences, items: Comparison) -> Comparison:
     d = np.asarray(differences, dtype=np.float64)
     if len(d) < 2:
         raise ValueError(f"a seed-level test needs at least 2 seeds, got {len(d)}")
-    se, _, df = _welch(float(d.var(ddof=1)), len(d), items.stderr**2)
+    sd = float(d.std(ddof=1))
+    se, df = _welch(sd**2, len(d), items.stderr**2)
     test = f"paired t over {len(d)} seeds, with the noise of the {items.test}"
-    return _t_interval(float(d.mean()), se, df, len(d), test, seed_sd=float(d.std(ddof=1)), items_stderr=items.stderr)
+    return _t_interval(float(d.mean()), se, df, len(d), test, seed_sd=sd, items_stderr=items.stderr)
 
 
 def batch_count(n: int) -> int:
