@@ -34,6 +34,7 @@ from megatron.core.tensor_parallel.mappings import (
 from megatron.core.transformer.module import MegatronModule
 
 from fp4repro.config.spec import LinearSpecs
+from fp4repro.megatron.names import SEPARATE_QKV_LINEARS
 from fp4repro.model.head_gemm import fp32_head_linear
 from fp4repro.quant.linear import describe_specs, quantized_linear
 from fp4repro.quant.state import QuantState
@@ -167,7 +168,7 @@ class SeparateQKVLinear(MegatronModule):
                 "groups (KV heads a multiple of the tensor size)"
             )
         self.queries_per_group = heads // groups
-        for name, size in (("linear_q", heads), ("linear_k", groups), ("linear_v", groups)):
+        for name, size in zip(SEPARATE_QKV_LINEARS, (heads, groups, groups)):
             linear = QuantColumnParallelLinear(
                 input_size,
                 size * self.head_dim,
@@ -184,7 +185,7 @@ class SeparateQKVLinear(MegatronModule):
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, None]:
         """(the fused projection's output, no bias: the three add theirs, if any)."""
         d = self.head_dim
-        q, k, v = (linear(hidden_states)[0] for linear in (self.linear_q, self.linear_k, self.linear_v))
+        q, k, v = (getattr(self, name)(hidden_states)[0] for name in SEPARATE_QKV_LINEARS)
         groups = k.shape[-1] // d
         grouped = torch.cat(
             [
@@ -198,8 +199,8 @@ class SeparateQKVLinear(MegatronModule):
 
     def backward_dw(self) -> None:
         """The three linears' deferred weight gradients (none unless megatron defers them)."""
-        for linear in (self.linear_q, self.linear_k, self.linear_v):
-            linear.backward_dw()
+        for name in SEPARATE_QKV_LINEARS:
+            getattr(self, name).backward_dw()
 
 
 class FP32OutputColumnParallelLinear(ColumnParallelLinear):

@@ -23,10 +23,11 @@ LINEAR_NAMES = {
     "linear_fc2": "fc2",
 }  # MLP
 
+# a model's separate query, key and value linears, in linear_qkv's place and order
+SEPARATE_QKV_LINEARS = ("linear_q", "linear_k", "linear_v")
+
 # where each megatron linear sits in its layer's mixer module (the separate q/k/v inside linear_qkv)
-MIXER_PATHS = {
-    name: f"linear_qkv.{name}" if name in ("linear_q", "linear_k", "linear_v") else name for name in LINEAR_NAMES
-}
+MIXER_PATHS = {name: f"linear_qkv.{name}" if name in SEPARATE_QKV_LINEARS else name for name in LINEAR_NAMES}
 
 # the pre-norm of each layer type in megatron's layers (the reference calls every one ``norm``)
 LAYER_NORMS = {"mamba": "norm", "attention": "input_layernorm", "mlp": "pre_mlp_layernorm"}
