@@ -1,7 +1,8 @@
 """The report's sections beyond the claims' table, measurements without verdicts: quantization
 events by operand and refresh phase (``phase_section``), and the automatic target T beside the
 fixed ones (``target_section``, its rows ``target_rows`` and its comparison ``target_comparison``).
-Each reads its recipes on the seeds they all share (``fp4repro.report.pairing.shared_seeds``).
+Each compares its recipes on the seeds they all share (``fp4repro.report.pairing.shared_seeds``);
+the held amax's effect, measured within one recipe, reads each recipe's every seed.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def phase_section(root: Path, runs: dict[str, tuple[int, ...]]) -> list[str]:
         for operand in OPERANDS:  # fp4repro.config.spec's GEMM order
             cells = [_rate_text(float(rates[r][event].get((operand, p), math.nan))) for r, p in columns]
             lines.append(f"| {operand} | " + " | ".join(cells) + " |")
-    return lines + held_lines({r: {s: tables[r][s] for s in seeds} for r in held})
+    return lines + held_lines({r: tables[r] for r in held})
 
 
 def held_lines(tables: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
@@ -127,7 +128,8 @@ def held_lines(tables: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
     recipe that holds an amax and each event but saturation, the fresh and the held rate with the
     telemetry steps each rests on, and held − fresh per refresh interval with its 95% interval
     (batch means over one seed's intervals; with several seeds a paired t over the seeds' mean
-    differences). Markdown lines; none without such a recipe."""
+    differences). A recipe is read on all its seeds in ``tables``: the difference is within the
+    recipe, so no other recipe needs the same seeds. Markdown lines; none without such a recipe."""
     lines = []
     for event in ("underflow", "clipping"):
         rows = []
@@ -151,8 +153,9 @@ def held_lines(tables: dict[str, dict[int, pd.DataFrame]]) -> list[str]:
         lines = [
             "",
             "Per refresh interval, the mean rate of its held steps minus the rate at its amax sample (the same "
-            "amax, nearly the same weights); the fresh and held rates are pooled over the runs' steps, each "
-            "with the number of telemetry steps it rests on (summed over seeds).",
+            "amax, nearly the same weights), over every seed of the recipe (not only those the table above "
+            "shares); the fresh and held rates are pooled over the runs' steps, each with the number of "
+            "telemetry steps it rests on (summed over seeds).",
             *lines,
         ]
     return lines
