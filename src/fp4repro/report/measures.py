@@ -282,7 +282,16 @@ def telemetry(claim: Claim, root: Path, seeds) -> list[Row]:
         f"{sum(n for _, n in totals[claim.baseline]):,}"
     )
     if all(e == 0 for runs in totals.values() for e, _ in runs):
-        return [Row(claim, claim.id, note=f"not resolved: no {claim.event} events in either run ({detail})")]
+        # an event between two telemetry steps is not seen: the note says where it was looked for
+        sampled = " and ".join(f"{sum(len(t) for t in steps[r].values()):,}" for r in (claim.recipe, claim.baseline))
+        return [
+            Row(
+                claim,
+                claim.id,
+                note=f"not resolved: no {claim.event} events at the telemetry steps sampled ({sampled} "
+                f"step(s) of {claim.recipe} and {claim.baseline}; {detail})",
+            )
+        ]
     a, b = rates[claim.recipe], rates[claim.baseline]
     if len(seeds) > 1:
         comparison = seed_level(a - b)
