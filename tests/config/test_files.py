@@ -69,3 +69,30 @@ def test_a_binary_file_is_a_one_line_config_error_naming_it(tmp_path):
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith(f"fp4repro recipe: error: {path}: not a text file")
+
+
+def test_every_packaged_config_reads_the_same_with_libyamls_parser_and_pythons(tmp_path):
+    # read_yaml parses with libyaml where PyYAML has it (a report reads every recipe file); the
+    # pure-Python parser with the same resolvers and constructors must give the same values
+    import yaml
+
+    from fp4repro.config.files import _ConfigLoader
+
+    class PurePython(yaml.SafeLoader):
+        yaml_constructors = _ConfigLoader.yaml_constructors
+        yaml_implicit_resolvers = _ConfigLoader.yaml_implicit_resolvers
+
+    if yaml.__with_libyaml__:
+        assert issubclass(_ConfigLoader, yaml.CSafeLoader)
+    paths = sorted(PACKAGED.rglob("*.yaml"))
+    assert len(paths) > 30
+    for path in paths:
+        assert read_yaml(path) == yaml.load(path.read_text(encoding="utf-8"), Loader=PurePython), path
+    # the exponent numbers too, which only the resolvers added here read as numbers
+    numbers = tmp_path / "numbers.yaml"
+    numbers.write_text("a: 2e3\nb: 1.4e+11\nc: [1e-3, '2e3']\n")
+    assert read_yaml(numbers) == yaml.load(numbers.read_text(), Loader=PurePython) == {
+        "a": 2000,
+        "b": 140_000_000_000,
+        "c": [0.001, "2e3"],
+    }
