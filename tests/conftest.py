@@ -64,7 +64,18 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
+def _long_modules_first(items) -> None:
+    """Reorder ``items`` in place: the modules with a ``slow`` test and the Slurm unit first, each
+    module's tests kept together and in order. The scheduler hands units out in this order, so
+    the longest start at once and the short ones fill in beside them, instead of leaving one
+    worker busy with a long module at the end while the others idle."""
+    module = {item: item.nodeid.split("::")[0] for item in items}
+    long = {module[item] for item in items if "slow" in item.keywords or _unit(item.nodeid) != item.nodeid}
+    items.sort(key=lambda item: module[item] not in long)  # stable: the order kept within each part
+
+
 def pytest_collection_modifyitems(config, items):
+    _long_modules_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
