@@ -4,10 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-# pytest-xdist workers (0: one process), two more than the cores: the workers spend part of their
-# time waiting on Slurm's polling, subprocesses and the shared smoke run's lock, and on 2 cores a
-# full run took 752 s with 4 workers against 782 s with 3; tests/conftest.py shares the tests out
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 2 )))
+# pytest-xdist workers (0: one process), one more than the cores: a full run on 2 cores used 1.3 of
+# them, the rest spent waiting on Slurm's polling, subprocesses and the shared smoke run's lock;
+# tests/conftest.py shares the tests out
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 # Python writes the bytecode of what it imports (into .venv and src/): every test and workflow process
 # imports torch, pandas and seaborn, and where PYTHONDONTWRITEBYTECODE is set each one would compile
 # them from source again (a figure process: 8.8 CPU-s, 5.9 with the bytecode kept)
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e '.[test]'
 	@touch $(STAMP)
 
-test: setup   ## lint and format check, the docs site built strictly, then the whole test suite (a worker per core and two more) (gpu tests skip without CUDA; tests/cli/test_docs.py checks the generated pages); exit code 5 = nothing collected
+test: setup   ## lint and format check, the docs site built strictly, then the whole test suite (a worker per core and one more) (gpu tests skip without CUDA; tests/cli/test_docs.py checks the generated pages); exit code 5 = nothing collected
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
 	@site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$site; rc=$$?; rm -rf $$site; exit $$rc
