@@ -25,13 +25,13 @@ places in the whole tensor (``quantized_operand``).
 from __future__ import annotations
 
 import torch
-from megatron.core.parallel_state import get_tensor_model_parallel_world_size
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
 )
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.utils import get_pg_size, get_tensor_model_parallel_group_if_none
 
 from fp4repro.config.spec import LinearSpecs
 from fp4repro.megatron.names import SEPARATE_QKV_LINEARS
@@ -160,7 +160,7 @@ class SeparateQKVLinear(MegatronModule):
                 f"linear_qkv of {output_size} outputs: separate q/k/v make (heads {heads} + 2 x KV heads "
                 f"{groups}) x head dim {self.head_dim} (no output gate)"
             )
-        tp = tp_group.size() if tp_group is not None else get_tensor_model_parallel_world_size()
+        tp = get_pg_size(get_tensor_model_parallel_group_if_none(tp_group))  # as ColumnParallelLinear splits
         if groups % tp:
             # megatron's fused path all-gathers a KV group that ranks share; three split linears cannot
             raise ValueError(
