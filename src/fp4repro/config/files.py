@@ -98,9 +98,9 @@ _EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[e
 
 class _ConfigLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """PyYAML's safe loader, reading the exponent numbers YAML 1.1 leaves as strings as numbers.
-    Its parser is libyaml's where PyYAML was built with it (about 6x faster: a report reads every
-    recipe file), the pure-Python one elsewhere; resolving and constructing stay PyYAML's either way,
-    so both read a file as the same values."""
+    Its parser is libyaml's where PyYAML was built with it (a report reads every recipe file, and
+    the pure-Python parser was a large share of that), the pure-Python one elsewhere; resolving and
+    constructing stay PyYAML's either way, so both read a file as the same values."""
 
 
 def _exponent_number(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int | float:
