@@ -109,7 +109,7 @@ def test_the_report_sets_the_papers_number_and_scale_beside_ours_with_their_cita
     where = next(line for line in text.splitlines() if line.startswith("- **Where the paper measured its claims:**"))
     assert (
         "measured by the paper at 8B: final_loss, heldout_nll, downstream, te_settings_final_loss, "
-        "te_settings_heldout_nll, gemm_model_final_loss, throughput_no_rht_no_bf16_tail;"
+        "te_settings_heldout_nll, gemm_model_final_loss, block_size_final_loss, throughput_no_rht_no_bf16_tail;"
     ) in where
     assert "at 350M only, not at 8B: final_loss_t2048 (the paper has no isolated T ablation at 8B)" in where
     assert "stated only by the paper's summary, not measured in the paper: t2048_underflow" in where
