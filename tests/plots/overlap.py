@@ -1,5 +1,7 @@
-"""A check that no two texts of a drawn figure overprint each other: titles, suptitles, axis and
-tick labels, annotations, legend texts, bar labels.
+"""A check that no two texts of a drawn figure overprint each other (titles, suptitles, axis and
+tick labels, annotations, legend texts, bar labels), and that none reaches far past the figure's
+edge: the figures are saved with ``bbox_inches="tight"``, which widens the image to take such a
+text in, so a title wider than its figure leaves the panels a narrow part of a wide image.
 
     assert_no_overlap(fig)  # draws fig, fails naming each pair of texts that collide
     with no_overlap():      # checks every draw of the block instead (a savefig draws the figure
@@ -30,6 +32,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
 TOLERANCE = 1.0  # pixels at DPI (see the module's docstring)
+#: pixels at DPI a text may reach past its figure's edge: a legend hung just below the panels, the
+#: last tick label of a panel at the edge
+OUTSIDE = 10.0
 DPI = 100.0  # the figures' dpi (plots.common.theme), in which the tolerance is measured
 
 
@@ -92,30 +97,45 @@ def overlaps(texts: list[tuple[Text, np.ndarray]], tolerance: float = TOLERANCE)
     ]
 
 
+def outside_figure(texts: list[tuple[Text, np.ndarray]], tolerance: float = OUTSIDE) -> list[str]:
+    """One line per text of ``texts`` (text, box) painted more than ``tolerance`` pixels past the
+    edge of its (root) figure, naming the string, where it is and by how much."""
+    found = []
+    for text, box in texts:
+        width, height = text.get_figure(root=True).get_size_inches() * DPI
+        past = max(-box[0], box[2] - width, -box[1], box[3] - height)
+        if past > tolerance:
+            found.append(f"{text.get_text()!r} ({_where(text)}) reaches {past:.0f} px past the figure's edge")
+    return found
+
+
 def _fail(found: list[str]) -> None:
     shown = "\n  ".join(found[:20]) + (f"\n  ... and {len(found) - 20} more" if len(found) > 20 else "")
-    raise AssertionError(f"{len(found)} pair(s) of texts overlap:\n  {shown}")
+    raise AssertionError(f"{len(found)} text(s) overlapping or past the figure's edge:\n  {shown}")
 
 
 @contextlib.contextmanager
-def no_overlap(tolerance: float = TOLERANCE) -> Iterator[None]:
-    """Fail, after the block, naming the texts that overlap in any draw made in the block; a block
-    that draws nothing fails too (it would check nothing)."""
+def no_overlap(tolerance: float = TOLERANCE, within_figure: bool = False) -> Iterator[None]:
+    """Fail, after the block, naming the texts that overlap in any draw made in the block, and with
+    ``within_figure`` those past their figure's edge (for draws at the figure's own size: a savefig
+    with ``bbox_inches="tight"`` draws on the tight box, which takes every text in); a block that
+    draws nothing fails too (it would check nothing)."""
     with painted_texts() as draws:
         yield
     assert draws, "nothing was drawn in the block: no texts to check"
     for texts in draws.values():
-        found = overlaps(texts, tolerance)
+        found = overlaps(texts, tolerance) + (outside_figure(texts) if within_figure else [])
         if found:
             _fail(found)
 
 
 def assert_no_overlap(fig, tolerance: float = TOLERANCE) -> None:
     """Draw ``fig`` (on an Agg canvas: ``plt.close``, as ``draw_figure`` calls it, leaves a figure a
-    canvas that draws nothing) and fail naming every pair of its texts that overlap."""
+    canvas that draws nothing) and fail naming every pair of its texts that overlap and every text
+    past its edge."""
     if not isinstance(fig.canvas, FigureCanvasAgg):
         FigureCanvasAgg(fig)
-    with no_overlap(tolerance):
+    with no_overlap(tolerance, within_figure=True):
         fig.canvas.draw()
 
 

@@ -53,6 +53,18 @@ def test_tick_labels_of_one_axis_and_a_title_over_a_suptitle_are_caught():
         assert_no_overlap(fig)
 
 
+def test_a_title_wider_than_its_figure_is_caught_and_a_narrower_one_passes():
+    fig, ax = _figure()
+    ax.set_title("a title " * 20)  # 160 characters over a 4-inch figure
+    with pytest.raises(
+        AssertionError, match=r"'a title a title .*' \(axes 'panel'\) reaches \d+ px past the figure's edge"
+    ):
+        assert_no_overlap(fig)
+    fig, ax = _figure()
+    ax.set_title("a title " * 4)
+    assert_no_overlap(fig)
+
+
 def test_a_block_that_draws_nothing_checks_nothing_and_fails():
     with pytest.raises(AssertionError, match="nothing was drawn"):
         with no_overlap():

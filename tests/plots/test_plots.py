@@ -875,7 +875,7 @@ def test_curves_are_drawn_over_the_seeds_evaluated_at_every_checkpoint(tmp_path)
     seed0 = pd.read_parquet(results / "eval/nvfp4/seed0/nll.parquet").query("source == 'blend' and policy == 'bf16'")
     curve = artist(axis(nll, "nll:blend:bf16"), "mean:nvfp4")
     np.testing.assert_allclose(curve.get_ydata(), seed0.sort_values("step")["nll"])  # no jump at the last point
-    assert "; curves over 1 seed, the other seeds at their final checkpoint only" in nll._suptitle.get_text()
+    assert "\ncurves over 1 seed, the other seeds at their final checkpoint only" in nll._suptitle.get_text()
     # the final checkpoint's difference is still over all three seeds
     final = [
         pd.read_parquet(results / f"eval/{r}/seed{s}/nll.parquet")

@@ -144,12 +144,12 @@ def curve_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def curve_note(df: pd.DataFrame) -> str:
-    """What a title adds when the curves leave seeds out (``curve_runs``), else ""."""
+    """The clause a title adds when the curves leave seeds out (``curve_runs``), else ""."""
     curves = curve_runs(df)
     if len(curves) == len(df):
         return ""
     counts = curves.groupby("recipe")["seed"].nunique().to_dict()
-    return f"; curves over {seed_counts(counts)}, the other seeds at their final checkpoint only"
+    return f"curves over {seed_counts(counts)}, the other seeds at their final checkpoint only"
 
 
 def ordered(names, order: tuple[str, ...] = RECIPE_ORDER) -> list[str]:

@@ -269,14 +269,9 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
             for p in policies
         ]
         bottom.legend(handles=handles, loc="outside right center", fontsize=9)
-        bottom.suptitle(
-            _wrapped(
-                "Downstream aggregates vs checkpoint"
-                + ("" if set(n_seeds) == {1} else " (mean over seeds" + curve_note(df) + ")"),
-                fig,
-            ),
-            fontsize=11,
-        )
+        note = curve_note(df)
+        over = "" if set(n_seeds) == {1} else " (mean over seeds" + (f"; {note}" if note else "") + ")"
+        bottom.suptitle(_wrapped("Downstream aggregates vs checkpoint" + over, fig), fontsize=11)
     return fig
 
 

@@ -189,7 +189,8 @@ def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: s
 
     theme()
     fig = plt.figure(figsize=(12.5, 9.2))
-    grid = fig.add_gridspec(2, 2, width_ratios=(3.2, 1.2), height_ratios=(3, 2.2), wspace=0.08, hspace=0.42)
+    # right=0.86: room for the side panels' tick labels (the recipe names) inside the figure
+    grid = fig.add_gridspec(2, 2, width_ratios=(3.2, 1.2), height_ratios=(3, 2.2), wspace=0.08, hspace=0.5, right=0.86)
     ax = fig.add_subplot(grid[0, 0])
     side = fig.add_subplot(grid[0, 1])
     dax = fig.add_subplot(grid[1, 0], sharex=ax)
@@ -255,10 +256,10 @@ def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: s
     ax.set_ylabel("training loss (nats/token)")
     n_seeds = sorted({len(v) for v in seeds.values()})
     faint = "per step" if n_seeds == [1] else "per seed" + ("; per step with one seed" if 1 in n_seeds else "")
-    mean = "" if n_seeds == [1] else f", mean over {seed_counts({r: len(v) for r, v in seeds.items()})}"
+    mean = "" if n_seeds == [1] else f"\nmean over {seed_counts({r: len(v) for r, v in seeds.items()})}"
     ax.set_title(
-        f"Training loss: rolling mean over {n_smooth} steps{mean} (faint: {faint}); "
-        f"bars: mean over the final {window:.0%} of tokens",
+        f"Training loss: rolling mean over {n_smooth} steps{mean}\n"
+        f"faint: {faint}; bars: mean over the final {window:.0%} of tokens",
         fontsize=10,
     )
     ax.legend(loc="upper right", bbox_to_anchor=(1.0, 0.9), fontsize=9, title="recipe", title_fontsize=9)
@@ -360,14 +361,14 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
     if n_seeds == [1]:
         band = "one seed: no interval per step"
     else:
-        banded = {f"{r} − {base}": len(d["seeds"]) for r, d in diffs.items() if len(d["seeds"]) > 1}
+        banded = {r: len(d["seeds"]) for r, d in diffs.items() if len(d["seeds"]) > 1}
         band = f"band: 95% t-interval of the smoothed differences over {seed_counts(banded)}" + (
             "; none with one seed" if len(banded) < len(diffs) else ""
         )
     box = "box: final-window 95% interval, " + "; ".join(tests)
     ax.set_title(
         f"Paired difference recipe − {base} per step (same seed, same step = same batch), rolling mean "
-        f"over {n_smooth} steps\n{band}; {box}",
+        f"over {n_smooth} steps\n{band}\n{box}",
         fontsize=9.5,
     )
 

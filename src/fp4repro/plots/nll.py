@@ -260,8 +260,9 @@ def plot_nll(
         fontsize=9,
         title_fontsize=9,
     )
-    mean = "" if set(n_seeds) == {1} else f": mean over {seed_counts(n_seeds.to_dict())} (faint: each)"
-    fig.suptitle("Held-out NLL per checkpoint" + mean + curve_note(df), y=1.0)
+    mean = "" if set(n_seeds) == {1} else f"\nmean over {seed_counts(n_seeds.to_dict())} (faint: each)"
+    note = curve_note(df)
+    fig.suptitle("Held-out NLL per checkpoint" + mean + (f"\n{note}" if note else ""), y=1.0)
     fig.tight_layout(rect=(0, 0.06 + 0.02 / n_rows, 1, 1))
     return fig
 

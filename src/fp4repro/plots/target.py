@@ -10,6 +10,7 @@ written before the ``target`` column existed, from their recipe file where it ca
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -237,7 +238,7 @@ def _no_automatic(recipes, references, auto_unrecorded):
     ax.text(
         0.5,
         0.5,
-        "\n".join(lines),
+        "\n".join(textwrap.fill(line, 100, subsequent_indent="    ") if line else line for line in lines),
         transform=ax.transAxes,
         ha="center",
         va="center",
