@@ -902,3 +902,23 @@ def test_curves_are_drawn_over_the_seeds_evaluated_at_every_checkpoint(tmp_path)
     ]
     expected = rows[(rows["aggregate"] == a) & (rows["metric"] == m)].sort_values("step")["value"]
     np.testing.assert_allclose(curve.get_ydata(), expected)
+
+
+def test_a_policy_only_the_recipe_was_evaluated_under_says_it_has_no_intervals(results, tmp_path):
+    # ue5m3 under its own replay policy, nvfp4 not: that policy's difference panel has nothing to pair
+    copied = []
+    for path in inputs_of(results, "nll", ("ue5m3", "nvfp4")):
+        table = pd.read_parquet(path)
+        if "/ue5m3/" in str(path):
+            table = pd.concat([table, table[table["policy"] == "quantized"].assign(policy="replay")])
+        target = tmp_path / path.relative_to(results.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        table.to_parquet(target, index=False)
+        copied.append(target)
+    fig = draw_figure("nll", copied, **EXTRA["nll"])
+    title = axis(fig, "difference:replay").get_title()
+    assert title.splitlines() == [
+        "blend NLL − nvfp4's, replay policy",
+        "no intervals: no recipe shares a seed and a checkpoint with nvfp4 under it",
+    ]
+    assert "bars: 95% interval, paired bootstrap" in axis(fig, "difference:quantized").get_title()

@@ -308,9 +308,12 @@ def _draw_differences(
             color="0.4",
             fontsize=9,
         )
-    ax.set_title(
-        f"blend NLL − {base}'s, {policy} policy\nbars: 95% interval, {'; '.join(sorted(tests)) or '-'}", fontsize=9.5
+    bars = (
+        f"bars: 95% interval, {'; '.join(sorted(tests))}"
+        if tests
+        else f"no intervals: no recipe shares a seed and a checkpoint with {base} under it"
     )
+    ax.set_title(f"blend NLL − {base}'s, {policy} policy\n{bars}", fontsize=9.5)
     ax.set_ylabel(f"blend NLL − {base}'s\n(nats/token)" if first else "")
     ax.set_xlabel("checkpoint tokens")
     ax.xaxis.set_major_formatter(FuncFormatter(tokens_formatter))
