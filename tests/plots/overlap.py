@@ -3,9 +3,10 @@ tick labels, annotations, legend texts, bar labels), and that none reaches far p
 edge: the figures are saved with ``bbox_inches="tight"``, which widens the image to take such a
 text in, so a title wider than its figure leaves the panels a narrow part of a wide image.
 
-    assert_no_overlap(fig)  # draws fig, fails naming each pair of texts that collide
-    with no_overlap():      # checks every draw of the block instead (a savefig draws the figure
-        plot_figure(...)    # anyway: no second rendering)
+    assert_no_overlap(fig)  # draws fig, fails naming each pair of texts that collide and each
+                            # text past the figure's edge
+    with no_overlap():      # checks every draw of the block for collisions instead (a savefig
+        plot_figure(...)    # draws the figure anyway: no second rendering)
 
 A text counts when it is painted: visible, with a non-empty string, and drawn by the figure's draw.
 Taking ``fig.findobj(Text)`` alone would also count texts that are never painted although they say
