@@ -14,6 +14,7 @@ The recipe and seed of an input file are those of its folders (``fp4repro.result
 from __future__ import annotations
 
 import functools
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -117,6 +118,14 @@ def t_band(per_seed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     mean = per_seed.mean(axis=0)
     half = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * per_seed.std(axis=0, ddof=1) / np.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def wrapped(text: str, fig, indent: str = "") -> str:
+    """``text`` wrapped to the figure's width (about 13 characters an inch at the titles' 11 pt,
+    less 1.5 inches for a legends' column or the margins), each of its lines kept, continuation
+    lines starting with ``indent``: a title wider than the figure runs off it."""
+    width = max(40, int(13 * (fig.get_figwidth() - 1.5)))
+    return "\n".join(textwrap.fill(line, width, subsequent_indent=indent) for line in text.split("\n"))
 
 
 def seed_counts(counts: dict[str, int]) -> str:

@@ -3,7 +3,6 @@ paired differences from the baseline at the final checkpoint, and their course o
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -30,6 +29,7 @@ from fp4repro.plots.common import (
     split_inputs,
     theme,
     tokens_formatter,
+    wrapped,
 )
 from fp4repro.results import DOWNSTREAM_COLUMNS, DOWNSTREAM_ITEM_COLUMNS
 from fp4repro.statistics import seeds_and_items
@@ -214,7 +214,7 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     )
     seeds_note = "" if set(n_seeds) == {1} else f", mean over {seed_counts(n_seeds.to_dict())} (dots: each seed)"
     top.suptitle(
-        _wrapped(
+        wrapped(
             f"Downstream aggregates at the final checkpoint ({tokens_formatter(df['tokens'].max())} tokens)"
             + seeds_note
             + note,
@@ -271,15 +271,8 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
         bottom.legend(handles=handles, loc="outside right center", fontsize=9)
         note = curve_note(df)
         over = "" if set(n_seeds) == {1} else " (mean over seeds" + (f"; {note}" if note else "") + ")"
-        bottom.suptitle(_wrapped("Downstream aggregates vs checkpoint" + over, fig), fontsize=11)
+        bottom.suptitle(wrapped("Downstream aggregates vs checkpoint" + over, fig), fontsize=11)
     return fig
-
-
-def _wrapped(text: str, fig) -> str:
-    """``text`` wrapped to the figure's width (about 13 characters an inch at the titles' 11 pt,
-    less the legends' column), each of its lines kept: a title wider than the figure runs off it."""
-    width = max(40, int(13 * (fig.get_figwidth() - 1.5)))
-    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
 def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policies, colors) -> None:
@@ -328,7 +321,7 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
         sub.legend(handles=handles, loc="outside right center", fontsize=9)
     at = f" (step {steps.pop()})" if len(steps) == 1 else ""
     sub.suptitle(
-        _wrapped(
+        wrapped(
             f"Paired difference recipe − {base} at the last checkpoint both evaluated{at}: "
             f"bars: 95% interval, {'; '.join(sorted(tests)) or 'no pair'}",
             sub.get_figure(root=True),

@@ -10,7 +10,6 @@ written before the ``target`` column existed, from their recipe file where it ca
 from __future__ import annotations
 
 import math
-import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -21,7 +20,16 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from fp4repro.errors import FP4ReproError
-from fp4repro.plots.common import combine, ordered, read_runs, recipe_colors, seed_counts, split_inputs, theme
+from fp4repro.plots.common import (
+    combine,
+    ordered,
+    read_runs,
+    recipe_colors,
+    seed_counts,
+    split_inputs,
+    theme,
+    wrapped,
+)
 from fp4repro.results import OPERAND_CLASSES, TARGET_COLUMN, TELEMETRY_COLUMNS, with_operand_class
 
 CLASS_TEXT = {cls: f"{cls} ({', '.join(ops)})" for cls, ops in OPERAND_CLASSES.items()}
@@ -238,7 +246,7 @@ def _no_automatic(recipes, references, auto_unrecorded):
     ax.text(
         0.5,
         0.5,
-        "\n".join(textwrap.fill(line, 100, subsequent_indent="    ") if line else line for line in lines),
+        wrapped("\n".join(lines), fig, indent="    "),
         transform=ax.transAxes,
         ha="center",
         va="center",
