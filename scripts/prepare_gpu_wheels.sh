@@ -8,6 +8,9 @@
 #   - lm-eval 0.4.13 and what it needs that the GPU image lacks, all pure Python (the image has
 #     pyarrow, pandas, scikit-learn, sacrebleu, transformers and huggingface-hub), for `fp4repro
 #     evaluate`'s downstream tasks; three of them are sdists, built here into universal wheels.
+#     lm-eval's wheel is rewritten without its bundled task folders (scripts/wheel_without_folders.py:
+#     their datasets cannot be downloaded offline; fp4repro evaluates task folders it writes), which
+#     takes it from 9 MB to 0.3 MB of what travels to the machine.
 # Needs network access and a Python with torch (any build, nothing is compiled: mamba-ssm's
 # setup.py only imports torch, hence --no-build-isolation); by default the project's .venv.
 # Usage: scripts/prepare_gpu_wheels.sh [OUT_DIR]        (default: wheels/; PYTHON=... to override)
@@ -36,5 +39,9 @@ MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
     nltk==3.10.4 pytablewriter==1.2.1 dataproperty==1.1.1 mbstrdecoder==1.1.5 pathvalidate==3.3.1 \
     tabledata==1.3.5 tcolorpy==0.1.7 typepy==1.3.5 chardet==6.0.0.post1
 "$python" -m pip wheel --wheel-dir "$out" --no-deps rouge-score==0.1.2 sqlitedict==2.1.0 word2number==1.1
+
+tmp="$(mktemp -d)"
+"$python" "$repo/scripts/wheel_without_folders.py" "$out"/lm_eval-0.4.13-py3-none-any.whl "$tmp" lm_eval/tasks/
+mv "$tmp"/lm_eval-0.4.13-py3-none-any.whl "$out"/ && rmdir "$tmp"
 
 ls -l "$out"
