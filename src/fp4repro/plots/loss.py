@@ -386,9 +386,9 @@ def _draw_differences(ax, side, diffs: dict[str, dict], base: str, colors: dict,
             ms=6,
         )
         side.annotate(
-            f"{_signed(c.difference)}\n[{_signed(c.low)}, {_signed(c.high)}]",
+            f"{_signed(c.difference)} [{_signed(c.low)}, {_signed(c.high)}]",  # one line: two would reach the row above
             (c.difference, y),
-            xytext=(0, 7),
+            xytext=(0, 6),
             textcoords="offset points",
             ha="center",
             va="bottom",
