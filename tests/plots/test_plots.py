@@ -904,21 +904,67 @@ def test_curves_are_drawn_over_the_seeds_evaluated_at_every_checkpoint(tmp_path)
     np.testing.assert_allclose(curve.get_ydata(), expected)
 
 
-def test_a_policy_only_the_recipe_was_evaluated_under_says_it_has_no_intervals(results, tmp_path):
-    # ue5m3 under its own replay policy, nvfp4 not: that policy's difference panel has nothing to pair
+def _with_replay_rows(results: Path, tmp_path: Path, figure: str, shift: float = 0.0) -> list[Path]:
+    """The figure's ue5m3 and nvfp4 inputs copied under tmp_path, ue5m3's with its quantized rows
+    again as replay rows (NLL raised by ``shift`` nats/token), nvfp4's as they are (no replay)."""
     copied = []
-    for path in inputs_of(results, "nll", ("ue5m3", "nvfp4")):
+    for path in inputs_of(results, figure, ("ue5m3", "nvfp4")):
         table = pd.read_parquet(path)
-        if "/ue5m3/" in str(path):
-            table = pd.concat([table, table[table["policy"] == "quantized"].assign(policy="replay")])
+        if "/ue5m3/" in str(path) and "policy" in table:
+            replay = table[table["policy"] == "quantized"].assign(policy="replay")
+            if "nll_sum" in replay:
+                replay = replay.assign(nll_sum=replay["nll_sum"] + shift * replay["predicted"])
+            elif "nll" in replay:
+                replay = replay.assign(nll=replay["nll"] + shift)
+            table = pd.concat([table, replay])
         target = tmp_path / path.relative_to(results.parent)
         target.parent.mkdir(parents=True, exist_ok=True)
         table.to_parquet(target, index=False)
         copied.append(target)
+    return copied
+
+
+def test_a_policy_the_baseline_was_not_evaluated_under_pairs_it_under_the_current_amax(results, tmp_path):
+    # ue5m3 under its own replay policy, nvfp4 under quantized only: the replay column sets one
+    # beside the other, as the claims do, and says so
+    copied = _with_replay_rows(results, tmp_path, "nll", shift=0.01)
     fig = draw_figure("nll", copied, **EXTRA["nll"])
-    title = axis(fig, "difference:replay").get_title()
+    replay, quantized = axis(fig, "difference:replay"), axis(fig, "difference:quantized")
+    assert replay.get_title().splitlines()[:2] == [
+        "blend NLL − nvfp4's, replay policy",
+        "nvfp4 under quantized: it has no replay rows",
+    ]
+    assert "nvfp4 under" not in quantized.get_title()
+    shifted = artist(replay, "difference:ue5m3:replay").get_ydata()
+    np.testing.assert_allclose(shifted, artist(quantized, "difference:ue5m3:quantized").get_ydata() + 0.01)
+    documents = {p.parent.parent.name: p for p in copied if p.name == "nll_documents.parquet"}
+    docs = [
+        pd.read_parquet(documents[r]).query(f"step == {CHECKPOINTS[-1]} and policy == '{p}'")
+        for r, p in (("ue5m3", "replay"), ("nvfp4", "quantized"))
+    ]
+    expected = document_difference(*docs, BLEND)
+    last = artist(replay, "interval:ue5m3:replay").get_segments()[-1]
+    assert (last[0][1], last[1][1]) == pytest.approx((expected.low, expected.high))
+
+    down = draw_figure("downstream", _with_replay_rows(results, tmp_path / "d", "downstream"))
+    assert axis(down, "difference:replay").get_title().splitlines() == [
+        "policy replay",
+        "nvfp4 under quantized: it has no replay rows",
+    ]
+    np.testing.assert_array_equal(  # the same rows under both policies: the same differences
+        artist(axis(down, "difference:replay"), "difference:ue5m3:replay").get_ydata(),
+        artist(axis(down, "difference:quantized"), "difference:ue5m3:quantized").get_ydata(),
+    )
+
+
+def test_a_policy_the_baseline_has_no_rows_to_pair_under_says_it_has_no_intervals(results, tmp_path):
+    copied = _with_replay_rows(results, tmp_path, "nll")
+    for path in copied:  # nvfp4 under bf16 alone: nothing to read it under in the replay column
+        if "/nvfp4/" in str(path):
+            table = pd.read_parquet(path)
+            table[table["policy"] == "bf16"].to_parquet(path, index=False)
+    title = axis(draw_figure("nll", copied, **EXTRA["nll"]), "difference:replay").get_title()
     assert title.splitlines() == [
         "blend NLL − nvfp4's, replay policy",
         "no intervals: no recipe shares a seed and a checkpoint with nvfp4 under it",
     ]
-    assert "bars: 95% interval, paired bootstrap" in axis(fig, "difference:quantized").get_title()

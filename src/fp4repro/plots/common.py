@@ -109,6 +109,28 @@ def choose_baseline(recipes, baseline: str | None) -> str:
     return DEFAULT_BASELINE if DEFAULT_BASELINE in names else names[0]
 
 
+#: The policy a baseline is read under in a column of a policy it was not evaluated under: the
+#: current amax, every recipe's own unless its config names another (``config.recipe``).
+FALLBACK_POLICY = "quantized"
+
+
+def baseline_policy(df: pd.DataFrame, baseline: str, policy: str) -> str | None:
+    """The policy to read ``baseline`` under in the column of ``policy``: that policy where the
+    baseline was evaluated under it, else ``FALLBACK_POLICY`` where it was (the replay column: the
+    claims set a recipe under the cold replay beside NVFP4 under the current amax, each its own),
+    else None (nothing to pair)."""
+    evaluated = set(df.loc[df["recipe"] == baseline, "policy"])
+    return policy if policy in evaluated else FALLBACK_POLICY if FALLBACK_POLICY in evaluated else None
+
+
+def read_under_note(base: str, policy: str, read_under: str | None) -> str:
+    """The line a difference column of ``policy`` adds to its title where the baseline is read
+    under another policy ("" where it is not)."""
+    if read_under in (None, policy):
+        return ""
+    return f"{base} under {read_under}: it has no {policy} rows"
+
+
 def t_band(per_seed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean and 95% t-interval over seeds (axis 0, at least 2 rows) of each column: the interval
     ``statistics.seed_level`` gives for one column, for all columns at once."""

@@ -16,6 +16,7 @@ from fp4repro.plots.common import (
     POLICY_ORDER,
     PlotError,
     Run,
+    baseline_policy,
     by_run,
     choose_baseline,
     combine,
@@ -24,6 +25,7 @@ from fp4repro.plots.common import (
     ordered,
     read_runs,
     read_table,
+    read_under_note,
     recipe_colors,
     seed_counts,
     split_inputs,
@@ -78,17 +80,24 @@ def read_downstream(inputs: list[Path]) -> tuple[pd.DataFrame, dict[Run, Path]]:
 
 
 def downstream_differences(
-    df: pd.DataFrame, items: dict[Run, Path], recipe: str, baseline: str, policy: str, cache: dict | None = None
+    df: pd.DataFrame,
+    items: dict[Run, Path],
+    recipe: str,
+    baseline: str,
+    policy: str,
+    cache: dict | None = None,
+    baseline_policy: str | None = None,
 ) -> pd.DataFrame:
-    """recipe − baseline in each aggregate (and metric) at the last checkpoint both evaluated under
-    ``policy`` in every seed they share: the paired test over items (``paired.item_difference``
+    """recipe − baseline in each aggregate (and metric) at the last checkpoint both evaluated, the
+    recipe under ``policy`` and the baseline under ``baseline_policy`` (default the same), in every
+    seed they share: the paired test over items (``paired.item_difference``
     on downstream_items.parquet, each item's value averaged over the seeds: a bootstrap over the
     items' held-out documents where the table names them), with two or more seeds widening a paired
     t over seeds (``statistics.seeds_and_items``), as the report computes them. One row per aggregate and metric.
     ``cache``: run -> items table already read."""
     cache = {} if cache is None else cache
-    rows = df[df["policy"] == policy]
-    a, b = rows[rows["recipe"] == recipe], rows[rows["recipe"] == baseline]
+    under = {recipe: policy, baseline: baseline_policy or policy}
+    a, b = (df[(df["recipe"] == r) & (df["policy"] == under[r])] for r in (recipe, baseline))
     seeds = sorted(set(a["seed"]) & set(b["seed"]))
     steps = [set(t.loc[t["seed"] == s, "step"]) for t in (a, b) for s in seeds]
     common = set.intersection(*steps) if steps else set()
@@ -103,7 +112,7 @@ def downstream_differences(
         seeds = [int(s) for s in per_seed.index.get_level_values("seed")]
         averaged = [
             seed_mean(
-                [_items(items, cache, (r, s), step, policy, aggregate, metric) for s in seeds],
+                [_items(items, cache, (r, s), step, under[r], aggregate, metric) for s in seeds],
                 ["task", "doc_id"],
                 ["value"],
             )
@@ -162,7 +171,14 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     max_step = int(df["step"].max())
     over_time = df.groupby(["recipe", "seed"])["step"].nunique().max() > 1
     cache: dict = {}
-    diffs = {(r, p): downstream_differences(df, items, r, base, p, cache) for r in others for p in policies}
+    read_under = {p: baseline_policy(df, base, p) for p in policies}
+    diffs = {
+        (r, p): downstream_differences(df, items, r, base, p, cache, read_under[p])
+        if read_under[p] is not None
+        else pd.DataFrame(columns=["aggregate", "metric", "step", "seeds", "comparison"])
+        for r in others
+        for p in policies
+    }
 
     theme()
     heights = (1.0, 0.9, 1.0) if over_time else (1.0, 0.9)
@@ -225,7 +241,8 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=r) for r in recipes]
     top.legend(handles=handles, loc="outside right center", title="recipe", fontsize=9, title_fontsize=9)
 
-    _draw_differences(middle, diffs, keys, labels, others, base, policies, colors)
+    notes = {p: read_under_note(base, p, read_under[p]) for p in policies}
+    _draw_differences(middle, diffs, keys, labels, others, base, policies, colors, notes)
 
     if bottom is not None:
         axes = bottom.subplots(1, len(keys), sharex=True, squeeze=False)[0]
@@ -275,8 +292,9 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     return fig
 
 
-def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policies, colors) -> None:
-    """One panel per policy: recipe − baseline in each aggregate, error bars the 95% interval."""
+def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policies, colors, notes: dict) -> None:
+    """One panel per policy: recipe − baseline in each aggregate, error bars the 95% interval;
+    ``notes``: a line under a panel's title (``read_under_note``)."""
     axes = sub.subplots(1, len(policies), sharey=True, squeeze=False)[0]
     width = 0.8 / max(1, len(others))
     tests, steps = set(), set()
@@ -314,7 +332,7 @@ def _draw_differences(sub, diffs: dict, keys, labels, others, base: str, policie
         for i in range(1, len(keys)):
             ax.axvline(i - 0.5, color="0.85", lw=0.8)
         ax.grid(axis="x", visible=False)
-        ax.set_title(f"policy {policy}", fontsize=10)
+        ax.set_title("\n".join(filter(None, [f"policy {policy}", notes[policy]])), fontsize=10)
         ax.set_ylabel(f"score − {base}'s\n(95% interval)" if policy == policies[0] else "")
     if others:
         handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=f"{r} − {base}") for r in others]

@@ -19,6 +19,7 @@ from fp4repro.plots.common import (
     POLICY_ORDER,
     PlotError,
     Run,
+    baseline_policy,
     by_run,
     choose_baseline,
     combine,
@@ -27,6 +28,7 @@ from fp4repro.plots.common import (
     ordered,
     read_runs,
     read_table,
+    read_under_note,
     recipe_colors,
     seed_counts,
     split_inputs,
@@ -118,18 +120,23 @@ def nll_differences(
     policy: str,
     blend=None,
     resamples: int = RESAMPLES,
+    baseline_policy: str | None = None,
 ) -> pd.DataFrame:
-    """recipe − baseline in blend NLL at every checkpoint both evaluated under ``policy``: with two
+    """recipe − baseline in blend NLL at every checkpoint both evaluated, the recipe under
+    ``policy``, the baseline under ``baseline_policy`` (default the same): with two
     or more seeds both have there, a paired t over seeds widened by the paired bootstrap over the
     held-out documents of the seed-averaged NLL (``statistics.seeds_and_items``); with one, that
     bootstrap (``paired.document_difference``), as the report computes them: ``resamples`` at
     the last checkpoint (the report's), ``earlier_resamples`` before.
     One row per checkpoint: step, tokens, seeds and the Comparison."""
-    rows = df[(df["source"] == "blend") & (df["policy"] == policy)]
-    a = rows[rows["recipe"] == recipe].set_index(["step", "seed"])["nll"]
-    b = rows[rows["recipe"] == baseline].set_index(["step", "seed"])["nll"]
+    under = {recipe: policy, baseline: baseline_policy or policy}
+    blend_rows = df[df["source"] == "blend"]
+    a, b = (
+        blend_rows[(blend_rows["recipe"] == r) & (blend_rows["policy"] == under[r])].set_index(["step", "seed"])["nll"]
+        for r in (recipe, baseline)
+    )
     d = (a - b).dropna()
-    tokens = rows.groupby("step")["tokens"].mean()
+    tokens = blend_rows[blend_rows["policy"] == policy].groupby("step")["tokens"].mean()
     docs = documents if isinstance(documents, _Documents) else _Documents(documents)
     out = []
     last = d.index.get_level_values("step").max() if len(d) else None
@@ -138,7 +145,7 @@ def nll_differences(
         weights = blend() if callable(blend) else blend
         averaged = [
             seed_mean(
-                [docs.rows((r, s), step, policy) for s in seeds], ["source", "document"], ["nll_sum", "predicted"]
+                [docs.rows((r, s), step, under[r]) for s in seeds], ["source", "document"], ["nll_sum", "predicted"]
             )
             for r in (recipe, baseline)
         ]
@@ -175,7 +182,14 @@ def plot_nll(
         return weights
 
     docs = _Documents(documents)
-    diffs = {(r, p): nll_differences(df, docs, r, base, p, blend_of, resamples) for r in others for p in policies}
+    read_under = {p: baseline_policy(df, base, p) for p in policies}
+    diffs = {
+        (r, p): nll_differences(df, docs, r, base, p, blend_of, resamples, read_under[p])
+        if read_under[p] is not None
+        else pd.DataFrame(columns=["step", "tokens", "seeds", "comparison"])
+        for r in others
+        for p in policies
+    }
 
     theme()
     n_rows = len(sources) + (1 if others else 0)
@@ -248,7 +262,15 @@ def plot_nll(
     if others:
         for j, policy in enumerate(policies):
             _draw_differences(
-                fig, axes[-1][j], {r: diffs[(r, policy)] for r in others}, base, policy, colors, resamples, j == 0
+                fig,
+                axes[-1][j],
+                {r: diffs[(r, policy)] for r in others},
+                base,
+                policy,
+                colors,
+                resamples,
+                j == 0,
+                read_under_note(base, policy, read_under[policy]),
             )
     handles = [Line2D([], [], color=colors[r], marker="o", lw=1.5, label=r) for r in recipes]
     fig.legend(
@@ -268,10 +290,18 @@ def plot_nll(
 
 
 def _draw_differences(
-    fig, ax, diffs: dict[str, pd.DataFrame], base: str, policy: str, colors: dict, resamples: int, first: bool
+    fig,
+    ax,
+    diffs: dict[str, pd.DataFrame],
+    base: str,
+    policy: str,
+    colors: dict,
+    resamples: int,
+    first: bool,
+    note: str = "",
 ) -> None:
     """Markers: recipe − baseline in blend NLL per checkpoint; bars: the 95% interval; recipes side
-    by side, a few points apart."""
+    by side, a few points apart. ``note``: a line under the title (``read_under_note``)."""
     ax.set_label(f"difference:{policy}")
     ax.axhline(0.0, color="0.3", lw=0.9, zorder=1)
     tests = set()
@@ -313,7 +343,7 @@ def _draw_differences(
         if tests
         else f"no intervals: no recipe shares a seed and a checkpoint with {base} under it"
     )
-    ax.set_title(f"blend NLL − {base}'s, {policy} policy\n{bars}", fontsize=9.5)
+    ax.set_title("\n".join(filter(None, [f"blend NLL − {base}'s, {policy} policy", note, bars])), fontsize=9.5)
     ax.set_ylabel(f"blend NLL − {base}'s\n(nats/token)" if first else "")
     ax.set_xlabel("checkpoint tokens")
     ax.xaxis.set_major_formatter(FuncFormatter(tokens_formatter))
