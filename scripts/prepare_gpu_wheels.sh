@@ -8,12 +8,15 @@
 #   - lm-eval 0.4.13 and what it needs that the GPU image lacks, all pure Python (the image has
 #     pyarrow, pandas, scikit-learn, sacrebleu, transformers and huggingface-hub), for `fp4repro
 #     evaluate`'s downstream tasks; three of them are sdists, built here into universal wheels.
-#     lm-eval's wheel is rewritten without its bundled task folders (scripts/wheel_without_folders.py:
-#     their datasets cannot be downloaded offline; fp4repro evaluates task folders it writes), which
-#     takes it from 9 MB to 0.3 MB of what travels to the machine.
+#     lm-eval's wheel is rewritten without its bundled task folders (scripts/wheel_without_folders.py),
+#     9 MB to 0.3 MB of what travels to the machine: the small studies evaluate task folders fp4repro
+#     writes itself. LM_EVAL_TASKS=keep keeps them, for lm-eval's own tasks (paper8b's) on a
+#     machine whose dataset cache was filled where there is network. On a second run pip finds the
+#     rewritten wheel under the original's name, warns of a bad hash and downloads it again: expected.
 # Needs network access and a Python with torch (any build, nothing is compiled: mamba-ssm's
 # setup.py only imports torch, hence --no-build-isolation); by default the project's .venv.
-# Usage: scripts/prepare_gpu_wheels.sh [OUT_DIR]        (default: wheels/; PYTHON=... to override)
+# Usage: scripts/prepare_gpu_wheels.sh [OUT_DIR]        (default: wheels/; PYTHON=... to override;
+#        LM_EVAL_TASKS=keep for lm-eval's bundled tasks)
 # Then, on the GPU machine: pip install --no-deps OUT_DIR/*.whl
 set -euo pipefail
 
@@ -40,8 +43,10 @@ MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
     tabledata==1.3.5 tcolorpy==0.1.7 typepy==1.3.5 chardet==6.0.0.post1
 "$python" -m pip wheel --wheel-dir "$out" --no-deps rouge-score==0.1.2 sqlitedict==2.1.0 word2number==1.1
 
-tmp="$(mktemp -d)"
-"$python" "$repo/scripts/wheel_without_folders.py" "$out"/lm_eval-0.4.13-py3-none-any.whl "$tmp" lm_eval/tasks/
-mv "$tmp"/lm_eval-0.4.13-py3-none-any.whl "$out"/ && rmdir "$tmp"
+if [ "${LM_EVAL_TASKS:-drop}" != keep ]; then
+    tmp="$(mktemp -d)"
+    "$python" "$repo/scripts/wheel_without_folders.py" "$out"/lm_eval-0.4.13-py3-none-any.whl "$tmp" lm_eval/tasks/
+    mv "$tmp"/lm_eval-0.4.13-py3-none-any.whl "$out"/ && rmdir "$tmp"
+fi
 
 ls -l "$out"

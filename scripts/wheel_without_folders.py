@@ -1,17 +1,19 @@
 """Rewrite a wheel without the files under some of its folders, their lines dropped from RECORD so
 that the wheel stays consistent (pip installs it as any other).
 
-Used by scripts/prepare_gpu_wheels.sh for lm-eval, whose bundled task folders (15,000 YAML files,
-5 MB of its 9 MB wheel) are of no use on an offline GPU machine: their datasets would have to be
-downloaded, and fp4repro evaluates the task folders it writes itself. The folders' files stay
-loadable where they are kept: a folder is dropped only below PREFIX (its files directly under it,
-lm_eval/tasks/__init__.py with lm-eval's TaskManager among them, are kept).
+Used by scripts/prepare_gpu_wheels.sh for lm-eval, whose bundled task folders (about 15,500 files,
+14,300 of them YAML) are nearly all of its 9 MB wheel and of no use to the small studies on an
+offline GPU machine: they evaluate task folders fp4repro writes itself. A folder is dropped only
+below PREFIX, a folder path ending in "/": the files directly under it (lm_eval/tasks/__init__.py
+with lm-eval's TaskManager among them) are kept.
 
 Usage: python scripts/wheel_without_folders.py WHEEL OUT_DIR PREFIX   (e.g. lm_eval/tasks/)
 Writes OUT_DIR/<the same file name> and prints how many files it dropped (none for a wheel already
 rewritten).
 """
 
+import csv
+import io
 import sys
 import zipfile
 from pathlib import Path
@@ -23,6 +25,8 @@ def dropped(name: str, prefix: str) -> bool:
 
 
 def rewrite(wheel: Path, out_dir: Path, prefix: str) -> tuple[Path, int]:
+    if not prefix.endswith("/"):
+        raise SystemExit(f"PREFIX {prefix!r}: a folder path ending in '/' (e.g. lm_eval/tasks/)")
     out = out_dir / wheel.name
     if out.resolve() == wheel.resolve():
         raise SystemExit(f"{wheel}: OUT_DIR must be another folder than the wheel's")
@@ -34,8 +38,10 @@ def rewrite(wheel: Path, out_dir: Path, prefix: str) -> tuple[Path, int]:
                 continue
             data = src.read(info)
             if info.filename.endswith(".dist-info/RECORD"):
-                lines = data.decode().splitlines(keepends=True)
-                data = "".join(line for line in lines if not dropped(line.split(",", 1)[0], prefix)).encode()
+                kept = io.StringIO()
+                writer = csv.writer(kept, lineterminator="\n")
+                writer.writerows(row for row in csv.reader(io.StringIO(data.decode())) if not dropped(row[0], prefix))
+                data = kept.getvalue().encode()
             dst.writestr(info, data)
     return out, count
 

@@ -86,3 +86,14 @@ def test_a_wheel_already_rewritten_is_written_again_unchanged(tmp_path):
     assert "0 files" in done.stdout
     with zipfile.ZipFile(once / wheel.name) as a, zipfile.ZipFile(twice / wheel.name) as b:
         assert {n: a.read(n) for n in a.namelist()} == {n: b.read(n) for n in b.namelist()}
+
+
+def test_a_prefix_that_is_not_a_folder_path_is_refused_before_anything_is_written(tmp_path):
+    wheel = make_wheel(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(wheel), str(out), "pkg/tasks"], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "a folder path ending in '/'" in done.stderr
+    assert list(out.iterdir()) == []

@@ -906,7 +906,8 @@ def test_curves_are_drawn_over_the_seeds_evaluated_at_every_checkpoint(tmp_path)
 
 def _with_replay_rows(results: Path, tmp_path: Path, figure: str, shift: float = 0.0) -> list[Path]:
     """The figure's ue5m3 and nvfp4 inputs copied under tmp_path, ue5m3's with its quantized rows
-    again as replay rows (NLL raised by ``shift`` nats/token), nvfp4's as they are (no replay)."""
+    again as replay rows (NLL and every downstream value raised by ``shift``), nvfp4's as they are
+    (no replay)."""
     copied = []
     for path in inputs_of(results, figure, ("ue5m3", "nvfp4")):
         table = pd.read_parquet(path)
@@ -914,8 +915,9 @@ def _with_replay_rows(results: Path, tmp_path: Path, figure: str, shift: float =
             replay = table[table["policy"] == "quantized"].assign(policy="replay")
             if "nll_sum" in replay:
                 replay = replay.assign(nll_sum=replay["nll_sum"] + shift * replay["predicted"])
-            elif "nll" in replay:
-                replay = replay.assign(nll=replay["nll"] + shift)
+            else:
+                column = "nll" if "nll" in replay else "value"
+                replay = replay.assign(**{column: replay[column] + shift})
             table = pd.concat([table, replay])
         target = tmp_path / path.relative_to(results.parent)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -946,15 +948,34 @@ def test_a_policy_the_baseline_was_not_evaluated_under_pairs_it_under_the_curren
     last = artist(replay, "interval:ue5m3:replay").get_segments()[-1]
     assert (last[0][1], last[1][1]) == pytest.approx((expected.low, expected.high))
 
-    down = draw_figure("downstream", _with_replay_rows(results, tmp_path / "d", "downstream"))
-    assert axis(down, "difference:replay").get_title().splitlines() == [
-        "policy replay",
-        "nvfp4 under quantized: it has no replay rows",
-    ]
-    np.testing.assert_array_equal(  # the same rows under both policies: the same differences
-        artist(axis(down, "difference:replay"), "difference:ue5m3:replay").get_ydata(),
-        artist(axis(down, "difference:quantized"), "difference:ue5m3:quantized").get_ydata(),
-    )
+    # a recipe without quantization is not set beside nvfp4 quantized: with no nvfp4 bf16 rows,
+    # the bf16 column has nothing to pair
+    copied = _with_replay_rows(results, tmp_path / "q", "nll")
+    for path in copied:
+        if "/nvfp4/" in str(path):
+            table = pd.read_parquet(path)
+            table[table["policy"] != "bf16"].to_parquet(path, index=False)
+    title = axis(draw_figure("nll", copied, **EXTRA["nll"]), "difference:bf16").get_title()
+    assert title.splitlines()[-1] == "no intervals: no recipe shares a seed and a checkpoint with nvfp4 under it"
+
+
+@pytest.mark.parametrize("fixture", ["results", "results_seeds"])  # one seed: items alone; three: t over seeds too
+def test_the_downstream_replay_column_pairs_the_recipe_under_replay_with_nvfp4_under_quantized(
+    fixture, request, tmp_path
+):
+    results = request.getfixturevalue(fixture)
+    down = draw_figure("downstream", _with_replay_rows(results, tmp_path, "downstream", shift=0.05))
+    replay, quantized = axis(down, "difference:replay"), axis(down, "difference:quantized")
+    assert replay.get_title().splitlines() == ["policy replay", "nvfp4 under quantized: it has no replay rows"]
+    # every ue5m3 item 0.05 higher under replay: each difference and interval 0.05 higher
+    for part in ("difference", "interval"):
+        shifted, plain = (artist(ax, f"{part}:ue5m3:{p}") for ax, p in ((replay, "replay"), (quantized, "quantized")))
+        if part == "difference":
+            np.testing.assert_allclose(shifted.get_ydata(), plain.get_ydata() + 0.05, atol=1e-12)
+        else:
+            np.testing.assert_allclose(
+                np.array(shifted.get_segments()), np.array(plain.get_segments()) + [0, 0.05], atol=1e-12
+            )
 
 
 def test_a_policy_the_baseline_has_no_rows_to_pair_under_says_it_has_no_intervals(results, tmp_path):

@@ -116,11 +116,16 @@ FALLBACK_POLICY = "quantized"
 
 def baseline_policy(df: pd.DataFrame, baseline: str, policy: str) -> str | None:
     """The policy to read ``baseline`` under in the column of ``policy``: that policy where the
-    baseline was evaluated under it, else ``FALLBACK_POLICY`` where it was (the replay column: the
-    claims set a recipe under the cold replay beside NVFP4 under the current amax, each its own),
-    else None (nothing to pair)."""
+    baseline was evaluated under it; else, in a column of a quantized policy, ``FALLBACK_POLICY``
+    where it was (the replay column: the claims set a recipe under the cold replay beside NVFP4
+    under the current amax, each its own); else None (nothing to pair: a recipe without
+    quantization is never set beside a quantized baseline). Each seed pairs where both runs have
+    their rows (the report instead reads a recipe under the current amax where a paired seed lacks
+    its own policy's rows: the two agree where every seed has them)."""
     evaluated = set(df.loc[df["recipe"] == baseline, "policy"])
-    return policy if policy in evaluated else FALLBACK_POLICY if FALLBACK_POLICY in evaluated else None
+    if policy in evaluated:
+        return policy
+    return FALLBACK_POLICY if policy != "bf16" and FALLBACK_POLICY in evaluated else None
 
 
 def read_under_note(base: str, policy: str, read_under: str | None) -> str:
