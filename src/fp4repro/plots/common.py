@@ -114,26 +114,24 @@ def choose_baseline(recipes, baseline: str | None) -> str:
 FALLBACK_POLICY = "quantized"
 
 
-def baseline_policy(df: pd.DataFrame, baseline: str, policy: str) -> str | None:
-    """The policy to read ``baseline`` under in the column of ``policy``: that policy where the
-    baseline was evaluated under it; else, in a column of a quantized policy, ``FALLBACK_POLICY``
-    where it was (the replay column: the claims set a recipe under the cold replay beside NVFP4
-    under the current amax, each its own); else None (nothing to pair: a recipe without
-    quantization is never set beside a quantized baseline). Each seed pairs where both runs have
-    their rows (the report instead reads a recipe under the current amax where a paired seed lacks
-    its own policy's rows: the two agree where every seed has them)."""
+def baseline_policy(df: pd.DataFrame, baseline: str, policy: str) -> str:
+    """The policy to read ``baseline`` under in the column of ``policy``: ``FALLBACK_POLICY`` in a
+    column of a quantized policy the baseline was not evaluated under but the fallback was (the
+    replay column: the claims set a recipe under the cold replay beside NVFP4 under the current
+    amax, each its own); else ``policy`` itself, which pairs nothing where the baseline lacks it (a
+    recipe without quantization is never set beside a quantized baseline). Each seed pairs where
+    both runs have their rows (the report instead reads a recipe under the current amax where a
+    paired seed lacks its own policy's rows: the two agree where every seed has them)."""
     evaluated = set(df.loc[df["recipe"] == baseline, "policy"])
-    if policy in evaluated:
+    if policy in evaluated or policy == "bf16" or FALLBACK_POLICY not in evaluated:
         return policy
-    return FALLBACK_POLICY if policy != "bf16" and FALLBACK_POLICY in evaluated else None
+    return FALLBACK_POLICY
 
 
-def read_under_note(base: str, policy: str, read_under: str | None) -> str:
+def read_under_note(base: str, policy: str, read_under: str) -> str:
     """The line a difference column of ``policy`` adds to its title where the baseline is read
     under another policy ("" where it is not)."""
-    if read_under in (None, policy):
-        return ""
-    return f"{base} under {read_under}: it has no {policy} rows"
+    return "" if read_under == policy else f"{base} under {read_under}: it has no {policy} rows"
 
 
 def t_band(per_seed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

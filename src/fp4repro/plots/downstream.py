@@ -173,11 +173,7 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     cache: dict = {}
     read_under = {p: baseline_policy(df, base, p) for p in policies}
     diffs = {
-        (r, p): downstream_differences(df, items, r, base, p, cache, read_under[p])
-        if read_under[p] is not None
-        else pd.DataFrame(columns=["aggregate", "metric", "step", "seeds", "comparison"])
-        for r in others
-        for p in policies
+        (r, p): downstream_differences(df, items, r, base, p, cache, read_under[p]) for r in others for p in policies
     }
 
     theme()

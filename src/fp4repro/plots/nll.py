@@ -185,8 +185,6 @@ def plot_nll(
     read_under = {p: baseline_policy(df, base, p) for p in policies}
     diffs = {
         (r, p): nll_differences(df, docs, r, base, p, blend_of, resamples, read_under[p])
-        if read_under[p] is not None
-        else pd.DataFrame(columns=["step", "tokens", "seeds", "comparison"])
         for r in others
         for p in policies
     }
