@@ -128,9 +128,10 @@ def baseline_policy(df: pd.DataFrame, baseline: str, policy: str) -> str:
     return FALLBACK_POLICY
 
 
-def read_under_note(base: str, policy: str, read_under: str) -> str:
-    """The line a difference column of ``policy`` adds to its title where the baseline is read
-    under another policy ("" where it is not)."""
+def read_under_note(df: pd.DataFrame, base: str, policy: str) -> str:
+    """The line a difference column of ``policy`` adds to its title where ``baseline_policy`` reads
+    the baseline under another policy ("" where it does not)."""
+    read_under = baseline_policy(df, base, policy)
     return "" if read_under == policy else f"{base} under {read_under}: it has no {policy} rows"
 
 

@@ -86,17 +86,17 @@ def downstream_differences(
     baseline: str,
     policy: str,
     cache: dict | None = None,
-    baseline_policy: str | None = None,
 ) -> pd.DataFrame:
     """recipe − baseline in each aggregate (and metric) at the last checkpoint both evaluated, the
-    recipe under ``policy`` and the baseline under ``baseline_policy`` (default the same), in every
+    recipe under ``policy`` and the baseline under ``plots.common.baseline_policy`` (``policy``
+    where it has those rows), in every
     seed they share: the paired test over items (``paired.item_difference``
     on downstream_items.parquet, each item's value averaged over the seeds: a bootstrap over the
     items' held-out documents where the table names them), with two or more seeds widening a paired
     t over seeds (``statistics.seeds_and_items``), as the report computes them. One row per aggregate and metric.
     ``cache``: run -> items table already read."""
     cache = {} if cache is None else cache
-    under = {recipe: policy, baseline: baseline_policy or policy}
+    under = {recipe: policy, baseline: baseline_policy(df, baseline, policy)}
     a, b = (df[(df["recipe"] == r) & (df["policy"] == under[r])] for r in (recipe, baseline))
     seeds = sorted(set(a["seed"]) & set(b["seed"]))
     steps = [set(t.loc[t["seed"] == s, "step"]) for t in (a, b) for s in seeds]
@@ -171,10 +171,7 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     max_step = int(df["step"].max())
     over_time = df.groupby(["recipe", "seed"])["step"].nunique().max() > 1
     cache: dict = {}
-    read_under = {p: baseline_policy(df, base, p) for p in policies}
-    diffs = {
-        (r, p): downstream_differences(df, items, r, base, p, cache, read_under[p]) for r in others for p in policies
-    }
+    diffs = {(r, p): downstream_differences(df, items, r, base, p, cache) for r in others for p in policies}
 
     theme()
     heights = (1.0, 0.9, 1.0) if over_time else (1.0, 0.9)
@@ -237,7 +234,7 @@ def plot_downstream(inputs: list[Path], baseline: str | None = None):
     handles = [Line2D([], [], color=colors[r], marker="o", lw=0, label=r) for r in recipes]
     top.legend(handles=handles, loc="outside right center", title="recipe", fontsize=9, title_fontsize=9)
 
-    notes = {p: read_under_note(base, p, read_under[p]) for p in policies}
+    notes = {p: read_under_note(df, base, p) for p in policies}
     _draw_differences(middle, diffs, keys, labels, others, base, policies, colors, notes)
 
     if bottom is not None:

@@ -120,16 +120,16 @@ def nll_differences(
     policy: str,
     blend=None,
     resamples: int = RESAMPLES,
-    baseline_policy: str | None = None,
 ) -> pd.DataFrame:
     """recipe − baseline in blend NLL at every checkpoint both evaluated, the recipe under
-    ``policy``, the baseline under ``baseline_policy`` (default the same): with two
+    ``policy``, the baseline under ``plots.common.baseline_policy`` (``policy`` where it has those
+    rows): with two
     or more seeds both have there, a paired t over seeds widened by the paired bootstrap over the
     held-out documents of the seed-averaged NLL (``statistics.seeds_and_items``); with one, that
     bootstrap (``paired.document_difference``), as the report computes them: ``resamples`` at
     the last checkpoint (the report's), ``earlier_resamples`` before.
     One row per checkpoint: step, tokens, seeds and the Comparison."""
-    under = {recipe: policy, baseline: baseline_policy or policy}
+    under = {recipe: policy, baseline: baseline_policy(df, baseline, policy)}
     blend_rows = df[df["source"] == "blend"]
     a, b = (
         blend_rows[(blend_rows["recipe"] == r) & (blend_rows["policy"] == under[r])].set_index(["step", "seed"])["nll"]
@@ -182,12 +182,7 @@ def plot_nll(
         return weights
 
     docs = _Documents(documents)
-    read_under = {p: baseline_policy(df, base, p) for p in policies}
-    diffs = {
-        (r, p): nll_differences(df, docs, r, base, p, blend_of, resamples, read_under[p])
-        for r in others
-        for p in policies
-    }
+    diffs = {(r, p): nll_differences(df, docs, r, base, p, blend_of, resamples) for r in others for p in policies}
 
     theme()
     n_rows = len(sources) + (1 if others else 0)
@@ -268,7 +263,7 @@ def plot_nll(
                 colors,
                 resamples,
                 j == 0,
-                read_under_note(base, policy, read_under[policy]),
+                read_under_note(df, base, policy),
             )
     handles = [Line2D([], [], color=colors[r], marker="o", lw=1.5, label=r) for r in recipes]
     fig.legend(
