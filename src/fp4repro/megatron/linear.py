@@ -5,7 +5,9 @@ parameters and ``(output, bias)`` return; they override only ``_forward_impl``, 
 megatron-core calls for the GEMM (with its autograd function: the sequence-parallel gather and
 the tensor-parallel reductions of the gradients live there too). Until a recipe is attached
 (``attach``, by ``fp4repro.megatron.model.attach_recipe``), and for linears the recipe leaves
-unquantized (BF16 layers, exempt linears), megatron's own path runs unchanged. A quantized linear
+unquantized (BF16 layers, exempt linears), megatron's own GEMM runs: under autocast as
+``fp4repro.megatron.main_grad_linear`` computes it (megatron's numbers, its weight cast once and its
+gradient added into ``main_grad``), else megatron's own function. A quantized linear
 runs ``fp4repro.quant.linear.quantized_linear``: the same function, LinearSpecs, QuantState keys,
 telemetry and kernels as the reference model's ``QuantLinear``.
 
@@ -34,6 +36,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import get_pg_size, get_tensor_model_parallel_group_if_none
 
 from fp4repro.config.spec import LinearSpecs
+from fp4repro.megatron import main_grad_linear
 from fp4repro.megatron.names import SEPARATE_QKV_LINEARS
 from fp4repro.model.head_gemm import fp32_head_linear
 from fp4repro.quant.linear import describe_specs, quantized_linear
@@ -87,6 +90,10 @@ class _Quantized:
         self.shards = shards or {}
 
     def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False, **kwargs):
+        if self.specs is None and main_grad_linear.takes(input, weight, bias, kwargs.get("grad_output_buffer")):
+            return main_grad_linear.linear_into_main_grad(
+                input, weight, lambda x: _tensor_parallel_input(x, sequence_parallel, allreduce_dgrad)
+            )
         if self.specs is None:
             return super()._forward_impl(
                 input,

@@ -1,0 +1,82 @@
+"""megatron-core's unquantized linear GEMM under autocast, with its weight gradient added into the
+weight's ``main_grad`` (megatron's gradient-accumulation fusion, without Apex or Transformer Engine).
+
+For Y = X·Wᵀ with W a float32 parameter and autocast's dtype c (BF16 on a GPU):
+
+    forward   X_c = c(X),  W_c = c(W),  Y = X_c · W_cᵀ          (c's GEMM, FP32 accumulation, Y in c)
+    backward  dX = dY · W_c                                      (in c)
+              dW = dYᵀ · X_c                                     (in c, tokens flattened)
+              main_grad += float32(dW)                           (float32 add, in place)
+
+These are the numbers megatron-core's own ``LinearWithGradAccumulationAndAsyncCommunication``
+computes under autocast, bit for bit: its forward and its backward each cast W to c (autocast's
+cast of a float32 weight, forward and again in the backward), the weight gradient comes back in c,
+autograd casts it to float32 (exact) for the float32 parameter, and the DDP's hook adds it into
+``main_grad``. Here W is cast once and its copy kept for the backward (c's bytes per weight
+element held from forward to backward), and the gradient in c is added into ``main_grad`` as it
+is (one float32 add reads it: no float32 copy written and read again), as megatron's fused path does
+with Apex's ``wgrad_gemm_accum_fp32``, whose protocol this follows: ``grad_added_to_main_grad`` set
+and a placeholder gradient returned, so that the DDP's hook skips its add and still runs.
+
+Dtypes: X as given (cast to c by ``linear_into_main_grad``, before the tensor-parallel mappings, so
+that their gradients are reduced in c as megatron reduces them); W and ``main_grad`` float32; Y, dX
+and dW in c.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.utils import prepare_input_tensors_for_wgrad_compute
+
+
+class _MainGradLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Y = X_c · W_cᵀ, X already in c (``linear_into_main_grad`` casts it), W cast to c."""
+        w_c = weight.to(x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            y = torch.matmul(x, w_c.t())
+        ctx.save_for_backward(x, w_c)
+        ctx.weight = weight  # the parameter itself, for its main_grad (not a saved tensor: no version check)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w_c = ctx.saved_tensors
+        weight = ctx.weight
+        with torch.autocast(dy.device.type, enabled=False):
+            dx = dy.matmul(w_c)
+            dy2, x2 = prepare_input_tensors_for_wgrad_compute(dy, x)
+            dw = dy2.t().matmul(x2)
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is None:  # no DDP around the model: the gradient as autograd would give it
+            return dx, dw.to(weight.dtype)
+        main_grad.add_(dw)
+        if hasattr(weight, "grad_added_to_main_grad"):
+            # megatron's protocol: the DDP's hook sees the flag and skips its add; the placeholder
+            # (never read, no kernel) lets autograd run the hook, as megatron's own fused path does
+            weight.grad_added_to_main_grad = True
+            return dx, torch.empty_like(weight)
+        return dx, None
+
+
+def takes(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad_output_buffer) -> bool:
+    """Whether ``linear_into_main_grad`` computes this GEMM: under autocast, a float32 weight that
+    trains, no bias (added in float32 by megatron's path: the output would be float32), and no
+    deferred weight gradient (megatron's embedding-wgrad deferral keeps its own buffer)."""
+    return (
+        torch.is_autocast_enabled(input.device.type)
+        and weight.dtype == torch.float32
+        and weight.requires_grad
+        and bias is None
+        and not grad_output_buffer
+    )
+
+
+def linear_into_main_grad(input: torch.Tensor, weight: torch.Tensor, tensor_parallel_input) -> torch.Tensor:
+    """Y = X·Wᵀ as megatron's linear computes it under autocast (see the module docstring), the
+    weight gradient added into ``weight.main_grad``. ``tensor_parallel_input``: the mapping of the
+    GEMM's input megatron applies for the layer (sequence-parallel gather, input-gradient
+    all-reduce; ``fp4repro.megatron.linear``), applied here to the input already in autocast's dtype."""
+    dtype = torch.get_autocast_dtype(input.device.type)
+    return _MainGradLinear.apply(tensor_parallel_input(input.to(dtype)), weight)
