@@ -83,12 +83,61 @@ def test_without_ddp_the_weight_gradient_is_megatrons():
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+def test_the_tensor_parallel_mapping_sees_the_input_and_reduces_its_gradient_in_bf16():
+    # megatron's function returns its input gradient in BF16 and reduces it over the tensor group
+    # there (autograd casts it to a float32 input's dtype after): the mapping must sit after the cast
+    seen = []
+
+    class Mapping(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            seen.append(("input", t.dtype))
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("gradient", grad.dtype))
+            return grad
+
+    x0, w0, _, r = _operands("cpu")
+    x = x0.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (linear_into_main_grad(x, torch.nn.Parameter(w0.clone()), Mapping.apply).float() * r).sum().backward()
+    assert seen == [("input", torch.bfloat16), ("gradient", torch.bfloat16)]
+    assert x.grad.dtype == torch.float32
+
+
+def test_an_unquantized_megatron_linear_under_autocast_takes_this_path(megatron_cpu):
+    from fp4repro.config.model import load_model_config
+
+    model = megatron_cpu(load_model_config("tiny"))
+    for name in ("decoder.layers.1.mlp.linear_fc1", "decoder.layers.1.mlp.linear_fc2"):
+        linear = model.get_submodule(name)  # no recipe attached: BF16, megatron's GEMM
+        x0, _, _, _ = _operands("cpu", shape=(37, 2, linear.weight.shape[1], linear.weight.shape[0]))
+        w = linear.weight
+        w.main_grad, w.grad_added_to_main_grad = torch.zeros_like(w), False
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, _ = linear(x)
+            y.float().sum().backward()
+        assert w.grad_added_to_main_grad is True, name  # megatron's own function would leave it False
+        xm = x0.clone().requires_grad_()
+        wm = torch.nn.Parameter(w.detach().clone())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ym = linear_with_grad_accumulation_and_async_allreduce(xm, wm, None, False, False, False)
+            ym.float().sum().backward()
+        assert torch.equal(y, ym) and torch.equal(x.grad, xm.grad) and torch.equal(w.main_grad, wm.grad), name
+
+
 def test_it_takes_only_what_it_computes_as_megatron_does():
     x, w = torch.zeros(4, 1, 8), torch.nn.Parameter(torch.zeros(6, 8))
-    assert not takes(x, w, None, None)  # no autocast: megatron's FP32 path
+    assert not takes(x, w, None, False, None)  # no autocast: megatron's FP32 path
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert takes(x, w, None, None)
-        assert not takes(x, w, torch.zeros(6), None)  # a bias megatron adds in float32
-        assert not takes(x, w, None, [torch.zeros(1)])  # megatron's deferred weight gradients
-        assert not takes(x, torch.nn.Parameter(torch.zeros(6, 8), requires_grad=False), None, None)
-        assert not takes(x, torch.nn.Parameter(torch.zeros(6, 8, dtype=torch.bfloat16)), None, None)
+        assert takes(x, w, None, False, None)
+        assert not takes(x, w, torch.zeros(6), False, None)  # a bias megatron adds in float32
+        assert not takes(x, w, None, True, None)  # sequence parallelism: megatron gathers again
+        assert not takes(x, w, None, False, [])  # megatron's deferred weight gradients, none yet
+        assert not takes(x, torch.nn.Parameter(torch.zeros(6, 8), requires_grad=False), None, False, None)
+        assert not takes(x, torch.nn.Parameter(torch.zeros(6, 8, dtype=torch.bfloat16)), None, False, None)
+        w.zero_out_wgrad = True  # megatron returns a zero weight gradient for it
+        assert not takes(x, w, None, False, None)

@@ -90,7 +90,9 @@ class _Quantized:
         self.shards = shards or {}
 
     def _forward_impl(self, input, weight, bias=None, *args, sequence_parallel=False, allreduce_dgrad=False, **kwargs):
-        if self.specs is None and main_grad_linear.takes(input, weight, bias, kwargs.get("grad_output_buffer")):
+        if self.specs is None and main_grad_linear.takes(
+            input, weight, bias, sequence_parallel, kwargs.get("grad_output_buffer")
+        ):
             return main_grad_linear.linear_into_main_grad(
                 input, weight, lambda x: _tensor_parallel_input(x, sequence_parallel, allreduce_dgrad)
             )

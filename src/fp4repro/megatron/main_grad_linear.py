@@ -13,7 +13,8 @@ computes under autocast, bit for bit: its forward and its backward each cast W t
 cast of a float32 weight, forward and again in the backward), the weight gradient comes back in c,
 autograd casts it to float32 (exact) for the float32 parameter, and the DDP's hook adds it into
 ``main_grad``. Here W is cast once and its copy kept for the backward (c's bytes per weight
-element held from forward to backward), and the gradient in c is added into ``main_grad`` as it
+element per micro-batch in flight, held from forward to backward; the engine steps the weights
+only after the backward, and no recomputation runs the forward again), and the gradient in c is added into ``main_grad`` as it
 is (one float32 add reads it: no float32 copy written and read again), as megatron's fused path does
 with Apex's ``wgrad_gemm_accum_fp32``, whose protocol this follows: ``grad_added_to_main_grad`` set
 and a placeholder gradient returned, so that the DDP's hook skips its add and still runs.
@@ -60,23 +61,37 @@ class _MainGradLinear(torch.autograd.Function):
         return dx, None
 
 
-def takes(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad_output_buffer) -> bool:
-    """Whether ``linear_into_main_grad`` computes this GEMM: under autocast, a float32 weight that
-    trains, no bias (added in float32 by megatron's path: the output would be float32), and no
-    deferred weight gradient (megatron's embedding-wgrad deferral keeps its own buffer)."""
+def takes(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    sequence_parallel: bool,
+    grad_output_buffer: list | None,
+) -> bool:
+    """Whether ``linear_into_main_grad`` computes this GEMM as megatron's linear would: under
+    autocast, a float32 weight that trains, used once per forward (a linear's own weight: two uses
+    would each add into ``main_grad`` where megatron adds their float32 sum once) and not one whose
+    weight gradient megatron zeroes (``zero_out_wgrad``); no bias (added in float32 by megatron:
+    the output would be float32); no sequence parallelism (megatron gathers the input again in its
+    backward instead of keeping it, and reduce-scatters in the input's dtype); no weight-gradient
+    deferral (megatron's ``grad_output_buffer``, a list even while empty)."""
     return (
         torch.is_autocast_enabled(input.device.type)
         and weight.dtype == torch.float32
         and weight.requires_grad
+        and not getattr(weight, "zero_out_wgrad", False)
         and bias is None
-        and not grad_output_buffer
+        and not sequence_parallel
+        and grad_output_buffer is None
     )
 
 
 def linear_into_main_grad(input: torch.Tensor, weight: torch.Tensor, tensor_parallel_input) -> torch.Tensor:
     """Y = X·Wᵀ as megatron's linear computes it under autocast (see the module docstring), the
-    weight gradient added into ``weight.main_grad``. ``tensor_parallel_input``: the mapping of the
-    GEMM's input megatron applies for the layer (sequence-parallel gather, input-gradient
-    all-reduce; ``fp4repro.megatron.linear``), applied here to the input already in autocast's dtype."""
+    weight gradient added into ``weight.main_grad``, for a GEMM ``takes`` accepts.
+    ``tensor_parallel_input``: the mapping of the GEMM's input megatron applies for the layer (the
+    input gradient's all-reduce over the tensor group; ``fp4repro.megatron.linear``), applied to the
+    input already in autocast's dtype, so that the gradient is reduced in that dtype as megatron
+    reduces it."""
     dtype = torch.get_autocast_dtype(input.device.type)
     return _MainGradLinear.apply(tensor_parallel_input(input.to(dtype)), weight)
