@@ -14,10 +14,11 @@ cast of a float32 weight, forward and again in the backward), the weight gradien
 autograd casts it to float32 (exact) for the float32 parameter, and the DDP's hook adds it into
 ``main_grad``. Here W is cast once and its copy kept for the backward (c's bytes per weight
 element per micro-batch in flight, held from forward to backward; the engine steps the weights
-only after the backward, and no recomputation runs the forward again), and the gradient in c is added into ``main_grad`` as it
-is (one float32 add reads it: no float32 copy written and read again), as megatron's fused path does
-with Apex's ``wgrad_gemm_accum_fp32``, whose protocol this follows: ``grad_added_to_main_grad`` set
-and a placeholder gradient returned, so that the DDP's hook skips its add and still runs.
+only after the backward, and no recomputation runs the forward again), and the gradient in c is
+added into ``main_grad`` as it is (one float32 add reads it: no float32 copy written and read
+again), as megatron's fused path does with Apex's ``wgrad_gemm_accum_fp32``, whose protocol this
+follows: ``grad_added_to_main_grad`` set and a placeholder gradient returned, so that the DDP's hook
+skips its add and still runs.
 
 Dtypes: X as given (cast to c by ``linear_into_main_grad``, before the tensor-parallel mappings, so
 that their gradients are reduced in c as megatron reduces them); W and ``main_grad`` float32; Y, dX
