@@ -842,6 +842,13 @@ def test_throughput_draws_tokens_per_second_per_column_and_says_what_was_not_mea
     assert "not measured for this model's shapes (looked in" in fig.axes[0].texts[0].get_text()
 
 
+def test_the_not_measured_message_stays_in_its_figure_however_long_the_folder_it_names(tmp_path):
+    # a path has no space to break at: the message wraps it, wherever a test or a user keeps results
+    folder = tmp_path / ("results_of_a_study_kept_in_a_deeply_nested_folder_" * 3) / "bench"
+    fig = rendered(draw_figure("throughput", [folder]))
+    assert "".join(fig.axes[0].texts[0].get_text().split()).count(str(folder).replace(" ", "")) == 1
+
+
 def test_a_full_disk_is_one_line_and_keeps_the_old_figure_and_its_pdf(results, tmp_path, capsys, full_disk):
     # issue 42: a full disk during `fp4repro plot` ended in a traceback and zlib.error, never "disk full"
     out = tmp_path / "figs" / "loss.png"

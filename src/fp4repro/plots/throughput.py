@@ -17,7 +17,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from fp4repro.plots.catalog import PlotError
-from fp4repro.plots.common import ordered, recipe_colors, theme
+from fp4repro.plots.common import ordered, recipe_colors, theme, wrapped
 from fp4repro.results import (
     THROUGHPUT_ABLATION,
     column_timing,
@@ -146,16 +146,12 @@ def plot_throughput(inputs: list[Path], model: str | None = None):
         fig, ax = plt.subplots(figsize=(7, 2.5))
         ax.axis("off")
         looked = ", ".join(str(p) for p in inputs) or "no input"
-        ax.text(
-            0.5,
-            0.5,
+        message = (
             f"body throughput not measured for {model or 'this model'}'s shapes (looked in "
-            f"{looked}): fp4repro bench throughput --experiment <experiment> on a GPU",
-            ha="center",
-            va="center",
-            wrap=True,
-            transform=ax.transAxes,
+            f"{looked}): fp4repro bench throughput --experiment <experiment> on a GPU"
         )
+        # wrapped here, not by matplotlib (which breaks at spaces only): a folder's path has none
+        ax.text(0.5, 0.5, wrapped(message, fig), ha="center", va="center", transform=ax.transAxes)
         return fig
     columns = columns_of(entries)
     # one panel per row and kind of measurement, one column per shape: wide bars, readable labels
