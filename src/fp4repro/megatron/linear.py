@@ -5,9 +5,10 @@ parameters and ``(output, bias)`` return; they override only ``_forward_impl``, 
 megatron-core calls for the GEMM (with its autograd function: the sequence-parallel gather and
 the tensor-parallel reductions of the gradients live there too). Until a recipe is attached
 (``attach``, by ``fp4repro.megatron.model.attach_recipe``), and for linears the recipe leaves
-unquantized (BF16 layers, exempt linears), megatron's own GEMM runs: under autocast as
-``fp4repro.megatron.main_grad_linear`` computes it (megatron's numbers, its weight cast once and its
-gradient added into ``main_grad``), else megatron's own function. A quantized linear
+unquantized (BF16 layers, exempt linears), megatron's own GEMM runs: as
+``fp4repro.megatron.main_grad_linear`` computes it where that takes it (under autocast, without
+sequence parallelism: megatron's numbers, its weight cast once and its gradient added into
+``main_grad``), else megatron's own function. A quantized linear
 runs ``fp4repro.quant.linear.quantized_linear``: the same function, LinearSpecs, QuantState keys,
 telemetry and kernels as the reference model's ``QuantLinear``.
 
@@ -94,7 +95,7 @@ class _Quantized:
             input, weight, bias, sequence_parallel, kwargs.get("grad_output_buffer")
         ):
             return main_grad_linear.linear_into_main_grad(
-                input, weight, lambda x: _tensor_parallel_input(x, sequence_parallel, allreduce_dgrad)
+                input, weight, lambda x: _tensor_parallel_input(x, False, allreduce_dgrad)
             )
         if self.specs is None:
             return super()._forward_impl(

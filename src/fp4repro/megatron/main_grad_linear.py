@@ -56,7 +56,8 @@ class _MainGradLinear(torch.autograd.Function):
         main_grad.add_(dw)
         if hasattr(weight, "grad_added_to_main_grad"):
             # megatron's protocol: the DDP's hook sees the flag and skips its add; the placeholder
-            # (never read, no kernel) lets autograd run the hook, as megatron's own fused path does
+            # (never read) lets autograd run the hook, as megatron's own fused path does. No kernel,
+            # except under deterministic algorithms, where torch fills new memory (a float32 write)
             weight.grad_added_to_main_grad = True
             return dx, torch.empty_like(weight)
         return dx, None
