@@ -5,7 +5,7 @@ import pytest
 import torch
 from megatron.core.utils import local_multi_tensor_scale
 
-from fp4repro.megatron.engine import clip_by_total_norm
+from fp4repro.megatron.grad_norm import clip_by_total_norm
 
 
 def _grads(seed: int, device: str = "cpu") -> list[torch.Tensor]:

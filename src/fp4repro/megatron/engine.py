@@ -47,6 +47,7 @@ from fp4repro.errors import ConfigError, FP4ReproError
 from fp4repro.megatron import resume
 from fp4repro.megatron.convert import from_megatron, to_megatron
 from fp4repro.megatron.distributed import initialize
+from fp4repro.megatron.grad_norm import clip_by_total_norm, total_grad_norm
 from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
@@ -206,7 +207,7 @@ class MegatronEngine:
         loss = self._forward_backward(batch)
         with torch.profiler.record_function(OPTIMIZER_PHASE):
             self.optimizer.prepare_grads()
-            grad_norm = float(self.optimizer.get_grad_norm())
+            grad_norm = total_grad_norm(self.optimizer)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 return loss, grad_norm, lr
             if self.grad_clip > 0:
@@ -291,17 +292,6 @@ def _give_adam_a_state(optimizer) -> None:
                         "exp_avg": torch.zeros_like(param),
                         "exp_avg_sq": torch.zeros_like(param),
                     }
-
-
-def clip_by_total_norm(grads: list[torch.Tensor], max_norm: float, total_norm: float) -> None:
-    """megatron-core's ``clip_grad_by_total_norm_fp32`` in one multi-tensor kernel: the gradients
-    (float32) times c = max_norm / (total_norm + 1e-6) in place where c < 1. Without Transformer
-    Engine or Apex, megatron-core scales them with its local ``multi_tensor_scale``, a product into
-    a new tensor and a copy back per gradient (two kernels each: 108 a step at the 8B widths); the
-    products are the same float32 roundings."""
-    clip_coeff = max_norm / (total_norm + 1.0e-6)
-    if clip_coeff < 1.0 and grads:
-        torch._foreach_mul_(grads, clip_coeff)
 
 
 def _use_fused_adamw(optimizer) -> None:
