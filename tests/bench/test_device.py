@@ -1,22 +1,12 @@
-"""The GPU this process sees, as the workflow names its throughput file (through nvidia-smi, which
-is replaced here by a script that answers as the driver would)."""
+"""The GPU this process sees, as the workflow names its throughput file, and whether another
+process keeps it busy (through nvidia-smi, which is replaced here by a script that answers as the
+driver would)."""
 
-import os
-import stat
+import pytest
+from fake_smi import fake_smi, loaded_smi
 
-from fp4repro.bench.device import device_tag, throughput_here, visible_gpu
-
-
-def fake_smi(tmp_path, monkeypatch, names):
-    """An nvidia-smi on PATH that lists ``names`` (GPU i for ``-i i``) and logs its arguments."""
-    script = tmp_path / "nvidia-smi"
-    script.write_text(
-        '#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'
-        + "".join(f'[ "$2" = "{i}" ] && {{ echo "{n}"; exit 0; }}\n' for i, n in enumerate(names))
-        + "".join(f'echo "{n}"\n' for n in names)
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+from fp4repro.bench.device import BUSY_PERCENT, device_tag, refuse_a_busy_gpu, throughput_here, visible_gpu
+from fp4repro.errors import FP4ReproError
 
 
 def test_the_visible_gpu_names_the_file_the_workflow_measures(tmp_path, monkeypatch):
@@ -40,3 +30,40 @@ def test_device_names_become_file_tags():
     assert device_tag("NVIDIA H200") == "h200"
     assert device_tag("NVIDIA GeForce RTX 4090") == "geforce_rtx_4090"
     assert device_tag(None) == "cpu"
+
+
+def test_a_gpu_busy_in_every_reading_is_refused_with_what_was_read(tmp_path, monkeypatch):
+    loaded_smi(tmp_path, monkeypatch, [f"{BUSY_PERCENT}, 20755"])
+    with pytest.raises(FP4ReproError) as err:
+        refuse_a_busy_gpu("bench throughput", samples=3, interval_s=0.01)
+    message = str(err.value)
+    assert message.startswith("bench throughput: another process is using the GPU (NVIDIA H100 80GB HBM3")
+    assert f"utilization {BUSY_PERCENT}%, 20755 MiB in use, in each of 3 readings" in message
+    assert (tmp_path / "n").read_text().strip() == "3"
+
+
+@pytest.mark.parametrize(
+    "loads",
+    [
+        ["98, 20755", "98, 20755", f"{BUSY_PERCENT - 1}, 20755"],  # one reading below: a process just ended
+        ["0, 3"],  # idle
+    ],
+)
+def test_a_gpu_not_busy_in_every_reading_is_measured_on(tmp_path, monkeypatch, loads):
+    loaded_smi(tmp_path, monkeypatch, loads)
+    refuse_a_busy_gpu("bench kernels", samples=3, interval_s=0.01)
+    assert (tmp_path / "n").read_text().strip() == "3"
+
+
+def test_without_a_driver_nothing_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    refuse_a_busy_gpu("bench kernels", samples=2, interval_s=0.01)
+
+
+@pytest.mark.gpu
+def test_the_drivers_own_answer_is_read_and_an_idle_gpu_is_measured_on():
+    from fp4repro.bench.device import _query_visible
+
+    percent, memory = _query_visible("utilization.gpu,memory.used")
+    assert percent.isdigit() and memory.isdigit()  # a reading the check understands, not skipped
+    refuse_a_busy_gpu("bench kernels")

@@ -132,3 +132,20 @@ def test_an_installed_package_without_a_commit_is_refused_before_training(experi
     with pytest.raises(FP4ReproError, match="no git commit"):
         measure(load_study(path), "bf16", "default", data, tmp_path / "records", scratch, "2:2", 4, say=print)
     assert not scratch.exists() and not (tmp_path / "records").exists()  # nothing trained, nothing written
+
+
+def test_a_configuration_is_not_run_on_a_busy_gpu(experiment, tmp_path, monkeypatch):
+    # another process on the GPU (its time slices would enter every kernel's time): refused before
+    # the configuration's training starts, nothing written
+    from fake_smi import loaded_smi
+
+    from fp4repro.bench.train_step import measure
+    from fp4repro.config.study import load_study
+
+    path, data = experiment
+    (tmp_path / "bin").mkdir()
+    loaded_smi(tmp_path / "bin", monkeypatch, ["98, 20755"])
+    scratch = tmp_path / "scratch"
+    with pytest.raises(FP4ReproError, match=r"bench train-step \(steptest bf16 default kernels\): another process"):
+        measure(load_study(path), "bf16", "default", data, tmp_path / "records", scratch, "2:2", 4, say=print)
+    assert not scratch.exists() and not (tmp_path / "records").exists()

@@ -112,6 +112,19 @@ def test_a_gpu_benchmark_writes_the_file_its_device_has_committed(monkeypatch, c
     assert f"wrote {out}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("what", ["kernels", "live", "gemm", "head", "throughput", "components"])
+def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_path, monkeypatch, capsys, what):
+    from fake_smi import loaded_smi
+
+    import fp4repro.cli.bench as cli_bench
+
+    loaded_smi(tmp_path, monkeypatch, ["97, 20755"])
+    monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
+    assert main(["bench", what, "--out", str(tmp_path / "out.json")]) != 0
+    assert f"bench {what}: another process is using the GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_model_command_counts_8b_and_lists_specs(capsys):
     assert main(["model", "nemotron_h_8b"]) == 0
     assert "8,100,852,736" in capsys.readouterr().out

@@ -1,5 +1,7 @@
 """Which GPU this process sees, as the throughput files name it: the workflow measures this
-device's body throughput (``results/bench/throughput_<device>_<model>.json``) where one is visible.
+device's body throughput (``results/bench/throughput_<device>_<model>.json``) where one is visible;
+and whether another process keeps it busy, which makes any timing on it meaningless (the GPU
+benchmarks refuse to start then).
 
 The workflow asks at every parse of the Snakefile (each cluster job parses it again), so the GPU is
 found through ``nvidia-smi`` rather than by importing torch (over a second per parse).
@@ -10,14 +12,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from fp4repro.config.devices import device_tag
+from fp4repro.errors import FP4ReproError
 
 
-def visible_gpu() -> str | None:
-    """The name of the first GPU this process may use (the first of ``CUDA_VISIBLE_DEVICES`` when
-    set; none when it is empty), as the driver reports it, or None without an NVIDIA driver or GPU."""
+def _query_visible(fields: str) -> list[str] | None:
+    """``nvidia-smi --query-gpu=FIELDS`` of the first GPU this process may use (the first of
+    ``CUDA_VISIBLE_DEVICES`` when set), its first line split at commas; None without an NVIDIA
+    driver or GPU (or with ``CUDA_VISIBLE_DEVICES`` empty)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     exe = shutil.which("nvidia-smi")
     if exe is None or (visible is not None and not visible.strip()):
@@ -25,12 +30,51 @@ def visible_gpu() -> str | None:
     select = ["-i", visible.split(",")[0].strip()] if visible else []
     try:
         out = subprocess.run(
-            [exe, *select, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            [exe, *select, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return names[0] if out.returncode == 0 and names else None
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return [part.strip() for part in lines[0].split(",")] if out.returncode == 0 and lines else None
+
+
+def visible_gpu() -> str | None:
+    """The name of the first GPU this process may use, as the driver reports it, or None without
+    an NVIDIA driver or GPU (or with ``CUDA_VISIBLE_DEVICES`` empty)."""
+    name = _query_visible("name")
+    return name[0] if name else None
+
+
+#: utilization (percent) that every sample must reach for the GPU to count as busy: a process that
+#: has just ended leaves at most one busy sample (the driver averages over its last ~1/6 to 1 s)
+BUSY_PERCENT = 20
+
+
+def refuse_a_busy_gpu(what: str, samples: int = 5, interval_s: float = 0.4) -> None:
+    """An error when another process keeps the visible GPU busy before ``what`` measures on it:
+    utilization at least ``BUSY_PERCENT`` in each of ``samples`` readings ``interval_s`` apart,
+    taken before this process starts work on it. Two processes on one GPU share it by time slices,
+    and a kernel's measured time then includes the other's slices (long GEMMs most): such a timing
+    says nothing about the code. Nothing is checked without nvidia-smi."""
+    readings = []
+    for i in range(samples):
+        if i:
+            time.sleep(interval_s)
+        load = _query_visible("utilization.gpu,memory.used")
+        if load is None or not load[0].isdigit():
+            return
+        readings.append((int(load[0]), load[1]))
+    if min(percent for percent, _ in readings) >= BUSY_PERCENT:
+        percent, memory = readings[-1]
+        raise FP4ReproError(
+            f"{what}: another process is using the GPU ({visible_gpu()}: utilization {percent}%, "
+            f"{memory} MiB in use, in each of {samples} readings over {(samples - 1) * interval_s:g} s); "
+            "timings on a shared GPU would not be meaningful: stop it or choose another GPU "
+            "(CUDA_VISIBLE_DEVICES)"
+        )
 
 
 def throughput_here(folder: str | Path, model: str) -> str | None:

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fp4repro.bench.device import refuse_a_busy_gpu
 from fp4repro.config.study import Study
 from fp4repro.errors import FP4ReproError
 from fp4repro.results import read_json, write_json
@@ -114,6 +115,7 @@ def measure(
             say(f"{out}: measured already (remove it to measure again)")
             return out
         say(f"{out}: measured with {found}, not {wanted}: measuring again")
+    refuse_a_busy_gpu(f"bench train-step ({study.name} {recipe} {kernels} kernels)")
     run_out = Path(scratch) / f"{study.name}_{recipe}_{kernels}"
     profile = run_out.with_suffix(".profile.json")
     say(f"{study.name} {recipe} {kernels} kernels: training {stop_after} steps, profiling {window}")

@@ -27,7 +27,15 @@ def _device_file(name: str) -> str:
     return f"results/bench/{name}_{_device()}.json"
 
 
+#: what times work on a GPU in this process (train-step checks before each configuration it runs)
+GPU_TIMED = ("kernels", "live", "gemm", "head", "throughput", "components")
+
+
 def _cmd_bench(args) -> int:
+    if args.what in GPU_TIMED:
+        from fp4repro.bench.device import refuse_a_busy_gpu
+
+        refuse_a_busy_gpu(f"bench {args.what}")
     if args.what == "kernels":
         if not _cuda_present("bench kernels"):
             return 2
