@@ -145,6 +145,7 @@ def test_a_configuration_is_not_run_on_a_busy_gpu(experiment, tmp_path, monkeypa
     path, data = experiment
     (tmp_path / "bin").mkdir()
     loaded_smi(tmp_path / "bin", monkeypatch, ["98, 20755"])
+    monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
     scratch = tmp_path / "scratch"
     with pytest.raises(FP4ReproError, match=r"bench train-step \(steptest bf16 default kernels\): another process"):
         measure(load_study(path), "bf16", "default", data, tmp_path / "records", scratch, "2:2", 4, say=print)

@@ -120,6 +120,8 @@ def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_
 
     loaded_smi(tmp_path, monkeypatch, ["97, 20755"])
     monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
+    monkeypatch.setattr(cli_bench, "_cuda_visible", lambda: True)
+    monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
     assert main(["bench", what, "--out", str(tmp_path / "out.json")]) != 0
     assert f"bench {what}: another process is using the GPU" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()

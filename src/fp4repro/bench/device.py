@@ -48,33 +48,36 @@ def visible_gpu() -> str | None:
     return name[0] if name else None
 
 
-#: utilization (percent) that every sample must reach for the GPU to count as busy: a process that
-#: has just ended leaves at most one busy sample (the driver averages over its last ~1/6 to 1 s)
+#: utilization (percent) that every reading must reach for the GPU to count as busy: a process that
+#: has just ended leaves at most one busy reading (the driver averages over its last ~1/6 to 1 s)
 BUSY_PERCENT = 20
+#: readings and the seconds between them
+READINGS, READING_INTERVAL_S = 5, 0.4
 
 
-def refuse_a_busy_gpu(what: str, samples: int = 5, interval_s: float = 0.4) -> None:
+def refuse_a_busy_gpu(what: str, readings: int | None = None, interval_s: float | None = None) -> None:
     """An error when another process keeps the visible GPU busy before ``what`` measures on it:
-    utilization at least ``BUSY_PERCENT`` in each of ``samples`` readings ``interval_s`` apart,
-    taken before this process starts work on it. Two processes on one GPU share it by time slices,
-    and a kernel's measured time then includes the other's slices (long GEMMs most): such a timing
-    says nothing about the code. Nothing is checked without nvidia-smi."""
-    readings = []
-    for i in range(samples):
+    utilization at least ``BUSY_PERCENT`` in each of ``readings`` readings ``interval_s`` apart
+    (``READINGS`` and ``READING_INTERVAL_S`` unless given), taken before this process starts work
+    on it (they stop at the first one below). Two processes
+    on one GPU share it by time slices, and a kernel's measured time then includes the other's
+    slices (long GEMMs most): such a timing says nothing about the code. Nothing is checked where
+    nvidia-smi is absent, fails or reports no utilization (``[N/A]`` under MIG)."""
+    readings = READINGS if readings is None else readings
+    interval_s = READING_INTERVAL_S if interval_s is None else interval_s
+    for i in range(readings):
         if i:
             time.sleep(interval_s)
         load = _query_visible("utilization.gpu,memory.used")
-        if load is None or not load[0].isdigit():
+        if load is None or not load[0].isdigit() or int(load[0]) < BUSY_PERCENT:
             return
-        readings.append((int(load[0]), load[1]))
-    if min(percent for percent, _ in readings) >= BUSY_PERCENT:
-        percent, memory = readings[-1]
-        raise FP4ReproError(
-            f"{what}: another process is using the GPU ({visible_gpu()}: utilization {percent}%, "
-            f"{memory} MiB in use, in each of {samples} readings over {(samples - 1) * interval_s:g} s); "
-            "timings on a shared GPU would not be meaningful: stop it or choose another GPU "
-            "(CUDA_VISIBLE_DEVICES)"
-        )
+    percent, memory = load[0], load[1]
+    raise FP4ReproError(
+        f"{what}: another process is using the GPU ({visible_gpu()}: utilization {percent}%, "
+        f"{memory} MiB in use, in each of {readings} readings over {(readings - 1) * interval_s:g} s); "
+        "timings on a shared GPU would not be meaningful: stop it or choose another GPU "
+        "(CUDA_VISIBLE_DEVICES)"
+    )
 
 
 def throughput_here(folder: str | Path, model: str) -> str | None:

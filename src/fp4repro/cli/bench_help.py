@@ -1,10 +1,11 @@
 """``fp4repro bench --help``: what each benchmark measures and where it writes."""
 
-from fp4repro.bench.device import BUSY_PERCENT
+from fp4repro.bench.device import BUSY_PERCENT, READING_INTERVAL_S, READINGS
 
 DESCRIPTION = (
     "Every benchmark that times work on a GPU refuses to start while another process keeps it busy "
-    f"(utilization of at least {BUSY_PERCENT}% in five nvidia-smi readings over 1.6 s): time-sliced kernels "
+    f"(utilization of at least {BUSY_PERCENT}% in {READINGS} nvidia-smi readings over "
+    f"{(READINGS - 1) * READING_INTERVAL_S:g} s): time-sliced kernels "
     "would carry the other process's time. "
     "quant: quantize_dequantize of a size×size float32 tensor with the torch "
     "reference on this machine's CPU, per recipe spec. kernels (CUDA): the "

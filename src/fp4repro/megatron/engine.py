@@ -45,9 +45,9 @@ from fp4repro.config.recipe import Recipe
 from fp4repro.config.study import Study
 from fp4repro.errors import ConfigError, FP4ReproError
 from fp4repro.megatron import resume
+from fp4repro.megatron.clip_grads import clip_by_total_norm, total_grad_norm
 from fp4repro.megatron.convert import from_megatron, to_megatron
 from fp4repro.megatron.distributed import initialize
-from fp4repro.megatron.grad_norm import clip_by_total_norm, total_grad_norm
 from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
