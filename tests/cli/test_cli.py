@@ -114,13 +114,15 @@ def test_a_gpu_benchmark_writes_the_file_its_device_has_committed(monkeypatch, c
 
 @pytest.mark.parametrize("what", ["kernels", "live", "gemm", "head", "throughput", "components"])
 def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_path, monkeypatch, capsys, what):
+    import torch
     from fake_smi import loaded_smi
 
     import fp4repro.cli.bench as cli_bench
 
     loaded_smi(tmp_path, monkeypatch, ["97, 20755"])
     monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
-    monkeypatch.setattr(cli_bench, "_cuda_visible", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
     assert main(["bench", what, "--out", str(tmp_path / "out.json")]) != 0
     assert f"bench {what}: another process is using the GPU" in capsys.readouterr().err

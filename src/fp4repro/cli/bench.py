@@ -22,12 +22,6 @@ def _device() -> str:
     return device_tag(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 
 
-def _cuda_visible() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _device_file(name: str) -> str:
     """results/bench/NAME_<device>.json (the committed files' names)."""
     return f"results/bench/{name}_{_device()}.json"
@@ -38,7 +32,7 @@ GPU_TIMED = ("kernels", "live", "gemm", "head", "throughput", "components")
 
 
 def _cmd_bench(args) -> int:
-    if args.what in GPU_TIMED and _cuda_visible():
+    if args.what in GPU_TIMED and _device() != "cpu":
         from fp4repro.bench.device import refuse_a_busy_gpu
 
         refuse_a_busy_gpu(f"bench {args.what}")
