@@ -113,3 +113,63 @@ def test_gradients_within_the_norm_are_left_as_they_are():
     clip_by_total_norm(grads, max_norm=1.0, total_norm=0.5)
     for a, b in zip(grads, _grads(7), strict=True):
         assert torch.equal(a, b)
+
+
+class _OnePart:
+    """A one-part megatron optimizer as ``total_grad_norm`` reads it: megatron's base
+    ``get_grad_norm`` (MegatronOptimizer's), its main gradients and its statistics group."""
+
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    get_grad_norm = MegatronOptimizer.get_grad_norm
+
+    def __init__(self, grads, group):
+        self.grads, self.group = grads, group
+
+    def get_main_grads_for_grad_norm(self):
+        return self.grads
+
+    def get_grad_stats_parallel_group(self):
+        return self.group
+
+
+def _two_rank_norms(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        grads = _norm_grads(20261207 + rank)
+        chained = object.__new__(ChainedOptimizer)  # its norm reads only its parts
+        chained.chained_optimizers = [_OnePart(grads[:20], dist.group.WORLD), _OnePart(grads[20:], dist.group.WORLD)]
+        other_group = object.__new__(ChainedOptimizer)
+        other_group.chained_optimizers = [
+            _OnePart(grads[:20], dist.group.WORLD),
+            _OnePart(grads[20:], dist.new_group()),
+        ]
+        other_group.get_grad_norm = lambda: -1.0  # megatron's own: each part's norm, combined in Python
+        norms = {
+            "one part": total_grad_norm(_OnePart(grads, dist.group.WORLD)),
+            "chained": total_grad_norm(chained),
+            "parts on different groups": total_grad_norm(other_group),
+        }
+        torch.save(norms, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_norm_sums_the_squares_over_the_statistics_group_of_two_gloo_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "norms")
+    mp.start_processes(
+        _two_rank_norms, args=(f"file://{tmp_path}/rendezvous", out), nprocs=2, start_method="spawn", join=True
+    )
+    # megatron's get_grad_norm_fp32 for norm 2: each rank's float32 norm squared, summed over the
+    # group in float32, the square root of the sum on the host (a Python float)
+    squares = [_fallback_on_the_host(_norm_grads(20261207 + rank)) ** 2.0 for rank in (0, 1)]
+    expected = (squares[0] + squares[1]).item() ** 0.5
+    for rank in (0, 1):
+        norms = torch.load(f"{out}.{rank}")
+        assert norms["one part"] == expected and norms["chained"] == expected, (rank, norms)
+        assert norms["parts on different groups"] == -1.0
