@@ -125,8 +125,35 @@ def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
     assert main(["bench", what, "--out", str(tmp_path / "out.json")]) != 0
-    assert f"bench {what}: another process is using the GPU" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"bench {what}" in err and "another process is using the GPU" in err
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("what", ["throughput", "components"])
+def test_a_shape_benchmark_checks_the_gpu_again_before_each_shape(tmp_path, monkeypatch, capsys, what):
+    # paper8b times two body shapes; another process starts on the GPU while the first is measured
+    import torch
+    from fake_smi import loaded_smi
+
+    import fp4repro.cli.bench as cli_bench
+    from fp4repro.bench import components, throughput
+
+    loaded_smi(tmp_path, monkeypatch, ["3, 20755", "97, 20755"])
+    monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
+    measured = []
+    module = throughput if what == "throughput" else components
+    monkeypatch.setattr(module, "run", lambda model, recipes, *shape, **kw: measured.append(shape or kw) or {})
+    monkeypatch.setattr(module, "record", lambda *args: None)
+    monkeypatch.setattr(module, "table", lambda *args: "")
+    assert main(["bench", what, "--experiment", "paper8b", "--out", str(tmp_path / "out.json")]) != 0
+    err = capsys.readouterr().err
+    assert len(measured) == 1, measured
+    second = "1x8192" if what == "throughput" else "8,192 tokens"
+    assert f"bench {what} (" in err and second in err and "another process is using the GPU" in err
 
 
 def test_model_command_counts_8b_and_lists_specs(capsys):

@@ -27,15 +27,22 @@ def _device_file(name: str) -> str:
     return f"results/bench/{name}_{_device()}.json"
 
 
-#: what times work on a GPU in this process (train-step checks before each configuration it runs)
-GPU_TIMED = ("kernels", "live", "gemm", "head", "throughput", "components")
+#: what times work on a GPU in this process, checked once before it starts (throughput and
+#: components check before each shape, train-step before each configuration: each takes minutes)
+GPU_TIMED = ("kernels", "live", "gemm", "head")
+
+
+def _refuse_a_busy_gpu(what: str) -> None:
+    """``fp4repro.bench.device.refuse_a_busy_gpu`` where this process has a GPU."""
+    if _device() != "cpu":
+        from fp4repro.bench.device import refuse_a_busy_gpu
+
+        refuse_a_busy_gpu(what)
 
 
 def _cmd_bench(args) -> int:
-    if args.what in GPU_TIMED and _device() != "cpu":
-        from fp4repro.bench.device import refuse_a_busy_gpu
-
-        refuse_a_busy_gpu(f"bench {args.what}")
+    if args.what in GPU_TIMED:
+        _refuse_a_busy_gpu(f"bench {args.what}")
     if args.what == "kernels":
         if not _cuda_present("bench kernels"):
             return 2
@@ -128,6 +135,7 @@ def _bench_throughput(args) -> int:
     for batch, seq_len in _shapes(args, study):
         # a measurement replacing one of the same model and shape says how far it agrees with it
         key = throughput_key({"model": study.model.name, "batch": batch, "seq_len": seq_len})
+        _refuse_a_busy_gpu(f"bench throughput ({key})")
         previous = read_throughput(out, FP4ReproError).get(key) if out.is_file() else None
 
         def record(result, previous=previous):
@@ -170,6 +178,7 @@ def _bench_components(args) -> int:
     # the GEMM and quantization shapes follow the tokens alone: one entry per token count
     token_counts = list(dict.fromkeys(batch * seq_len for batch, seq_len in _shapes(args, study)))
     for tokens in token_counts:
+        _refuse_a_busy_gpu(f"bench components ({study.model.name} at {tokens:,} tokens)")
         result = components.run(
             study.model,
             {n: study.recipe(n) for n in names},
