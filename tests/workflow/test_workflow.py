@@ -60,12 +60,29 @@ def test_paper8b_resources_reach_the_jobs(tmp_path, snakemake):
     out = proc.stdout
     train = out[out.index("rule train:") :]
     resources = train[train.index("resources:") :].splitlines()[0]
-    for expected in ("nodes=32", "tasks=256", "gres=gpu:8", "runtime=20160", "mem_mb=1800000", "mpi=srun"):
+    for expected in (
+        "nodes=32",
+        "tasks=256",
+        "gres=gpu:8",
+        "gpu_slots=8",
+        "runtime=20160",
+        "mem_mb=1800000",
+        "mpi=srun",
+    ):
         assert expected in resources
+    # a local run's `--resources gpu_slots=G` counts each job's GPUs: the evaluation's one
+    evaluate = out[out.index("rule evaluate:") :]
+    assert "gpu_slots=1" in evaluate[evaluate.index("resources:") :].splitlines()[0]
     # the megatron backend: srun starts the allocation's tasks, torchrun one process per GPU elsewhere
     command = train[train.index("Shell command:") :].splitlines()[0]
     assert '[ -n "${SLURM_JOB_ID:-}" ] && echo "srun --kill-on-bad-exit=1"' in command
     assert 'echo "torchrun --standalone --nproc-per-node=8 --no-python" ) fp4repro train' in command
+
+
+def test_a_cpu_experiments_jobs_count_no_gpu_slots(tmp_path, snakemake):
+    out = snakemake(tmp_path, "-n", "-p").stdout
+    train = out[out.index("rule train:") :]
+    assert "gpu_slots" not in train[train.index("resources:") :].splitlines()[0]
 
 
 def test_paper8b_training_stops_before_any_compute_without_gpus_or_with_pipeline_stages(tmp_path):

@@ -101,10 +101,25 @@ def threads_of(rule_name):
     return EXP.resources.get(rule_name, {}).get("threads", 1)
 
 
+def gpus_per_node(rule_name):
+    """The GPUs per node in a heavy rule's `gres` ("gpu" alone is one), 0 without any."""
+    gres = str(EXP.resources.get(rule_name, {}).get("gres", ""))
+    gpu = [part.strip().split(":") for part in gres.split(",") if part.strip().startswith("gpu")]
+    if not gpu:
+        return 0
+    return int(gpu[0][-1]) if len(gpu[0]) > 1 and gpu[0][-1].isdigit() else 1
+
+
 def resources_of(rule_name):
     """A heavy rule's other resources from the experiment's `resources` section (memory, runtime,
-    nodes, tasks, GPUs); what it leaves out falls back to the profile's default-resources."""
-    return {key: value for key, value in EXP.resources.get(rule_name, {}).items() if key != "threads"}
+    nodes, tasks, GPUs); what it leaves out falls back to the profile's default-resources. A rule
+    that asks for GPUs also counts them as `gpu_slots`, which Slurm ignores: on a machine of your
+    own, `--resources gpu_slots=G` keeps the jobs on its G GPUs from sharing one (two trainings,
+    or a training beside a throughput benchmark, which refuses a busy GPU)."""
+    resources = {key: value for key, value in EXP.resources.get(rule_name, {}).items() if key != "threads"}
+    if gpus := gpus_per_node(rule_name):
+        resources["gpu_slots"] = gpus
+    return resources
 
 
 def launcher(rule_name):
@@ -115,8 +130,7 @@ def launcher(rule_name):
     this machine (the GPU count of the rule's `gres`)."""
     if EXP.backend != "megatron":
         return ""
-    gres = str(EXP.resources.get(rule_name, {}).get("gres", "gpu:1"))
-    gpus = int(gres.rsplit(":", 1)[-1]) if gres.rsplit(":", 1)[-1].isdigit() else 1
+    gpus = gpus_per_node(rule_name) or 1
     return (
         '$( [ -n "${SLURM_JOB_ID:-}" ] && echo "srun --kill-on-bad-exit=1" '
         f'|| echo "torchrun --standalone --nproc-per-node={gpus} --no-python" ) '
