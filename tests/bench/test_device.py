@@ -32,10 +32,16 @@ def test_device_names_become_file_tags():
     assert device_tag(None) == "cpu"
 
 
-def test_a_gpu_busy_in_every_reading_is_refused_with_what_was_read(tmp_path, monkeypatch):
+@pytest.fixture
+def three_quick_readings(monkeypatch):
+    monkeypatch.setattr("fp4repro.bench.device.READINGS", 3)
+    monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
+
+
+def test_a_gpu_busy_in_every_reading_is_refused_with_what_was_read(tmp_path, monkeypatch, three_quick_readings):
     loaded_smi(tmp_path, monkeypatch, [f"{BUSY_PERCENT}, 20755"])
     with pytest.raises(FP4ReproError) as err:
-        refuse_a_busy_gpu("bench throughput", readings=3, interval_s=0.01)
+        refuse_a_busy_gpu("bench throughput")
     message = str(err.value)
     assert message.startswith("bench throughput: another process is using the GPU (NVIDIA H100 80GB HBM3")
     assert f"utilization {BUSY_PERCENT}%, 20755 MiB in use, in each of 3 readings" in message
@@ -50,15 +56,15 @@ def test_a_gpu_busy_in_every_reading_is_refused_with_what_was_read(tmp_path, mon
         (["[N/A], 20755"], 1),  # no utilization reported (MIG): nothing to check
     ],
 )
-def test_a_gpu_not_busy_in_every_reading_is_measured_on(tmp_path, monkeypatch, loads, read):
+def test_a_gpu_not_busy_in_every_reading_is_measured_on(tmp_path, monkeypatch, three_quick_readings, loads, read):
     loaded_smi(tmp_path, monkeypatch, loads)
-    refuse_a_busy_gpu("bench kernels", readings=3, interval_s=0.01)
+    refuse_a_busy_gpu("bench kernels")
     assert (tmp_path / "n").read_text().strip() == str(read)
 
 
-def test_without_a_driver_nothing_is_checked(tmp_path, monkeypatch):
+def test_without_a_driver_nothing_is_checked(tmp_path, monkeypatch, three_quick_readings):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
-    refuse_a_busy_gpu("bench kernels", readings=2, interval_s=0.01)
+    refuse_a_busy_gpu("bench kernels")
 
 
 @pytest.mark.gpu

@@ -55,26 +55,23 @@ BUSY_PERCENT = 20
 READINGS, READING_INTERVAL_S = 5, 0.4
 
 
-def refuse_a_busy_gpu(what: str, readings: int | None = None, interval_s: float | None = None) -> None:
+def refuse_a_busy_gpu(what: str) -> None:
     """An error when another process keeps the visible GPU busy before ``what`` measures on it:
-    utilization at least ``BUSY_PERCENT`` in each of ``readings`` readings ``interval_s`` apart
-    (``READINGS`` and ``READING_INTERVAL_S`` unless given), taken before this process starts work
-    on it (they stop at the first one below). Two processes
-    on one GPU share it by time slices, and a kernel's measured time then includes the other's
-    slices (long GEMMs most): such a timing says nothing about the code. Nothing is checked where
-    nvidia-smi is absent, fails or reports no utilization (``[N/A]`` under MIG)."""
-    readings = READINGS if readings is None else readings
-    interval_s = READING_INTERVAL_S if interval_s is None else interval_s
-    for i in range(readings):
+    utilization at least ``BUSY_PERCENT`` in each of ``READINGS`` readings ``READING_INTERVAL_S``
+    apart, taken before this process starts work on it (they stop at the first one below). Two
+    processes on one GPU share it by time slices, and a kernel's measured time then includes the
+    other's slices (long GEMMs most): such a timing says nothing about the code. Nothing is checked
+    where nvidia-smi is absent, fails or reports no utilization (``[N/A]`` under MIG)."""
+    for i in range(READINGS):
         if i:
-            time.sleep(interval_s)
+            time.sleep(READING_INTERVAL_S)
         load = _query_visible("utilization.gpu,memory.used")
         if load is None or not load[0].isdigit() or int(load[0]) < BUSY_PERCENT:
             return
     percent, memory = load[0], load[1]
     raise FP4ReproError(
         f"{what}: another process is using the GPU ({visible_gpu()}: utilization {percent}%, "
-        f"{memory} MiB in use, in each of {readings} readings over {(readings - 1) * interval_s:g} s); "
+        f"{memory} MiB in use, in each of {READINGS} readings over {(READINGS - 1) * READING_INTERVAL_S:g} s); "
         "timings on a shared GPU would not be meaningful: stop it or choose another GPU "
         "(CUDA_VISIBLE_DEVICES)"
     )
