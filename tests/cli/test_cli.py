@@ -112,18 +112,24 @@ def test_a_gpu_benchmark_writes_the_file_its_device_has_committed(monkeypatch, c
     assert f"wrote {out}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("what", ["kernels", "live", "gemm", "head", "throughput", "components"])
-def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_path, monkeypatch, capsys, what):
+def _an_h100_under_load(tmp_path, monkeypatch, loads):
+    """This process sees an H100 whose nvidia-smi load readings are ``loads`` (fake_smi.loaded_smi),
+    read 0.01 s apart."""
     import torch
     from fake_smi import loaded_smi
 
     import fp4repro.cli.bench as cli_bench
 
-    loaded_smi(tmp_path, monkeypatch, ["97, 20755"])
+    loaded_smi(tmp_path, monkeypatch, loads)
     monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
+
+
+@pytest.mark.parametrize("what", ["kernels", "live", "gemm", "head", "throughput", "components"])
+def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_path, monkeypatch, capsys, what):
+    _an_h100_under_load(tmp_path, monkeypatch, ["97, 20755"])
     assert main(["bench", what, "--out", str(tmp_path / "out.json")]) != 0
     err = capsys.readouterr().err
     assert f"bench {what}" in err and "another process is using the GPU" in err
@@ -133,17 +139,9 @@ def test_a_gpu_benchmark_does_not_start_on_a_gpu_another_process_keeps_busy(tmp_
 @pytest.mark.parametrize("what", ["throughput", "components"])
 def test_a_shape_benchmark_checks_the_gpu_again_before_each_shape(tmp_path, monkeypatch, capsys, what):
     # paper8b times two body shapes; another process starts on the GPU while the first is measured
-    import torch
-    from fake_smi import loaded_smi
-
-    import fp4repro.cli.bench as cli_bench
     from fp4repro.bench import components, throughput
 
-    loaded_smi(tmp_path, monkeypatch, ["3, 20755", "97, 20755"])
-    monkeypatch.setattr(cli_bench, "_cuda_present", lambda *why: True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr("fp4repro.bench.device.READING_INTERVAL_S", 0.01)
+    _an_h100_under_load(tmp_path, monkeypatch, ["3, 20755", "97, 20755"])
     measured = []
     module = throughput if what == "throughput" else components
     monkeypatch.setattr(module, "run", lambda model, recipes, *shape, **kw: measured.append(shape or kw) or {})

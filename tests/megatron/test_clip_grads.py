@@ -65,6 +65,24 @@ def test_the_engines_norm_is_the_megatron_optimizers_own(megatron_cpu):
     assert norm > 0 and norm == expected
 
 
+class _OnePart:
+    """A one-part megatron optimizer as ``total_grad_norm`` reads it: megatron's base
+    ``get_grad_norm`` (MegatronOptimizer's), its main gradients and its statistics group."""
+
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    get_grad_norm = MegatronOptimizer.get_grad_norm
+
+    def __init__(self, grads, group):
+        self.grads, self.group = grads, group
+
+    def get_main_grads_for_grad_norm(self):
+        return self.grads
+
+    def get_grad_stats_parallel_group(self):
+        return self.group
+
+
 def test_an_optimizer_whose_norm_megatron_computes_otherwise_keeps_its_own(monkeypatch):
     # megatron's LayerWiseDistributedOptimizer reduces its norm over the whole world, not over its
     # parts' group; and with Transformer Engine or Apex megatron's L2 norm is their kernel
@@ -75,14 +93,7 @@ def test_an_optimizer_whose_norm_megatron_computes_otherwise_keeps_its_own(monke
     layer_wise.get_grad_norm = lambda: 12.5
     assert total_grad_norm(layer_wise) == 12.5
 
-    class Plain:
-        """A one-part optimizer with megatron's base get_grad_norm (MegatronOptimizer's)."""
-
-        from megatron.core.optimizer.optimizer import MegatronOptimizer
-
-        get_grad_norm = MegatronOptimizer.get_grad_norm
-
-    plain = Plain()
+    plain = _OnePart([], None)
     plain.get_grad_norm = lambda: 7.0
     monkeypatch.setattr(clip_grads, "l2_norm_impl", lambda *args: None)  # not the local fallback
     assert total_grad_norm(plain) == 7.0
@@ -113,24 +124,6 @@ def test_gradients_within_the_norm_are_left_as_they_are():
     clip_by_total_norm(grads, max_norm=1.0, total_norm=0.5)
     for a, b in zip(grads, _grads(7), strict=True):
         assert torch.equal(a, b)
-
-
-class _OnePart:
-    """A one-part megatron optimizer as ``total_grad_norm`` reads it: megatron's base
-    ``get_grad_norm`` (MegatronOptimizer's), its main gradients and its statistics group."""
-
-    from megatron.core.optimizer.optimizer import MegatronOptimizer
-
-    get_grad_norm = MegatronOptimizer.get_grad_norm
-
-    def __init__(self, grads, group):
-        self.grads, self.group = grads, group
-
-    def get_main_grads_for_grad_norm(self):
-        return self.grads
-
-    def get_grad_stats_parallel_group(self):
-        return self.group
 
 
 def _two_rank_norms(rank: int, init: str, out: str) -> None:
