@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # megatron-core's notes that Apex and Transformer Engine are absent
@@ -81,6 +82,48 @@ def test_without_ddp_the_weight_gradient_is_megatrons():
     expected, got = _step(_megatrons, "cpu", ddp=False), _step(_ours, "cpu", ddp=False)
     for a, b in zip(expected, got, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+class _GEMMs(TorchDispatchMode):
+    """The matrix products torch runs while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default):
+            self.seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _laid_out_batch_first(t: torch.Tensor) -> torch.Tensor:
+    """A [s, 1, d] tensor's values as a view of a [1, s, d] one (strides d, s x d, 1): contiguous,
+    yet a layout torch.matmul does not fold into one GEMM."""
+    return t.squeeze(1)[None].transpose(0, 1)
+
+
+def test_a_batch_first_layout_is_one_gemm_per_product_and_the_same_numbers():
+    # batch 1, as the Mamba mixer's "l b d -> b l d" of its in_proj output sends the gradient back:
+    # torch.matmul would run one single-row GEMM per token
+    x0, w0, main_grad, r = _operands("cpu", shape=(37, 1, 96, 80))
+
+    def step(layout):
+        x = layout(x0).detach().requires_grad_()
+        w = torch.nn.Parameter(w0.clone())
+        w.main_grad, w.grad_added_to_main_grad = main_grad.clone(), False
+        with _GEMMs() as gemms:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = linear_into_main_grad(x, w, lambda t: t)
+                loss = (y.float() * layout(r)).sum()  # the gradient comes back in r's layout
+            loss.backward()
+        return gemms.seen, y, x.grad, w.main_grad
+
+    gemms, *batch_first = step(_laid_out_batch_first)
+    assert gemms == [torch.ops.aten.mm.default] * 3  # Y, dX and dW, each one GEMM
+    _, *sequence_first = step(lambda t: t)
+    for name, a, b in zip(("output", "input gradient", "main_grad"), batch_first, sequence_first, strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_the_tensor_parallel_mapping_sees_the_input_and_reduces_its_gradient_in_bf16():

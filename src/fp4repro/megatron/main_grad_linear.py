@@ -31,13 +31,23 @@ import torch
 from megatron.core.utils import prepare_input_tensors_for_wgrad_compute
 
 
+def _tokens_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A [..., k] · B [k, n] as one GEMM over the tokens flattened: the GEMM ``torch.matmul`` runs
+    when it folds A. It does not fold a [s, 1, k] tensor laid out [1, s, k] (the Mamba mixer's
+    "l b d -> b l d" of in_proj's output sends its gradient back so), although it is contiguous:
+    it runs s GEMMs of one row instead (most of the 8B step in
+    results/bench/logs/train_step_8b_megatron_bf16_fused_47c5b70_h100.json). ``reshape`` views such
+    a tensor without a copy."""
+    return a.reshape(-1, a.shape[-1]).mm(b).view(*a.shape[:-1], b.shape[-1])
+
+
 class _MainGradLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Y = X_c · W_cᵀ, X already in c (``linear_into_main_grad`` casts it), W cast to c."""
         w_c = weight.to(x.dtype)
         with torch.autocast(x.device.type, enabled=False):
-            y = torch.matmul(x, w_c.t())
+            y = _tokens_mm(x, w_c.t())
         ctx.save_for_backward(x, w_c)
         ctx.weight = weight  # the parameter itself, for its main_grad (not a saved tensor: no version check)
         return y
@@ -47,7 +57,7 @@ class _MainGradLinear(torch.autograd.Function):
         x, w_c = ctx.saved_tensors
         weight = ctx.weight
         with torch.autocast(dy.device.type, enabled=False):
-            dx = dy.matmul(w_c)
+            dx = _tokens_mm(dy, w_c)
             dy2, x2 = prepare_input_tensors_for_wgrad_compute(dy, x)
             dw = dy2.t().matmul(x2)
         main_grad = getattr(weight, "main_grad", None)
