@@ -85,11 +85,21 @@ def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_
     assert telemetry["value"] == quantized["telemetry"]["ratio"] and gemm["holds"] == (gemm["value"] <= 1.05)
     assert "provenance" in result and "ue5m3_torch_gemm" in printed
 
-    # records of two commits do not compare: the assembly refuses them, naming both
+    # one experiment's records of two commits do not compare: the assembly refuses them, naming
+    # the experiment and both commits; another experiment's record may be of its own commit
     older = tmp_path / "older.json"
     older.write_text(json.dumps(record | {"measured_with": record["measured_with"] | {"commit": "0ld"}}))
-    with pytest.raises(FP4ReproError, match=r"several commits \(.*0ld"):
+    with pytest.raises(FP4ReproError, match=r"experiment 'steptest' were measured at several commits \(.*0ld"):
         assemble([cpu / "steptest_bf16_default.json", older])
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(
+        json.dumps(json.loads(older.read_text()) | {"profile": record["profile"] | {"experiment": "other"}})
+    )
+    side_by_side = assemble([cpu / "steptest_bf16_default.json", elsewhere])
+    assert sorted((r["experiment"], r["commit"]) for r in side_by_side["rows"]) == [
+        ("other", "0ld"),
+        ("steptest", record["measured_with"]["commit"]),
+    ]
     # a record made with another window is measured again and replaced
     other_window = [*base[:-6], "--window", "3:2", "--stop-after", "16", "--scratch", str(scratch)]
     assert main([*other_window, "--recipes", "bf16", "--kernels", "default"]) == 0

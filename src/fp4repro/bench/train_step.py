@@ -8,8 +8,9 @@ step's wall seconds as the run's metrics give them, the steps that recorded tele
 was measured with (window, steps, the recipe's GEMM model, commit); the scratch run is then
 removed. A record made on this device with the same window, steps and commit is not measured
 again, so the command resumes where it stopped; another one is measured again and replaced. A run
-that diverges is an error, not a record. ``assemble`` sets one device's records side by side (all
-of one commit):
+that diverges is an error, not a record. ``assemble`` sets one device's records side by side (an
+experiment's all of one commit: its rows are compared with each other; rows of different
+experiments never are, so each experiment may have been measured at its own commit):
 
     step          the median wall seconds of the run's plain steps (after the first ten and the
                   profiled window, without telemetry: no profiler, no telemetry), tokens/s and MFU
@@ -195,13 +196,15 @@ def _row(path: Path) -> dict:
 
 
 def assemble(records: list[Path]) -> dict:
-    """The records side by side (module docstring): one device's, all of one commit."""
+    """The records side by side (module docstring): one device's, each experiment's of one commit."""
     rows = [_row(path) for path in records]
-    if len(commits := {r["commit"] for r in rows}) > 1:
-        raise FP4ReproError(
-            f"bench train-step: the records were measured at several commits ({', '.join(map(str, commits))}): "
-            "measure the older ones again (remove them) so that their steps compare"
-        )
+    for experiment in sorted({r["experiment"] for r in rows}):
+        commits = sorted({str(r["commit"]) for r in rows if r["experiment"] == experiment})
+        if len(commits) > 1:
+            raise FP4ReproError(
+                f"bench train-step: the records of experiment '{experiment}' were measured at several commits "
+                f"({', '.join(commits)}): measure the older ones again (remove them) so that their steps compare"
+            )
     by = {(r["experiment"], r["recipe"], r["kernels"]): r for r in rows}
     over_bf16, fused_gain, checks = [], [], []
     for (experiment, recipe, kernels), row in by.items():
