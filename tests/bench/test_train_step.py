@@ -2,6 +2,7 @@
 per recipe and kernels, each profiling a window; their records assembled with the ratios and checks."""
 
 import json
+import re
 import statistics
 
 import pytest
@@ -84,6 +85,9 @@ def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_
     assert (gemm["ceiling"], telemetry["ceiling"]) == (1.05, 1.3)
     assert telemetry["value"] == quantized["telemetry"]["ratio"] and gemm["holds"] == (gemm["value"] <= 1.05)
     assert "provenance" in result and "ue5m3_torch_gemm" in printed
+    # each row names its commit (two experiments' rows may be of different ones)
+    rows_printed = re.findall(r"^steptest +\S+ +(?:default|fused) +(\S+) +[\d.]+ ", printed, re.MULTILINE)
+    assert len(rows_printed) == 3 and set(rows_printed) == {str(record["measured_with"]["commit"])[:7]}
 
     # one experiment's records of two commits do not compare: the assembly refuses them, naming
     # the experiment and both commits; another experiment's record may be of its own commit

@@ -103,27 +103,37 @@ def _laid_out_batch_first(t: torch.Tensor) -> torch.Tensor:
     return t.squeeze(1)[None].transpose(0, 1)
 
 
-def test_a_batch_first_layout_is_one_gemm_per_product_and_the_same_numbers():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_batch_first_layout_is_one_gemm_per_product_and_megatrons_numbers(device):
     # batch 1, as the Mamba mixer's "l b d -> b l d" of its in_proj output sends the gradient back:
-    # torch.matmul would run one single-row GEMM per token
-    x0, w0, main_grad, r = _operands("cpu", shape=(37, 1, 96, 80))
+    # torch.matmul runs one single-row GEMM per token for it unless its second operand requires
+    # grad (megatron's cast weight does, the copy kept here does not)
+    x0, w0, main_grad, r = _operands(device, shape=(37, 1, 96, 80))
 
-    def step(layout):
-        x = layout(x0).detach().requires_grad_()
+    def step(linear):
+        x = _laid_out_batch_first(x0).detach().requires_grad_()
         w = torch.nn.Parameter(w0.clone())
         w.main_grad, w.grad_added_to_main_grad = main_grad.clone(), False
-        with _GEMMs() as gemms:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = linear_into_main_grad(x, w, lambda t: t)
-                loss = (y.float() * layout(r)).sum()  # the gradient comes back in r's layout
-            loss.backward()
-        return gemms.seen, y, x.grad, w.main_grad
+        with _GEMMs() as gemms, torch.autocast(device, dtype=torch.bfloat16):
+            y = linear(x, w)
+            (y.float() * _laid_out_batch_first(r)).sum().backward()  # the gradient comes back batch-first
+        added = w.main_grad if w.grad_added_to_main_grad else w.main_grad + w.grad
+        return gemms.seen, y, x.grad, added
 
-    gemms, *batch_first = step(_laid_out_batch_first)
+    gemms, *ours = step(_ours)
     assert gemms == [torch.ops.aten.mm.default] * 3  # Y, dX and dW, each one GEMM
-    _, *sequence_first = step(lambda t: t)
-    for name, a, b in zip(("output", "input gradient", "main_grad"), batch_first, sequence_first, strict=True):
-        assert torch.equal(a, b), name
+    _, *megatrons = step(_megatrons)
+    for name, a, b in zip(("output", "input gradient", "main_grad"), megatrons, ours, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_the_output_may_be_changed_in_place_as_megatrons_may():
+    # a custom function's output that is a view of something it made may not be changed in place
+    # while grad is recorded: the output must be a tensor of its own, as torch.matmul's is
+    x0, w0, _, r = _operands("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = linear_into_main_grad(x0.clone().requires_grad_(), torch.nn.Parameter(w0.clone()), lambda t: t)
+        (y.mul_(2.0).float() * r).sum().backward()
 
 
 def test_the_tensor_parallel_mapping_sees_the_input_and_reduces_its_gradient_in_bf16():

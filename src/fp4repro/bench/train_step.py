@@ -275,9 +275,10 @@ def _check(what: str, value: float, bound: float, target: float | None = None) -
 
 
 def table(result: dict) -> str:
-    """The assembled file as tables: each configuration, then the checks."""
+    """The assembled file as tables: each configuration (with its commit: two experiments' rows
+    may be of different ones), then the checks."""
     lines = [
-        f"{'experiment':20} {'recipe':18} {'kernels':8} {'ms/step':>8} {'tokens/s':>9} {'MFU':>6} "
+        f"{'experiment':20} {'recipe':18} {'kernels':8} {'commit':8} {'ms/step':>8} {'tokens/s':>9} {'MFU':>6} "
         f"{'head ms':>8} {'GEMM ms':>8} {'optim ms':>8} {'norm ms':>8} {'gaps ms':>8} {'tel x':>6}"
     ]
     for r in result["rows"]:
@@ -285,9 +286,9 @@ def table(result: dict) -> str:
         tel = f"{r['telemetry']['ratio']:.2f}" if r["telemetry"] else "-"
         ms = r["ms_per_step"]
         lines.append(
-            f"{r['experiment']:20} {r['recipe']:18} {r['kernels']:8} {r['s_per_step'] * 1e3:>8.1f} "
-            f"{r['tokens_per_s']:>9,.0f} {mfu:>6} {ms.get('lm_head', 0.0):>8.1f} {ms['gemm']:>8.1f} "
-            f"{ms['optimizer']:>8.1f} {ms['norm']:>8.1f} "
+            f"{r['experiment']:20} {r['recipe']:18} {r['kernels']:8} {str(r['commit'])[:7]:8} "
+            f"{r['s_per_step'] * 1e3:>8.1f} {r['tokens_per_s']:>9,.0f} {mfu:>6} {ms.get('lm_head', 0.0):>8.1f} "
+            f"{ms['gemm']:>8.1f} {ms['optimizer']:>8.1f} {ms['norm']:>8.1f} "
             f"{r['host_gap_ms_per_step']:>8.1f} {tel:>6}"
         )
     for g in result["fused_gain"]:

@@ -33,12 +33,14 @@ from megatron.core.utils import prepare_input_tensors_for_wgrad_compute
 
 def _tokens_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A [..., k] · B [k, n] as one GEMM over the tokens flattened: the GEMM ``torch.matmul`` runs
-    when it folds A. It does not fold a [s, 1, k] tensor laid out [1, s, k] (the Mamba mixer's
-    "l b d -> b l d" of in_proj's output sends its gradient back so), although it is contiguous:
-    it runs s GEMMs of one row instead (most of the 8B step in
-    results/bench/logs/train_step_8b_megatron_bf16_fused_47c5b70_h100.json). ``reshape`` views such
-    a tensor without a copy."""
-    return a.reshape(-1, a.shape[-1]).mm(b).view(*a.shape[:-1], b.shape[-1])
+    when it folds A, shaped back as it does (``_unsafe_view``: not a view to autograd, which forbids
+    in-place changes of a view a custom function returns). torch.matmul does not fold a [s, 1, k]
+    tensor laid out [1, s, k] (the Mamba mixer's "l b d -> b l d" of in_proj's output sends its
+    gradient back so) unless B requires grad, as megatron's cast weight does and the cast kept here
+    does not: it runs s GEMMs of one row instead (most of the 8B step in
+    results/bench/logs/train_step_8b_megatron_bf16_fused_47c5b70_h100.json). ``flatten`` views
+    such a tensor without a copy."""
+    return torch.ops.aten._unsafe_view(a.flatten(0, -2).mm(b), (*a.shape[:-1], b.shape[-1]))
 
 
 class _MainGradLinear(torch.autograd.Function):
