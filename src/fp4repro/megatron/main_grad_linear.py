@@ -31,16 +31,16 @@ import torch
 from megatron.core.utils import prepare_input_tensors_for_wgrad_compute
 
 
-def _tokens_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A [..., k] · B [k, n] as one GEMM over the tokens flattened: the GEMM ``torch.matmul`` runs
-    when it folds A, shaped back as it does (``_unsafe_view``: not a view to autograd, which forbids
-    in-place changes of a view a custom function returns). torch.matmul does not fold a [s, 1, k]
-    tensor laid out [1, s, k] (the Mamba mixer's "l b d -> b l d" of in_proj's output sends its
-    gradient back so) unless B requires grad, as megatron's cast weight does and the cast kept here
-    does not: it runs s GEMMs of one row instead (most of the 8B step in
-    results/bench/logs/train_step_8b_megatron_bf16_fused_47c5b70_h100.json). ``flatten`` views
-    such a tensor without a copy."""
-    return torch.ops.aten._unsafe_view(a.flatten(0, -2).mm(b), (*a.shape[:-1], b.shape[-1]))
+def _over_tokens(a2: torch.Tensor, b: torch.Tensor, leading: torch.Size) -> torch.Tensor:
+    """A2 [tokens, k] · B [k, n], shaped back to [*leading, n]: the GEMM ``torch.matmul`` runs when
+    it folds A (A2 is A with its tokens flattened), shaped back as it does (``_unsafe_view``: not a
+    view to autograd, which forbids in-place changes of a view a custom function returns).
+    torch.matmul does not fold a [s, 1, k] tensor laid out [1, s, k] (the Mamba mixer's
+    "l b d -> b l d" of in_proj's output sends its gradient back so) unless B requires grad, as
+    megatron's cast weight does and the cast kept here does not: it runs s GEMMs of one row instead
+    (most of the 8B step in results/bench/logs/train_step_8b_megatron_bf16_fused_47c5b70_h100.json).
+    Flattening views such a tensor without a copy."""
+    return torch.ops.aten._unsafe_view(a2.mm(b), (*leading, b.shape[-1]))
 
 
 class _MainGradLinear(torch.autograd.Function):
@@ -49,7 +49,7 @@ class _MainGradLinear(torch.autograd.Function):
         """Y = X_c · W_cᵀ, X already in c (``linear_into_main_grad`` casts it), W cast to c."""
         w_c = weight.to(x.dtype)
         with torch.autocast(x.device.type, enabled=False):
-            y = _tokens_mm(x, w_c.t())
+            y = _over_tokens(x.flatten(0, -2), w_c.t(), x.shape[:-1])
         ctx.save_for_backward(x, w_c)
         ctx.weight = weight  # the parameter itself, for its main_grad (not a saved tensor: no version check)
         return y
@@ -59,8 +59,9 @@ class _MainGradLinear(torch.autograd.Function):
         x, w_c = ctx.saved_tensors
         weight = ctx.weight
         with torch.autocast(dy.device.type, enabled=False):
-            dx = _tokens_mm(dy, w_c)
+            # dY's tokens flattened once, for both products (megatron's own flattening for dW)
             dy2, x2 = prepare_input_tensors_for_wgrad_compute(dy, x)
+            dx = _over_tokens(dy2, w_c, dy.shape[:-1])
             dw = dy2.t().matmul(x2)
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None:  # no DDP around the model: the gradient as autograd would give it
