@@ -120,6 +120,8 @@ def test_the_report_sets_the_papers_number_and_scale_beside_ours_with_their_cita
     assert f"the paper trained 8,084,075,520 on {30_000 * 768 * 8_192:,} (23.3 per parameter" in scale
     assert f"on {tiny.experiment.train.trained_tokens:,} tokens" in scale and "after 30,000 steps" in scale
     assert paper8b.experiment.train.total_steps == 30_000
+    # and the headline pair's reading at tiny's size (fp4repro.report.scale, tests/report/test_scale.py)
+    assert "**The headline comparison, ue5m3 − nvfp4, at 1.1M parameters and " in scale
     table = [line for line in text.splitlines() if line.startswith("| ")]
     section = text[text.index("## The paper's own numbers") :]
     for c in claims:

@@ -199,9 +199,9 @@ def run_scale(study, params: int) -> str:
     )
 
 
-def _scale_note(paper: dict, study, params: int) -> list[str]:
-    """``scale_paragraph`` of ``study`` (its model has ``params`` parameters) against the claims
-    file's ``paper.experiment`` (none without one)."""
+def _scale_note(paper: dict, study, params: int, rows: list[Row]) -> list[str]:
+    """``scale_paragraph`` of ``study`` (its model has ``params`` parameters, its report's lines
+    ``rows``) against the claims file's ``paper.experiment`` (none without one)."""
     if not paper.get("experiment"):
         return []
     theirs = load_study(paper["experiment"])
@@ -209,6 +209,7 @@ def _scale_note(paper: dict, study, params: int) -> list[str]:
         (params, study.experiment.train.trained_tokens),
         (model_parameters(theirs), theirs.experiment.train.trained_tokens, theirs.experiment.train.total_steps),
         theirs.name,
+        rows,
     )
 
 
@@ -280,6 +281,6 @@ def report_text(
         beyond,
         diverged,
         runs_text(runs, study.runs) + numerics_text(root, runs),
-        _scale_note(paper, study, params),
+        _scale_note(paper, study, params, rows),
     )
     return text, rows
