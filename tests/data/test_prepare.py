@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fp4repro.data.stdlib as embedded
 from fp4repro.cli import main
 from fp4repro.data import DataError, load_manifest, prepare_data, validation_tokens
 from fp4repro.data.corpus import normalize_text
@@ -266,3 +267,23 @@ def test_installed_packages_prepare_as_sources_and_their_versions_enter_the_hash
     assert data_hash(other) != data_hash(fingerprint) == manifest.inputs_hash
     stdlib = make_experiment(tmp_path, {"prose": {"kind": "stdlib_prose"}}, name="stdlib")
     assert "packages" not in data_fingerprint(stdlib.data)
+
+
+def _a_distribution_in(folder: Path, name: str) -> Path:
+    """An installed distribution's metadata (no code) in ``folder``."""
+    info = folder / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    return folder
+
+
+def test_only_the_distributions_in_the_package_folders_enter_the_packages_hash(tmp_path, monkeypatch, make_experiment):
+    # one on the import path elsewhere (PYTHONPATH's: no text of it is read) leaves the corpus's
+    # digest as it was; one installed in a package folder the corpus reads changes it
+    exp = make_experiment(tmp_path, {"code": {"kind": "packages_code"}}, name="packages", max_files=4)
+    before = data_fingerprint(exp.data)
+    monkeypatch.syspath_prepend(str(_a_distribution_in(tmp_path / "beside", "fp4repro-beside")))
+    assert data_fingerprint(exp.data) == before
+    roots = [*embedded.package_roots(), _a_distribution_in(tmp_path / "root", "fp4repro-inside")]
+    monkeypatch.setattr(embedded, "package_roots", lambda: roots)
+    assert data_fingerprint(exp.data)["packages"] == sorted([*before["packages"], "fp4repro-inside==1.0"])

@@ -81,15 +81,9 @@ class DataConfig:
             return None
         return f"{platform.python_implementation()} {platform.python_version()}"
 
-    def packages(self) -> list[str] | None:
-        """The installed distributions a ``packages_*`` source reads, "name==version" sorted
-        (None: no such source): what the prepared data depends on besides the config."""
-        if not any(s.kind in PACKAGE_KINDS for s in self.sources):
-            return None
-        # importlib.metadata reads installed distributions' metadata: there is no module to import by name
-        from importlib.metadata import distributions
-
-        return sorted({f"{d.metadata['Name']}=={d.version}" for d in distributions()})
+    def reads_packages(self) -> bool:
+        """Whether a ``packages_*`` source reads the installed packages."""
+        return any(s.kind in PACKAGE_KINDS for s in self.sources)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ dataset, record ``indexed`` sources as they are, and write ``manifest.json`` las
 
 The manifest stores a hash of everything the outputs depend on (``inputs_hash``): the data config,
 the format of this code, the interpreter version (the standard library is part of the input), the
-tokenizers version, and the size and modification time of every input file; and the sha256 of
+distributions installed in the package folders (for a packages source), the tokenizers version,
+and the size and modification time of every input file; and the sha256 of
 every token file it lists, which with the inputs make ``data_hash`` (``fp4repro.data.integrity``).
 A rerun whose manifest has that inputs hash and whose files all have their recorded sizes and
 digests does nothing; anything else is redone from scratch, which is safe because every output is
@@ -34,6 +35,7 @@ from fp4repro.data.errors import DataError
 from fp4repro.data.indexed import bin_path, idx_path, read_indexed_stats, token_dtype, write_indexed_dataset
 from fp4repro.data.integrity import VERIFIED, check_token_ids, token_digests, verify_token_files
 from fp4repro.data.manifest import DatasetEntry, Manifest, SourceEntry, manifest_path, read_manifest, write_manifest
+from fp4repro.data.stdlib import package_distributions
 from fp4repro.data.tokenizer import encode_documents, eod_id, file_sha256, load_tokenizer, train_bpe
 from fp4repro.provenance import provenance
 from fp4repro.util import atomic_write_text
@@ -87,9 +89,8 @@ def data_fingerprint(data: DataConfig) -> dict:
         "tokenizers": tokenizers.__version__,
         "inputs": inputs,
     }
-    packages = data.packages()
-    if packages is not None:  # installed distributions, for packages_* sources only (other data keeps its hash)
-        fingerprint["packages"] = packages
+    if data.reads_packages():  # installed distributions, for packages_* sources only (other data keeps its hash)
+        fingerprint["packages"] = package_distributions()
     return fingerprint
 
 

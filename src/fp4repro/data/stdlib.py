@@ -69,6 +69,17 @@ def package_roots() -> list[Path]:
     return sorted({Path(paths[k]) for k in ("purelib", "platlib") if Path(paths[k]).is_dir()})
 
 
+def package_distributions(roots: list[Path] | None = None) -> list[str]:
+    """The distributions installed in the package folders (``package_roots``), "name==version"
+    sorted: those whose files a packages source reads. Others on the import path (PYTHONPATH's)
+    add no text, so they are not part of what the corpus is made from."""
+    # importlib.metadata reads installed distributions' metadata: there is no module to import by name
+    from importlib.metadata import distributions
+
+    found = distributions(path=[str(r) for r in roots or package_roots()])
+    return sorted({f"{d.metadata['Name']}=={d.version}" for d in found})
+
+
 def package_files(roots: list[Path] | None = None) -> list[Path]:
     """The ``.py`` files of the installed packages, sorted; test suites and the import hooks of
     editable installs (``__editable__*``, which are not a package's text) left out."""
