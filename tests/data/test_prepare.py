@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fp4repro.data.stdlib as embedded
+import fp4repro.data.stdlib as python_sources
 from fp4repro.cli import main
 from fp4repro.data import DataError, load_manifest, prepare_data, validation_tokens
 from fp4repro.data.corpus import normalize_text
@@ -284,6 +284,6 @@ def test_only_the_distributions_in_the_package_folders_enter_the_packages_hash(t
     before = data_fingerprint(exp.data)
     monkeypatch.syspath_prepend(str(_a_distribution_in(tmp_path / "beside", "fp4repro-beside")))
     assert data_fingerprint(exp.data) == before
-    roots = [*embedded.package_roots(), _a_distribution_in(tmp_path / "root", "fp4repro-inside")]
-    monkeypatch.setattr(embedded, "package_roots", lambda: roots)
+    roots = [*python_sources.package_roots(), _a_distribution_in(tmp_path / "root", "fp4repro-inside")]
+    monkeypatch.setattr(python_sources, "package_roots", lambda: roots)
     assert data_fingerprint(exp.data)["packages"] == sorted([*before["packages"], "fp4repro-inside==1.0"])

@@ -70,9 +70,10 @@ def package_roots() -> list[Path]:
 
 
 def package_distributions(roots: list[Path] | None = None) -> list[str]:
-    """The distributions installed in the package folders (``package_roots``), "name==version"
-    sorted: those whose files a packages source reads. Others on the import path (PYTHONPATH's)
-    add no text, so they are not part of what the corpus is made from."""
+    """Every distribution installed in the package folders (``package_roots``), "name==version"
+    sorted: the folders a packages source reads (all of them counted, whatever share of their
+    files ``max_files`` reads). Others on the import path (PYTHONPATH's) add no text, so they are
+    not part of what the corpus is made from."""
     # importlib.metadata reads installed distributions' metadata: there is no module to import by name
     from importlib.metadata import distributions
 
