@@ -363,7 +363,8 @@ def quantize_2d(
     """
     launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats, live, place)
     _quantize_launcher()(*launch)
-    if stats:  # the tiles' sums in tile order: the same bits at every run
+    if stats:  # the tiles' counts and sums, the sums in tile order: the same bits at every run
+        out["counts"] = out.pop("tile_counts").sum(dim=0, dtype=torch.int32)
         out["sums"] = out.pop("tile_sums").sum(dim=0)
     return out
 
@@ -421,11 +422,11 @@ def quantize_launch(
         if codes
         else _dummy(device, torch.uint8)
     )
-    # [saturated, underflow, nonzero, zeroed, nonfinite, clipped]: see _quantize_kernel
-    counts = torch.zeros(6, dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
-    # each tile's [sq_error, sq_norm] (float64), summed after the launch in a fixed order (see _quantize_kernel);
-    # a program quantizes LIVE_TILES row tiles, and tiles past the matrix keep their zeros
+    # each tile's [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32) and [sq_error,
+    # sq_norm] (float64), summed after the launch (see _quantize_kernel); a program quantizes
+    # LIVE_TILES row tiles, and tiles past the matrix keep their zeros
     tiles = grid[0] * dict(constexprs).get("LIVE_TILES", 1) * grid[1]
+    tile_counts = torch.zeros((tiles, 6), dtype=torch.int32, device=device) if stats else _dummy(device, torch.int32)
     tile_sums = torch.zeros((tiles, 2), dtype=torch.float64, device=device) if stats else _dummy(device, torch.float64)
     d = torch.empty((), dtype=torch.float32, device=device)
     if live is not None and (
@@ -444,7 +445,7 @@ def quantize_launch(
         qs,
         code_buf,
         scale_buf,
-        counts,
+        tile_counts,
         tile_sums,
         d,
         live,
@@ -463,7 +464,9 @@ def quantize_launch(
     if codes:
         out.update(codes=code_buf, scale_codes=scale_buf)
     if stats:
-        out.update(counts=counts, tile_sums=tile_sums, blocks=(rows_p // spec.block[0]) * (cols_p // spec.block[1]))
+        out.update(
+            tile_counts=tile_counts, tile_sums=tile_sums, blocks=(rows_p // spec.block[0]) * (cols_p // spec.block[1])
+        )
     return (grid, args, constexprs, warps), out
 
 

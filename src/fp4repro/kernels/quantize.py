@@ -9,11 +9,12 @@ running along its columns (the GEMM's reduction dimension):
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
                        block amax, s_b, element rounding (RNE, or either SR from Philox bytes), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
-                       scale codes, and optionally telemetry: integer counters (atomic adds,
-                       exact in any order) and each tile's float64 sums in a slot of its own
-                       (summed by the caller in a fixed order: float64 atomics would add the
-                       tiles in whatever order they finish, and the last bits would differ
-                       from run to run). The tensor
+                       scale codes, and optionally telemetry: each tile's integer counters and
+                       float64 sums in a slot of its own, summed by the caller (the sums in a
+                       fixed order: float64 atomics would add the tiles in whatever order they
+                       finish, and the last bits would differ from run to run; the counters
+                       because atomic adds of every tile on the same six addresses serialize in
+                       L2, as the live amax's did before its slots). The tensor
                        scale g and the decode scale d = 1/g are computed in the kernel from the
                        amax pointer and the runtime float32 Emax·T (not a constexpr: a target T
                        that changes at every amax refresh reuses the compiled kernel), and d is
@@ -732,8 +733,8 @@ def _quantize_kernel(
             tl.store(scales_ptr + br[:, None].to(tl.int64) * n_bc + bc[None, :], s_code, mask=smask)
 
         if STATS:
-            # counts: [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32);
-            # sums: [sq_error, sq_norm] (float64) of this tile, in its slot (pid_r, pid_c)
+            # counts: [saturated, underflow, nonzero, zeroed, nonfinite, clipped] (int32) and
+            # sums: [sq_error, sq_norm] (float64) of this tile, each in its slot (pid_r, pid_c)
             real_r = (pid_r * NB_R + tl.arange(0, NB_R)) * BLOCK_R < rows
             real_c = (pid_c * NB_C + tl.arange(0, NB_C)) * BLOCK_C < cols_padded
             if COLUMNWISE:
@@ -764,13 +765,15 @@ def _quantize_kernel(
             err = tl.where(in_sum, xhat.to(tl.float64) - xb.to(tl.float64), 0.0)
             ref = tl.where(in_sum, xb, 0.0).to(tl.float64)
             n: tl.constexpr = TILE_R * TILE_C
-            tl.atomic_add(counts_ptr + 0, tl.sum(tl.sum(saturated.to(tl.int32), axis=1), axis=0))
-            tl.atomic_add(counts_ptr + 1, tl.sum(tl.sum(underflow.to(tl.int32), axis=1), axis=0))
-            tl.atomic_add(counts_ptr + 2, tl.sum(tl.reshape(nonzero.to(tl.int32), (n,)), axis=0))
-            tl.atomic_add(counts_ptr + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
-            tl.atomic_add(counts_ptr + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
-            tl.atomic_add(counts_ptr + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
-            tile_sums = sums_ptr + (pid_r * tl.num_programs(1) + pid_c).to(tl.int64) * 2
+            tile = (pid_r * tl.num_programs(1) + pid_c).to(tl.int64)
+            tile_counts = counts_ptr + tile * 6
+            tl.store(tile_counts + 0, tl.sum(tl.sum(saturated.to(tl.int32), axis=1), axis=0))
+            tl.store(tile_counts + 1, tl.sum(tl.sum(underflow.to(tl.int32), axis=1), axis=0))
+            tl.store(tile_counts + 2, tl.sum(tl.reshape(nonzero.to(tl.int32), (n,)), axis=0))
+            tl.store(tile_counts + 3, tl.sum(tl.reshape(zeroed.to(tl.int32), (n,)), axis=0))
+            tl.store(tile_counts + 4, tl.sum(tl.sum((real & block_bad).to(tl.int32), axis=1), axis=0))
+            tl.store(tile_counts + 5, tl.sum(tl.reshape(clipped.to(tl.int32), (n,)), axis=0))
+            tile_sums = sums_ptr + tile * 2
             tl.store(tile_sums + 0, tl.sum(tl.reshape(err * err, (n,)), axis=0))
             tl.store(tile_sums + 1, tl.sum(tl.reshape(ref * ref, (n,)), axis=0))
     if LIVE and (LIVE_TILES > 1):
