@@ -44,16 +44,49 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
     sr = [r for name, r in rows.items() if CASES[name][0].stochastic]
     assert len(sr) == 4 and all(r["philox_per_8_elements"] == 1.0 for r in sr)
     assert all(r["philox_per_8_elements"] is None for name, r in rows.items() if not CASES[name][0].stochastic)
+    # the telemetry variants: each tile stores its counters in a slot of its own, no global atomic
+    # (six per tile on the same six addresses before); read to their EXIT although the column-wise
+    # ones run past 4,096 instructions (address 0x10000), where Triton's own listing stops
+    for r in rows.values():
+        t = r["telemetry"]
+        assert t["global_atomics"] == 0 and t["main"] > r["main"] and 0 < t["registers"] <= 255, r["case"]
+    assert rows["1x16 RNE, column-wise (wgrad)"]["telemetry"]["main"] > 4096
+    assert "with telemetry (stats=True)" in proc.stdout
+
+
+def _line(address: int, instruction: str) -> str:
+    """One instruction as ``cuobjdump -sass`` prints it, with its encoding's two comment lines."""
+    return f"        /*{address:04x}*/                   {instruction} ;   /* 0x000fe200078e00ff */\n{' ' * 80}/* 0x0 */\n"
 
 
 def test_count_instructions_reads_the_main_path_up_to_exit():
-    sass = (
-        "Function:k\n--:-:0:-:1\tLDC R1, c[0x0][0x28];\n--:-:-:-:1\t@!P0 FADD R2, R2, R3;\n"
-        "--:-:-:-:5\tEXIT;\n--:-:-:-:1\tBRA 0x40;\n"
+    header = "\tcode for sm_90\n\t\tFunction : _quantize_kernel\n\t.headerflags\t@\"EF_CUDA_SM90\"\n"
+    sass = header + "".join(
+        _line(16 * i, op)
+        for i, op in enumerate(
+            ["LDC R1, c[0x0][0x28]", "@!P0 FADD R2, R2, R3", "STL [R1], R2", "EXIT", "BRA 0x40", "LDL R2, [R1]"]
+        )
     )
-    assert count_instructions(sass) == {"main": 3, "total": 4, "mix": {"LDC": 1, "FADD": 1, "EXIT": 1}, "umulhi": 0}
-    philox = "--:-:-:-:1\tIMAD.HI.U32 R4, R2, -0x2da96c6d, RZ;\n--:-:-:-:1\tIMAD.HI R5, R2, R3, RZ;\n"
-    counts = count_instructions(philox + "--:-:-:-:5\tEXIT;\n--:-:-:-:1\tIMAD.HI.U32 R4, R2, R3, RZ;\n")
-    assert counts["umulhi"] == 1 and counts["mix"] == {"IMAD": 2, "EXIT": 1}
+    assert count_instructions(sass) == {
+        "main": 4,
+        "total": 6,
+        "mix": {"LDC": 1, "FADD": 1, "STL": 1, "EXIT": 1},
+        "umulhi": 0,
+        "global_atomics": 0,
+        "local_memory": 1,
+    }
+    # addresses past 0xffff read on; RED and ATOMG are global atomics, REDUX (within a warp) is not
+    late = [
+        "IMAD.HI.U32 R4, R2, -0x2da96c6d, RZ",
+        "IMAD.HI R5, R2, R3, RZ",
+        "RED.E.ADD.STRONG.GPU [R2.64], R5",
+        "ATOMG.E.ADD.STRONG.GPU PT, R7, [R2.64], R5",
+        "REDUX.SUM UR4, R5",
+        "EXIT",
+        "IMAD.HI.U32 R4, R2, R3, RZ",
+    ]
+    counts = count_instructions(header + "".join(_line(0xFFF0 + 16 * i, op) for i, op in enumerate(late)))
+    assert counts["umulhi"] == 1 and counts["global_atomics"] == 2 and counts["main"] == 6
+    assert counts["mix"] == {"IMAD": 2, "RED": 1, "ATOMG": 1, "REDUX": 1, "EXIT": 1}
     with pytest.raises(ValueError, match="no EXIT"):
-        count_instructions("Function:k\n")
+        count_instructions(header)

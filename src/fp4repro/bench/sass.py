@@ -5,13 +5,18 @@ does not, whatever its memory traffic. This counts, without a GPU, what each thr
 ``_quantize_kernel`` issues: Triton compiles the kernel exactly as its JIT would for the
 arguments of ``fp4repro.kernels.quantize_2d`` (same specialization, same constexprs and launch
 plan), for the chosen architecture (default sm_90, the H200), and the SASS comes from the
-``nvdisasm`` that Triton ships. Counted: the main path, the instructions up to the first
+``cuobjdump`` that Triton ships. Counted: the main path, the instructions up to the first
 ``EXIT`` (the straight-line code every thread runs once: the kernel has no loops; the slow path
 of the IEEE division follows it and runs only for operands that need it), per thread and per
 element of the thread's share of the tile, the opcodes that take most of them, and registers.
 For SR, the Philox calls each thread computes per 8 of its elements (1 when no thread computes
 a call another thread also computes): each of Philox2x32-10's rounds takes one ``IMAD.HI.U32``
 (its ``umulhi``), and no other part of the kernel issues one.
+
+Each case is also compiled with telemetry (``quantize_2d(..., stats=True)``, the variant a
+telemetry step runs): its main path, registers, global atomics (``ATOMG``/``RED``), which it
+has none of (each tile writes its counters to a slot of its own), and local-memory loads and
+stores (``LDL``/``STL``: registers spilled).
 
 The cases are those of ``fp4repro bench kernels`` (BF16 input and q·s output).
 """
@@ -29,15 +34,19 @@ import torch
 from fp4repro.provenance import provenance
 from fp4repro.results import write_json
 
-_INSTRUCTION = re.compile(r"^\S*\t(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)")
+# an instruction line of ``cuobjdump -sass``: /*address*/ [predicate] OPCODE.MODIFIERS operands ;
+_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)")
 PHILOX_ROUNDS = 10
 
 
-def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90, live: bool = False):
+def compile_case(
+    spec, shape: tuple[int, int], columnwise: bool, arch: int = 90, live: bool = False, stats: bool = False
+):
     """(CompiledKernel, elements per thread) of what ``quantize_2d`` launches for a BF16 tensor of
     ``shape`` (row-major, or a column-major view when ``columnwise``) with a held amax (none for
     formats without a tensor scale), compiled for sm_``arch``; ``live``: the variant that also
-    max-folds the live tensor amax into running slots (``quantize_2d(..., live=slots)``)."""
+    max-folds the live tensor amax into running slots (``quantize_2d(..., live=slots)``);
+    ``stats``: the variant that also counts telemetry (``quantize_2d(..., stats=True)``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -56,7 +65,7 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90,
     x = x.t() if columnwise else x
     amax = torch.empty((), dtype=torch.float32, device="meta")  # held: no reduction pass
     slots = live_slots("meta") if live else None
-    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1, live=slots)
+    (_, args, constexprs, num_warps), _ = quantize_launch(x, spec, amax=amax, seed=1, live=slots, stats=stats)
     fn = quantize._quantize_kernel
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
@@ -69,8 +78,9 @@ def compile_case(spec, shape: tuple[int, int], columnwise: bool, arch: int = 90,
 
 
 def count_instructions(sass: str) -> dict:
-    """Main-path and total instruction counts, the main path's opcode mix, and its ``IMAD.HI.U32``
-    count (``umulhi``) of one kernel's SASS."""
+    """Main-path and total instruction counts, the main path's opcode mix, its ``IMAD.HI.U32``
+    count (``umulhi``) and its global atomics (``ATOMG``, ``RED``: not the warp reduction
+    ``REDUX``) of one kernel's SASS."""
     matches = [m for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
     opcodes = [m.group(1) for m in matches]
     if "EXIT" not in opcodes:
@@ -81,23 +91,34 @@ def count_instructions(sass: str) -> dict:
         "total": len(opcodes),
         "mix": dict(collections.Counter(m.group(1) for m in main).most_common()),
         "umulhi": sum(m.group(1) + m.group(2) == "IMAD.HI.U32" for m in main),
+        "global_atomics": sum(m.group(1) in ("ATOMG", "RED") for m in main),
+        "local_memory": sum(m.group(1) in ("LDL", "STL") for m in main),
     }
 
 
-def registers(cubin: bytes) -> int:
-    """Registers per thread of the kernel in a cubin (``cuobjdump --dump-resource-usage``)."""
+def _cuobjdump(cubin: bytes, option: str) -> str:
+    """What the ``cuobjdump`` Triton ships prints for a cubin with ``option``."""
     from triton import knobs
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        usage = subprocess.run(
-            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", str(path)],
-            capture_output=True,
-            text=True,
-            check=True,
+        return subprocess.run(
+            [knobs.nvidia.cuobjdump.path, option, str(path)], capture_output=True, text=True, check=True
         ).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+def sass_listing(cubin: bytes) -> str:
+    """The SASS of the kernel in a cubin, as ``cuobjdump -sass`` prints it. Not Triton's own
+    listing (``asm["sass"]``): its parser reads four hex digits of address and stops at 0x10000,
+    before the EXIT of a kernel longer than 4,096 instructions, as the column-wise telemetry
+    variants are."""
+    return _cuobjdump(cubin, "-sass")
+
+
+def registers(cubin: bytes) -> int:
+    """Registers per thread of the kernel in a cubin (``cuobjdump --dump-resource-usage``)."""
+    return int(re.search(r"REG:(\d+)", _cuobjdump(cubin, "--dump-resource-usage")).group(1))
 
 
 def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None = None) -> dict:
@@ -109,7 +130,9 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
         if not held:
             continue
         kernel, elements = compile_case(spec, shape, columnwise, arch)
-        counts = count_instructions(kernel.asm["sass"])
+        counts = count_instructions(sass_listing(kernel.asm["cubin"]))
+        with_stats = compile_case(spec, shape, columnwise, arch, stats=True)[0]
+        stats_counts = count_instructions(sass_listing(with_stats.asm["cubin"]))
         rows.append(
             {
                 "case": name,
@@ -119,6 +142,13 @@ def run(shape: tuple[int, int] = (8192, 8192), arch: int = 90, out: Path | None 
                 "philox_per_8_elements": counts["umulhi"] / PHILOX_ROUNDS / (elements / 8) if spec.stochastic else None,
                 "fp_fusion": bool(kernel.metadata.enable_fp_fusion),
                 **counts,
+                "telemetry": {
+                    "main": stats_counts["main"],
+                    "per_element": stats_counts["main"] / elements,
+                    "registers": registers(with_stats.asm["cubin"]),
+                    "global_atomics": stats_counts["global_atomics"],
+                    "local_memory": stats_counts["local_memory"],
+                },
             }
         )
     result = {"arch": f"sm_{arch}", "shape": list(shape), "cases": rows}
@@ -139,4 +169,15 @@ def table(result: dict) -> str:
         philox = r.get("philox_per_8_elements")
         philox = "" if philox is None else f"{philox:.2f}"
         lines.append(f"{r['case']:34} {r['main']:>9} {r['per_element']:>8.1f} {r['registers']:>5} {philox:>8}  {top}")
+    with_telemetry = [r for r in result["cases"] if "telemetry" in r]
+    if with_telemetry:
+        lines.append("")
+        lines.append("with telemetry (stats=True)")
+        lines.append(f"{'case':34} {'main path':>9} {'per elem':>8} {'regs':>5} {'atomics':>8} {'LDL/STL':>8}")
+        for r in with_telemetry:
+            t = r["telemetry"]
+            lines.append(
+                f"{r['case']:34} {t['main']:>9} {t['per_element']:>8.1f} {t['registers']:>5} "
+                f"{t['global_atomics']:>8} {t['local_memory']:>8}"
+            )
     return "\n".join(lines)
