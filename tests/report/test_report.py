@@ -122,6 +122,7 @@ def test_the_report_sets_the_papers_number_and_scale_beside_ours_with_their_cita
     assert paper8b.experiment.train.total_steps == 30_000
     # and the headline pair's reading at tiny's size (fp4repro.report.scale, tests/report/test_scale.py)
     assert "**The headline comparison, ue5m3 − nvfp4, at 1.1M parameters and " in scale
+    assert "- final_loss: " in scale and "the paper's direction holds beyond noise on 0 of " in scale
     table = [line for line in text.splitlines() if line.startswith("| ")]
     section = text[text.index("## The paper's own numbers") :]
     for c in claims:

@@ -6,6 +6,9 @@ claims file's first claim and every claim of the same recipe and baseline) at th
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from fp4repro.report.claims import Row
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
@@ -21,43 +24,64 @@ def _millions(n: int) -> str:
 
 def direction_text(row: Row) -> str:
     """Where a measured row's interval lies against the paper's direction, in words."""
-    k, verdict = row.comparison, row.verdict
+    verdict = row.verdict
     if verdict == REPRODUCED:
         return "the paper's direction, beyond noise"
     if verdict == SUGGESTIVE:
-        return "the paper's direction beyond the test's noise, from one seed"
+        return "the paper's direction beyond the test's noise, from one seed (suggestive)"
     if verdict == WITHIN_NOISE:
         return "the paper's sign, within noise"
     if verdict == OPPOSITE:
-        beyond = k.low > 0 if row.claim.expect == "lower" else k.high < 0
-        return "the other direction, beyond noise" if beyond else "the other sign, within noise"
+        return "the other direction, beyond noise" if _against(row) else "the other sign, within noise"
     assert verdict == NO_DIFFERENCE, verdict
     return "no difference"
 
 
-def size_text(row: Row) -> str:
-    """Whether the paper's 8B difference lies inside a measured row's interval ("" where the paper
-    gives no difference in our unit)."""
-    reported, k = row.claim.reported, row.comparison
-    same_unit = (
-        row.claim.measure in SAME_UNIT_MEASURES
-        and reported is not None
-        and reported.measured_at == "8B"
-        and len(reported.difference) == 1
-        and reported.difference[0].unit == ""
-    )
-    if not same_unit:
+def _against(row: Row) -> bool:
+    """Whether a measured row's interval lies wholly on the other side of 0 than the paper's."""
+    k = row.comparison
+    return k.low > 0 if row.claim.expect == "lower" else k.high < 0
+
+
+def paper_size(row: Row) -> float | None:
+    """The paper's 8B difference where it is in our unit and can be set against a measured row's
+    interval (a loss or an NLL, one number, over seeds: not a one-run interval), else None."""
+    reported = row.claim.reported
+    if (
+        row.claim.measure not in SAME_UNIT_MEASURES
+        or row.capped
+        or reported is None
+        or reported.measured_at != "8B"
+        or len(reported.difference) != 1
+        or reported.difference[0].unit != ""
+    ):
+        return None
+    return reported.difference[0].value
+
+
+def size_reading(row: Row) -> str:
+    """Where the paper's 8B difference lies against a measured row's interval: "inside", "rejected"
+    (the interval lies wholly between it and 0: a difference that large is rejected at the 5%
+    level), "exceeded" (the interval lies wholly beyond it, away from 0), or "" (no such number)."""
+    paper, k = paper_size(row), row.comparison
+    if paper is None:
         return ""
-    paper = reported.difference[0].value
     if k.low <= paper <= k.high:
-        return f"; the paper's 8B difference, {paper:+.4f}, lies inside the interval"
-    return (
-        f"; the paper's 8B difference, {paper:+.4f}, lies outside it: a difference of that size is not "
-        "there at this scale"
-    )
+        return "inside"
+    beyond = k.low > paper if paper < 0 else k.high < paper  # the interval on 0's side of it
+    return "rejected" if beyond else "exceeded"
 
 
-def headline_rows(rows: list[Row]) -> list[Row]:
+SIZE_TEXT = {
+    "": "",
+    "inside": "; the paper's 8B difference, {paper:+.4f}, lies inside the interval",
+    "rejected": "; the paper's 8B difference, {paper:+.4f}, lies outside it: a difference that large is rejected "
+    "at the 5% level at this scale",
+    "exceeded": "; the paper's 8B difference, {paper:+.4f}, lies outside it: ours is larger at the 5% level",
+}
+
+
+def headline_rows(rows: Sequence[Row]) -> list[Row]:
     """The measured rows of the headline comparison: the recipe and baseline of the first row's claim."""
     if not rows:
         return []
@@ -65,7 +89,22 @@ def headline_rows(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.measured and (r.claim.recipe, r.claim.baseline) == pair]
 
 
-def headline_lines(rows: list[Row], ours: tuple[int, int], papers: tuple[int, int, int]) -> list[str]:
+def _measure_line(row: Row) -> str:
+    k = row.comparison
+    if not all(math.isfinite(v) for v in (k.difference, k.low, k.high)):
+        return f"- {row.label}: not finite ({k.test.split(',')[0]})."
+    reading = size_reading(row)
+    return (
+        f"- {row.label}: {k.difference:+.4f} [{k.low:+.4f}, {k.high:+.4f}] ({k.test.split(',')[0]}; MDE "
+        f"{k.mde:.4f}): {direction_text(row)}{SIZE_TEXT[reading].format(paper=paper_size(row))}."
+    )
+
+
+def _labels(rows: list[Row]) -> str:
+    return ", ".join(r.label for r in rows)
+
+
+def headline_lines(rows: Sequence[Row], ours: tuple[int, int], papers: tuple[int, int, int]) -> list[str]:
     """The headline comparison at this scale, one line per measure and what they say together:
     whether the paper's direction holds at this size (``ours``: parameters, training tokens) and
     what that does and does not say about the paper's (``papers``: parameters, tokens, steps)."""
@@ -74,44 +113,51 @@ def headline_lines(rows: list[Row], ours: tuple[int, int], papers: tuple[int, in
         return []
     (parameters, tokens), (p_params, p_tokens, _) = ours, papers
     c = headline[0].claim
-    held = sum(r.verdict == REPRODUCED for r in headline)
+    finite = [r for r in headline if math.isfinite(r.comparison.difference)]
+    held = [r for r in finite if r.verdict == REPRODUCED]
+    suggestive = [r for r in finite if r.verdict == SUGGESTIVE]
+    against = [r for r in finite if r.verdict == OPPOSITE and _against(r)]
+    rejected = [r for r in finite if size_reading(r) == "rejected"]
     size = f"{_millions(parameters)} parameters and {_millions(tokens)} training tokens"
-    lines = [
-        "",
-        f"**The headline comparison, {c.recipe} − {c.baseline}, at {size}:**",
-        "",
+    smaller = (
+        f"a model {p_params / parameters:,.0f}x smaller than the paper's, trained on "
+        f"{p_tokens / tokens:,.0f}x fewer tokens"
+    )
+    lines = ["", f"**The headline comparison, {c.recipe} − {c.baseline}, at {size}:**", ""]
+    lines += [_measure_line(r) for r in headline]
+    n = len(headline)
+    said = [
+        f"At {size} the paper's direction holds beyond noise on {len(held)} of {n} measure{'s' if n > 1 else ''}"
+        + (f", and is suggestive on {len(suggestive)} ({_labels(suggestive)})" if suggestive else "")
+        + "."
     ]
-    for r in headline:
-        k = r.comparison
-        lines.append(
-            f"- {r.label}: {k.difference:+.4f} [{k.low:+.4f}, {k.high:+.4f}] ({k.test.split(',')[0]}; MDE "
-            f"{k.mde:.4f}): {direction_text(r)}{size_text(r)}."
+    if against:
+        said.append(f"The other direction holds beyond noise on {_labels(against)}.")
+    if rejected:
+        said.append(
+            f"On {_labels(rejected)} a difference as large as the paper's 8B one is rejected at the 5% level: on "
+            f"{smaller}, the gap is smaller than the paper's, if there is one."
         )
-    smaller = f"a model {p_params / parameters:,.0f}x smaller than the paper's, early in training"
-    if held == len(headline):
-        verdict = f"holds beyond noise on every measure ({held} of {len(headline)})"
-        reading = (
-            f"For the paper's 8B this is a consistency check: the formats' difference points the paper's way on "
-            f"{smaller}; how large it is after {p_tokens:,} tokens only a run at that scale can say."
+    if len(held) == n:
+        said.append(
+            f"For the paper's 8B this is a consistency check: how large the difference is after {p_tokens:,} "
+            "tokens only a run at that scale can say."
+        )
+    elif not (against or rejected):
+        said.append(
+            "This is inconclusive at this scale: the intervals contain 0 and, where the paper gives a difference "
+            "in our unit, its 8B size."
         )
     else:
-        verdict = (
-            f"holds beyond noise on {held} of {len(headline)} measures"
-            if held
-            else f"does not hold beyond noise on any of the {len(headline)} measures"
+        said.append(
+            f"It does not say that the difference is absent at 8B after {p_tokens:,} tokens, where the paper "
+            "measured one run per recipe without an interval: only a run at that scale can."
         )
-        reading = (
-            f"For the paper's 8B this says that the difference is not one the formats show at every scale and "
-            f"training length: on {smaller}, the intervals above bound it. It does not say that the difference "
-            f"is absent at 8B after {p_tokens:,} tokens, where the paper measured one run per recipe without an "
-            "interval: only a run at that scale can."
-        )
-    lines += ["", f"At {size} the paper's direction ({c.paper}) {verdict}. {reading}"]
-    return lines
+    return lines + ["", " ".join(said)]
 
 
 def scale_paragraph(
-    ours: tuple[int, int], papers: tuple[int, int, int], paper_experiment: str, rows: list[Row] = ()
+    ours: tuple[int, int], papers: tuple[int, int, int], paper_experiment: str, rows: Sequence[Row] = ()
 ) -> list[str]:
     """The section's Markdown lines: ``ours`` is (parameters, training tokens), ``papers``
     (parameters, training tokens, optimizer steps), ``rows`` the report's lines (``headline_lines``)."""
