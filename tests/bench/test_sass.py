@@ -56,11 +56,13 @@ def test_counts_every_held_case_and_sr_stays_near_rne(tmp_path):
 
 def _line(address: int, instruction: str) -> str:
     """One instruction as ``cuobjdump -sass`` prints it, with its encoding's two comment lines."""
-    return f"        /*{address:04x}*/                   {instruction} ;   /* 0x000fe200078e00ff */\n{' ' * 80}/* 0x0 */\n"
+    return (
+        f"        /*{address:04x}*/                   {instruction} ;   /* 0x000fe200078e00ff */\n{' ' * 80}/* 0x0 */\n"
+    )
 
 
 def test_count_instructions_reads_the_main_path_up_to_exit():
-    header = "\tcode for sm_90\n\t\tFunction : _quantize_kernel\n\t.headerflags\t@\"EF_CUDA_SM90\"\n"
+    header = '\tcode for sm_90\n\t\tFunction : _quantize_kernel\n\t.headerflags\t@"EF_CUDA_SM90"\n'
     sass = header + "".join(
         _line(16 * i, op)
         for i, op in enumerate(
@@ -73,7 +75,7 @@ def test_count_instructions_reads_the_main_path_up_to_exit():
         "mix": {"LDC": 1, "FADD": 1, "STL": 1, "EXIT": 1},
         "umulhi": 0,
         "global_atomics": 0,
-        "local_memory": 1,
+        "local_memory": 2,  # the whole listing's: the LDL after EXIT too
     }
     # addresses past 0xffff read on; RED and ATOMG are global atomics, REDUX (within a warp) is not
     late = [
@@ -84,9 +86,10 @@ def test_count_instructions_reads_the_main_path_up_to_exit():
         "REDUX.SUM UR4, R5",
         "EXIT",
         "IMAD.HI.U32 R4, R2, R3, RZ",
+        "RED.E.ADD.STRONG.GPU [R2.64], R5",
     ]
     counts = count_instructions(header + "".join(_line(0xFFF0 + 16 * i, op) for i, op in enumerate(late)))
-    assert counts["umulhi"] == 1 and counts["global_atomics"] == 2 and counts["main"] == 6
+    assert counts["umulhi"] == 1 and counts["global_atomics"] == 3 and counts["main"] == 6
     assert counts["mix"] == {"IMAD": 2, "RED": 1, "ATOMG": 1, "REDUX": 1, "EXIT": 1}
     with pytest.raises(ValueError, match="no EXIT"):
         count_instructions(header)

@@ -16,7 +16,7 @@ a call another thread also computes): each of Philox2x32-10's rounds takes one `
 Each case is also compiled with telemetry (``quantize_2d(..., stats=True)``, the variant a
 telemetry step runs): its main path, registers, global atomics (``ATOMG``/``RED``), which it
 has none of (each tile writes its counters to a slot of its own), and local-memory loads and
-stores (``LDL``/``STL``: registers spilled).
+stores (``LDL``/``STL``: registers spilled), both over the whole listing.
 
 The cases are those of ``fp4repro bench kernels`` (BF16 input and q·s output).
 """
@@ -78,9 +78,9 @@ def compile_case(
 
 
 def count_instructions(sass: str) -> dict:
-    """Main-path and total instruction counts, the main path's opcode mix, its ``IMAD.HI.U32``
-    count (``umulhi``) and its global atomics (``ATOMG``, ``RED``: not the warp reduction
-    ``REDUX``) of one kernel's SASS."""
+    """Main-path and total instruction counts, the main path's opcode mix and its ``IMAD.HI.U32``
+    count (``umulhi``), and the whole listing's global atomics (``ATOMG``, ``RED``: not the warp
+    reduction ``REDUX``) and local-memory loads and stores (``LDL``, ``STL``) of one kernel's SASS."""
     matches = [m for m in map(_INSTRUCTION.match, sass.splitlines()) if m]
     opcodes = [m.group(1) for m in matches]
     if "EXIT" not in opcodes:
@@ -91,8 +91,8 @@ def count_instructions(sass: str) -> dict:
         "total": len(opcodes),
         "mix": dict(collections.Counter(m.group(1) for m in main).most_common()),
         "umulhi": sum(m.group(1) + m.group(2) == "IMAD.HI.U32" for m in main),
-        "global_atomics": sum(m.group(1) in ("ATOMG", "RED") for m in main),
-        "local_memory": sum(m.group(1) in ("LDL", "STL") for m in main),
+        "global_atomics": sum(m.group(1) in ("ATOMG", "RED") for m in matches),
+        "local_memory": sum(m.group(1) in ("LDL", "STL") for m in matches),
     }
 
 

@@ -364,7 +364,7 @@ def quantize_2d(
     launch, out = quantize_launch(x, spec, amax, seed, rand_offset, out_dtype, write_qs, codes, stats, live, place)
     _quantize_launcher()(*launch)
     if stats:  # the tiles' counts and sums, the sums in tile order: the same bits at every run
-        out["counts"] = out.pop("tile_counts").sum(dim=0, dtype=torch.int32)
+        out["counts"] = out.pop("tile_counts").sum(dim=0)  # int64: the tiles' sum cannot overflow
         out["sums"] = out.pop("tile_sums").sum(dim=0)
     return out
 
