@@ -17,8 +17,8 @@ element per micro-batch in flight, held from forward to backward; the engine ste
 only after the backward, and no recomputation runs the forward again), and the gradient in c is
 added into ``main_grad`` as it is (one float32 add reads it: no float32 copy written and read
 again), as megatron's fused path does with Apex's ``wgrad_gemm_accum_fp32``, whose protocol this
-follows: ``grad_added_to_main_grad`` set and a placeholder gradient returned, so that the DDP's hook
-skips its add and still runs.
+follows (``fp4repro.quant.weight_gradient``): ``grad_added_to_main_grad`` set and a placeholder
+gradient returned, so that the DDP's hook skips its add and still runs.
 
 Dtypes: X as given (cast to c by ``linear_into_main_grad``, before the tensor-parallel mappings, so
 that their gradients are reduced in c as megatron reduces them); W and ``main_grad`` float32; Y, dX
@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 from megatron.core.utils import prepare_input_tensors_for_wgrad_compute
+
+from fp4repro.quant.weight_gradient import weight_gradient
 
 
 def _over_tokens(a2: torch.Tensor, b: torch.Tensor, leading: torch.Size) -> torch.Tensor:
@@ -63,17 +65,7 @@ class _MainGradLinear(torch.autograd.Function):
             dy2, x2 = prepare_input_tensors_for_wgrad_compute(dy, x)
             dx = _over_tokens(dy2, w_c, dy.shape[:-1])
             dw = dy2.t().matmul(x2)
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None:  # no DDP around the model: the gradient as autograd would give it
-            return dx, dw.to(weight.dtype)
-        main_grad.add_(dw)
-        if hasattr(weight, "grad_added_to_main_grad"):
-            # megatron's protocol: the DDP's hook sees the flag and skips its add; the placeholder
-            # (never read) lets autograd run the hook, as megatron's own fused path does. No kernel,
-            # except under deterministic algorithms, where torch fills new memory (a float32 write)
-            weight.grad_added_to_main_grad = True
-            return dx, torch.empty_like(weight)
-        return dx, None
+        return dx, weight_gradient(weight, dw)
 
 
 def takes(

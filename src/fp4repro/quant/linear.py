@@ -46,6 +46,7 @@ from fp4repro.formats import get_format
 from fp4repro.quant.gemm import _as, gemm_function, instrument
 from fp4repro.quant.ops import operand_amax, scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
+from fp4repro.quant.weight_gradient import weight_gradient
 from fp4repro.reference.block import global_encode_scale
 
 
@@ -260,6 +261,7 @@ class _QuantLinearFunction(torch.autograd.Function):
             y = y + bias.to(compute_dtype)
         ctx.qw = (qw, dw, w_amax, w_stats) if w_amax is not None else None
         ctx.save_for_backward(x2, weight)
+        ctx.weight = weight  # the parameter itself, for its main_grad (not a saved tensor: no version check)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.shards = compute_dtype, x.shape, x.dtype, shards
         ctx.instrument = timing
@@ -294,7 +296,8 @@ class _QuantLinearFunction(torch.autograd.Function):
                 _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x")
             )
             gemm = ctx.instrument or gemm_function(specs, "wgrad")
-            dw = _as(gemm(qdyt, ddyt, qxt, dxt, cdt), weight.dtype)
+            # into the weight's main_grad where megatron's DDP gave it one (its fused linears' protocol)
+            dw = weight_gradient(ctx.weight, gemm(qdyt, ddyt, qxt, dxt, cdt))
         ctx.qw = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)
