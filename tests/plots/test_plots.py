@@ -356,12 +356,20 @@ def test_recipes_read_on_different_seeds_say_so(results_seeds):
     fig = draw_figure("loss", mixed("loss"))
     assert "mean over seeds (ue5m3: 3; bf16, nvfp4, ue5m3_t2048: 1)" in axis(fig, "loss").get_title()
     labels = [t.get_text() for t in axis(fig, "final").get_yticklabels()]
-    assert "ue5m3\n(seeds 0, 1, 2)" in labels and "nvfp4\n(seed 0)" in labels
+    assert "ue5m3\n(seeds 0–2)" in labels and "nvfp4\n(seed 0)" in labels
     assert "one seed: no interval per step" in axis(fig, "difference").get_title()  # the pairs share seed 0
     fig = draw_figure("telemetry", mixed("telemetry"))
     assert "mean over seeds (ue5m3: 3; nvfp4, ue5m3_t2048: 1)" in fig._suptitle.get_text()
     same = draw_figure("loss", inputs_of(results_seeds, "loss"))
     assert [t.get_text() for t in axis(same, "final").get_yticklabels()] == list(RECIPES)
+
+
+def test_a_label_gives_consecutive_seeds_as_a_range():
+    from fp4repro.plots.common import seed_ranges
+
+    assert seed_ranges([7, 0, 1, 2, 3, 4, 5, 6]) == "0–7"
+    assert seed_ranges([0, 1, 2, 5]) == "0–2, 5" and seed_ranges([0, 1, 4, 6, 7]) == "0, 1, 4, 6, 7"
+    assert seed_ranges([3]) == "3" and seed_ranges([]) == ""
 
 
 def test_titles_say_whose_mean_is_over_how_many_seeds():

@@ -154,6 +154,21 @@ def wrapped(text: str, fig, indent: str = "") -> str:
     return "\n".join(textwrap.fill(line, width, subsequent_indent=indent) for line in text.split("\n"))
 
 
+def seed_ranges(seeds) -> str:
+    """Seeds as a label gives them, runs of consecutive seeds as ranges: "0–7", "0–2, 5", "3"
+    (eight seeds listed one by one ran past the loss figure's edge)."""
+    runs: list[list[int]] = []
+    for seed in sorted(seeds):
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    return ", ".join(
+        str(run[0]) if len(run) == 1 else f"{run[0]}, {run[1]}" if len(run) == 2 else f"{run[0]}–{run[-1]}"
+        for run in runs
+    )
+
+
 def seed_counts(counts: dict[str, int]) -> str:
     """How many seeds a figure's statistic is over, for its title (``counts``: name -> seeds):
     "3 seeds" when every name has the same number, else the names grouped by their number,

@@ -24,6 +24,7 @@ from fp4repro.plots.common import (
     read_table,
     recipe_colors,
     seed_counts,
+    seed_ranges,
     split_inputs,
     t_band,
     theme,
@@ -287,10 +288,7 @@ def plot_loss(inputs: list[Path], final_window: float | None = None, baseline: s
     mixed = len({tuple(seeds[r]) for r in recipes}) > 1
     side.set_yticks(
         ys,
-        [
-            f"{r}\n(seed{'s' if len(seeds[r]) > 1 else ''} {', '.join(map(str, seeds[r]))})" if mixed else r
-            for r in recipes
-        ],
+        [f"{r}\n(seed{'s' if len(seeds[r]) > 1 else ''} {seed_ranges(seeds[r])})" if mixed else r for r in recipes],
     )
     side.set_ylim(len(recipes) - 0.4, -0.6)
     side.yaxis.tick_right()
