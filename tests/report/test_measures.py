@@ -54,7 +54,7 @@ def test_recipes_with_fewer_seeds_are_paired_on_the_seeds_they_share(tmp_path):
 
 
 def test_while_the_plans_seeds_are_not_all_made_the_mde_is_projected_to_them(tmp_path):
-    from fp4repro.report.rendering import mde_text
+    from fp4repro.report.numbers import mde_text
 
     results = tmp_path / "results"
     for seed in (0, 1, 2):

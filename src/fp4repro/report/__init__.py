@@ -22,6 +22,7 @@ The modules, by job:
     paper_numbers       the paper's numbers in the report: the table's cell, where each claim was measured,
                         the section with their scale and citations
     sections            the sections beyond the claims: events by refresh phase, the automatic target T
+    numbers             how a row's numbers are written (its values, difference with interval, MDE)
     rendering           the Markdown (``render``, ``report_text``) and ``write_report``
 
 Every public name is importable from here, as it was from the single module this package replaced.
@@ -31,11 +32,11 @@ from __future__ import annotations
 
 from fp4repro.report.claims import VERDICTS, Claim, PaperValue, Reported, ReportError, Row, load_claims
 from fp4repro.report.measures import downstream, final_loss, heldout_nll, measure, telemetry
+from fp4repro.report.numbers import difference_text
 from fp4repro.report.pairing import shared_seeds
 from fp4repro.report.paper_numbers import measured_where, paper_cell, paper_section
 from fp4repro.report.rendering import (
     MECHANISMS,
-    difference_text,
     render,
     report_text,
     run_scale,

@@ -12,6 +12,7 @@ from fp4repro.config.files import claims_path
 from fp4repro.config.study import load_study
 from fp4repro.report.claims import ReportError, Row, claim_policies, load_claims
 from fp4repro.report.measures import measure
+from fp4repro.report.numbers import difference_text, mde_text, value_text
 from fp4repro.report.pairing import _divergences, _numerics
 from fp4repro.report.paper_numbers import claims_of, measured_where, paper_cell, paper_section
 from fp4repro.report.run_spread import spread_section
@@ -34,31 +35,6 @@ MECHANISMS = {
     "those whose 3-bit-mantissa scale rounded down, clip their largest element whatever T is: the "
     "T effect is a small change on that base",
 }
-
-
-def _fmt(row: Row, value: float) -> str:
-    return f"{value:.3e}" if row.claim.measure == "telemetry" else f"{value:.4f}"
-
-
-def _signed(row: Row, value: float) -> str:
-    return f"{value:+.2e}" if row.claim.measure == "telemetry" else f"{value:+.4f}"
-
-
-def mde_text(row: Row) -> str:
-    """A measured row's MDE, and where the plan pairs more seeds than it has, the MDE projected to
-    them from the seed spread so far and from its 80% upper bound ("0.0627; 8 seeds: ~0.0233,
-    ≤ 0.0494")."""
-    k, n = row.comparison, row.planned_seeds
-    projected = k.mde_at(n) if n else None
-    if projected is None:
-        return _fmt(row, k.mde)
-    return f"{_fmt(row, k.mde)}; {n} seeds: ~{_fmt(row, projected)}, ≤ {_fmt(row, k.mde_at(n, upper=True))}"
-
-
-def difference_text(row: Row) -> str:
-    """A measured row's difference with its 95% interval, as the report's table gives it."""
-    k = row.comparison
-    return f"{_signed(row, k.difference)} [{_signed(row, k.low)}, {_signed(row, k.high)}]"
 
 
 def numerics_text(root: Path, runs: dict[str, tuple[int, ...]]) -> str:
@@ -152,8 +128,8 @@ def render(
             continue
         k = row.comparison
         lines.append(
-            f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {_fmt(row, row.recipe_value)} / "
-            f"{_fmt(row, row.baseline_value)} | {difference_text(row)} | {k.test} | {mde_text(row)} | "
+            f"| {row.label} | {paper_says} | {c.recipe} / {c.baseline} | {value_text(row, row.recipe_value)} / "
+            f"{value_text(row, row.baseline_value)} | {difference_text(row)} | {k.test} | {mde_text(row)} | "
             f"**{row.verdict}** |"
         )
     lines += list(scale_note)

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 from fp4repro.report.claims import Row
+from fp4repro.report.numbers import difference_text, value_text
 from fp4repro.statistics import NO_DIFFERENCE, OPPOSITE, REPRODUCED, SUGGESTIVE, WITHIN_NOISE
 
 # the measures whose paper difference is in our unit (nats per token), so that its size can be set
@@ -95,8 +96,8 @@ def _measure_line(row: Row) -> str:
         return f"- {row.label}: not finite ({k.test.split(',')[0]})."
     reading = size_reading(row)
     return (
-        f"- {row.label}: {k.difference:+.4f} [{k.low:+.4f}, {k.high:+.4f}] ({k.test.split(',')[0]}; MDE "
-        f"{k.mde:.4f}): {direction_text(row)}{SIZE_TEXT[reading].format(paper=paper_size(row))}."
+        f"- {row.label}: {difference_text(row)} ({k.test.split(',')[0]}; MDE {value_text(row, k.mde)}): "
+        f"{direction_text(row)}{SIZE_TEXT[reading].format(paper=paper_size(row))}."
     )
 
 
