@@ -1,15 +1,17 @@
 """``train.fused_kernels``: torch's fused AdamW and compiled RMSNorms compute what the default
-kernels compute, to float32 rounding (the end-to-end run is in test_loop.py)."""
+kernels compute, to float32 rounding, the compiled squared ReLU bit for bit (the end-to-end run is
+in test_loop.py; under CUDA autocast in test_fused_kernels_gpu.py)."""
 
 import dataclasses
 
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from fp4repro.config.experiment import Stage, TrainConfig
 from fp4repro.config.model import load_model_config
-from fp4repro.model import NemotronH, compile_norms
-from fp4repro.model.layers import RMSNorm
+from fp4repro.model import NemotronH, compile_elementwise
+from fp4repro.model.layers import RMSNorm, SquaredReLUMLP, compiled_squared_relu, squared_relu
 from fp4repro.train.engine import build_optimizer
 
 PLAIN = TrainConfig(seq_len=16, batch_size=2, stages=(Stage("s1", 32, (("prose", 1.0),)),), lr=1e-2)
@@ -51,7 +53,7 @@ def test_a_compiled_rms_norm_normalizes_as_the_eager_one_to_float32_rounding():
     with torch.no_grad():
         eager.weight.copy_(torch.rand(256, generator=g) + 0.5)
         compiled.weight.copy_(eager.weight)
-    assert compile_norms(compiled) == 1 and compiled.compiled and not eager.compiled
+    assert compile_elementwise(compiled) == 1 and compiled.compiled and not eager.compiled
     counters.clear()
     # rows of very different scales, as a residual stream has
     x = torch.randn(4, 8, 256, generator=g) * torch.logspace(-3, 3, 8).view(1, 8, 1)
@@ -67,9 +69,57 @@ def test_a_compiled_rms_norm_normalizes_as_the_eager_one_to_float32_rounding():
         torch.testing.assert_close(b, a, rtol=3e-5, atol=1e-6)
 
 
-def test_compile_norms_switches_every_rms_norm_of_the_model():
+def test_compile_elementwise_switches_every_rms_norm_and_mlp_of_the_model():
     config = load_model_config("tiny")
     model = NemotronH(config)
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    assert compile_norms(model) == len(norms) == config.n_layers + 1
-    assert all(norm.compiled for norm in norms)
+    mlps = [m for m in model.modules() if isinstance(m, SquaredReLUMLP)]
+    assert len(norms) == config.n_layers + 1 and len(mlps) == config.pattern.count("-")
+    assert compile_elementwise(model) == len(norms) + len(mlps)
+    assert all(module.compiled for module in norms + mlps)
+
+
+def _adversarial(dtype: torch.dtype) -> torch.Tensor:
+    """Random values over 12 decades of both signs, signed zeros, the smallest normal and the
+    largest values whose square is finite, in ``dtype``."""
+    g = torch.Generator().manual_seed(20261207)
+    info = torch.finfo(dtype)
+    random = torch.randn(4000, generator=g, dtype=torch.float64) * torch.logspace(-6, 6, 4000, dtype=torch.float64)
+    special = torch.tensor([0.0, -0.0, info.tiny, -info.tiny, 1.0, -1.0, 2.0**63, -(2.0**63)], dtype=torch.float64)
+    return torch.cat([random, special]).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_squared_relu_and_its_gradient_are_rounded_once_from_their_exact_values(dtype, compiled):
+    # relu(x)² and its gradient g·2·relu(x) are exact in float64 for float32 and BF16 x and g
+    # (at most 2 x 24 significant bits): each kernel must round that value once to the dtype.
+    x = _adversarial(dtype)
+    g = _adversarial(dtype).flip(0)
+    counters.clear()
+    xi = x.clone().requires_grad_()
+    y = (compiled_squared_relu() if compiled else squared_relu)(xi)
+    y.backward(g)
+    assert counters["stats"]["unique_graphs"] == int(compiled)
+    x64, g64 = x.double(), g.double()
+    want_y = torch.where(x64 > 0, x64 * x64, 0.0).to(dtype)
+    want_dx = torch.where(x64 > 0, 2.0 * x64 * g64, 0.0).to(dtype)
+    assert y.dtype == xi.grad.dtype == dtype
+    assert torch.equal(y, want_y)
+    assert torch.equal(xi.grad, want_dx)
+
+
+def test_a_compiled_mlp_runs_its_activation_through_dynamo_with_the_eager_bits():
+    config = load_model_config("tiny")
+    torch.manual_seed(20261207)
+    eager = SquaredReLUMLP(config, lambda n_in, n_out, name: torch.nn.Linear(n_in, n_out, bias=False))
+    compiled = SquaredReLUMLP(config, lambda n_in, n_out, name: torch.nn.Linear(n_in, n_out, bias=False))
+    compiled.load_state_dict(eager.state_dict())
+    assert compile_elementwise(compiled) == 1
+    x = torch.randn(2, 8, config.hidden_size, generator=torch.Generator().manual_seed(5))
+    counters.clear()
+    y_eager = eager(x)
+    assert counters["stats"]["unique_graphs"] == 0
+    y_compiled = compiled(x)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert torch.equal(y_compiled, y_eager)

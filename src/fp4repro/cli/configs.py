@@ -164,7 +164,7 @@ def _cmd_experiment(args) -> int:
         f"train: {t.batch_size} x {t.seq_len} tokens per step, {t.total_steps} steps, {t.trained_tokens:,} tokens, "
         f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints"
         + (", deterministic GPU algorithms" if t.deterministic else "")
-        + (", fused AdamW and compiled norms" if t.fused_kernels else "")
+        + (", fused AdamW, compiled norms and activations" if t.fused_kernels else "")
     )
     print(f"schedule: {WSDSchedule.of(t).describe()}")
     rounded = {stage.name: budget for stage, budget, _ in t.rounding()}

@@ -224,9 +224,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument(
         "--fused-kernels",
         action="store_true",
-        help="torch's fused AdamW and RMSNorms compiled by torch.compile (faster; other bits: another run, whose "
-        "fingerprint says so, so give it its own --out) (the default of an experiment with train.fused_kernels: "
-        "true)",
+        help="torch's fused AdamW, and RMSNorms and squared ReLUs compiled by torch.compile (faster; other bits: "
+        "another run, whose fingerprint says so, so give it its own --out) (the default of an experiment with "
+        "train.fused_kernels: true)",
     )
     tr.add_argument(
         "--profile-steps",

@@ -78,7 +78,7 @@ def compiled_rms_norm() -> Callable:
 
 
 class RMSNorm(nn.Module):
-    """``rms_norm`` as a module; ``compiled`` (set by ``compile_norms``) runs ``compiled_rms_norm``."""
+    """``rms_norm`` as a module; ``compiled`` (set by ``compile_elementwise``) runs ``compiled_rms_norm``."""
 
     compiled = False
 
@@ -95,14 +95,16 @@ class RMSNorm(nn.Module):
         return (compiled_rms_norm() if self.compiled else rms_norm)(x, self.weight, self.eps)
 
 
-def compile_norms(model: nn.Module) -> int:
+def compile_elementwise(model: nn.Module) -> int:
     """Every ``RMSNorm`` of ``model`` (megatron's too: ``fp4repro.megatron.norm`` subclasses it)
-    computed by ``compiled_rms_norm`` from now on; returns how many. Mamba-2's gated norms are
-    left as they are: on a GPU they are mamba-ssm's fused Triton kernel already."""
-    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    for norm in norms:
-        norm.compiled = True
-    return len(norms)
+    computed by ``compiled_rms_norm`` from now on, and every ``SquaredReLUMLP``'s activation by
+    ``compiled_squared_relu``; returns how many modules were switched. Mamba-2's gated norms are
+    left as they are: on a GPU they are mamba-ssm's fused Triton kernel already (and megatron's
+    MLP compiles its squared ReLU itself)."""
+    modules = [m for m in model.modules() if isinstance(m, (RMSNorm, SquaredReLUMLP))]
+    for module in modules:
+        module.compiled = True
+    return len(modules)
 
 
 class GatedRMSNorm(nn.Module):
@@ -332,10 +334,30 @@ class CausalSelfAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).flatten(-2))
 
 
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)². Under CUDA autocast the square is one of autocast's float32 operations: x (BF16)
+    is widened and squared in float32, float32 out, where the product of two BF16 values is exact.
+    Its gradient g·2·relu(x) is exact in float32 too for BF16-valued g (the next linear's input
+    gradient), and is rounded once to x's dtype."""
+    return F.relu(x).square()
+
+
+@functools.cache
+def compiled_squared_relu() -> Callable:
+    """``squared_relu`` through ``torch.compile``: one generated kernel forward (read x, write the
+    float32 square) and one backward, where eager torch runs the ReLU, autocast's cast, the square,
+    the square's gradient, its cast and the ReLU's gradient as six kernels. The same bits: every
+    product is exact (``squared_relu``), so only the final rounding to the output's dtype remains,
+    which both make once. Static shapes and ``fullgraph`` as in ``compiled_rms_norm``."""
+    return torch.compile(squared_relu, fullgraph=True, dynamic=False)
+
+
 class SquaredReLUMLP(nn.Module):
-    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP)."""
+    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP); ``compiled`` (set by
+    ``compile_elementwise``) runs ``compiled_squared_relu``."""
 
     LINEARS = LAYER_LINEARS["mlp"]
+    compiled = False
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()
@@ -348,7 +370,8 @@ class SquaredReLUMLP(nn.Module):
         nn.init.normal_(self.fc2.weight, std=out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.relu(self.fc1(x)).square())
+        activation = compiled_squared_relu() if self.compiled else squared_relu
+        return self.fc2(activation(self.fc1(x)))
 
 
 MIXERS: dict[str, type[nn.Module]] = {"mamba": Mamba2Mixer, "attention": CausalSelfAttention, "mlp": SquaredReLUMLP}
