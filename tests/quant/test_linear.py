@@ -236,9 +236,9 @@ def _count_quantized_operands(monkeypatch, reuse: bool) -> list[str]:
     calls = []
     original = linear.quantized_operand
 
-    def counting(t, spec, state, layer, operand, group=None):
+    def counting(t, spec, state, layer, operand, *args):
         calls.append(operand)
-        return original(t, spec, state, layer, operand, group)
+        return original(t, spec, state, layer, operand, *args)
 
     monkeypatch.setattr(linear, "quantized_operand", counting)
     if not reuse:
@@ -354,3 +354,45 @@ def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_f
     lin.state = QuantState()
     torch.manual_seed(5)
     assert torch.equal(lin(x), want) and len(calls) == 3
+
+
+def test_every_quantized_operand_is_asked_in_the_gemms_compute_dtype(monkeypatch):
+    """The five quantizations of a step write their operands in the GEMM's dtype (float32 on the
+    CPU), so that on a GPU none is converted after the kernel wrote it (``scaled_operand``)."""
+    import fp4repro.quant.linear as linear
+
+    asked = []
+
+    def spy(t, spec, **kw):
+        asked.append(kw["out_dtype"])
+        return real(t, spec, **kw)
+
+    real = linear.scaled_operand
+    monkeypatch.setattr(linear, "scaled_operand", spy)
+    specs = _rne(load_recipe("ue5m3").linear_specs(0, LAYERS))
+    lin = QuantLinear(64, 48, bias=False, specs=specs, state=QuantState(), name="l")
+    x = torch.randn(3, 10, 64, requires_grad=True)
+    lin(x).sum().backward()
+    assert len(asked) >= 4 and set(asked) == {torch.float32}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["nvfp4", "ue5m3"])
+def test_on_a_gpu_the_three_gemms_get_bf16_operands_of_float32_tensors(recipe):
+    # float32 activations and parameters under BF16 autocast (the residual stream's norms and the
+    # FP32 master weights): every quantized operand arrives in BF16, none converted by the GEMM
+    from fp4repro.quant.gemm import emulated_gemm, gemm_instrument
+
+    dtypes = []
+
+    def recording(a, da, b, db, out_dtype):
+        dtypes.append((a.dtype, b.dtype, out_dtype))
+        return emulated_gemm(a, da, b, db, out_dtype)
+
+    specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
+    lin = _layer(specs, bias=False).cuda()
+    x = torch.randn(4, 32, 64, device="cuda", requires_grad=True)
+    with gemm_instrument(recording), torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(x)
+    y.float().sum().backward()
+    assert dtypes == [(torch.bfloat16, torch.bfloat16, torch.bfloat16)] * 3

@@ -72,3 +72,45 @@ def test_cuda_tensors_take_the_kernel_unless_the_reference_is_forced(unforced):
         assert not uses_kernel(x)
         ref, d2, *_ = scaled_operand(x, spec)
     assert torch.equal(fast.float(), ref) and torch.equal(d1, d2)
+
+
+#: An operand's specs as the recipes write them: 1x16 E4M3 (NVFP4), UE5M3 with a tensor scale,
+#: 16x16 tiles with the RHT, and UE8M0 powers of two (MXFP4); round to nearest even throughout.
+OUT_DTYPE_SPECS = (
+    QuantSpec(),
+    QuantSpec(scale="ue5m3"),
+    QuantSpec(block=(16, 16), rht=True),
+    QuantSpec(scale="ue8m0", block=(1, 32), target=None, scale_rounding="up"),
+)
+
+
+def _operand_values(shape: tuple[int, int], device: str = "cpu") -> torch.Tensor:
+    """Values over many binades (blocks of very different scales), seeded from the shape."""
+    g = torch.Generator().manual_seed(20261207 + shape[0] * 7919 + shape[1])
+    x = torch.randn(shape, generator=g) * torch.exp(3 * torch.randn(shape, generator=g))
+    return x.to(device)
+
+
+@pytest.mark.parametrize("spec", OUT_DTYPE_SPECS, ids=str)
+def test_the_reference_writes_the_operand_in_the_asked_dtype_with_its_values(unforced, spec):
+    x = _operand_values((64, 128))
+    wide = scaled_operand(x, spec)
+    narrow = scaled_operand(x, spec, out_dtype=torch.bfloat16)
+    assert wide.qs.dtype == torch.float32 and narrow.qs.dtype == torch.bfloat16
+    # q · s_b of FP4 elements and these scales holds in BF16: the same values, and the same d
+    assert torch.equal(narrow.qs.float(), wide.qs) and torch.equal(narrow.d, wide.d)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", OUT_DTYPE_SPECS, ids=str)
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "columns"])
+def test_the_kernel_writes_a_bf16_operand_of_a_float32_tensor_with_the_references_values(unforced, spec, columnwise):
+    # the kernel's own output dtype against the reference in float32, a column-major view (the
+    # wgrad operands) as well as a row-major tensor
+    x = _operand_values((512, 1024), "cuda")
+    x = x.t().contiguous().t() if columnwise else x
+    fast = scaled_operand(x, spec, out_dtype=torch.bfloat16)
+    with reference_only():
+        ref = scaled_operand(x, spec)
+    assert fast.qs.dtype == torch.bfloat16
+    assert torch.equal(fast.qs.float(), ref.qs) and torch.equal(fast.d, ref.d)

@@ -81,8 +81,13 @@ def quantized_operand(
     layer: str,
     operand: str,
     shard: Shard | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
+
+    ``out_dtype``: the dtype the quantized operand is written in (``scaled_operand``; the GEMM's
+    compute dtype, into which the GEMM would cast it); an unquantized operand (no spec) is
+    returned as it is.
 
     ``shard``: t is this rank's shard of a tensor split over tensor-parallel ranks. With a
     ``group`` (a torch.distributed process group) the amax (current, or the fresh sample of a
@@ -122,7 +127,9 @@ def quantized_operand(
             amax = state.reduce_max(amax)
         elif group is not None:
             torch.distributed.all_reduce(amax, op=torch.distributed.ReduceOp.MAX, group=group)
-    qs, d, amax, stats, _ = scaled_operand(t, spec, amax=amax, stats=telemetry, live=live, seed=seed, place=place)
+    qs, d, amax, stats, _ = scaled_operand(
+        t, spec, amax=amax, stats=telemetry, live=live, seed=seed, place=place, out_dtype=out_dtype
+    )
     if state is not None:
         if held is None:
             state.hold(key, amax, spec.tensor_scaling)
@@ -247,9 +254,9 @@ class _QuantLinearFunction(torch.autograd.Function):
         if _grouping_matters(specs.fprop_x, x, lengths):
             qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x")
         else:
-            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"))
-        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"))
-        qw = _as(qw, compute_dtype)
+            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype)
+        qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"), compute_dtype)
+        qw = _as(qw, compute_dtype)  # unquantized (no spec): the parameter itself
         # on a telemetry step a reused Q(W)ᵀ is recorded as dgrad.w with fprop.w's stats: the same
         # blocks, amax and codes, so the same counts (no second quantization of W to record it)
         telemetry = w_amax is not None and state is not None and state.telemetry
@@ -274,7 +281,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         dy2 = _as(dy.reshape(-1, dy.shape[-1]), cdt)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"))
+            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"), cdt)
             # reused while the amax it was made with still holds, and the forward's telemetry
             # (whether it kept stats to record) is the backward's
             telemetry = state is not None and state.telemetry
@@ -287,13 +294,17 @@ class _QuantLinearFunction(torch.autograd.Function):
                 if ctx.qw[3] is not None:
                     state.record(layer, "dgrad.w", ctx.qw[3], specs.dgrad_w.target)
             else:
-                qwt, dwt = quantized_operand(weight.t(), specs.dgrad_w, state, layer, "dgrad.w", shards.get("dgrad.w"))
+                qwt, dwt = quantized_operand(
+                    weight.t(), specs.dgrad_w, state, layer, "dgrad.w", shards.get("dgrad.w"), cdt
+                )
             gemm = ctx.instrument or gemm_function(specs, "dgrad")
             dx = _as(gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
-            qdyt, ddyt = quantized_operand(dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"))
+            qdyt, ddyt = quantized_operand(
+                dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"), cdt
+            )
             qxt, dxt = quantized_operand(
-                _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x")
+                _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"), cdt
             )
             gemm = ctx.instrument or gemm_function(specs, "wgrad")
             # into the weight's main_grad where megatron's DDP gave it one (its fused linears' protocol)

@@ -145,6 +145,7 @@ def scaled_operand(
     live: torch.Tensor | None = None,
     seed: int | None = None,
     place=None,
+    out_dtype: torch.dtype | None = None,
 ) -> ScaledOperand:
     """(q · s_b in x's 2-D shape, d, A used, stats, None)
     (``fp4repro.reference.block.scaled_operand_reference``; with row ``groups``, always the
@@ -161,7 +162,12 @@ def scaled_operand(
     the seed of a generator of its own; without one, the kernels draw a seed from torch's CPU
     generator and the reference draws from torch's global generator. ``place``
     (``fp4repro.kernels.ShardPlace``): x is a tensor-parallel shard, and the kernels draw the bits
-    of its elements' places in the whole tensor (the reference's generator knows no places)."""
+    of its elements' places in the whole tensor (the reference's generator knows no places).
+    ``out_dtype``: the dtype of q · s_b (default: the reference's float32, the kernels' x's dtype);
+    the kernels write it so, the reference's is cast, both rounding the float32 value to nearest
+    even (Triton's conversion and torch's): the same values as a cast of the float32 operand, with
+    no float32 copy written first. For FP4 elements and scales of at most 4 significant bits
+    (E4M3, UE5M3, UE8M0) q · s_b is exact in BF16 and nothing is rounded."""
     from fp4repro.kernels import fold_live_amax, quantize_2d
 
     if groups is not None or not uses_kernel(x, generator, rand):
@@ -172,10 +178,10 @@ def scaled_operand(
         )
         if live is not None:
             fold_live_amax(live, r.live)
-        return r._replace(live=None)
+        return r._replace(qs=r.qs if out_dtype is None else r.qs.to(out_dtype), live=None)
     x2d = x if x.dim() == 2 else x.reshape(rows_cols(x.shape))
     slots = _telemetry_slots(x, amax, stats, live)
-    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=slots, seed=seed, place=place)
+    k = quantize_2d(x2d, spec, amax=amax, stats=stats, live=slots, seed=seed, place=place, out_dtype=out_dtype)
     stats = _kernel_stats(k, x2d, spec, amax, None if live is not None else slots) if stats else None
     return ScaledOperand(k["qs"], k["decode_scale"], k["amax"], stats, None)
 
