@@ -357,10 +357,12 @@ def test_a_gemm_instrument_replaces_the_three_gemms_and_the_backward_keeps_the_f
 
 
 def test_every_quantized_operand_is_asked_in_the_gemms_compute_dtype(monkeypatch):
-    """The five quantizations of a step write their operands in the GEMM's dtype (float32 on the
-    CPU), so that on a GPU none is converted after the kernel wrote it (``scaled_operand``)."""
+    """Every quantization of a step writes its operand in the GEMM's compute dtype, so that on a
+    GPU none is converted after the kernel wrote it (``scaled_operand``). On the CPU the layer
+    computes in float32; the autograd function is called here with BF16 to tell the two apart."""
     import fp4repro.quant.linear as linear
 
+    operands = _count_quantized_operands(monkeypatch, reuse=False)
     asked = []
 
     def spy(t, spec, **kw):
@@ -370,10 +372,11 @@ def test_every_quantized_operand_is_asked_in_the_gemms_compute_dtype(monkeypatch
     real = linear.scaled_operand
     monkeypatch.setattr(linear, "scaled_operand", spy)
     specs = _rne(load_recipe("ue5m3").linear_specs(0, LAYERS))
-    lin = QuantLinear(64, 48, bias=False, specs=specs, state=QuantState(), name="l")
-    x = torch.randn(3, 10, 64, requires_grad=True)
-    lin(x).sum().backward()
-    assert len(asked) >= 4 and set(asked) == {torch.float32}
+    weight = torch.randn(48, 64, requires_grad=True)
+    x = torch.randn(30, 64, requires_grad=True)
+    y = linear._QuantLinearFunction.apply(x, weight, None, specs, QuantState(), "l", torch.bfloat16, {})
+    y.float().sum().backward()
+    assert len(operands) == 6 and asked == [torch.bfloat16] * 6
 
 
 @pytest.mark.gpu

@@ -335,21 +335,23 @@ class CausalSelfAttention(nn.Module):
 
 
 def squared_relu(x: torch.Tensor) -> torch.Tensor:
-    """relu(x)². Under CUDA autocast the square is one of autocast's float32 operations: x (BF16)
-    is widened and squared in float32, float32 out, where the product of two BF16 values is exact.
-    Its gradient g·2·relu(x) is exact in float32 too for BF16-valued g (the next linear's input
-    gradient), and is rounded once to x's dtype."""
+    """relu(x)². Under CUDA autocast the square (``pow``) is one of autocast's float32 operations:
+    x (BF16) is widened and squared in float32, float32 out, where the product of two BF16 values
+    is exact; a quantized next linear reads these float32 values. Its gradient g·2·relu(x) is exact
+    in float32 too for BF16-valued g (the next linear's input gradient, BF16 rounded), and is
+    rounded once to x's dtype. In float32 (the CPU's runs) each is one rounding of the exact value."""
     return F.relu(x).square()
 
 
 @functools.cache
 def compiled_squared_relu() -> Callable:
     """``squared_relu`` through ``torch.compile``: one generated kernel forward (read x, write the
-    float32 square) and one backward, where eager torch runs the ReLU, autocast's cast, the square,
-    the square's gradient, its cast and the ReLU's gradient as six kernels. The same bits: every
-    product is exact (``squared_relu``), so only the final rounding to the output's dtype remains,
-    which both make once. Static shapes and ``fullgraph`` as in ``compiled_rms_norm``."""
-    return torch.compile(squared_relu, fullgraph=True, dynamic=False)
+    float32 square) and one backward, where eager torch runs three (the ReLU, autocast's cast, the
+    square) and five (the square's gradient in three, its cast, the ReLU's gradient). The same
+    bits: every intermediate is exact (``squared_relu``), so only the final rounding to the output's
+    dtype remains, which both make once. Static shapes as in ``compiled_rms_norm``, without its
+    ``fullgraph``: past dynamo's recompile limit the eager function gives the same bits."""
+    return torch.compile(squared_relu, dynamic=False)
 
 
 class SquaredReLUMLP(nn.Module):

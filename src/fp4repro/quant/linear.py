@@ -156,6 +156,7 @@ def sequence_operand(
     state: QuantState | None,
     layer: str,
     operand: str = "fprop.x",
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(operand for the GEMM as (batch·width, K), decode scales as float32 (batch·width, 1)) for
     x of shape (batch, width, K) holding sequences of valid ``lengths`` (padding after them).
@@ -170,7 +171,7 @@ def sequence_operand(
     the reference equals the kernels bit for bit). A few long sequences (held-out NLL windows)
     stay on the kernels: the reference's float32 temporaries of a whole batch are GBs at 8B.
     With 16- or 32-row tiles (a tile must not mix sequences), always one quantization per group.
-    Telemetry (``state.telemetry``) is recorded per call.
+    Telemetry (``state.telemetry``) is recorded per call. ``out_dtype``: as ``quantized_operand``'s.
     """
     batch, width, cols = x.shape
     if len(lengths) != batch or not all(0 <= n <= width for n in lengths):
@@ -183,7 +184,7 @@ def sequence_operand(
         spec = _with_target(spec, state.target(f"{layer}.{operand}", spec))
 
     def quantized(t: torch.Tensor, groups: torch.Tensor | None = None):
-        qs, d, _, stats, _ = scaled_operand(t, spec, stats=telemetry, groups=groups)
+        qs, d, _, stats, _ = scaled_operand(t, spec, stats=telemetry, groups=groups, out_dtype=out_dtype)
         if telemetry:
             state.record(layer, operand, stats, spec.target)
         return qs, d
@@ -194,7 +195,7 @@ def sequence_operand(
         groups = torch.arange(batch, device=x.device)[:, None].expand(batch, width).masked_fill(padding, batch)
         qs, d = quantized(x.reshape(-1, cols), groups.reshape(-1))
         return qs, torch.as_tensor(d, dtype=torch.float32, device=x.device).expand(batch * width, 1)
-    qs = torch.empty((batch, width, cols), dtype=x.dtype, device=x.device)
+    qs = torch.empty((batch, width, cols), dtype=out_dtype or x.dtype, device=x.device)
     d = torch.empty((batch, width, 1), dtype=torch.float32, device=x.device)
     for b, n in enumerate(lengths):
         if n:
@@ -252,7 +253,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         w_amax = _weight_amax_used(state, specs.fprop_w, layer, "fprop.w") if keep_qw else None
         lengths = state.sequence_lengths(x.shape[0], x.shape[1]) if state is not None and x.dim() == 3 else None
         if _grouping_matters(specs.fprop_x, x, lengths):
-            qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x")
+            qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x", compute_dtype)
         else:
             qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype)
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"), compute_dtype)

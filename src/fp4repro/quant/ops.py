@@ -165,9 +165,10 @@ def scaled_operand(
     of its elements' places in the whole tensor (the reference's generator knows no places).
     ``out_dtype``: the dtype of q · s_b (default: the reference's float32, the kernels' x's dtype);
     the kernels write it so, the reference's is cast, both rounding the float32 value to nearest
-    even (Triton's conversion and torch's): the same values as a cast of the float32 operand, with
-    no float32 copy written first. For FP4 elements and scales of at most 4 significant bits
-    (E4M3, UE5M3, UE8M0) q · s_b is exact in BF16 and nothing is rounded."""
+    even on a GPU (Triton's conversion and torch's; Triton's interpreter truncates instead): the
+    same values as a cast of the float32 operand, with no float32 copy written first. For FP4
+    elements and scales of at most 4 significant bits (E4M3, UE5M3, UE8M0) q · s_b is exact in
+    BF16 and nothing is rounded."""
     from fp4repro.kernels import fold_live_amax, quantize_2d
 
     if groups is not None or not uses_kernel(x, generator, rand):
