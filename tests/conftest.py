@@ -120,6 +120,13 @@ def make_config():
 
 SNAKEFILE = Path(__file__).resolve().parents[1] / "workflow" / "Snakefile"
 
+#: SLURM_CONF of a Snakemake that runs without a Slurm cluster (the Slurm tests give their own).
+#: Snakemake imports its Slurm executor plugin at every start, and the plugin asks `scontrol show
+#: config` for MinJobAge: without a reachable controller scontrol retries until the plugin's 10 s
+#: timeout (a missing slurm.conf, or a stale one), ten seconds of every run; reading an empty
+#: configuration it gives up at once.
+NO_SLURM_CLUSTER = os.devnull
+
 
 class Snakemake:
     """`snakemake -s workflow/Snakefile -d WORKDIR ARGS` in a subprocess (tests/workflow, tests/slurm);
@@ -135,9 +142,9 @@ class Snakemake:
         self, workdir: Path, *args: str, check: bool = True, env: dict | None = None, timeout: float = 900
     ) -> subprocess.CompletedProcess:
         cmd = self.command(workdir, *args)
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env={**(env or os.environ), "OMP_NUM_THREADS": "1"}
-        )
+        env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1"}
+        env.setdefault("SLURM_CONF", NO_SLURM_CLUSTER)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"

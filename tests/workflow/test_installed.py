@@ -8,6 +8,7 @@ edited: the edit is what every rule reads, and the packaged defaults serve every
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def run(*cmd, cwd=None) -> subprocess.CompletedProcess:
         text=True,
         cwd=cwd,
         timeout=900,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1"},
+        # SLURM_CONF: no Slurm cluster here (tests/conftest.py, NO_SLURM_CLUSTER)
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1", "SLURM_CONF": os.devnull},
     )
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
