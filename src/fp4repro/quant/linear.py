@@ -85,9 +85,9 @@ def quantized_operand(
 ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
 
-    ``out_dtype``: the dtype the quantized operand is written in (``scaled_operand``; the GEMM's
-    compute dtype, into which the GEMM would cast it); an unquantized operand (no spec) is
-    returned as it is.
+    ``out_dtype``: the dtype the operand is given in (the GEMM's compute dtype, into which the GEMM
+    would cast it): a quantized one is written so (``scaled_operand``), an unquantized one (no
+    spec) cast; None: as it is.
 
     ``shard``: t is this rank's shard of a tensor split over tensor-parallel ranks. With a
     ``group`` (a torch.distributed process group) the amax (current, or the fresh sample of a
@@ -107,7 +107,7 @@ def quantized_operand(
     sample is used) and, between refreshes, folds the live amax of what was quantized into its slots.
     """
     if spec is None:
-        return t, None
+        return (t if out_dtype is None else _as(t, out_dtype)), None
     key = f"{layer}.{operand}"
     held = state.held_amax(key, spec.tensor_scaling) if state is not None else None
     telemetry = state is not None and state.telemetry
@@ -257,7 +257,6 @@ class _QuantLinearFunction(torch.autograd.Function):
         else:
             qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype)
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"), compute_dtype)
-        qw = _as(qw, compute_dtype)  # unquantized (no spec): the parameter itself
         # on a telemetry step a reused Q(W)ᵀ is recorded as dgrad.w with fprop.w's stats: the same
         # blocks, amax and codes, so the same counts (no second quantization of W to record it)
         telemetry = w_amax is not None and state is not None and state.telemetry
