@@ -48,12 +48,12 @@ def nvfp4_work():
     return body_work(load_model_config("tiny"), load_recipe("nvfp4"), T)
 
 
-def test_the_h200_step_sums_the_parts_timed_alone():
+def test_the_calibration_step_sums_the_parts_timed_alone():
     comp = fake_components(rht_ms=0.2)
-    emulated = projection.h200_step(nvfp4_work(), comp, other_ms=7.0, column="emulated")
+    emulated = projection.calibration_step(nvfp4_work(), comp, other_ms=7.0, column="emulated")
     # 30 BF16 GEMMs + 40 quantizations + 40 amax passes + other
     assert emulated["ms"] == pytest.approx(30 * 1.0 + 40 * 0.2 + 40 * 0.05 + 7.0)
-    analogue = projection.h200_step(nvfp4_work(), comp, other_ms=7.0, column="fp8_analogue")
+    analogue = projection.calibration_step(nvfp4_work(), comp, other_ms=7.0, column="fp8_analogue")
     # 24 FP4 GEMMs on E4M3 with two casts each, the tail's 6 in BF16
     assert analogue["gemm_ms"] == pytest.approx(24 * 0.5 + 6 * 1.0) and analogue["cast_ms"] == pytest.approx(24 * 0.2)
     assert analogue["ms"] == pytest.approx(18.0 + 4.8 + 8.0 + 2.0 + 7.0)
@@ -93,7 +93,7 @@ def fake_entry(comp: dict, scale: dict[str, float], other_ms: float = 5.0) -> di
     for column, factor in scale.items():
         recipes = {}
         for name in RECIPES:
-            parts = projection.h200_step(body_work(config, load_recipe(name), T), comp, other_ms, column)
+            parts = projection.calibration_step(body_work(config, load_recipe(name), T), comp, other_ms, column)
             census = {
                 "other_ms": other_ms,
                 "kernel_ms": parts["ms"],
@@ -229,10 +229,34 @@ def test_the_papers_gb200_is_projected_with_its_own_dense_peaks():
 
 def test_components_or_steps_of_another_gpu_are_refused():
     comp = fake_components()
-    with pytest.raises(projection.ProjectionError, match="calibrated on the h200"):
-        projection.attach({**fake_entry(comp, {"emulated": 1.0}), "device": "NVIDIA B200"}, comp, load_devices())
-    with pytest.raises(projection.ProjectionError, match="components timed on NVIDIA A100"):
-        projection.attach(fake_entry(comp, {"emulated": 1.0}), {**comp, "device": "NVIDIA A100"}, load_devices())
+    # the steps of one GPU with the components of another
+    mixed = "body was measured on NVIDIA H100 80GB HBM3, its components timed on NVIDIA H200"
+    with pytest.raises(projection.ProjectionError, match=mixed):
+        projection.attach(
+            {**fake_entry(comp, {"emulated": 1.0}), "device": "NVIDIA H100 80GB HBM3"}, comp, load_devices()
+        )
+    # a GPU devices.yaml does not list, or a projection target, calibrates nothing
+    for gpu, key in (("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"), ("NVIDIA B200", "b200")):
+        with pytest.raises(projection.ProjectionError, match=f"measured on {gpu} \\(key '{key}'\\)"):
+            projection.attach(
+                {**fake_entry(comp, {"emulated": 1.0}), "device": gpu}, {**comp, "device": gpu}, load_devices()
+            )
+
+
+def test_an_h100_calibrates_with_its_own_peaks_and_bandwidth():
+    """The same parts timed on an H100: its GEMMs scale from its 989 TFLOPS (the H200's too), its
+    non-GEMM time from its 3.35 TB/s (not the H200's 4.8)."""
+    gpu = "NVIDIA H100 80GB HBM3"
+    comp = {**fake_components(), "device": gpu}
+    devices = load_devices()
+    entry = projection.attach({**fake_entry(comp, {"emulated": 1.0}), "device": gpu}, comp, devices)
+    assert set(entry["projection_parameters"]["sources"]) == {"h100_80gb_hbm3", "b200", "b300", "gb200"}
+    assert entry["columns"]["projection_gb200"]["calibrated_on"] == gpu
+    transfer, f = devices.parameters["efficiency_transfer"].mid, devices.parameters["other_bandwidth_bound"].mid
+    gemm = 30 * 1.0 * 989 / (2500 * transfer)
+    bf16 = entry["columns"]["projection_gb200"]["recipes"]["bf16"]["median_ms"]
+    assert bf16 == pytest.approx(gemm + 5.0 * (f * 3.35 / 8.0 + 1 - f))
+    assert "NVIDIA H100 80GB HBM3 check" in projection.table(entry)
 
 
 def test_corners_fix_known_values_and_take_both_ends_of_ranges():

@@ -1,12 +1,13 @@
-"""The body-throughput projection: one body step as a sum of its parts, checked against the H200's
-measured columns, then evaluated with Blackwell's peaks (``fp4repro bench project``).
+"""The body-throughput projection: one body step as a sum of its parts, checked against the measured
+columns of the GPU that measured them (the calibration GPU: an H200, or any Hopper GPU of
+``configs/devices.yaml``), then evaluated with Blackwell's peaks (``fp4repro bench project``).
 
 One step of recipe r (the work of ``fp4repro.bench.body_work``)::
 
     t(r) = other + Σ_GEMMs t_gemm + Σ_quantizations t_quantize + Σ_current-amax operands t_amax
            (+ Σ_FP4 GEMMs t_cast(a) + t_cast(b) in the FP8 analogue)
 
-On the H200 (``h200_step``), every term is measured, none fitted: t_gemm, t_quantize, t_amax and
+On the calibration GPU c (``calibration_step``), every term is measured, none fitted: t_gemm, t_quantize, t_amax and
 t_cast are the components timed alone on the model's shapes (``fp4repro bench components``);
 ``other`` is the GPU time of the kernels of a profiled step of r that are none of those (the Mamba
 scan, the attention core, norms, elementwise work: the census' ``other_ms``). The sum is compared
@@ -19,18 +20,18 @@ alone is from the same part in the step (``parts_vs_step``), which the bound doe
 
 On a Blackwell GPU ``d`` (``native_step``), as Transformer Engine runs it natively:
 
-    t_gemm(FP4)  = t_FP8,H200(shape) · peak_FP8,H200 / (peak_FP4,d · transfer · fp4_vs_fp8)
-    t_gemm(BF16) = t_BF16,H200(shape) · peak_BF16,H200 / (peak_BF16,d · transfer)
-    t_quantize   = [t_plain + (1 − rht_hidden)·(t_case − t_plain)] · bytes_native / bytes_emulated · bw_H200 / bw_d
-    t_amax       = [a_plain + (1 − rht_hidden)·(a_case − a_plain)] · bw_H200 / bw_d
-    other        = other_BF16,H200 · (f · bw_H200 / bw_d + 1 − f),  f = other_bandwidth_bound
+    t_gemm(FP4)  = t_FP8,c(shape) · peak_FP8,c / (peak_FP4,d · transfer · fp4_vs_fp8)
+    t_gemm(BF16) = t_BF16,c(shape) · peak_BF16,c / (peak_BF16,d · transfer)
+    t_quantize   = [t_plain + (1 − rht_hidden)·(t_case − t_plain)] · bytes_native / bytes_emulated · bw_c / bw_d
+    t_amax       = [a_plain + (1 − rht_hidden)·(a_case − a_plain)] · bw_c / bw_d
+    other        = other_BF16,c · (f · bw_c / bw_d + 1 − f),  f = other_bandwidth_bound
 
 where t_plain and a_plain are the same quantization and amax pass without the RHT (the nvfp4_no_rht
 recipes time them; the amax of an RHT operand is taken after the transform),
 bytes_emulated = 4 per element (read BF16, write BF16 q·s) and bytes_native = 2 + 1/2 + 1/block
 (read BF16, write the FP4 code and one scale byte per block), and ``other`` is the BF16 recipe's:
 native linears run no emulation glue. A GEMM keeps on Blackwell ``transfer`` times the fraction of
-its peak the same shape reaches on the H200. The uncertain parameters (``configs/devices.yaml``:
+its peak the same shape reaches on the calibration GPU. The uncertain parameters (``configs/devices.yaml``:
 ranges of peaks and bandwidths where sources disagree, and the four model parameters, each with
 why its range) span the band: every combination of their ends is evaluated; per recipe and per
 effect the band is the smallest and largest value, the central value is at the ranges' midpoints.
@@ -57,7 +58,6 @@ from fp4repro.provenance import provenance
 from fp4repro.results import void_column
 
 CHECK_BOUND = 0.10
-CALIBRATION_DEVICE = "h200"
 TARGETS = ("b200", "b300", "gb200")  # gb200: the paper's GPU (configs/devices.yaml)
 BYTES_EMULATED = 4.0
 # block-scale formats Blackwell's FP4 tensor cores take (NVFP4: E4M3, MXFP4: UE8M0)
@@ -77,7 +77,7 @@ def _component(table: dict, key: str, what: str) -> dict:
     return table[key]
 
 
-def h200_step(work, components: dict, other_ms: float, column: str) -> dict:
+def calibration_step(work, components: dict, other_ms: float, column: str) -> dict:
     """The parts and their sum (``ms``) of one step on the calibration GPU: ``column`` emulated
     (every GEMM in BF16) or fp8_analogue (FP4 GEMMs on E4M3, each operand cast first)."""
     gemms, quants = work
@@ -102,12 +102,12 @@ def native_bytes(block: tuple[int, int]) -> float:
     return 2.0 + 0.5 + 1.0 / (block[0] * block[1])
 
 
-def native_step(work, components: dict, bf16_other_ms: float, h200: dict, target: dict, p: dict) -> dict:
+def native_step(work, components: dict, bf16_other_ms: float, calib: dict, target: dict, p: dict) -> dict:
     """The parts and their sum of one native step on a Blackwell GPU at one choice of the
-    parameters: ``h200``/``target`` {bf16, fp8, fp4, hbm} -> number, ``p`` the four model
+    parameters: ``calib`` (the calibration GPU's) and ``target`` {bf16, fp8, fp4, hbm} -> number, ``p`` the four model
     parameters -> number (the module docstring's formulas)."""
     gemms, quants = work
-    bw = h200["hbm"] / target["hbm"]
+    bw = calib["hbm"] / target["hbm"]
     parts = {
         "other_ms": bf16_other_ms * (p["other_bandwidth_bound"] * bw + 1 - p["other_bandwidth_bound"]),
         "gemm_ms": 0.0,
@@ -118,10 +118,10 @@ def native_step(work, components: dict, bf16_other_ms: float, h200: dict, target
         c = components["gemms"][gemm_key(g.m, g.n, g.k)]
         if g.precision == "fp4":
             parts["gemm_ms"] += (
-                c["fp8_ms"] * h200["fp8"] / (target["fp4"] * p["efficiency_transfer"] * p["fp4_efficiency_vs_fp8"])
+                c["fp8_ms"] * calib["fp8"] / (target["fp4"] * p["efficiency_transfer"] * p["fp4_efficiency_vs_fp8"])
             )
         else:
-            parts["gemm_ms"] += c["bf16_ms"] * h200["bf16"] / (target["bf16"] * p["efficiency_transfer"])
+            parts["gemm_ms"] += c["bf16_ms"] * calib["bf16"] / (target["bf16"] * p["efficiency_transfer"])
     for q in quants:
         c = components["quantizations"][quant_key(q.rows, q.cols, q.case)]
         plain = (
@@ -160,7 +160,7 @@ def _works(entry: dict, names) -> dict:
 
 
 def check(entry: dict, components: dict) -> dict:
-    """Per measured column (emulated, fp8_analogue) and recipe: the sum of the H200 parts against
+    """Per measured column (emulated, fp8_analogue) and recipe: the sum of the calibration GPU's parts against
     the measured median step; ``within`` when every |error| <= CHECK_BOUND."""
     out = {"bound": CHECK_BOUND, "columns": {}}
     errors = []
@@ -172,7 +172,7 @@ def check(entry: dict, components: dict) -> dict:
         rows = {}
         for name, row in measured["recipes"].items():
             census = _census(entry, column, name)
-            parts = h200_step(works[name], components, census["other_ms"], column)
+            parts = calibration_step(works[name], components, census["other_ms"], column)
             error = parts["ms"] / row["median_ms"] - 1
             errors.append(abs(error))
             # each part timed alone against the same part in the profiled step (not bounded)
@@ -197,11 +197,10 @@ def check(entry: dict, components: dict) -> dict:
     return out
 
 
-def _corner_values(devices: Devices, target: Device) -> dict[str, Value]:
+def _corner_values(devices: Devices, calibration: Device, target: Device) -> dict[str, Value]:
     """Every parameter of a target's projection by name (peaks and bandwidths of both GPUs too)."""
-    h200 = devices.devices[CALIBRATION_DEVICE]
-    values = {f"h200.{k}": v for k, v in h200.peak_tflops.items()}
-    values["h200.hbm"] = h200.hbm_tb_per_s
+    values = {f"calib.{k}": v for k, v in calibration.peak_tflops.items()}
+    values["calib.hbm"] = calibration.hbm_tb_per_s
     values.update({f"target.{k}": v for k, v in target.peak_tflops.items()})
     values["target.hbm"] = target.hbm_tb_per_s
     values.update({f"p.{k}": v for k, v in devices.parameters.items()})
@@ -216,12 +215,33 @@ def corners(values: dict[str, Value]):
 
 
 def _split(choice: dict) -> tuple[dict, dict, dict]:
-    """A corner's values by group: (h200, target, p), each name -> value."""
-    groups = {"h200": {}, "target": {}, "p": {}}
+    """A corner's values by group: (calib, target, p), each name -> value."""
+    groups = {"calib": {}, "target": {}, "p": {}}
     for key, value in choice.items():
         group, name = key.split(".", 1)
         groups[group][name] = value
-    return groups["h200"], groups["target"], groups["p"]
+    return groups["calib"], groups["target"], groups["p"]
+
+
+def calibration_device(entry: dict, components: dict, devices: Devices) -> str:
+    """The key in ``devices`` of the GPU that measured both the body steps and their components
+    (the projection scales from its peaks); refused when they come from two GPUs, from one that
+    ``devices.yaml`` does not list, or from a projection target."""
+    tags = {device_tag(components["device"]), device_tag(entry.get("device"))}
+    if len(tags) > 1:
+        raise ProjectionError(
+            f"the projection is calibrated on one GPU: the body was measured on "
+            f"{entry.get('device', 'cpu')}, its components timed on {components['device']}"
+        )
+    (tag,) = tags
+    if tag not in devices.devices or tag in TARGETS:
+        listed = sorted(set(devices.devices) - set(TARGETS))
+        raise ProjectionError(
+            f"the projection is calibrated on a GPU of {devices.shown_path} that is not a projection target "
+            f"({', '.join(listed)}): the body and its components were measured on "
+            f"{entry.get('device', 'cpu')} (key {tag!r})"
+        )
+    return tag
 
 
 def project(entry: dict, components: dict, devices: Devices, target_key: str) -> dict:
@@ -238,11 +258,11 @@ def project(entry: dict, components: dict, devices: Devices, target_key: str) ->
         )
     bf16_other = _census(entry, "emulated", "bf16")["other_ms"]
     works = _works(entry, emulated)
-    values = _corner_values(devices, target)
+    values = _corner_values(devices, devices.devices[calibration_device(entry, components, devices)], target)
 
     def times(choice):
-        h200, tgt, p = _split(choice)
-        return {n: native_step(w, components, bf16_other, h200, tgt, p) for n, w in works.items()}
+        calib, tgt, p = _split(choice)
+        return {n: native_step(w, components, bf16_other, calib, tgt, p) for n, w in works.items()}
 
     central = times({k: v.mid for k, v in values.items()})
     spread = [times(c) for c in corners(values)]
@@ -295,7 +315,8 @@ def project(entry: dict, components: dict, devices: Devices, target_key: str) ->
 
 
 def attach(entry: dict, components: dict, devices: Devices) -> dict:
-    """``entry`` with its H200 check (``projection_check``) and, when the check holds, one
+    """``entry`` with its calibration check (``projection_check``, on the GPU that measured it) and,
+    when the check holds, one
     projection column per Blackwell target (``projection_<target>``); when it does not, the
     projection is withheld and ``not_measured`` says why."""
     if components["model"] != entry["model"] or components["tokens"] != entry["batch"] * entry["seq_len"]:
@@ -303,13 +324,7 @@ def attach(entry: dict, components: dict, devices: Devices) -> dict:
             f"the components were timed for {components['model']} at {components['tokens']} tokens, "
             f"the body for {entry['model']} at {entry['batch'] * entry['seq_len']}"
         )
-    tags = {device_tag(components["device"]), device_tag(entry.get("device"))}
-    if tags != {CALIBRATION_DEVICE}:
-        raise ProjectionError(
-            f"the projection is calibrated on the {CALIBRATION_DEVICE} of configs/devices.yaml: the "
-            f"body was measured on {entry.get('device', 'cpu')}, its components timed on "
-            f"{components['device']}"
-        )
+    calibration = calibration_device(entry, components, devices)
     entry = {
         key: value for key, value in entry.items() if key not in ("projection_parameters", "projection_provenance")
     }
@@ -324,11 +339,11 @@ def attach(entry: dict, components: dict, devices: Devices) -> dict:
             "devices_file": devices.shown_path,
             "parameters": {k: [v.low, v.high] for k, v in devices.parameters.items()},
             "why": devices.why,
-            "sources": {k: list(devices.devices[k].sources) for k in (CALIBRATION_DEVICE, *TARGETS)},
+            "sources": {k: list(devices.devices[k].sources) for k in (calibration, *TARGETS)},
         }
     else:
         not_measured["projection"] = (
-            f"withheld: the H200 parts predict the measured steps within "
+            f"withheld: the {components['device']}'s parts predict its measured steps within "
             f"{entry['projection_check']['worst_error']:.1%} at worst, beyond the "
             f"{CHECK_BOUND:.0%} bound"
         )
@@ -337,11 +352,11 @@ def attach(entry: dict, components: dict, devices: Devices) -> dict:
 
 
 def table(entry: dict) -> str:
-    """The H200 check (predicted against measured, per column and recipe) and each projection
+    """The calibration check (predicted against measured, per column and recipe) and each projection
     column (step time with its band, tokens/s, the effects with their bands)."""
     chk = entry["projection_check"]
     lines = [
-        f"{entry['model']}: H200 check, the parts timed alone against the measured median step "
+        f"{entry['model']}: {entry['device']} check, the parts timed alone against the measured median step "
         f"(bound {chk['bound']:.0%}; worst {chk['worst_error']:.1%}: {'within' if chk['within'] else 'NOT within'})",
         f"{'recipe':28} {'column':13} {'predicted ms':>12} {'measured ms':>12} {'error':>8}",
     ]

@@ -5,7 +5,7 @@ measured bar's interquartile range over the timed steps as its error bar (a proj
 over the uncertain parameters), and in each panel's title, its one message, the speed-up of
 removing RHT and the BF16 tail together (nvfp4's time over nvfp4_no_rht_no_bf16_tail's: 95%
 interval, or the projection's band), the paper's +21.2%. A column not measured (a projection
-withheld by its H200 check) is a panel that says why. A model no file has: the shapes that were
+withheld by its calibration check) is a panel that says why. A model no file has: the shapes that were
 measured, the title saying so (so that a CPU study shows the committed measurements), or, with
 none, a figure that says nothing was measured."""
 
@@ -77,7 +77,7 @@ def _title(entry: dict, column: str, measured: dict | None) -> str:
     if column.startswith("projection_") and measured is not None:
         check = entry.get("projection_check", {})
         return (
-            f"{measured['target']} projection (band over its parameters; H200 check "
+            f"{measured['target']} projection (band over its parameters; {entry.get('device', 'calibration')} check "
             f"{check.get('worst_error', float('nan')):.1%} <= {check.get('bound', float('nan')):.0%})"
         )
     return COLUMNS.get(column, column)
