@@ -87,18 +87,32 @@ def test_a_captured_step_replays_the_eager_step_s_work():
     x = torch.randn(1, 256, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
     dy = torch.randn(1, 256, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     throughput.body_step(body, x, dy)  # the held amaxes are sampled here
-    replay = throughput.captured(lambda: throughput.body_step(body, x, dy), x.device)
-    captured_grads = [x.grad, *(p.grad for p in body.layers.parameters())]
-    for t in captured_grads:
-        t.zero_()
+
+    def step_into(x, dy, kept):
+        """The captured step, its gradients copied out into tensors made outside the pool."""
+        grads = [g for g in throughput.body_step(body, x, dy) if g is not None]
+        for k, g in zip(kept, grads):
+            k.copy_(g)
+
+    kept = [torch.zeros_like(g) for g in throughput.body_step(body, x, dy) if g is not None]
+    # two graphs in one pool, the second a step of the same body on other inputs, replayed after
+    # the first was captured and before it replays: the first's work must be untouched
+    pool = torch.cuda.graph_pool_handle()
+    replay = throughput.captured(lambda: step_into(x, dy, kept), x.device, pool)
+    x2, dy2 = x.detach().flip(1).requires_grad_(), dy.flip(1)
+    kept2 = [torch.zeros_like(k) for k in kept]
+    other = throughput.captured(lambda: step_into(x2, dy2, kept2), x.device, pool)
+    assert throughput.pool_in_use(pool) == 0
+    for k in kept:
+        k.zero_()
+    other()
     replay()
     torch.cuda.synchronize()
-    replayed = [t.clone() for t in captured_grads]
-    throughput.body_step(body, x, dy)  # eager, into fresh gradients
-    eager = [x.grad, *(p.grad for p in body.layers.parameters())]
-    assert any(t.abs().sum() > 0 for t in replayed)
-    for r, e in zip(replayed, eager):
-        torch.testing.assert_close(r, e, rtol=1e-2, atol=1e-3)
+    eager = [g for g in throughput.body_step(body, x, dy) if g is not None]
+    assert len(kept) == len(eager) > 1 and any(k.abs().sum() > 0 for k in kept)
+    assert not all(torch.equal(k, k2) for k, k2 in zip(kept, kept2))  # the other graph's own work
+    for k, e in zip(kept, eager):
+        torch.testing.assert_close(k, e, rtol=1e-2, atol=1e-3)
     result = throughput.run(
         load_model_config("tiny"),
         {"bf16": load_recipe("bf16"), "ue5m3": recipe},
@@ -109,3 +123,16 @@ def test_a_captured_step_replays_the_eager_step_s_work():
         progress=lambda m: None,
     )
     assert result["columns"]["emulated"]["timing"] == "cuda_graph"
+
+
+def test_a_capture_that_leaves_a_tensor_alive_in_a_shared_pool_is_refused():
+    """A step that keeps a tensor made during its capture (here one that replaces another, so the
+    allocated total does not move) would be overwritten by the replays of the pool's other graphs."""
+    kept = [torch.zeros(1 << 20, device="cuda")]
+
+    def step():
+        kept[0] = kept[0] + 1
+
+    with pytest.raises(throughput.SurvivingCapture, match="4,194,304 bytes"):
+        throughput.captured(step, torch.device("cuda"), torch.cuda.graph_pool_handle())
+    throughput.captured(lambda: kept[0].add_(1), torch.device("cuda"), torch.cuda.graph_pool_handle())

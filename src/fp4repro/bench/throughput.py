@@ -82,18 +82,17 @@ def build_body(config: ModelConfig, recipe: Recipe, device: str) -> NemotronH:
     return model.to(torch.bfloat16)
 
 
-def body_step(model: NemotronH, x: torch.Tensor, dy: torch.Tensor) -> None:
-    """One forward and backward of the decoder layers (the parameters' gradients set anew).
-    Autocast's cast cache is off: the parameters are BF16 already (nothing to cache), and a CUDA
-    graph may not capture a cache."""
-    for p in model.parameters():
-        p.grad = None
-    x.grad = None
+def body_step(model: NemotronH, x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """One forward and backward of the decoder layers: the gradients of x and of every parameter,
+    computed anew (nothing accumulates) and returned, none kept in ``.grad``: a step captured in a
+    CUDA graph then leaves no tensor alive (``captured``). Autocast's cast cache is off: the
+    parameters are BF16 already (nothing to cache), and a CUDA graph may not capture a cache."""
     with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
         h = x
         for layer in model.layers:
             h = layer(h)
-    h.backward(dy)
+    inputs = [x, *(p for p in model.parameters() if p.requires_grad)]
+    return torch.autograd.grad(h, inputs, dy, allow_unused=True)
 
 
 class _Clock:
@@ -118,30 +117,52 @@ class _Clock:
 
 
 def graph_timing(recipes: int, step_mib: float, free_mib: float) -> tuple[bool, str]:
-    """Whether every recipe's step can be captured in a CUDA graph of its own (each graph keeps
-    its step's activations and gradients, ``step_mib`` = one eager step's peak over the memory
-    at rest) within 80% of the free memory, and why."""
-    need = recipes * step_mib
-    if need <= 0.8 * free_mib:
-        return True, (f"CUDA-graph replays: {recipes} graphs of {step_mib:,.0f} MiB fit in {free_mib:,.0f} MiB free")
-    return False, (
-        f"eager steps: {recipes} graphs of {step_mib:,.0f} MiB would need {need:,.0f} MiB, {free_mib:,.0f} MiB free"
-    )
+    """Whether the recipes' steps can be captured in CUDA graphs sharing one memory pool (the
+    largest step's activations, ``step_mib`` = one eager step's peak over the memory at rest:
+    no step's memory outlives it, ``captured`` checks) within 80% of the free memory, and why."""
+    if step_mib <= 0.8 * free_mib:
+        return True, (
+            f"CUDA-graph replays: {recipes} graphs sharing one pool of {step_mib:,.0f} MiB, {free_mib:,.0f} MiB free"
+        )
+    return False, f"eager steps: a graph's pool of {step_mib:,.0f} MiB would not fit in {free_mib:,.0f} MiB free"
 
 
-def captured(step, device: torch.device):
+class SurvivingCapture(RuntimeError):
+    """A captured step left memory allocated: in a pool shared with other graphs, their replays
+    would overwrite it."""
+
+
+def captured(step, device: torch.device, pool=None):
     """``step`` captured in a CUDA graph, returned as its replay. It runs once on a side stream
     first, as ``torch.cuda.graph`` asks (lazy state is made outside the capture); every value it
-    reads from the host (held amaxes, seeds) is fixed at capture, which changes no kernel's work."""
+    reads from the host (held amaxes, seeds) is fixed at capture, which changes no kernel's work.
+    What ``step`` returns is dropped.
+
+    With ``pool`` (``torch.cuda.graph_pool_handle()``) shared by several graphs, any of them may
+    replay after any other only if no tensor allocated during a capture outlives it (``body_step``
+    returns its gradients, kept nowhere): after the capture, no block of the pool may be in use
+    (``pool_in_use``), else ``SurvivingCapture``."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         step()
+    if pool is not None and (left := pool_in_use(pool)) > 0:
+        raise SurvivingCapture(f"the captured step left {left:,} bytes allocated in the shared pool")
     return graph.replay
+
+
+def pool_in_use(pool) -> int:
+    """Bytes of a CUDA-graph memory pool held by live tensors (the allocator's snapshot: the
+    segments the pool owns, their allocated size)."""
+    return sum(
+        segment["allocated_size"]
+        for segment in torch.cuda.memory_snapshot()
+        if tuple(segment["segment_pool_id"]) == tuple(pool)
+    )
 
 
 def _inside_gemm(event) -> bool:
@@ -281,7 +302,13 @@ def time_column(
     if x.is_cuda:
         torch.cuda.reset_peak_memory_stats()
     if interleave:
-        replay = {name: captured(step_of(name), x.device) for name in names} if graphs else None
+        if graphs:
+            pool = torch.cuda.graph_pool_handle()
+            try:
+                replay = {name: captured(step_of(name), x.device, pool) for name in names}
+            except SurvivingCapture as err:
+                graphs, timing, replay = False, f"eager steps: {err}", None
+                progress(f"{column}: {timing}")
         for r in range(steps):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(clock.time(replay[name] if graphs else step_of(name)))
