@@ -56,6 +56,8 @@ BENCHMARKS = {
     "kernels_h100_80gb_hbm3.json": ("Triton quantization kernels on an H100", "kernels"),
     "head_h100_80gb_hbm3.json": ("The FP32 LM head on an H100", "head"),
     "train_step_h100_80gb_hbm3.json": ("The training step through fp4repro train on an H100", "train_step"),
+    "components_h100_80gb_hbm3.json": ("The parts of a body step timed alone on an H100", "components"),
+    "throughput_h100_80gb_hbm3.json": ("Model-body throughput on an H100", "throughput"),
     "quant_cpu.json": ("The torch reference quantizers on a CPU", "quant_cpu"),
 }
 
