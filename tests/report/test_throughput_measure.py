@@ -65,6 +65,18 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     }
     open_row = row_of(unresolved)
     assert "(does not resolve tokens/s; direction check at FP8's smaller GEMM ratio: not resolved)" in open_row.note
+    # eager steps say how much of them the GPU idled (the claim's two recipes' profiles), graph
+    # replays do not
+    profiled = {
+        "nvfp4": {"median_ms": 200.0, "kernels": {"kernel_ms": 150.0}},
+        "nvfp4_no_rht_no_bf16_tail": {"median_ms": 100.0, "kernels": {"kernel_ms": 60.0}},
+        "bf16": {"median_ms": 100.0, "kernels": {"kernel_ms": 1.0}},  # not the claim's: not counted
+    }
+    emulated = {"recipes": profiled, "effects": throughput.effects(rows)}
+    eager = {**entry, "columns": {"emulated": {**emulated, "timing": "eager"}}}
+    assert "(raises tokens/s; eager steps, the GPU idle 25% to 40% of them)" in row_of(eager).note
+    replayed = {**entry, "columns": {"emulated": {**emulated, "timing": "cuda_graph"}}}
+    assert "GPU idle" not in row_of(replayed).note and "(raises tokens/s)" in row_of(replayed).note
     throughput.record(results / "bench" / "throughput_h200.json", entry, "cpu")
     assert "compute capability >= 10.0" in row.note
     # a projection: its band against the paper's +21.2%

@@ -33,9 +33,26 @@ def _setup(claim: Claim) -> PaperSetup | None:
     return claim.reported.setup if claim.reported is not None else None
 
 
+def _gpu_idle(claim: Claim, measured: dict) -> str:
+    """For eager steps on a GPU, how much of the claim's two recipes' median steps the GPU spent
+    idle (1 − the profiled step's kernel time over the median: a body bound by the host's launches
+    shows it), "" for graph replays or without a profile."""
+    if measured.get("timing") != "eager":
+        return ""
+    shares = [
+        1 - r["kernels"]["kernel_ms"] / r["median_ms"]
+        for name in (claim.baseline, claim.recipe)
+        if (r := measured["recipes"].get(name)) and r.get("kernels", {}).get("kernel_ms")
+    ]
+    if not shares:
+        return ""
+    return f"; eager steps, the GPU idle {min(shares):.0%} to {max(shares):.0%} of them"
+
+
 def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
     """Per column of one body-throughput entry: the speed-up time(baseline) / time(recipe) with its
-    95% interval and what it says of tokens/s (the FP8 analogue as a direction check); for a
+    95% interval and what it says of tokens/s (the FP8 analogue as a direction check; eager steps
+    with the share of them the GPU idled, ``_gpu_idle``); for a
     projection, its band, whether the paper's number lies inside it ("consistent") and what faster
     GEMMs and quantizers could give with no non-GEMM time (centrally and over the band), the
     projection onto the paper's GPU said to be so."""
@@ -82,7 +99,10 @@ def _throughput_effects(claim: Claim, entry: dict) -> list[str]:
                 else "against the paper"
             )
             check = f"; direction check at FP8's smaller GEMM ratio: {verdict}"
-        shows.append(f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {span} ({direction} tokens/s{check})")
+        idle = _gpu_idle(claim, measured)
+        shows.append(
+            f"{entry.get('device', 'cpu')} {column.replace('_', ' ')}: {span} ({direction} tokens/s{check}{idle})"
+        )
     return shows
 
 
