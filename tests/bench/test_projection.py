@@ -243,20 +243,31 @@ def test_components_or_steps_of_another_gpu_are_refused():
             )
 
 
-def test_an_h100_calibrates_with_its_own_peaks_and_bandwidth():
-    """The same parts timed on an H100: its GEMMs scale from its 989 TFLOPS (the H200's too), its
-    non-GEMM time from its 3.35 TB/s (not the H200's 4.8)."""
+def test_an_h100_calibrates_with_its_own_peaks_and_bandwidth(tmp_path):
+    """The same parts timed on an H100: its GEMMs scale from its own BF16 peak, its non-GEMM time
+    from its 3.35 TB/s (not the H200's 4.8). The packaged H100 and H200 share their peaks, so a
+    devices file gives the H100 another BF16 peak (and no FP8 one: then it cannot calibrate)."""
     gpu = "NVIDIA H100 80GB HBM3"
     comp = {**fake_components(), "device": gpu}
-    devices = load_devices()
+    raw = open(load_devices().path).read()
+    assert raw.count("peak_tflops: {bf16: 989, fp8: 1979}") == 2  # the H200's, then the H100's
+    changed = tmp_path / "devices.yaml"
+    changed.write_text(raw[::-1].replace("}9791 :8pf ,989 :61fb{", "}9791 :8pf ,005 :61fb{", 1)[::-1])
+    devices = load_devices(str(changed))
+    assert devices.devices["h100_80gb_hbm3"].peak_tflops["bf16"].low == 500
+    assert devices.devices["h200"].peak_tflops["bf16"].low == 989
     entry = projection.attach({**fake_entry(comp, {"emulated": 1.0}), "device": gpu}, comp, devices)
     assert set(entry["projection_parameters"]["sources"]) == {"h100_80gb_hbm3", "b200", "b300", "gb200"}
     assert entry["columns"]["projection_gb200"]["calibrated_on"] == gpu
     transfer, f = devices.parameters["efficiency_transfer"].mid, devices.parameters["other_bandwidth_bound"].mid
-    gemm = 30 * 1.0 * 989 / (2500 * transfer)
+    gemm = 30 * 1.0 * 500 / (2500 * transfer)
     bf16 = entry["columns"]["projection_gb200"]["recipes"]["bf16"]["median_ms"]
     assert bf16 == pytest.approx(gemm + 5.0 * (f * 3.35 / 8.0 + 1 - f))
     assert "NVIDIA H100 80GB HBM3 check" in projection.table(entry)
+    no_fp8 = tmp_path / "no_fp8.yaml"
+    no_fp8.write_text(raw[::-1].replace("}9791 :8pf ,989 :61fb{", "}989 :61fb{", 1)[::-1])
+    with pytest.raises(projection.ProjectionError, match="with BF16 and FP8 peaks .*\\(h200\\)"):
+        projection.attach({**fake_entry(comp, {"emulated": 1.0}), "device": gpu}, comp, load_devices(str(no_fp8)))
 
 
 def test_corners_fix_known_values_and_take_both_ends_of_ranges():
@@ -346,8 +357,8 @@ def test_cli_project_writes_the_check_and_the_columns_into_the_throughput_file(t
     (tmp_path / "throughput_h200.json").write_text(
         json.dumps({"shapes": {"tiny": fake_entry(comp, {"emulated": 1.02}), "old": gone}})
     )
-    args = ["bench", "project", "--out", str(tmp_path / "throughput_h200.json")]
-    assert main([*args, "--components", str(tmp_path / "components_h200.json")]) == 1
+    # the components file by default: the throughput file's name with components_ for throughput_
+    assert main(["bench", "project", "--out", str(tmp_path / "throughput_h200.json")]) == 1
     written = json.loads((tmp_path / "throughput_h200.json").read_text())["shapes"]
     assert "projection_gb200" in written["tiny 1x64"]["columns"] and written["tiny 2x32"] == gone
     err = capsys.readouterr().err

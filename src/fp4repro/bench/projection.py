@@ -1,6 +1,7 @@
 """The body-throughput projection: one body step as a sum of its parts, checked against the measured
-columns of the GPU that measured them (the calibration GPU: an H200, or any Hopper GPU of
-``configs/devices.yaml``), then evaluated with Blackwell's peaks (``fp4repro bench project``).
+columns of the GPU that measured them (the calibration GPU: an H200, or another GPU that
+``configs/devices.yaml`` lists with BF16 and FP8 peaks and that is not a target), then evaluated
+with Blackwell's peaks (``fp4repro bench project``).
 
 One step of recipe r (the work of ``fp4repro.bench.body_work``)::
 
@@ -225,8 +226,9 @@ def _split(choice: dict) -> tuple[dict, dict, dict]:
 
 def calibration_device(entry: dict, components: dict, devices: Devices) -> str:
     """The key in ``devices`` of the GPU that measured both the body steps and their components
-    (the projection scales from its peaks); refused when they come from two GPUs, from one that
-    ``devices.yaml`` does not list, or from a projection target."""
+    (the projection scales from its BF16 and FP8 peaks and its bandwidth); refused when they come
+    from two GPUs, from one that ``devices.yaml`` does not list with both peaks, or from a
+    projection target."""
     tags = {device_tag(components["device"]), device_tag(entry.get("device"))}
     if len(tags) > 1:
         raise ProjectionError(
@@ -234,11 +236,11 @@ def calibration_device(entry: dict, components: dict, devices: Devices) -> str:
             f"{entry.get('device', 'cpu')}, its components timed on {components['device']}"
         )
     (tag,) = tags
-    if tag not in devices.devices or tag in TARGETS:
-        listed = sorted(set(devices.devices) - set(TARGETS))
+    listed = sorted(k for k, d in devices.devices.items() if k not in TARGETS and {"bf16", "fp8"} <= set(d.peak_tflops))
+    if tag not in listed:
         raise ProjectionError(
-            f"the projection is calibrated on a GPU of {devices.shown_path} that is not a projection target "
-            f"({', '.join(listed)}): the body and its components were measured on "
+            f"the projection is calibrated on a GPU of {devices.shown_path} with BF16 and FP8 peaks that is not "
+            f"a projection target ({', '.join(listed)}): the body and its components were measured on "
             f"{entry.get('device', 'cpu')} (key {tag!r})"
         )
     return tag

@@ -13,15 +13,17 @@ recipe's specs and a QuantState of its own into the same layers. Per column, eve
 amax), then ``steps`` rounds of one step of every recipe in turn (interleaved: a drift of clocks or
 temperature reaches every recipe alike; the order rotates each round); each step is timed with CUDA
 events and synchronized (on CPU, the wall clock: for tests). What is timed is the replay of the step
-captured in a CUDA graph where every recipe's graph fits in memory (``graph_timing``): the device's
-time without the host's launch cost, which at ``small`` shapes is most of an eager step (the GPU
-idled through most of it, and two processes disagreed widely); at 8B shapes one step's activations
-fill the GPU, so the step runs eagerly, which is device-bound there (the GPU hardly idles). Both
-measurements: results/bench/README.md, *Model-body throughput (one H200)*. The result says which (``timing``) and
-why. Per recipe: the median step, its quartiles, body tokens/s = batch·seq_len / median; per column
-the peak memory. Per column, the effects the paper's +21.2% mixes (``EFFECTS``): the speed-up
-time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and both, as the geometric mean of
-the per-round ratios with a 95% Student-t interval (``fp4repro.bench.live.paired_log_ratio``).
+captured in a CUDA graph where one step's memory fits (``graph_timing``; every recipe's graph in one
+shared pool, ``captured``): the device's time without the host's launch cost, which at ``small``
+shapes and at the 8B's 1 x 1,024 tokens is much of an eager step (the GPU idled through much of it,
+and two processes disagreed widely); at the 8B's 1 x 8,192 tokens one step's activations nearly
+fill the GPU, and an eager step is device-bound there (the GPU hardly idles). The measurements:
+results/bench/README.md, *Model-body throughput (one H200)* and the H100's sections. The result says
+which (``timing``) and why. Per recipe: the median step, its quartiles, body tokens/s =
+batch·seq_len / median; per column the peak memory. Per column, the effects the paper's +21.2% mixes
+(``EFFECTS``): the speed-up time(nvfp4) / time(variant) of removing the RHT, the BF16 tail, and
+both, as the geometric mean of the per-round ratios with a 95% Student-t interval
+(``fp4repro.bench.live.paired_log_ratio``).
 
 Columns (``COLUMNS``):
 - ``emulated``: this suite's quantization kernels and BF16 tensor-core GEMMs (what training runs).
@@ -43,6 +45,8 @@ and the rest (``other_ms``, the projection's measured non-GEMM time).
 
 from __future__ import annotations
 
+import functools
+import gc
 import time
 from pathlib import Path
 
@@ -132,23 +136,31 @@ class SurvivingCapture(RuntimeError):
     would overwrite it."""
 
 
+@functools.cache
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every capture on ``device`` warms up and is captured on: state that
+    torch makes lazily per stream (cuBLAS's workspace of a handle on a stream) is then made by the
+    first warm-up, outside any capture and its pool."""
+    return torch.cuda.Stream(device)
+
+
 def captured(step, device: torch.device, pool=None):
-    """``step`` captured in a CUDA graph, returned as its replay. It runs once on a side stream
-    first, as ``torch.cuda.graph`` asks (lazy state is made outside the capture); every value it
-    reads from the host (held amaxes, seeds) is fixed at capture, which changes no kernel's work.
-    What ``step`` returns is dropped.
+    """``step`` captured in a CUDA graph, returned as its replay. It runs once first on the stream
+    it is captured on, as ``torch.cuda.graph`` asks (lazy state is made outside the capture);
+    every value it reads from the host (held amaxes, seeds) is fixed at capture, which changes no
+    kernel's work. What ``step`` returns is dropped.
 
     With ``pool`` (``torch.cuda.graph_pool_handle()``) shared by several graphs, any of them may
     replay after any other only if no tensor allocated during a capture outlives it (``body_step``
     returns its gradients, kept nowhere): after the capture, no block of the pool may be in use
     (``pool_in_use``), else ``SurvivingCapture``."""
-    side = torch.cuda.Stream(device)
+    side = _capture_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         step()
     if pool is not None and (left := pool_in_use(pool)) > 0:
         raise SurvivingCapture(f"the captured step left {left:,} bytes allocated in the shared pool")
@@ -157,7 +169,9 @@ def captured(step, device: torch.device, pool=None):
 
 def pool_in_use(pool) -> int:
     """Bytes of a CUDA-graph memory pool held by live tensors (the allocator's snapshot: the
-    segments the pool owns, their allocated size)."""
+    segments the pool owns, their allocated size), after a collection: a tensor kept only by a
+    reference cycle is garbage, not a survivor."""
+    gc.collect()
     return sum(
         segment["allocated_size"]
         for segment in torch.cuda.memory_snapshot()
@@ -280,8 +294,9 @@ def time_column(
     ``name`` and returns its step. Every recipe's warm-up first; then, interleaved, ``steps``
     rounds of one step of each recipe, the order rotated by one each round (no recipe always
     follows the same one), each a replay of the recipe's step captured in a CUDA graph where
-    ``graph_timing`` says they fit; or, with ``interleave`` off, each recipe's eager steps in one
-    block (for modules that rebuild state whenever the recipe changes)."""
+    ``graph_timing`` says they fit (the graphs share one memory pool; eager steps where a capture
+    leaves memory in it, ``SurvivingCapture``); or, with ``interleave`` off, each recipe's eager
+    steps in one block (for modules that rebuild state whenever the recipe changes)."""
     clock = _Clock(x.device)
     tokens = x.shape[0] * x.shape[1]
     times = {name: [] for name in names}
@@ -303,12 +318,14 @@ def time_column(
         torch.cuda.reset_peak_memory_stats()
     if interleave:
         if graphs:
-            pool = torch.cuda.graph_pool_handle()
-            try:
-                replay = {name: captured(step_of(name), x.device, pool) for name in names}
-            except SurvivingCapture as err:
-                graphs, timing, replay = False, f"eager steps: {err}", None
-                progress(f"{column}: {timing}")
+            pool, replay = torch.cuda.graph_pool_handle(), {}
+            for name in names:
+                try:
+                    replay[name] = captured(step_of(name), x.device, pool)
+                except SurvivingCapture as err:
+                    graphs, timing, replay = False, f"eager steps: {name}: {err}", None
+                    progress(f"{column}: {timing}")
+                    break
         for r in range(steps):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(clock.time(replay[name] if graphs else step_of(name)))

@@ -198,7 +198,7 @@ def _bench_project(args) -> int:
     from fp4repro.results import components_key, read_components, read_throughput, write_json
 
     out = Path(args.out or "results/bench/throughput_h200.json")
-    parts = Path(args.components)
+    parts = Path(args.components or out.with_name(out.name.replace("throughput_", "components_", 1)))
     measured, timed = read_throughput(out, FP4ReproError), read_components(parts, FP4ReproError)
     # each measured shape with the components timed for its model at its token count
     pairs = {
@@ -350,8 +350,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     project = b.add_argument_group("project")
     project.add_argument(
         "--components",
-        default="results/bench/components_h200.json",
-        help="the components file the projection is calibrated on (default results/bench/components_h200.json)",
+        default=None,
+        help="the components file the projection is calibrated on (default the --out file's, its name's "
+        "throughput_ for components_: results/bench/components_h200.json)",
     )
     project.add_argument(
         "--devices",

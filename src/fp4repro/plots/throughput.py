@@ -76,8 +76,9 @@ def columns_of(entries: list[dict]) -> list[str]:
 def _title(entry: dict, column: str, measured: dict | None) -> str:
     if column.startswith("projection_") and measured is not None:
         check = entry.get("projection_check", {})
+        calibration = entry.get("device", "calibration").removeprefix("NVIDIA ")
         return (
-            f"{measured['target']} projection (band over its parameters; {entry.get('device', 'calibration')} check "
+            f"{measured['target']} projection (band over its parameters; {calibration} check "
             f"{check.get('worst_error', float('nan')):.1%} <= {check.get('bound', float('nan')):.0%})"
         )
     return COLUMNS.get(column, column)
