@@ -352,6 +352,14 @@ def column_timing(measured: dict) -> str:
     return measured.get("timing", "eager")
 
 
+def gpu_idle(row: dict) -> float | None:
+    """The share of a recipe's median step (a row of a measured column) that the GPU spent idle:
+    1 − the kernel time of its profiled step (``kernels.kernel_ms``) over the median; None without
+    a profile."""
+    kernel_ms = row.get("kernels", {}).get("kernel_ms")
+    return 1 - kernel_ms / row["median_ms"] if kernel_ms else None
+
+
 def void_column(column: str, measured: dict) -> str | None:
     """Why a measured column of a body-throughput entry cannot be used, or None: an FP8-analogue
     column without its ``cast`` record was made before the cast clamped, when torch's cast (before

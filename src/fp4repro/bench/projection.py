@@ -56,7 +56,7 @@ from fp4repro.config.model import load_model_config
 from fp4repro.config.recipe import load_recipe
 from fp4repro.errors import FP4ReproError
 from fp4repro.provenance import provenance
-from fp4repro.results import void_column
+from fp4repro.results import gpu_idle, void_column
 
 CHECK_BOUND = 0.10
 TARGETS = ("b200", "b300", "gb200")  # gb200: the paper's GPU (configs/devices.yaml)
@@ -188,7 +188,7 @@ def check(entry: dict, components: dict) -> dict:
                 "error": error,
                 "parts": parts,
                 "parts_vs_step": versus,
-                "gpu_idle": 1 - census["kernel_ms"] / row["median_ms"],
+                "gpu_idle": gpu_idle(row),
             }
         out["columns"][column] = rows
     if not errors:

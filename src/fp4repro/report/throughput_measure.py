@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from fp4repro.report.claims import Claim, PaperSetup, ReportError, Row
-from fp4repro.results import read_throughput, shape_text, throughput_files, void_column
+from fp4repro.results import column_timing, gpu_idle, read_throughput, shape_text, throughput_files, void_column
 from fp4repro.statistics import OPPOSITE, REPRODUCED
 
 
@@ -37,13 +37,10 @@ def _gpu_idle(claim: Claim, measured: dict) -> str:
     """For eager steps on a GPU, how much of the claim's two recipes' median steps the GPU spent
     idle (1 − the profiled step's kernel time over the median: a body bound by the host's launches
     shows it), "" for graph replays or without a profile."""
-    if measured.get("timing") != "eager":
+    if column_timing(measured) != "eager":
         return ""
-    shares = [
-        1 - r["kernels"]["kernel_ms"] / r["median_ms"]
-        for name in (claim.baseline, claim.recipe)
-        if (r := measured["recipes"].get(name)) and r.get("kernels", {}).get("kernel_ms")
-    ]
+    rows = [measured["recipes"].get(name) for name in (claim.baseline, claim.recipe)]
+    shares = [share for row in rows if row and (share := gpu_idle(row)) is not None]
     if not shares:
         return ""
     return f"; eager steps, the GPU idle {min(shares):.0%} to {max(shares):.0%} of them"
