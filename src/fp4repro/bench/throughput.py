@@ -330,6 +330,10 @@ def time_column(
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(clock.time(replay[name] if graphs else step_of(name)))
             progress(f"{column}: round {r + 1}/{steps}")
+        if graphs:  # the graphs' pool goes back to the device: the next column captures in a pool of its own
+            replay = None
+            gc.collect()
+            torch.cuda.empty_cache()
     else:
         for name in names:
             step = step_of(name)
