@@ -171,6 +171,40 @@ def test_the_projection_is_made_only_when_the_h200_check_holds():
     assert not any(c.startswith("projection") for c in again["columns"])
 
 
+def test_an_emulated_step_with_gemms_not_timed_alone_is_compared_but_not_bounded():
+    """nvfp4 and ue5m3 emulate their FP4 GEMMs with the probe-matched GEMM model's kernel, which the
+    components do not time: their emulated rows may miss by any amount; bf16's may not."""
+    comp = fake_components()
+    entry = fake_entry(comp, {"emulated": 1.0, "fp8_analogue": 1.0})
+    for name in ("nvfp4", "ue5m3"):
+        entry["columns"]["emulated"]["recipes"][name]["median_ms"] *= 1.3
+    chk = projection.check(entry, comp)
+    assert chk["within"] and chk["worst_error"] == pytest.approx(0, abs=1e-12)
+    row = chk["columns"]["emulated"]["nvfp4"]
+    assert row["error"] == pytest.approx(1 / 1.3 - 1) and "probe_matched GEMM model" in row["not_bounded"]
+    assert "not_bounded" not in chk["columns"]["fp8_analogue"]["nvfp4"]
+    assert "not_bounded" not in chk["columns"]["emulated"]["bf16"]
+    assert "not bounded: its FP4 GEMMs run the probe_matched" in projection.table({**entry, "projection_check": chk})
+    entry["columns"]["emulated"]["recipes"]["bf16"]["median_ms"] *= 1.3
+    assert not projection.check(entry, comp)["within"]
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("bf16", None),
+        ("mxfp4", None),  # FP32 GEMMs, no tensor scale: decode scales known on the host
+        ("ue5m3_torch_gemm", None),  # FP32 GEMMs, held amaxes: decode scales known on the host
+        ("ue5m3", "probe_matched GEMM model"),
+        ("nvfp4_gemm_fp32", "decode scales made on the device"),  # a current amax on the device
+    ],
+)
+def test_which_emulated_steps_run_gemms_not_timed_alone(name, why):
+    recipe = load_recipe(name)
+    unmodeled = projection.emulated_gemms_unmodeled(recipe, body_work(load_model_config("tiny"), recipe, T))
+    assert unmodeled is None if why is None else why in unmodeled
+
+
 def test_the_band_spans_every_corner_and_the_central_value_lies_inside():
     comp, devices = fake_components(), load_devices()
     entry = fake_entry(comp, {"emulated": 1.0})
