@@ -16,6 +16,8 @@ def test_the_fp8_analogue_runs_the_quantizers_and_fp8_gemms_and_bf16_runs_neithe
         pytest.skip("FP8 tensor cores need compute capability >= 8.9")
     recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4", "nvfp4_no_bf16_tail")}
     result = throughput.run(load_model_config("tiny"), recipes, seq_len=256, steps=5, warmup=1, progress=lambda m: None)
+    reasons = {column: result["columns"][column]["timing_reason"] for column in throughput.COLUMNS}
+    assert all(result["columns"][column]["timing"] == "cuda_graph" for column in throughput.COLUMNS), reasons
     for column in throughput.COLUMNS:
         census = {n: r["kernels"] for n, r in result["columns"][column]["recipes"].items()}
         assert census["bf16"]["quantize_launches"] == 0 and census["bf16"]["fp8_gemm_calls"] == 0
@@ -144,10 +146,16 @@ def test_a_capture_that_leaves_a_tensor_alive_in_a_shared_pool_is_refused():
 def test_a_column_gives_its_graphs_memory_back_to_the_device():
     """The next column captures its graphs in a pool of its own: the last one's must be freed
     first (at the 8B's 1 x 1,024 tokens on an H100, two pools of one step's memory do not fit)."""
+
+    def graph_pool_segments():
+        """(pool, address) of every segment the allocator holds in a CUDA-graph pool."""
+        snapshot = torch.cuda.memory_snapshot()
+        return {(tuple(s["segment_pool_id"]), s["address"]) for s in snapshot if tuple(s["segment_pool_id"]) != (0, 0)}
+
+    before = graph_pool_segments()  # what earlier tests' captures left (seen: two fully allocated segments)
     recipes = {n: load_recipe(n) for n in ("bf16", "nvfp4")}
     tiny = load_model_config("tiny")
     quiet = lambda m: None  # noqa: E731
     result = throughput.run(tiny, recipes, seq_len=256, steps=5, warmup=1, columns=("emulated",), progress=quiet)
     assert result["columns"]["emulated"]["timing"] == "cuda_graph"
-    in_graph_pools = [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) != (0, 0)]
-    assert in_graph_pools == []
+    assert graph_pool_segments() <= before
