@@ -330,7 +330,7 @@ def time_column(
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(clock.time(replay[name] if graphs else step_of(name)))
             progress(f"{column}: round {r + 1}/{steps}")
-        if graphs:  # the graphs' pool goes back to the device: the next column captures in a pool of its own
+        if x.is_cuda:  # the graphs' pool (or a refused capture's) goes back to the device before the next column
             replay = None
             gc.collect()
             torch.cuda.empty_cache()
