@@ -10,6 +10,7 @@ import pytest
 from synthetic_runs import CLAIMS
 
 from fp4repro.config.files import claims_path
+from fp4repro.config.model import load_model_config
 from fp4repro.config.study import load_study
 from fp4repro.report import ReportError, load_claims
 from fp4repro.report.claims import claim_policies
@@ -109,6 +110,8 @@ def test_a_throughput_claim_names_the_shape_and_gpu_the_paper_timed(tmp_path):
     # the authors' report_summary.json (native_8b_runtime_ablation) and tab:runtime
     assert (setup.batch, setup.seq_len, setup.gpu, setup.device) == (1, 1024, "NVIDIA GB200", "gb200")
     assert setup.linears == (("nvfp4", 96, 16), ("nvfp4_no_rht_no_bf16_tail", 112, 0))
+    # the authors' 8B, whose 112 internal linears the setup counts
+    assert setup.model == "nemotron_h_8b_paper" and load_model_config(setup.model).n_layers == 52
     assert ARTIFACT_PATH.match(setup.source)
     assert setup.text().startswith("1 x 1,024 tokens on one NVIDIA GB200, linears FP4+BF16 nvfp4 96+16")
     assert all(c.reported.setup is None for c in claims if c.measure != "throughput")

@@ -162,3 +162,39 @@ def test_the_throughput_row_gives_each_measured_column_and_is_not_reproduced_wit
     )
     assert "measured for other shapes, nemotron_h_8b at 1 x 8,192 tokens: NVIDIA H200 emulated" in other.note
     assert other.note.startswith("not measured: paper: 1 x 1,024 tokens on one NVIDIA GB200")
+
+
+def test_the_row_shows_the_body_of_the_model_the_paper_timed_beside_the_study_s_own(tmp_path):
+    """The claim's setup names the paper's model (the authors' 8B): a study of another model shows
+    what that model's body gave at the paper's shape after its own, and decides nothing by it."""
+    from fp4repro.bench import throughput
+
+    rows = {"nvfp4": [1000.0, 1010.0, 1000.0, 1005.0, 1000.0], "nvfp4_no_rht_no_bf16_tail": [1020.0] * 5}
+    claim = claims_by_id()["throughput_no_rht_no_bf16_tail"]
+    assert claim.reported.setup.model == "nemotron_h_8b_paper"
+
+    def entry(model: str, seq_len: int, effects: dict) -> dict:
+        columns = {"emulated": {"recipes": {}, "effects": throughput.effects(effects), "timing": "cuda_graph"}}
+        return {"model": model, "seq_len": seq_len, "batch": 1, "steps": 5, "device": "NVIDIA H100 80GB HBM3"} | {
+            "not_measured": dict(throughput.NOT_MEASURED),
+            "columns": columns,
+        }
+
+    bench = tmp_path / "results" / "bench"
+    throughput.record(bench / "throughput_h100.json", entry("small", 2048, rows), "cpu")
+    swapped = {"nvfp4": rows["nvfp4_no_rht_no_bf16_tail"], "nvfp4_no_rht_no_bf16_tail": rows["nvfp4"]}
+    throughput.record(bench / "throughput_h100.json", entry("nemotron_h_8b_paper", 1024, swapped), "cpu")
+
+    def row(model: str):
+        study = tmp_path / "results" / model
+        (measured,) = measure(claim, study, {"nvfp4": (0,)}, ClaimPolicies.same(claim), BLEND, model=model)
+        return measured
+
+    small = row("small")
+    assert small.verdict == "not measured natively"
+    own, papers = small.note.split("; the paper's model, nemotron_h_8b_paper body, ")
+    assert "here, small body" in own and "at 1 x 2,048 tokens: NVIDIA H100 80GB HBM3 emulated: -" in own
+    assert papers.startswith("at 1 x 1,024 tokens (the paper's shape): NVIDIA H100 80GB HBM3 emulated: +")
+    # the paper's model studied itself: shown once, as the study's own
+    paper8b = row("nemotron_h_8b_paper")
+    assert "the paper's model" not in paper8b.note and "here, nemotron_h_8b_paper body" in paper8b.note

@@ -56,7 +56,8 @@ class PaperValue:
 class PaperSetup:
     """Where a throughput claim's numbers were timed (``reported.setup``): the body's shape, the GPU
     as the artifact names it and its key in configs/devices.yaml, each recipe's FP4 and BF16
-    linears, and the artifact files they are read from."""
+    linears, the artifact files they are read from, and the model whose body was timed (its name
+    in configs/models, where the suite has it)."""
 
     batch: int
     seq_len: int
@@ -64,11 +65,12 @@ class PaperSetup:
     device: str
     source: str
     linears: tuple[tuple[str, int, int], ...] = ()  # (recipe, FP4, BF16)
+    model: str | None = None
 
     @classmethod
     def from_yaml(cls, raw: dict) -> PaperSetup:
         linears = tuple((name, n["fp4"], n["bf16"]) for name, n in raw.get("linears", {}).items())
-        return cls(raw["batch"], raw["seq_len"], raw["gpu"], raw["device"], raw["source"], linears)
+        return cls(raw["batch"], raw["seq_len"], raw["gpu"], raw["device"], raw["source"], linears, raw.get("model"))
 
     def text(self) -> str:
         """The setup as the report says it: 1 x 1,024 tokens on one NVIDIA GB200, linears FP4+BF16 ..."""

@@ -134,12 +134,25 @@ def _at_shapes(claim: Claim, entries: list[dict]) -> str:
     return "; ".join(groups)
 
 
+def _papers_model(claim: Claim, entries: list[dict], model: str | None) -> str:
+    """What the body of the model the paper timed (``reported.setup.model``) shows, beside the
+    study's own model's: "" where the setup names none, it is the study's model, or it was not
+    timed here."""
+    setup = _setup(claim)
+    if setup is None or setup.model is None or setup.model == model:
+        return ""
+    shown = _at_shapes(claim, [e for e in entries if e["model"] == setup.model])
+    return f"; the paper's model, {setup.model} body, {shown}" if shown else ""
+
+
 def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
     """A throughput claim against the body-throughput files in ``bench`` (results/bench/
     throughput_<device>.json, ``fp4repro bench throughput``) for ``model``'s shapes: per device,
     shape and measured column, the speed-up time(baseline) / time(recipe) with its 95% interval,
     beside the shape and GPU the paper timed (the claim's ``reported.setup``), the paper's shape
-    first. Only a native FP4 column decides the claim (reproduced when every device's native
+    first; then, where the study's model is not the one the paper timed (``reported.setup.model``),
+    what that model's body shows. Only a native FP4 column of the study's model decides the claim
+    (reproduced when every device's native
     interval lies beyond 1 in the claim's direction, opposite when one lies beyond it the other
     way, else not resolved); without one the row says "not measured natively" and what the other
     columns show. Without ``model``'s shapes the row is "not measured" and gives the shapes that
@@ -179,13 +192,14 @@ def throughput(claim: Claim, bench: Path, model: str | None) -> list[Row]:
         if effect is not None
     ]
     detail = f"{paper}here, {model} body, {claim.recipe} vs {claim.baseline}, {shown}"
+    beside = _papers_model(claim, entries, model)
     if not native:
         why = "; ".join(
             sorted({f"{e.get('device', 'cpu')}: {e.get('not_measured', {}).get('native', 'not run')}" for e in ours})
         )
-        return [Row(claim, claim.id, note=f"not measured natively: {detail}; native column, {why}")]
+        return [Row(claim, claim.id, note=f"not measured natively: {detail}; native column, {why}{beside}")]
     higher = claim.expect == "higher"
     beyond = [(e["ci_low"] > 1) if higher else (e["ci_high"] < 1) for e in native]
     against = [(e["ci_high"] < 1) if higher else (e["ci_low"] > 1) for e in native]
     verdict = OPPOSITE if any(against) else REPRODUCED if all(beyond) else "not resolved"
-    return [Row(claim, claim.id, note=f"{verdict}: native FP4 on {len(native)} device(s); {detail}")]
+    return [Row(claim, claim.id, note=f"{verdict}: native FP4 on {len(native)} device(s); {detail}{beside}")]
