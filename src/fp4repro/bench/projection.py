@@ -161,10 +161,11 @@ def _census(entry: dict, column: str, name: str) -> dict:
     return census
 
 
-def _works(entry: dict, names) -> dict:
+def _works(entry: dict, recipes: dict) -> dict:
+    """name -> the body work of each recipe (name -> Recipe) at the entry's model and shape."""
     config = load_model_config(entry["model"])
     tokens = entry["batch"] * entry["seq_len"]
-    return {name: body_work(config, load_recipe(name), tokens) for name in names}
+    return {name: body_work(config, recipe, tokens) for name, recipe in recipes.items()}
 
 
 def emulated_gemms_unmodeled(recipe, work) -> str | None:
@@ -190,13 +191,14 @@ def check(entry: dict, components: dict) -> dict:
         measured = entry["columns"].get(column)
         if measured is None or void_column(column, measured):
             continue
-        works = _works(entry, measured["recipes"])
+        recipes = {name: load_recipe(name) for name in measured["recipes"]}
+        works = _works(entry, recipes)
         rows = {}
         for name, row in measured["recipes"].items():
             census = _census(entry, column, name)
             parts = calibration_step(works[name], components, census["other_ms"], column)
             error = parts["ms"] / row["median_ms"] - 1
-            why = emulated_gemms_unmodeled(load_recipe(name), works[name]) if column == "emulated" else None
+            why = emulated_gemms_unmodeled(recipes[name], works[name]) if column == "emulated" else None
             if why is None:
                 errors.append(abs(error))
             # each part timed alone against the same part in the profiled step (not bounded)
@@ -286,7 +288,7 @@ def project(entry: dict, components: dict, devices: Devices, target_key: str) ->
             f"{entry['model']}: the projection takes its non-GEMM time from bf16's census; bf16 was not timed"
         )
     bf16_other = _census(entry, "emulated", "bf16")["other_ms"]
-    works = _works(entry, emulated)
+    works = _works(entry, {name: load_recipe(name) for name in emulated})
     values = _corner_values(devices, devices.devices[calibration_device(entry, components, devices)], target)
 
     def times(choice):
