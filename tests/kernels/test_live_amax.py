@@ -280,3 +280,27 @@ def test_the_kernels_operand_amax_is_the_references(spec, kind):
     assert _same(
         operand_amax_triton(x.to(torch.bfloat16).to(DEVICE), spec), operand_amax_reference(x.to(torch.bfloat16), spec)
     )
+
+
+@pytest.mark.parametrize("where", ["first tile", "last tile", "edge"])
+@pytest.mark.parametrize("columnwise", [False, True], ids=["row-wise", "column-wise"])
+@pytest.mark.parametrize("spec", [SPECS["1x16 RNE current"], SPECS["1x16 RHT+SR"]], ids=["1x16", "1x16 RHT"])
+def test_the_amax_pass_reads_every_tile_of_a_program(spec, columnwise, where, monkeypatch):
+    # several tiles a program (one program per SM on a device of one SM, so 8 tiles a program):
+    # 42 tiles along the long axis are 6 programs, the last reading 6 tiles past M's edge; the
+    # largest |x| sits in a program's first or last tile, or in M's last row (column) of tiles
+    import fp4repro.kernels as kernels
+
+    monkeypatch.setattr(kernels, "AMAX_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(kernels, "_streaming_multiprocessors", lambda device: 1)
+    long_extent, other = 42 * 16, 40
+    shape = (other, long_extent) if columnwise else (long_extent, other)
+    x = _x("normal", shape, _seed("tiles", spec.rht, columnwise, where)).clamp(-50, 50)
+    at = {"first tile": 8 * 16 + 3, "last tile": 15 * 16 + 9, "edge": long_extent - 1}[where]
+    if columnwise:
+        x[other // 2, at] = -1.0e4
+    else:
+        x[at, other // 2] = -1.0e4
+    xd = _device_x(x.to(torch.bfloat16), columnwise)
+    assert kernels._amax_tiles(42, 1, xd.device) == 8
+    assert _same(operand_amax_triton(xd, spec), _expected(x.to(torch.bfloat16), spec))

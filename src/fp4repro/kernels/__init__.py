@@ -192,7 +192,7 @@ def fold_live_amax(slots: torch.Tensor, amax: torch.Tensor) -> None:
 
 
 @functools.cache
-def _amax_constexprs(tile_r: int, tile_c: int, warps: int, rht: bool, columnwise: bool) -> tuple:
+def _amax_constexprs(tile_r: int, tile_c: int, warps: int, rht: bool, columnwise: bool, tiles: int) -> tuple:
     return tuple(
         dict(
             TILE_R=tile_r,
@@ -200,9 +200,36 @@ def _amax_constexprs(tile_r: int, tile_c: int, warps: int, rht: bool, columnwise
             RHT=rht,
             SIGN_BITS=SIGN_BITS,
             COLUMNWISE=columnwise,
+            TILES=tiles,
             **_thread_rows(tile_r, warps, columnwise),
         ).items()
     )
+
+
+#: The most tiles one program of the amax pass reads, and the programs per streaming
+#: multiprocessor it keeps at least (``_amax_tiles``).
+AMAX_MAX_TILES = 8
+AMAX_PROGRAMS_PER_SM = 8
+
+
+@functools.cache
+def _streaming_multiprocessors(device: torch.device) -> int:
+    """The device's SM count; 1 for the interpreter's CPU tensors (one program a tile there)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _amax_tiles(tiles: int, other: int, device: torch.device) -> int:
+    """How many of the ``tiles`` tiles along the grid's long axis one program of the amax pass
+    reads (``other``: tiles along the other axis): the largest power of two up to
+    ``AMAX_MAX_TILES`` that leaves at least ``AMAX_PROGRAMS_PER_SM`` programs per SM. With one tile
+    a program (a 16x128 row-wise tile is 4 KB of BF16) a pass over a large operand was tens of
+    thousands of programs, each a reduction across warps and an atomic on the same address; a
+    small operand keeps its parallelism. The amax is the same for every choice (``_amax_kernel``)."""
+    floor = AMAX_PROGRAMS_PER_SM * _streaming_multiprocessors(device)
+    n = 1
+    while n < AMAX_MAX_TILES and _cdiv(tiles, 2 * n) * other >= floor:
+        n *= 2
+    return n
 
 
 def _thread_rows(tile_r: int, warps: int, columnwise: bool) -> dict:
@@ -274,11 +301,15 @@ def operand_amax_triton(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     rows, cols = x.shape
     columnwise = _columnwise(x.shape, x.stride())
     tile_r, tile_c, warps = _tiles(spec, columnwise)
+    grid = [_cdiv(rows, tile_r), _cdiv(cols, tile_c)]
+    long = 1 if columnwise else 0  # the axis a program's tiles run along (``_amax_kernel``)
+    tiles = _amax_tiles(grid[long], grid[1 - long], x.device)
+    grid[long] = _cdiv(grid[long], tiles)
     bits = torch.zeros(1, dtype=torch.int32, device=x.device)
     _amax_launcher()(
-        (_cdiv(rows, tile_r), _cdiv(cols, tile_c)),
+        tuple(grid),
         (x, bits, rows, cols, x.stride(0), x.stride(1)),
-        _amax_constexprs(tile_r, tile_c, warps, spec.rht, columnwise),
+        _amax_constexprs(tile_r, tile_c, warps, spec.rht, columnwise, tiles),
         warps,
     )
     return bits.view(torch.float32)[0]

@@ -4,8 +4,9 @@ Kernels over a logical 2-D matrix M (rows, cols) given by a pointer and two stri
 running along its columns (the GEMM's reduction dimension):
 
 * ``_amax_kernel``     A = max |M| over finite elements (after the RHT when asked), one pass,
-                       folded into a float32 scalar with an integer atomic max on its bits
-                       (valid because |M| >= 0 orders like its bit pattern).
+                       several tiles a program, folded into a float32 scalar with one integer
+                       atomic max a program on its bits (valid because |M| >= 0 orders like its
+                       bit pattern).
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
                        block amax, s_b, element rounding (RNE, or either SR from Philox bytes), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
@@ -390,25 +391,35 @@ def _amax_kernel(
     SIGN_BITS: tl.constexpr,
     COLUMNWISE: tl.constexpr,
     THREAD_ROWS: tl.constexpr = 1,
+    TILES: tl.constexpr = 1,
 ):
-    x, _, _, _ = _load_tile(
-        x_ptr,
-        rows,
-        cols,
-        stride_r,
-        stride_c,
-        tl.program_id(0),
-        tl.program_id(1),
-        TILE_R,
-        TILE_C,
-        RHT,
-        SIGN_BITS,
-        COLUMNWISE,
-        THREAD_ROWS=THREAD_ROWS,
-    )
-    a = tl.abs(x)
-    a = tl.where(a <= FLT_MAX, a, 0.0)  # finite only (NaN compares false)
-    tl.atomic_max(amax_bits_ptr, tl.max(tl.max(a, axis=1), axis=0).to(tl.int32, bitcast=True))
+    """A = max |M| over finite elements (after the RHT when asked). A program reads TILES
+    consecutive tiles along the tile grid's longer axis (rows of tiles for a row-major M, columns
+    for a column-wise one), keeps their elementwise maximum, and folds it into the float32 bits at
+    ``amax_bits_ptr`` with one integer atomic max: max is exact in any order, so the result does
+    not depend on TILES, only the number of reductions across warps and of atomics on one address
+    does (tiles past M's edge load as zeros, which |M| >= 0 never exceeds)."""
+    first = tl.program_id(1 if COLUMNWISE else 0) * TILES
+    m = tl.zeros((TILE_C, TILE_R) if COLUMNWISE else (TILE_R, TILE_C), dtype=tl.float32)
+    for i in range(TILES):
+        x, _, _, _ = _load_tile(
+            x_ptr,
+            rows,
+            cols,
+            stride_r,
+            stride_c,
+            tl.program_id(0) if COLUMNWISE else first + i,
+            first + i if COLUMNWISE else tl.program_id(1),
+            TILE_R,
+            TILE_C,
+            RHT,
+            SIGN_BITS,
+            COLUMNWISE,
+            THREAD_ROWS=THREAD_ROWS,
+        )
+        a = tl.abs(x)
+        m = tl.maximum(m, tl.where(a <= FLT_MAX, a, 0.0))  # finite only (NaN compares false)
+    tl.atomic_max(amax_bits_ptr, tl.max(tl.max(m, axis=1), axis=0).to(tl.int32, bitcast=True))
 
 
 @triton.jit
