@@ -16,6 +16,7 @@ from fp4repro.kernels import (
     live_slots,
     live_slots_amax,
     operand_amax_triton,
+    operand_amax_with_rht_triton,
     philox_uniforms,
     quantize_2d,
     quantize_launch,
@@ -304,3 +305,32 @@ def test_the_amax_pass_reads_every_tile_of_a_program(spec, columnwise, where, mo
     xd = _device_x(x.to(torch.bfloat16), columnwise)
     assert kernels._amax_tiles(42, 1, xd.device) == 8
     assert _same(operand_amax_triton(xd, spec), _expected(x.to(torch.bfloat16), spec))
+
+
+#: BF16 subnormals only compiled: Triton's interpreter widens them to other float32 values (its
+#: ``operand_amax_triton`` of them differs from the reference too)
+BF16_KINDS = [k for k in KINDS if k != "subnormal" or DEVICE == "cuda"]
+
+
+@pytest.mark.parametrize("kind", BF16_KINDS)
+@pytest.mark.parametrize("shape", [(40, 72), (16 * 42 + 5, 200)], ids=["one program", "8 tiles a program, ragged"])
+def test_the_amax_with_rht_pass_equals_both_passes_it_replaces(shape, kind, monkeypatch):
+    # X's amax row-wise without the RHT (fprop.x, dgrad.dy) and Xᵀ's column-wise with it (wgrad.x,
+    # wgrad.dy) from one read of X, each bit for bit the reference's; rows not a multiple of 16 are
+    # Xᵀ's zero padding; the second shape takes 8 tiles a program (on a device of one SM)
+    import fp4repro.kernels as kernels
+    from fp4repro.reference.block import operand_amax_reference
+
+    monkeypatch.setattr(kernels, "AMAX_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(kernels, "_streaming_multiprocessors", lambda device: 1)
+    x = _x(kind, shape, _seed("with_rht", kind, *shape)).to(torch.bfloat16)
+    if shape[0] > 16 * 40 and kind == "normal":  # the largest |x| in the ragged last row of tiles
+        x[-1, 3] = -1.0e4
+    rows, rht = operand_amax_with_rht_triton(x.to(DEVICE))
+    assert _same(rows, operand_amax_reference(x, SPECS["1x16 RNE current"]))
+    assert _same(rht, operand_amax_reference(x.t(), SPECS["1x16 RHT+SR"]))
+
+
+def test_the_amax_with_rht_pass_refuses_a_transposed_view():
+    with pytest.raises(ValueError, match="row-major"):
+        operand_amax_with_rht_triton(torch.randn(64, 48).t().to(DEVICE))

@@ -399,3 +399,95 @@ def test_on_a_gpu_the_three_gemms_get_bf16_operands_of_float32_tensors(recipe):
         y = lin(x)
     y.float().sum().backward()
     assert dtypes == [(torch.bfloat16, torch.bfloat16, torch.bfloat16)] * 3
+
+
+def _steps_with_and_without_shared_amaxes(recipe: str, monkeypatch, device="cpu", telemetry=False):
+    """Outputs and gradients of three steps of a layer under ``recipe`` with X's and dY's current
+    amaxes taken together and with each quantization taking its own, and how many times the
+    layer asked for them together."""
+    import fp4repro.quant.linear as linear
+
+    specs = load_recipe(recipe).linear_specs(0, LAYERS)
+    calls = []
+    original = linear.operand_amaxes
+
+    def counting(t, row_spec, col_spec):
+        calls.append(t.shape)
+        return original(t, row_spec, col_spec)
+
+    def run(shared: bool):
+        monkeypatch.setattr(linear, "operand_amaxes", counting)
+        if not shared:
+            monkeypatch.setattr(linear, "shared_current_amaxes", lambda *args: (None, None))
+        lin = _layer(specs, bias=False).to(device)
+        lin.state.telemetry = telemetry
+        out = []
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            # BF16 on a GPU, as the layer before hands it under autocast (wgrad quantizes X in BF16)
+            x = torch.randn(4, 20, 64, generator=g).to(device, torch.bfloat16 if device == "cuda" else None)
+            x.requires_grad_()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                y = lin(x)
+            dx, dw = torch.autograd.grad(y.float().square().sum(), (x, lin.weight))
+            out += [y, dx, dw]
+            lin.state.advance()
+        monkeypatch.undo()
+        return out
+
+    shared, own = run(True), run(False)
+    return shared, own, calls
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4_no_rht", "ue5m3"])
+def test_x_and_dy_take_their_two_current_amaxes_together_and_nothing_else_changes(recipe, monkeypatch):
+    # nvfp4: fprop.x and wgrad.x (with the RHT) of X, dgrad.dy and wgrad.dy of dY, each pair taken
+    # together once in the forward and once in the backward; ue5m3 holds periodic amaxes: never
+    shared, own, calls = _steps_with_and_without_shared_amaxes(recipe, monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(shared, own))
+    assert calls == ([] if recipe == "ue5m3" else [(80, 64), (80, 48)] * 3)
+
+
+def test_a_telemetry_step_takes_every_amax_on_its_own(monkeypatch):
+    # telemetry tells a given amax from a current one: on its steps nothing is taken together
+    shared, own, calls = _steps_with_and_without_shared_amaxes("nvfp4", monkeypatch, telemetry=True)
+    assert all(torch.equal(a, b) for a, b in zip(shared, own)) and calls == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4_no_rht"])
+def test_on_a_gpu_the_shared_amaxes_change_no_bit(recipe, monkeypatch):
+    # the kernel's one read of X (and of dY) for both amaxes, against each quantization's own pass
+    import fp4repro.kernels as kernels
+
+    reads = []
+    original = kernels.operand_amax_with_rht_triton
+    monkeypatch.setattr(kernels, "operand_amax_with_rht_triton", lambda x: reads.append(x.shape) or original(x))
+    shared, own, calls = _steps_with_and_without_shared_amaxes(recipe, monkeypatch, device="cuda")
+    assert all(torch.equal(a, b) for a, b in zip(shared, own))
+    assert calls == [(80, 64), (80, 48)] * 3
+    assert reads == ([] if recipe == "nvfp4_no_rht" else [(80, 64), (80, 48)] * 3)
+
+
+def test_a_backward_that_records_telemetry_takes_x_transposed_amax_afresh(monkeypatch):
+    # a forward without telemetry took X's two amaxes together; a backward with it (the state
+    # turned telemetry on in between) records wgrad.x as its own quantization would: with an inf
+    # in X, the ratio of a given amax to the current one is not a current amax's
+    import fp4repro.quant.linear as linear
+
+    specs = load_recipe("nvfp4").linear_specs(0, LAYERS)
+
+    def rows(shared: bool):
+        if not shared:
+            monkeypatch.setattr(linear, "shared_current_amaxes", lambda *args: (None, None))
+        lin = _layer(specs, bias=False)
+        x = torch.randn(4, 20, 64, generator=torch.Generator().manual_seed(5))
+        x[0, 3, 5] = float("inf")
+        y = lin(x.requires_grad_()).square().sum()
+        lin.state.telemetry = True
+        y.backward()
+        monkeypatch.undo()
+        return [r for r in lin.state.pop_telemetry() if r["operand"] == "wgrad.x"]
+
+    shared, own = rows(True), rows(False)
+    assert len(own) == 1 and shared == own

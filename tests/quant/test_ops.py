@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp4repro.quant import QuantSpec, quantize, reference_only, scaled_operand
-from fp4repro.quant.ops import _force_reference, uses_kernel
+from fp4repro.quant.ops import _force_reference, operand_amaxes, uses_kernel
 
 
 @pytest.fixture
@@ -114,3 +114,21 @@ def test_the_kernel_writes_a_bf16_operand_of_a_float32_tensor_with_the_reference
         ref = scaled_operand(x, spec)
     assert fast.qs.dtype == torch.bfloat16
     assert torch.equal(fast.qs.float(), ref.qs) and torch.equal(fast.d, ref.d)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_operand_amaxes_are_each_operands_own(device):
+    # fprop.x (1x16, no RHT) of X and wgrad.x of Xᵀ: without the RHT one amax serves both (the
+    # same elements); with it each is its operand's, from the kernel's one read on a GPU
+    from fp4repro.reference.block import operand_amax_reference
+
+    x = (torch.randn(48, 80, generator=torch.Generator().manual_seed(3)) * 5).to(torch.bfloat16)
+    x[7, 9] = -300.0
+    row, plain, rht = QuantSpec(), QuantSpec(rounding="sr"), QuantSpec(rounding="sr", rht=True)
+    a, b = operand_amaxes(x.to(device), row, plain)
+    assert a is b and float(a) == 300.0
+    a, b = operand_amaxes(x.to(device), row, rht)
+    assert torch.equal(a.cpu(), operand_amax_reference(x, row))
+    assert torch.equal(b.cpu(), operand_amax_reference(x.t(), rht)) and float(b) < 300.0
+    with pytest.raises(ValueError, match="row-wise spec takes no RHT"):
+        operand_amaxes(x.to(device), rht, rht)

@@ -130,6 +130,13 @@ def _amax_launcher():
 
 
 @functools.cache
+def _amax_with_rht_launcher():
+    from fp4repro.kernels import quantize
+
+    return _launcher(quantize._amax_with_rht_kernel)
+
+
+@functools.cache
 def _scale_cast_launcher():
     from fp4repro.kernels import quantize
 
@@ -313,6 +320,32 @@ def operand_amax_triton(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
         warps,
     )
     return bits.view(torch.float32)[0]
+
+
+def operand_amax_with_rht_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |x|, max |RHT16 down x's columns|) over finite elements of a row-major 2-D x (float32
+    scalars) from one read of x: ``operand_amax_triton`` of x with a spec without the RHT, and of
+    xᵀ (the column-wise view wgrad quantizes) with one with it, bit for bit."""
+    rows, cols = x.shape
+    if x.stride(1) != 1 or _columnwise(x.shape, x.stride()):
+        raise ValueError(f"operand_amax_with_rht_triton takes a row-major matrix, got strides {x.stride()}")
+    tile_r, tile_c, warps = 16, 128, 4  # the row-wise 1x16 tile (``_tiles``), one RHT group tall
+    grid = [_cdiv(rows, tile_r), _cdiv(cols, tile_c)]
+    tiles = _amax_tiles(grid[0], grid[1], x.device)
+    bits = torch.zeros(2, dtype=torch.int32, device=x.device)
+    _amax_with_rht_launcher()(
+        (_cdiv(grid[0], tiles), grid[1]),
+        (x, bits, rows, cols, x.stride(0)),
+        _amax_with_rht_constexprs(tile_r, tile_c, tiles),
+        warps,
+    )
+    amaxes = bits.view(torch.float32)
+    return amaxes[0], amaxes[1]
+
+
+@functools.cache
+def _amax_with_rht_constexprs(tile_r: int, tile_c: int, tiles: int) -> tuple:
+    return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, SIGN_BITS=SIGN_BITS, TILES=tiles).items())
 
 
 def _amax_arg(amax, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:

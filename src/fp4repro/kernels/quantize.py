@@ -7,6 +7,8 @@ running along its columns (the GEMM's reduction dimension):
                        several tiles a program, folded into a float32 scalar with one integer
                        atomic max a program on its bits (valid because |M| >= 0 orders like its
                        bit pattern).
+* ``_amax_with_rht_kernel`` the amaxes of a row-major M without the RHT and of Mᵀ with it (the
+                       row-wise and the wgrad operand of one tensor) from one read of M.
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
                        block amax, s_b, element rounding (RNE, or either SR from Philox bytes), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
@@ -420,6 +422,41 @@ def _amax_kernel(
         a = tl.abs(x)
         m = tl.maximum(m, tl.where(a <= FLT_MAX, a, 0.0))  # finite only (NaN compares false)
     tl.atomic_max(amax_bits_ptr, tl.max(tl.max(m, axis=1), axis=0).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _amax_with_rht_kernel(
+    x_ptr,
+    amax_bits_ptr,
+    rows,
+    cols,
+    stride_r,
+    TILE_R: tl.constexpr,
+    TILE_C: tl.constexpr,
+    SIGN_BITS: tl.constexpr,
+    TILES: tl.constexpr = 1,
+):
+    """(A, A_rht) of a row-major M from one read: A = max |M| and A_rht = max |y|, y the 16-point
+    RHT down each group of 16 rows of M, both over finite elements, into the float32 bits at
+    ``amax_bits_ptr[0]`` and ``[1]``. A_rht is the amax of Mᵀ quantized column-wise with the RHT
+    (wgrad's operand: ``_amax_kernel`` on the transposed view, RHT on), A that of M quantized
+    row-wise without it: ``_rht16`` applies the same butterfly to the same 16 elements in both
+    memory orders, so each is bit for bit the amax its own pass gives. TILE_R is a multiple of 16;
+    rows past M's edge load as zeros, the zero padding of Mᵀ's blocks."""
+    first = tl.program_id(0) * TILES
+    m = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
+    m_rht = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
+    for i in range(TILES):
+        x, _, _, _ = _load_tile(
+            x_ptr, rows, cols, stride_r, 1, first + i, tl.program_id(1), TILE_R, TILE_C, False, SIGN_BITS, False
+        )
+        a = tl.abs(x)
+        m = tl.maximum(m, tl.where(a <= FLT_MAX, a, 0.0))  # finite only (NaN compares false)
+        y, _ = _rht16(x, TILE_R, TILE_C, SIGN_BITS)
+        a = tl.abs(y)
+        m_rht = tl.maximum(m_rht, tl.where(a <= FLT_MAX, a, 0.0))
+    tl.atomic_max(amax_bits_ptr, tl.max(tl.max(m, axis=1), axis=0).to(tl.int32, bitcast=True))
+    tl.atomic_max(amax_bits_ptr + 1, tl.max(tl.max(m_rht, axis=1), axis=0).to(tl.int32, bitcast=True))
 
 
 @triton.jit

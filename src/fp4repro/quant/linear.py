@@ -18,8 +18,10 @@ autocast dtype) with FP32 accumulation; outputs and gradients have the compute d
 
 Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop whenever that is exact (``transposable_weight_spec``: one
 16×16 RNE spec for both, the same amax), so the forward's operand is kept and transposed instead
-of quantizing W again. The step's host time matters as much as its kernels (an eager step is
-issued by Python): no no-op casts or contexts on this path.
+of quantizing W again. Where X's two quantizations (fprop.x, wgrad.x of Xᵀ) both scale by
+the current amax, both amaxes come from one read of X (``shared_current_amaxes``), and so do dY's
+(dgrad.dy, wgrad.dy): the same values as each pass of its own. The step's host time matters as
+much as its kernels (an eager step is issued by Python): no no-op casts or contexts on this path.
 
 Per-sequence activations (inference): when the model's QuantState gives the valid lengths of the
 batch's sequences (``QuantState.sequence_lengths``; the evaluation policy's ``CurrentAmaxState``
@@ -44,7 +46,7 @@ import torch.nn.functional as F
 from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
 from fp4repro.quant.gemm import _as, gemm_function, instrument
-from fp4repro.quant.ops import operand_amax, scaled_operand, uses_kernel
+from fp4repro.quant.ops import operand_amax, operand_amaxes, scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
 from fp4repro.quant.weight_gradient import weight_gradient
 from fp4repro.reference.block import global_encode_scale
@@ -82,8 +84,12 @@ def quantized_operand(
     operand: str,
     shard: Shard | None = None,
     out_dtype: torch.dtype | None = None,
+    current_amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
     """(operand for the GEMM as (rows, K), decode scale d or None) for a 2-D tensor t.
+
+    ``current_amax``: t's current amax under ``spec``, taken beforehand together with another
+    operand's (``shared_current_amaxes``), used in place of the quantization's own pass.
 
     ``out_dtype``: the dtype the operand is given in (the GEMM's compute dtype, into which the GEMM
     would cast it): a quantized one is written so (``scaled_operand``), an unquantized one (no
@@ -116,7 +122,7 @@ def quantized_operand(
         spec = _with_target(spec, state.choose_target(key, spec) if held is None else state.target(key, spec))
     live = state.live_slots(key, t.device) if auto and held is not None else None
     seed = state.sr_seed(key) if state is not None and spec.stochastic else None
-    amax = held
+    amax = held if held is not None else current_amax
     refresh = (
         held is None and state is not None and state.reduce_max is not None and spec.tensor_scaling.kind == "periodic"
     )
@@ -243,6 +249,31 @@ def _weight_amax_used(state: QuantState | None, spec: QuantSpec, layer: str, ope
     return state.held_amax_value(key)
 
 
+def shared_current_amaxes(
+    t: torch.Tensor,
+    row_spec: QuantSpec | None,
+    col_spec: QuantSpec | None,
+    state: QuantState | None,
+    shards: dict,
+    operands: tuple[str, str],
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The current amaxes of t's two quantizations, t row-wise with ``row_spec`` and tᵀ with
+    ``col_spec`` (fprop.x and wgrad.x of X, dgrad.dy and wgrad.dy of dY), taken together
+    (``operand_amaxes``: one read of t where each would take one), or (None, None) where they are
+    left to each quantization: unless both scale by their current amax with a fixed target, the
+    row-wise one without the RHT, on a step without telemetry (whose statistics tell a given amax
+    from a current one) and neither amax MAX-reduced over a tensor-parallel group."""
+    both = (row_spec, col_spec)
+    if (
+        any(s is None or s.target is None or s.tensor_scaling.kind != "current" or s.auto_target for s in both)
+        or row_spec.rht
+        or (state is not None and state.telemetry)
+        or any((shards.get(op) or Shard()).group is not None for op in operands)
+    ):
+        return None, None
+    return operand_amaxes(t, row_spec, col_spec)
+
+
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype, shards):
@@ -252,10 +283,17 @@ class _QuantLinearFunction(torch.autograd.Function):
         keep_qw = ctx.needs_input_grad[0] and transposable_weight_spec(specs)
         w_amax = _weight_amax_used(state, specs.fprop_w, layer, "fprop.w") if keep_qw else None
         lengths = state.sequence_lengths(x.shape[0], x.shape[1]) if state is not None and x.dim() == 3 else None
+        amax_x = amax_xt = None  # X's current amaxes for fprop and wgrad, taken together where they can be
         if _grouping_matters(specs.fprop_x, x, lengths):
             qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x", compute_dtype)
         else:
-            qx, dx = quantized_operand(x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype)
+            if ctx.needs_input_grad[1] and x2.dtype == compute_dtype:  # wgrad quantizes X in compute_dtype
+                amax_x, amax_xt = shared_current_amaxes(
+                    x2, specs.fprop_x, specs.wgrad_x, state, shards, ("fprop.x", "wgrad.x")
+                )
+            qx, dx = quantized_operand(
+                x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype, amax_x
+            )
         qw, dw = quantized_operand(weight, specs.fprop_w, state, layer, "fprop.w", shards.get("fprop.w"), compute_dtype)
         # on a telemetry step a reused Q(W)ᵀ is recorded as dgrad.w with fprop.w's stats: the same
         # blocks, amax and codes, so the same counts (no second quantization of W to record it)
@@ -267,6 +305,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         if bias is not None:
             y = y + bias.to(compute_dtype)
         ctx.qw = (qw, dw, w_amax, w_stats) if w_amax is not None else None
+        ctx.amax_xt = amax_xt
         ctx.save_for_backward(x2, weight)
         ctx.weight = weight  # the parameter itself, for its main_grad (not a saved tensor: no version check)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
@@ -280,8 +319,15 @@ class _QuantLinearFunction(torch.autograd.Function):
         specs, state, layer, cdt, shards = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype, ctx.shards
         dy2 = _as(dy.reshape(-1, dy.shape[-1]), cdt)
         dx = dw = db = None
+        amax_dy = amax_dyt = None  # dY's current amaxes for dgrad and wgrad, taken together where they can be
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+            amax_dy, amax_dyt = shared_current_amaxes(
+                dy2, specs.dgrad_dy, specs.wgrad_dy, state, shards, ("dgrad.dy", "wgrad.dy")
+            )
         if ctx.needs_input_grad[0]:
-            qdy, ddy = quantized_operand(dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"), cdt)
+            qdy, ddy = quantized_operand(
+                dy2, specs.dgrad_dy, state, layer, "dgrad.dy", shards.get("dgrad.dy"), cdt, amax_dy
+            )
             # reused while the amax it was made with still holds, and the forward's telemetry
             # (whether it kept stats to record) is the backward's
             telemetry = state is not None and state.telemetry
@@ -301,15 +347,17 @@ class _QuantLinearFunction(torch.autograd.Function):
             dx = _as(gemm(qdy, ddy, qwt, dwt, cdt).reshape(ctx.x_shape), ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             qdyt, ddyt = quantized_operand(
-                dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"), cdt
+                dy2.t(), specs.wgrad_dy, state, layer, "wgrad.dy", shards.get("wgrad.dy"), cdt, amax_dyt
             )
+            # the forward's amax of Xᵀ unless this backward records telemetry (``shared_current_amaxes``)
+            amax_xt = ctx.amax_xt if state is None or not state.telemetry else None
             qxt, dxt = quantized_operand(
-                _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"), cdt
+                _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"), cdt, amax_xt
             )
             gemm = ctx.instrument or gemm_function(specs, "wgrad")
             # into the weight's main_grad where megatron's DDP gave it one (its fused linears' protocol)
             dw = weight_gradient(ctx.weight, gemm(qdyt, ddyt, qxt, dxt, cdt))
-        ctx.qw = None
+        ctx.qw = ctx.amax_xt = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)
         return dx, dw, db, None, None, None, None, None

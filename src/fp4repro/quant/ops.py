@@ -134,6 +134,24 @@ def operand_amax(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return operand_amax_triton(x if x.dim() == 2 else x.reshape(rows_cols(x.shape)), spec)
 
 
+def operand_amaxes(x: torch.Tensor, row_spec: QuantSpec, col_spec: QuantSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The current amaxes of a 2-D x quantized with ``row_spec`` and of xᵀ (the column-wise view
+    wgrad quantizes) with ``col_spec``: ``operand_amax`` of each, float32 scalars on x's device, in
+    fewer reads of x. ``row_spec`` has no RHT. Without the RHT on ``col_spec`` both matrices hold
+    x's elements (and zero padding): one amax, taken once. With it, the kernel takes both from one
+    read of a contiguous x (``operand_amax_with_rht_triton``); elsewhere each is taken on its own."""
+    if row_spec.rht:
+        raise ValueError("operand_amaxes: the row-wise spec takes no RHT")
+    if not col_spec.rht:
+        amax = operand_amax(x, row_spec)
+        return amax, amax
+    if uses_kernel(x) and x.is_contiguous():
+        from fp4repro.kernels import operand_amax_with_rht_triton
+
+        return operand_amax_with_rht_triton(x)
+    return operand_amax(x, row_spec), operand_amax(x.t(), col_spec)
+
+
 def scaled_operand(
     x: torch.Tensor,
     spec: QuantSpec,
