@@ -122,7 +122,7 @@ RULES = (
     Rule("lm_head", "lm_head", within="^" + re.escape(MODULE_LABEL) + "FP32Output"),
     # this suite's Triton kernels (fp4repro.kernels)
     Rule("quantization", "quantize", kernel=_NOT_IN_NAME + r"_quantize_kernel"),
-    Rule("quantization", "amax", kernel=_NOT_IN_NAME + r"_amax_kernel"),
+    Rule("quantization", "amax", kernel=_NOT_IN_NAME + r"_amax(_with_rht)?_kernel"),
     Rule("quantization", "fp8_cast", kernel=_NOT_IN_NAME + r"_saturating_e4m3_kernel"),
     Rule("quantization", "sr_uniforms", kernel=_NOT_IN_NAME + r"_philox_uniform_kernel"),
     Rule("gemm", "probe_matched_gemm", kernel=_NOT_IN_NAME + r"_probe_matched_gemm_kernel"),
