@@ -10,8 +10,9 @@ transpose of its tensor, Wᵀ, dYᵀ or Xᵀ: ``fp4repro.config.spec.transposed_
 current amax, one more read of the tensor for its amax (the emulation takes X's and dY's two
 current amaxes, row-wise and transposed, from one read where it can:
 ``fp4repro.quant.linear.shared_current_amaxes``; here, as on the hardware projected to, each
-operand's amax is a read of its own, so the calibration GPU's amax part is counted high by what
-that read saves, shown as the amax part's ``parts_vs_step``). dgrad's Q(Wᵀ) is fprop's Q(W) transposed
+operand's amax is a read of its own, so the calibration GPU's predicted amax part keeps the read
+the emulation saves; the amax part's ``parts_vs_step`` shows it with the rest of its error).
+dgrad's Q(Wᵀ) is fprop's Q(W) transposed
 where that is exact (``fp4repro.quant.linear.transposable_weight_spec``), costing no pass. The
 attention core, the Mamba scan, norms and elementwise work are not counted here: the projection
 measures them.
