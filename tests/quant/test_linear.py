@@ -374,7 +374,7 @@ def test_every_quantized_operand_is_asked_in_the_gemms_compute_dtype(monkeypatch
     specs = _rne(load_recipe("ue5m3").linear_specs(0, LAYERS))
     weight = torch.randn(48, 64, requires_grad=True)
     x = torch.randn(30, 64, requires_grad=True)
-    y = linear._QuantLinearFunction.apply(x, weight, None, specs, QuantState(), "l", torch.bfloat16, {})
+    y = linear._QuantLinearFunction.apply(x, weight, None, specs, QuantState(), "l", torch.bfloat16, {}, True)
     y.float().sum().backward()
     assert len(operands) == 6 and asked == [torch.bfloat16] * 6
 
@@ -491,3 +491,55 @@ def test_a_backward_that_records_telemetry_takes_x_transposed_amax_afresh(monkey
 
     shared, own = rows(True), rows(False)
     assert len(own) == 1 and shared == own
+
+
+def _counting_shared_amaxes(monkeypatch) -> list:
+    """The shapes of the tensors whose two amaxes QuantLinear takes together from now on."""
+    import fp4repro.quant.linear as linear
+
+    calls = []
+    original = linear.operand_amaxes
+    monkeypatch.setattr(linear, "operand_amaxes", lambda t, *specs: calls.append(t.shape) or original(t, *specs))
+    return calls
+
+
+def test_float32_x_computed_in_bf16_takes_its_amaxes_apart(monkeypatch):
+    # fprop.x quantizes float32 X, wgrad.x its BF16 cast: two tensors, two amaxes (dY's pair is
+    # still shared); the autograd function is called with BF16, as under autocast on a GPU
+    import fp4repro.quant.linear as linear
+
+    specs = _rne(load_recipe("nvfp4").linear_specs(0, LAYERS))
+
+    def run(shared: bool):
+        calls = _counting_shared_amaxes(monkeypatch)
+        if not shared:
+            monkeypatch.setattr(linear, "shared_current_amaxes", lambda *args: (None, None))
+        weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        x = (torch.randn(30, 64, generator=torch.Generator().manual_seed(2)) * 3).requires_grad_()
+        y = linear._QuantLinearFunction.apply(x, weight, None, specs, QuantState(), "l", torch.bfloat16, {}, True)
+        dx, dw = torch.autograd.grad(y.float().square().sum(), (x, weight))
+        monkeypatch.undo()
+        return [y, dx, dw], calls
+
+    (shared, calls), (own, _) = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(shared, own))
+    assert calls == [(30, 48)]  # dY only
+
+
+def test_an_evaluation_forward_and_a_held_amax_take_nothing_together(monkeypatch):
+    # under no_grad no backward will quantize Xᵀ; a state holding fprop.x's amax (an evaluation
+    # replaying amaxes) quantizes X with it, so X's amaxes are not taken at all
+    specs = load_recipe("nvfp4").linear_specs(0, LAYERS)
+    calls = _counting_shared_amaxes(monkeypatch)
+    lin = _layer(specs, bias=False)
+    with torch.no_grad():
+        lin(torch.randn(4, 20, 64))
+    assert calls == []
+
+    class HoldingX(QuantState):
+        def held_amax(self, key, scaling):
+            return torch.tensor(7.0) if key == "l.fprop.x" else super().held_amax(key, scaling)
+
+    lin.attach(specs, HoldingX())
+    lin(torch.randn(4, 20, 64, requires_grad=True)).sum().backward()
+    assert calls == [(80, 48)]  # dY's pair only

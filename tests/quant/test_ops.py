@@ -132,3 +132,25 @@ def test_operand_amaxes_are_each_operands_own(device):
     assert torch.equal(b.cpu(), operand_amax_reference(x.t(), rht)) and float(b) < 300.0
     with pytest.raises(ValueError, match="row-wise spec takes no RHT"):
         operand_amaxes(x.to(device), rht, rht)
+
+
+def test_operand_amaxes_take_the_kernel_for_a_row_major_tensor_only(monkeypatch):
+    # the one-read kernel (here in Triton's interpreter, as the front would call it for a CUDA
+    # tensor) for a row-major X; a contiguous (rows, 1) view whose column stride is not 1 (dY of a
+    # linear with one output) is taken by the separate passes instead of refused by the kernel
+    import fp4repro.kernels as kernels
+    import fp4repro.quant.ops as ops
+    from fp4repro.reference.block import operand_amax_reference
+
+    reads = []
+    original = kernels.operand_amax_with_rht_triton
+    monkeypatch.setattr(kernels, "operand_amax_with_rht_triton", lambda x: reads.append(x.shape) or original(x))
+    monkeypatch.setattr(ops, "uses_kernel", lambda x, *args: True)
+    row, rht = QuantSpec(), QuantSpec(rounding="sr", rht=True)
+    x = (torch.randn(48, 80, generator=torch.Generator().manual_seed(4)) * 5).to(torch.bfloat16)
+    column = torch.randn(3, 1, 16, generator=torch.Generator().manual_seed(5)).transpose(1, 2).reshape(-1, 1)
+    assert column.is_contiguous() and column.stride(1) != 1
+    for t in (x, column.to(torch.bfloat16)):
+        a, b = operand_amaxes(t, row, rht)
+        assert torch.equal(a, operand_amax_reference(t, row)) and torch.equal(b, operand_amax_reference(t.t(), rht))
+    assert reads == [(48, 80)]

@@ -327,7 +327,7 @@ def operand_amax_with_rht_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.T
     scalars) from one read of x: ``operand_amax_triton`` of x with a spec without the RHT, and of
     xᵀ (the column-wise view wgrad quantizes) with one with it, bit for bit."""
     rows, cols = x.shape
-    if x.stride(1) != 1 or _columnwise(x.shape, x.stride()):
+    if x.stride(1) != 1 or x.stride(0) < cols:
         raise ValueError(f"operand_amax_with_rht_triton takes a row-major matrix, got strides {x.stride()}")
     tile_r, tile_c, warps = 16, 128, 4  # the row-wise 1x16 tile (``_tiles``), one RHT group tall
     grid = [_cdiv(rows, tile_r), _cdiv(cols, tile_c)]

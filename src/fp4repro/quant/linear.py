@@ -255,20 +255,28 @@ def shared_current_amaxes(
     col_spec: QuantSpec | None,
     state: QuantState | None,
     shards: dict,
+    layer: str,
     operands: tuple[str, str],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The current amaxes of t's two quantizations, t row-wise with ``row_spec`` and tᵀ with
     ``col_spec`` (fprop.x and wgrad.x of X, dgrad.dy and wgrad.dy of dY), taken together
     (``operand_amaxes``: one read of t where each would take one), or (None, None) where they are
-    left to each quantization: unless both scale by their current amax with a fixed target, the
-    row-wise one without the RHT, on a step without telemetry (whose statistics tell a given amax
-    from a current one) and neither amax MAX-reduced over a tensor-parallel group."""
+    left to each quantization: unless both scale by their current amax with a fixed target (and
+    the state holds neither, as an evaluation's replayed amaxes would be), the row-wise one without
+    the RHT, on a step without telemetry (whose statistics tell a given amax from a current one) and
+    neither amax MAX-reduced over a tensor-parallel group. The second amax is of the tensor as given
+    here: a backward that quantizes a recomputed X must recompute it bit for bit (torch's and
+    megatron's activation recomputation rerun the forward, and with it this call)."""
     both = (row_spec, col_spec)
     if (
         any(s is None or s.target is None or s.tensor_scaling.kind != "current" or s.auto_target for s in both)
         or row_spec.rht
         or (state is not None and state.telemetry)
         or any((shards.get(op) or Shard()).group is not None for op in operands)
+        or (
+            state is not None
+            and any(state.held_amax(f"{layer}.{op}", s.tensor_scaling) is not None for op, s in zip(operands, both))
+        )
     ):
         return None, None
     return operand_amaxes(t, row_spec, col_spec)
@@ -276,7 +284,7 @@ def shared_current_amaxes(
 
 class _QuantLinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype, shards):
+    def forward(ctx, x, weight, bias, specs: LinearSpecs, state, layer, compute_dtype, shards, grad_enabled):
         x2 = x.reshape(-1, x.shape[-1])
         # Q(W) is kept for dgrad when its transpose can serve (one quantization fewer per step),
         # with the amax it was made with; in the compute dtype, which holds q·s exactly
@@ -287,9 +295,10 @@ class _QuantLinearFunction(torch.autograd.Function):
         if _grouping_matters(specs.fprop_x, x, lengths):
             qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x", compute_dtype)
         else:
-            if ctx.needs_input_grad[1] and x2.dtype == compute_dtype:  # wgrad quantizes X in compute_dtype
+            # a backward will quantize X for wgrad (not under no_grad: evaluation), in compute_dtype
+            if grad_enabled and ctx.needs_input_grad[1] and x2.dtype == compute_dtype:
                 amax_x, amax_xt = shared_current_amaxes(
-                    x2, specs.fprop_x, specs.wgrad_x, state, shards, ("fprop.x", "wgrad.x")
+                    x2, specs.fprop_x, specs.wgrad_x, state, shards, layer, ("fprop.x", "wgrad.x")
                 )
             qx, dx = quantized_operand(
                 x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype, amax_x
@@ -322,7 +331,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         amax_dy = amax_dyt = None  # dY's current amaxes for dgrad and wgrad, taken together where they can be
         if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
             amax_dy, amax_dyt = shared_current_amaxes(
-                dy2, specs.dgrad_dy, specs.wgrad_dy, state, shards, ("dgrad.dy", "wgrad.dy")
+                dy2, specs.dgrad_dy, specs.wgrad_dy, state, shards, layer, ("dgrad.dy", "wgrad.dy")
             )
         if ctx.needs_input_grad[0]:
             qdy, ddy = quantized_operand(
@@ -360,7 +369,7 @@ class _QuantLinearFunction(torch.autograd.Function):
         ctx.qw = ctx.amax_xt = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.to(torch.float32).sum(0).to(weight.dtype)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def quantized_linear(
@@ -383,7 +392,8 @@ def quantized_linear(
     compute_dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
     if device_type == "cpu":
         compute_dtype = torch.float32
-    args = (x, weight, bias, specs, state, name, compute_dtype, shards or {})
+    # grad mode as the caller has it (autograd runs a Function's forward with grad off)
+    args = (x, weight, bias, specs, state, name, compute_dtype, shards or {}, torch.is_grad_enabled())
     if not autocast:
         return _QuantLinearFunction.apply(*args)
     with torch.autocast(device_type, enabled=False):

@@ -139,13 +139,13 @@ def operand_amaxes(x: torch.Tensor, row_spec: QuantSpec, col_spec: QuantSpec) ->
     wgrad quantizes) with ``col_spec``: ``operand_amax`` of each, float32 scalars on x's device, in
     fewer reads of x. ``row_spec`` has no RHT. Without the RHT on ``col_spec`` both matrices hold
     x's elements (and zero padding): one amax, taken once. With it, the kernel takes both from one
-    read of a contiguous x (``operand_amax_with_rht_triton``); elsewhere each is taken on its own."""
+    read of a row-major x (``operand_amax_with_rht_triton``); elsewhere each is taken on its own."""
     if row_spec.rht:
         raise ValueError("operand_amaxes: the row-wise spec takes no RHT")
     if not col_spec.rht:
         amax = operand_amax(x, row_spec)
         return amax, amax
-    if uses_kernel(x) and x.is_contiguous():
+    if uses_kernel(x) and x.stride(1) == 1 and x.stride(0) >= x.shape[1]:  # row-major: the kernel's layout
         from fp4repro.kernels import operand_amax_with_rht_triton
 
         return operand_amax_with_rht_triton(x)
