@@ -322,14 +322,19 @@ def operand_amax_triton(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return bits.view(torch.float32)[0]
 
 
+def row_major(x: torch.Tensor) -> bool:
+    """Whether the 2-D x lies row by row in memory, the layout ``operand_amax_with_rht_triton`` reads."""
+    return x.stride(1) == 1 and x.stride(0) >= x.shape[1]
+
+
 def operand_amax_with_rht_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |x|, max |RHT16 down x's columns|) over finite elements of a row-major 2-D x (float32
     scalars) from one read of x: ``operand_amax_triton`` of x with a spec without the RHT, and of
     xᵀ (the column-wise view wgrad quantizes) with one with it, bit for bit."""
     rows, cols = x.shape
-    if x.stride(1) != 1 or x.stride(0) < cols:
+    if not row_major(x):
         raise ValueError(f"operand_amax_with_rht_triton takes a row-major matrix, got strides {x.stride()}")
-    tile_r, tile_c, warps = 16, 128, 4  # the row-wise 1x16 tile (``_tiles``), one RHT group tall
+    tile_r, tile_c, warps = _tiles(QuantSpec(), columnwise=False)  # the row-wise 1x16 tile: one RHT group tall
     grid = [_cdiv(rows, tile_r), _cdiv(cols, tile_c)]
     tiles = _amax_tiles(grid[0], grid[1], x.device)
     bits = torch.zeros(2, dtype=torch.int32, device=x.device)

@@ -145,10 +145,11 @@ def operand_amaxes(x: torch.Tensor, row_spec: QuantSpec, col_spec: QuantSpec) ->
     if not col_spec.rht:
         amax = operand_amax(x, row_spec)
         return amax, amax
-    if uses_kernel(x) and x.stride(1) == 1 and x.stride(0) >= x.shape[1]:  # row-major: the kernel's layout
-        from fp4repro.kernels import operand_amax_with_rht_triton
+    if uses_kernel(x):
+        from fp4repro.kernels import operand_amax_with_rht_triton, row_major
 
-        return operand_amax_with_rht_triton(x)
+        if row_major(x):
+            return operand_amax_with_rht_triton(x)
     return operand_amax(x, row_spec), operand_amax(x.t(), col_spec)
 
 
