@@ -22,6 +22,7 @@ NUMERICS_CODE = (
     "reference/rht.py",
     "kernels/quantize.py",
     "kernels/gemm.py",
+    "kernels/cublaslt.py",
     "quant/gemm.py",
     "model/head_gemm.py",
     "reference/split.py",
@@ -37,8 +38,11 @@ NUMERICS_CODE = (
 #: only, no recipe computes anything else; then the quantization kernel's telemetry counters are
 #: stored per tile and summed after the launch instead of added atomically: the same integers; then
 #: the amax pass reads several tiles a program and a second amax kernel takes a row-major X's amax
-#: and its transpose's after the RHT from one read: maxima, exact in any order, the same values)
-RECORDED = (3, "cbe75db7a618ebb1")
+#: and its transpose's after the RHT from one read: maxima, exact in any order, the same values; then
+#: the FP32 GEMM model with current scales reads α = d_a·d_b from device memory in cuBLASLt's own
+#: epilogue, kernels/cublaslt.py, instead of an FP32 output and a scale-and-cast pass: the same FP32
+#: product and rounding, and on an H100 the same values bit for bit at the 8B widths' GEMMs)
+RECORDED = (3, "7a19025a144ecd84")
 
 
 def code_digest() -> str:

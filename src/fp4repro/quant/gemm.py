@@ -50,13 +50,13 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     alpha = d_a·d_b (float32) goes to cuBLAS as the GEMM's alpha: cuBLAS scales the FP32
     accumulator by alpha in FP32 and rounds once to the output dtype, the same epilogue as below
     without the FP32 output tensor and the extra pass over it. Otherwise (current amax: d lives on
-    the device) the product is taken with an FP32 output and one fused scale-and-cast kernel
-    applies alpha.
+    the device) cuBLASLt reads alpha from device memory in the same epilogue
+    (``fp4repro.kernels.cublaslt``); where cuBLASLt cannot be called, the product is taken with an
+    FP32 output and one fused scale-and-cast kernel applies alpha.
 
     a: (M, K), b: (N, K); d_a, d_b: None, float32 tensors, or Python floats (host-known). On
-    CUDA the operands are cast to out_dtype (BF16: q·s is exact); with host-known scales cuBLAS
-    applies alpha = d_a·d_b in its FP32 epilogue, else the product is taken with an FP32 output
-    and scaled in one pass. On CPU the product is taken in FP32.
+    CUDA the operands are cast to out_dtype (BF16: q·s is exact). On CPU the product is taken in
+    FP32.
 
     d_a may also be a float32 (M, 1) tensor, one decode scale per row of a (per-sequence
     activations, ``sequence_operand``): row i is then scaled by d_a[i]·d_b. Why one GEMM with a
@@ -76,12 +76,17 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
         if alpha == 1.0:
             return torch.mm(a, b)
         return torch.addmm(_alpha_stub(a.device, out_dtype), a, b, beta=0, alpha=alpha)
+    scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in scales]
+    alpha = functools.reduce(operator.mul, scales) if scales else None
+    if on_gpu and alpha is not None and alpha.dim() == 0:  # per-row scales: below
+        from fp4repro.kernels import cublaslt
+
+        if cublaslt.available():
+            return cublaslt.mm_device_alpha(_as(a, out_dtype), _as(b, out_dtype), alpha, out_dtype)
     if on_gpu:
         acc = torch.mm(_as(a, out_dtype), _as(b, out_dtype).t(), out_dtype=torch.float32)
     else:
         acc = a.to(torch.float32) @ b.to(torch.float32).t()
-    scales = [torch.as_tensor(d, dtype=torch.float32, device=a.device) for d in scales]
-    alpha = functools.reduce(operator.mul, scales) if scales else None
     if alpha is None:
         return acc.to(out_dtype)
     if acc.is_cuda and alpha.dim() == 0:  # the kernel takes a scalar alpha; per-row: below
