@@ -209,7 +209,7 @@ def test_the_first_held_amax_read_after_a_refresh_reads_every_operand_in_one_tra
 @pytest.mark.gpu
 def test_cublas_alpha_epilogue_equals_the_fp32_epilogue_bit_for_bit():
     # integer-valued operands accumulate exactly in any order, so the two epilogues (cuBLAS alpha
-    # on host-known scales, FP32 output + scale-and-cast on device scales) must agree bit for bit
+    # on host-known scales, cuBLASLt's device alpha on device scales) must agree bit for bit
     from fp4repro.quant.gemm import emulated_gemm
 
     g = torch.Generator(device="cuda").manual_seed(0)

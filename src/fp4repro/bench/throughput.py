@@ -203,8 +203,8 @@ def kernel_census(step, device: torch.device) -> dict:
     (``GEMM_OPERATORS``) and the GPU milliseconds of GEMM kernels, and all kernel launches. Kernels
     are told apart by the training profile's table (``fp4repro.train.profiling.RULES``): a GEMM is
     what a GEMM operator launches or cuBLAS's, CUTLASS's or this suite's GEMM kernels (the
-    probe-matched GEMM and the FP32 GEMM's scale-and-cast epilogue); SDPA's and the Mamba scan's
-    own matrix products are not among them."""
+    probe-matched GEMM, and the scale-and-cast epilogue where cuBLASLt cannot take a device
+    alpha); SDPA's and the Mamba scan's own matrix products are not among them."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"

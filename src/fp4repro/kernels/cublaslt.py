@@ -17,7 +17,7 @@ rounds once to the output dtype: the same arithmetic, one pass.
 The binding goes through ctypes to the cuBLASLt library torch itself loaded (no build step, the
 same library as torch's own GEMMs). Each shape, layout and alignment gets its descriptors and
 algorithm once (cuBLASLt's heuristic, first choice, as torch's GEMMs take it), so a shape runs
-the same algorithm every time. ``available()`` says whether the library is there; callers fall
+the same algorithm every time. ``loaded()`` says whether the library is there; callers fall
 back to the FP32 output and ``scale_cast`` where it is not.
 """
 
@@ -99,7 +99,7 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def available() -> bool:
+def loaded() -> bool:
     """Whether the cuBLASLt that torch uses can be called here (CUDA torch on Linux)."""
     return _library() is not None
 

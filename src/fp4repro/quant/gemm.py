@@ -81,7 +81,7 @@ def emulated_gemm(a: torch.Tensor, da, b: torch.Tensor, db, out_dtype: torch.dty
     if on_gpu and alpha is not None and alpha.dim() == 0:  # per-row scales: below
         from fp4repro.kernels import cublaslt
 
-        if cublaslt.available():
+        if cublaslt.loaded():
             return cublaslt.mm_device_alpha(_as(a, out_dtype), _as(b, out_dtype), alpha, out_dtype)
     if on_gpu:
         acc = torch.mm(_as(a, out_dtype), _as(b, out_dtype).t(), out_dtype=torch.float32)
