@@ -23,6 +23,7 @@ back to the FP32 output and ``scale_cast`` where it is not.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -37,7 +38,10 @@ _OP_N, _OP_T = 0, 1  # cublasOperation_t
 _DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4  # cublasLtMatmulDescAttributes_t
 _POINTER_MODE_DEVICE = 1  # alpha and beta: one value each, in device memory
 # cublasLtMatmulPreferenceAttributes_t
-_PREF_MAX_WORKSPACE_BYTES, _PREF_MIN_ALIGNMENT = 1, {"a": 5, "b": 6, "c": 7, "d": 8}
+_PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK, _PREF_MIN_ALIGNMENT = 1, 3, {"a": 5, "b": 6, "c": 7, "d": 8}
+#: split-K partial sums only in the compute type (FP32) or no split: the other schemes (in place,
+#: output type) would add BF16 partials, no longer one FP32 accumulation rounded once
+_REDUCTION_SCHEMES = 2  # CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (| NONE, 0)
 WORKSPACE_BYTES = 32 * 2**20  # torch's cuBLAS workspace on Hopper; split-K algorithms need one
 
 
@@ -73,9 +77,9 @@ def _loaded_library_path(prefix: str) -> str | None:
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
-                path = line.rstrip().rpartition(" ")[2]
-                if path.rpartition("/")[2].startswith(prefix):
-                    return path
+                fields = line.rstrip("\n").split(maxsplit=5)  # address perms offset dev inode [path]
+                if len(fields) == 6 and fields[5].rpartition("/")[2].startswith(prefix):
+                    return fields[5]
     except OSError:
         return None
     return None
@@ -126,8 +130,11 @@ def _handle(device: int) -> _P:
 
 @functools.cache
 def _zero(device: int) -> torch.Tensor:
-    """β = 0, a float32 scalar in the device's memory (pointer mode DEVICE reads β there too)."""
-    return torch.zeros((), dtype=torch.float32, device=torch.device("cuda", device))
+    """β = 0, a float32 scalar in the device's memory (pointer mode DEVICE reads β there too); the
+    fill is waited for, since GEMMs on any stream read it."""
+    zero = torch.zeros((), dtype=torch.float32, device=torch.device("cuda", device))
+    torch.cuda.synchronize(device)
+    return zero
 
 
 @functools.cache
@@ -151,9 +158,11 @@ def column_major_operand(t: torch.Tensor) -> _Operand | None:
     """How cuBLAS (column-major) reads the row-major matrix t (R, C) as op(A) of shape (C, R) —
     that is, tᵀ: a row-major t is a column-major (C, R) matrix with ld = stride(0), taken as is
     (N); a column-major t (stride(0) == 1, a transposed view) is taken transposed (T). None where
-    neither stride is 1 (the caller makes such a tensor contiguous)."""
+    neither stride is 1 (the caller makes such a tensor contiguous). The stride of a dimension of
+    size 1 is never used, whatever it is (torch calls such a tensor contiguous)."""
     rows, cols = t.shape
     s0, s1 = t.stride()
+    s0, s1 = (max(cols, 1) if rows == 1 else s0), (1 if cols == 1 else s1)
     if s1 == 1 and s0 >= max(cols, 1):
         return _Operand(_OP_N, cols, rows, max(s0, 1))
     if s0 == 1 and s1 >= max(rows, 1):
@@ -170,6 +179,26 @@ def _alignment(t: torch.Tensor, ld: int) -> int:
     return alignment
 
 
+class Layout(NamedTuple):
+    """out (M, N) = a (M, K) · b (N, K)ᵀ as cuBLAS's column-major D (m, n) = op(A) · op(B): D is
+    outᵀ (m = N, n = M, ld = N, the row-major out as it is), A is read from b (op(A) = b) and B
+    from a (op(B) = aᵀ)."""
+
+    a: _Operand
+    b: _Operand
+    m: int
+    n: int
+    ldd: int
+
+
+def cublas_layout(a: torch.Tensor, b: torch.Tensor) -> Layout | None:
+    """The layout of ``a · bᵀ`` (``Layout``), None where an operand has no unit stride."""
+    a_op, b_op = column_major_operand(b.t()), column_major_operand(a)
+    if a_op is None or b_op is None:
+        return None
+    return Layout(a_op, b_op, b.shape[0], a.shape[0], max(b.shape[0], 1))
+
+
 class _Plan(NamedTuple):
     desc: _P
     layouts: tuple[_P, _P, _P]  # A, B, D (C = D: β = 0)
@@ -181,7 +210,7 @@ _plans_lock = threading.Lock()
 
 
 def _plan(key: tuple) -> _Plan:
-    device, dtype, out_dtype, a_op, b_op, m, n, ldd, alignments = key
+    device, dtype, out_dtype, (a_op, b_op, m, n, ldd), alignments = key
     lib = _library()
     desc = _P()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_TYPES[torch.float32]), "DescCreate")
@@ -207,6 +236,11 @@ def _plan(key: tuple) -> _Plan:
         workspace = ctypes.c_uint64(WORKSPACE_BYTES)
         _check(
             lib.cublasLtMatmulPreferenceSetAttribute(preference, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(workspace), 8),
+            "PreferenceSetAttribute",
+        )
+        schemes = ctypes.c_uint32(_REDUCTION_SCHEMES)
+        _check(
+            lib.cublasLtMatmulPreferenceSetAttribute(preference, _PREF_REDUCTION_SCHEME_MASK, ctypes.byref(schemes), 4),
             "PreferenceSetAttribute",
         )
         for name, alignment in zip("abcd", alignments, strict=True):
@@ -244,42 +278,45 @@ def mm_device_alpha(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_d
     """round_to_out_dtype(float32(a · bᵀ) · α) in one cuBLASLt GEMM (FP32 accumulation, FP32
     epilogue), α read from device memory.
 
-    a: (M, K), b: (N, K), both BF16 (or both FP16) CUDA tensors, each row- or column-major;
-    alpha: a float32 CUDA scalar on their device; out_dtype: BF16 or FP16. Returns a contiguous
-    (M, N) tensor of out_dtype. In cuBLAS's column-major terms this is outᵀ (N, M) = op(b) ·
-    op(aᵀ), so a row-major out needs no transposition.
+    a: (M, K), b: (N, K), CUDA tensors of out_dtype (BF16 or FP16), each row- or column-major
+    (else copied contiguous); alpha: a float32 CUDA scalar on their device. Returns a contiguous
+    (M, N) tensor of out_dtype (``cublas_layout``: no transposition).
     """
-    if (
-        a.dtype != b.dtype
-        or a.dtype not in (torch.bfloat16, torch.float16)
-        or out_dtype not in (torch.bfloat16, torch.float16)
-    ):
-        raise TypeError(f"mm_device_alpha takes BF16/FP16 operands and output, got {a.dtype}, {b.dtype} -> {out_dtype}")
+    if a.dtype != out_dtype or b.dtype != out_dtype or out_dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(
+            f"mm_device_alpha takes BF16 or FP16 operands and output of one dtype, "
+            f"got {a.dtype}, {b.dtype} -> {out_dtype}"
+        )
     if alpha.dtype != torch.float32 or alpha.numel() != 1 or alpha.device != a.device or b.device != a.device:
         raise TypeError("mm_device_alpha: alpha must be one float32 value on the operands' device")
     (m, k), (n, k_b) = a.shape, b.shape
     if k != k_b:
         raise ValueError(f"mm_device_alpha: inner dimensions differ, a {tuple(a.shape)} and b {tuple(b.shape)}")
-    b_op = column_major_operand(b.t())  # cuBLAS's A: (N, K) after op, from bᵀ read column-major
-    if b_op is None:
-        b = b.contiguous()
-        b_op = column_major_operand(b.t())
-    a_op = column_major_operand(a)  # cuBLAS's B: (K, M) after op, from a read column-major
-    if a_op is None:
+    if column_major_operand(a) is None:
         a = a.contiguous()
-        a_op = column_major_operand(a)
+    if column_major_operand(b.t()) is None:
+        b = b.contiguous()
+    layout = cublas_layout(a, b)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if out.numel() == 0 or k == 0:
         return out.zero_()
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    alignments = (_alignment(b, b_op.ld), _alignment(a, a_op.ld), _alignment(out, n), _alignment(out, n))
-    key = (device, a.dtype, out_dtype, b_op, a_op, n, m, n, alignments)
+    alignments = (_alignment(b, layout.a.ld), _alignment(a, layout.b.ld), _alignment(out, n), _alignment(out, n))
+    key = (device, out_dtype, out_dtype, layout, alignments)
     plan = _plans.get(key)
     if plan is None:
         with _plans_lock:
             plan = _plans.get(key) or _plans.setdefault(key, _plan(key))
     stream = torch.cuda.current_stream(a.device).cuda_stream
     workspace = _workspace(device, stream)
+    on_device = contextlib.nullcontext() if torch.cuda.current_device() == device else torch.cuda.device(device)
+    with on_device:
+        _launch(plan, device, alpha, a, b, out, workspace, stream)
+    return out
+
+
+def _launch(plan: _Plan, device: int, alpha, a, b, out, workspace, stream: int) -> None:
+    """One cublasLtMatmul of ``plan`` on ``stream`` (cuBLAS's A from b, B from a, C = D = out)."""
     a_layout, b_layout, d_layout = plan.layouts
     _check(
         _library().cublasLtMatmul(
@@ -302,4 +339,3 @@ def mm_device_alpha(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_d
         ),
         "cublasLtMatmul",
     )
-    return out
