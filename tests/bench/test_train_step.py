@@ -164,3 +164,69 @@ def test_a_configuration_is_not_run_on_a_busy_gpu(experiment, tmp_path, monkeypa
     with pytest.raises(FP4ReproError, match=r"bench train-step \(steptest bf16 default kernels\): another process"):
         measure(load_study(path), "bf16", "default", data, tmp_path / "records", scratch, "2:2", 4, say=print)
     assert not scratch.exists() and not (tmp_path / "records").exists()
+
+
+def _record(recipe: str, step_s: float, parts: dict[str, float], gaps: float, gemm: str = "fp32") -> dict:
+    """A hand-made record of the 8B widths: steps 11-20 all ``step_s`` (window 3:2), a dense
+    FLOP count and peak that make bf16's 0.2 s step 30% MFU (8,192 tokens)."""
+    profile = {
+        "experiment": "widths",
+        "recipe": recipe,
+        "backend": "reference",
+        "model": "nemotron_h_8b_9l",
+        "fingerprint": "f",
+        "deterministic": True,
+        "fused_kernels": True,
+        "device_name": "GPU",
+        "steps": [3, 4],
+        "tokens_per_step": 8192,
+        "gpus": 1,
+        "flops_per_token": {"dense": 7_324_218_750},  # 0.30 · 1e15 · 0.2 / 8192
+        "peak_bf16": {"tflops": 1000.0},
+        "s_per_step": step_s,
+        "ms_per_step": parts,
+        "busy_ms_per_step": sum(parts.values()),
+        "host_gap_ms_per_step": gaps,
+    }
+    seconds = {str(s): step_s for s in range(1, 21)}
+    measured = {"window": "3:2", "stop_after": 20, "gemm": gemm, "commit": "c0ffee"}
+    return {
+        "profile": profile,
+        "step_seconds": seconds,
+        "telemetry_steps": [],
+        "measured_with": measured,
+        "provenance": {},
+    }
+
+
+def test_a_missed_check_says_by_how_much_and_what_the_profile_shows_is_left(tmp_path, capsys):
+    from fp4repro.bench.train_step import table
+
+    bf16 = _record("bf16", 0.200, {"gemm": 100.0, "lm_head": 20.0, "optimizer": 22.0, "copies": 20.0}, 5.0)
+    # 211 ms: 1.055 x bf16's, 1 ms over the 210 ms that 1.05 allows
+    fp4 = _record(
+        "nvfp4", 0.211, {"gemm": 96.0, "lm_head": 20.0, "optimizer": 22.0, "copies": 18.0, "quantization": 15.0}, 6.0
+    )
+    paths = []
+    for name, record in (("bf16", bf16), ("nvfp4", fp4)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(record))
+    checks = {c["what"]: c for c in assemble(paths)["checks"]}
+    mfu = checks["widths bf16 (fused) MFU dense"]
+    assert mfu["value"] == pytest.approx(0.30) and not mfu["holds"]
+    # 36% needs a step of 200 · 0.30 / 0.36 = 166.67 ms: 33.33 ms over
+    assert mfu["over_bound_ms"] == pytest.approx(200 - 200 * 0.30 / 0.36)
+    assert mfu["profile_besides_gemms_ms"] == {"optimizer": 22.0, "copies": 20.0, "host_gaps": 5.0}
+    ratio = checks["widths nvfp4 (fused) step / bf16's"]
+    assert ratio["value"] == pytest.approx(1.055) and not ratio["holds"]
+    assert ratio["over_bound_ms"] == pytest.approx(1.0)
+    assert ratio["profile_over_bf16_ms"] == pytest.approx(
+        {"quantization": 15.0, "gemm": -4.0, "copies": -2.0, "host_gaps": 1.0}
+    )
+    assert list(ratio["profile_over_bf16_ms"]) == ["quantization", "gemm", "copies", "host_gaps"]
+    printed = table({"rows": [], "fused_gain": [], "checks": list(checks.values())})
+    assert "MISSED by 33.3 ms/step (profile, ms/step: optimizer 22.0, copies 20.0, host_gaps 5.0)" in printed
+    assert (
+        "MISSED by 1.0 ms/step (profile, ms/step: quantization +15.0, gemm -4.0, copies -2.0, host_gaps +1.0)"
+        in printed
+    )

@@ -22,7 +22,10 @@ experiments never are, so each experiment may have been measured at its own comm
                   its plain ones
     checks        each against its floor and target: bf16's MFU (dense) at least 36% (target
                   40%) at the 8B's widths (``MFU_FLOOR_MODEL``), a recipe with FP32 GEMMs at most
-                  1.05 x bf16's step, a telemetry step at most 1.3 x a plain one
+                  1.05 x bf16's step, a telemetry step at most 1.3 x a plain one; each says by how
+                  many milliseconds the step is over what its bound allows (``over_bound_ms``,
+                  negative where it holds) and what the profile shows is left: the parts a
+                  recipe's step spends over bf16's, or a bf16 step's parts other than GEMMs
 
 Ratios compare processes run one after another on the same GPU; the record of each says which
 commit, device and fingerprint.
@@ -208,20 +211,31 @@ def assemble(records: list[Path]) -> dict:
     by = {(r["experiment"], r["recipe"], r["kernels"]): r for r in rows}
     over_bf16, fused_gain, checks = [], [], []
     for (experiment, recipe, kernels), row in by.items():
+        step_ms = row["s_per_step"] * 1e3
         if recipe != "bf16" and (base := by.get((experiment, "bf16", kernels))) is not None:
             ratio = row["s_per_step"] / base["s_per_step"]
             over_bf16.append({"experiment": experiment, "recipe": recipe, "kernels": kernels, "ratio": ratio})
             if row["gemm"] == "fp32":
-                checks.append(_check(f"{experiment} {recipe} ({kernels}) step / bf16's", ratio, FP32_GEMM_CEILING))
+                check = _check(f"{experiment} {recipe} ({kernels}) step / bf16's", ratio, FP32_GEMM_CEILING)
+                check["over_bound_ms"] = step_ms - FP32_GEMM_CEILING * base["s_per_step"] * 1e3
+                check["profile_over_bf16_ms"] = _parts_over(row, base)
+                checks.append(check)
         if kernels == "fused" and (default := by.get((experiment, recipe, "default"))) is not None:
             gain = default["s_per_step"] / row["s_per_step"]
             fused_gain.append({"experiment": experiment, "recipe": recipe, "ratio": gain})
         if recipe == "bf16" and row["mfu"]["dense"] is not None and row["model"] == MFU_FLOOR_MODEL:
             mfu = row["mfu"]["dense"]
-            checks.append(_check(f"{experiment} bf16 ({kernels}) MFU dense", mfu, MFU_FLOOR, MFU_TARGET))
+            check = _check(f"{experiment} bf16 ({kernels}) MFU dense", mfu, MFU_FLOOR, MFU_TARGET)
+            check["over_bound_ms"] = step_ms * (1 - mfu / MFU_FLOOR)  # MFU is inversely proportional to the step
+            check["profile_besides_gemms_ms"] = {
+                part: ms for part, ms in _by_size(row["ms_per_step"]).items() if part not in ("gemm", "lm_head")
+            } | {"host_gaps": row["host_gap_ms_per_step"]}
+            checks.append(check)
         if recipe != "bf16" and row["telemetry"] is not None:
             ratio = row["telemetry"]["ratio"]
-            checks.append(_check(f"{experiment} {recipe} ({kernels}) telemetry step / plain", ratio, TELEMETRY_CEILING))
+            check = _check(f"{experiment} {recipe} ({kernels}) telemetry step / plain", ratio, TELEMETRY_CEILING)
+            check["over_bound_ms"] = (ratio - TELEMETRY_CEILING) * step_ms
+            checks.append(check)
     return {"rows": rows, "over_bf16": over_bf16, "fused_gain": fused_gain, "checks": checks}
 
 
@@ -267,6 +281,18 @@ def run(
     return result
 
 
+def _by_size(parts: dict[str, float]) -> dict[str, float]:
+    """Parts of a step (ms) largest first, those of at least 0.05 ms in size."""
+    return dict(sorted(((p, ms) for p, ms in parts.items() if abs(ms) >= 0.05), key=lambda kv: -abs(kv[1])))
+
+
+def _parts_over(row: dict, base: dict) -> dict[str, float]:
+    """The profiled milliseconds per step a row spends over its base, by part and in host gaps,
+    largest difference first."""
+    parts = {p: row["ms_per_step"].get(p, 0.0) - base["ms_per_step"].get(p, 0.0) for p in row["ms_per_step"]}
+    return _by_size(parts | {"host_gaps": row["host_gap_ms_per_step"] - base["host_gap_ms_per_step"]})
+
+
 def _check(what: str, value: float, bound: float, target: float | None = None) -> dict:
     """A floor (``target`` given: at least ``bound``, aiming at ``target``) or a ceiling (at most)."""
     if target is not None:
@@ -295,5 +321,12 @@ def table(result: dict) -> str:
         lines.append(f"fused kernels: {g['experiment']} {g['recipe']} step {g['ratio']:.3f}x faster")
     for c in result["checks"]:
         bound = f">= {c['floor']:g} (target {c['target']:g})" if "floor" in c else f"<= {c['ceiling']:g}"
-        lines.append(f"{c['what']}: {c['value']:.3f}, {bound}: {'holds' if c['holds'] else 'MISSED'}")
+        line = f"{c['what']}: {c['value']:.3f}, {bound}: {'holds' if c['holds'] else 'MISSED'}"
+        if not c["holds"] and "over_bound_ms" in c:
+            left = c.get("profile_over_bf16_ms") or c.get("profile_besides_gemms_ms") or {}
+            parts = ", ".join(
+                f"{p} {ms:+.1f}" if "profile_over_bf16_ms" in c else f"{p} {ms:.1f}" for p, ms in list(left.items())[:4]
+            )
+            line += f" by {c['over_bound_ms']:.1f} ms/step" + (f" (profile, ms/step: {parts})" if parts else "")
+        lines.append(line)
     return "\n".join(lines)
