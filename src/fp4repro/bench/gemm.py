@@ -1,4 +1,4 @@
-"""The probe-matched GEMM kernel against cuBLAS on one GPU, at the Nemotron-H 8B's MLP shapes.
+"""The quantized GEMMs against cuBLAS on one GPU, at the Nemotron-H 8B's MLP shapes.
 
 The three GEMMs of the 8B's fc1 (hidden 4096 -> 21504) for 8192 tokens, as the linear runs them:
 
@@ -15,7 +15,11 @@ on encoded operands (E2M1 payloads times block scales, in BF16), each timed as C
   a decode scale per operand;
 * ``mma_accumulates_ms``: the same kernel and tiles with the tensor cores accumulating across
   groups and no adds toward zero: an ordinary GEMM of this kernel's shape. What the model costs
-  over it is the per-group partials and their adds; what it costs below cuBLAS is the tiling.
+  over it is the per-group partials and their adds; what it costs below cuBLAS is the tiling;
+* ``fp32_device_alpha_ms``: the ``fp32`` model with decode scales on the device (current scaling)
+  as it runs: cuBLASLt reading α = d_a·d_b in its epilogue (``fp4repro.kernels.cublaslt``);
+* ``fp32_scale_cast_ms``: the same product with an FP32 output and the scale-and-cast kernel, the
+  way it ran before (and still runs where cuBLASLt cannot be called).
 
 ``ratio_to_cublas`` = cublas_bf16_ms / probe_matched_ms (a throughput ratio, 1 = cuBLAS's speed).
 The compiled kernel's registers, spills and shared memory per program are recorded with it.
@@ -81,11 +85,15 @@ def _compiled_info(groups: int) -> dict:
 def _time_shape(a: torch.Tensor, b: torch.Tensor, rounds: int) -> dict[str, float]:
     """Median ms of cuBLAS, the model's kernel and its MMA-accumulating variant on a · bᵀ, over
     ``rounds`` interleaved rounds."""
-    from fp4repro.kernels import probe_matched_gemm_triton
+    from fp4repro.kernels import probe_matched_gemm_triton, scale_cast
+    from fp4repro.kernels.cublaslt import mm_device_alpha
 
     da, db = 2.0**-9, 3.0 * 2.0**-10
+    alpha = torch.tensor(da * db, dtype=torch.float32, device=a.device)
     runs = {
         "cublas_bf16_ms": lambda: torch.mm(a, b.t()),
+        "fp32_device_alpha_ms": lambda: mm_device_alpha(a, b, alpha, torch.bfloat16),
+        "fp32_scale_cast_ms": lambda: scale_cast(torch.mm(a, b.t(), out_dtype=torch.float32), alpha, torch.bfloat16),
         "probe_matched_ms": lambda: probe_matched_gemm_triton(a, da, b, db, torch.bfloat16, MODEL),
         "mma_accumulates_ms": lambda: probe_matched_gemm_triton(
             a, da, b, db, torch.bfloat16, MODEL, mma_accumulates=True
@@ -131,14 +139,18 @@ def bench_gemm(out: str | Path, rounds: int = 3) -> dict:
 
 def table(result: dict) -> str:
     """Per GEMM shape: cuBLAS BF16, the probe-matched model and the MMA-accumulating variant (ms),
-    and cuBLAS's time over the model's."""
+    cuBLAS's time over the model's, and the ``fp32`` model's two epilogues where the file has them
+    (files written before they were timed do not)."""
+    fp32 = all("fp32_device_alpha_ms" in r for r in result["shapes"])
     lines = [
         f"{result['device']}, {result['model']}; {result['timing']}",
-        f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}",
+        f"{'GEMM':10} {'M x N x K':>20} {'cuBLAS ms':>10} {'model ms':>9} {'MMA-acc ms':>10} {'ratio':>6}"
+        + (f" {'fp32 alpha ms':>13} {'fp32+cast ms':>12}" if fp32 else ""),
     ]
     for r in result["shapes"]:
         lines.append(
             f"{r['name']:10} {r['m']:>6}x{r['n']:>6}x{r['k']:>6} {r['cublas_bf16_ms']:>10.3f} "
             f"{r['probe_matched_ms']:>9.3f} {r['mma_accumulates_ms']:>10.3f} {r['ratio_to_cublas']:>6.2f}"
+            + (f" {r['fp32_device_alpha_ms']:>13.3f} {r['fp32_scale_cast_ms']:>12.3f}" if fp32 else "")
         )
     return "\n".join(lines)
