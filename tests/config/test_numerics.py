@@ -43,8 +43,10 @@ NUMERICS_CODE = (
 #: epilogue, kernels/cublaslt.py, instead of an FP32 output and a scale-and-cast pass: the same FP32
 #: product and rounding, and on an H100 the same values bit for bit at the 8B widths' GEMMs; then
 #: its split-K partial sums are kept to FP32 (BF16 ones were allowed) and a size-1 dimension's
-#: stride is ignored: the algorithms it chose at those GEMMs stay, the values too)
-RECORDED = (3, "7ea5eca056c08e1e")
+#: stride is ignored: the algorithms it chose at those GEMMs stay, the values too; then its plan's
+#: key holds the one dtype of operands and output once, and the alignment is a lowest set bit: the
+#: same descriptors and algorithms)
+RECORDED = (3, "c2cd758c49d857df")
 
 
 def code_digest() -> str:

@@ -15,7 +15,7 @@ import hashlib
 import pytest
 import torch
 
-from fp4repro.kernels.cublaslt import _OP_N, _OP_T, column_major_operand, cublas_layout
+from fp4repro.kernels.cublaslt import _OP_N, _OP_T, alignment, column_major_operand, cublas_layout
 
 
 def seeded(name: str, device: str = "cpu") -> torch.Generator:
@@ -70,6 +70,18 @@ def test_the_column_major_product_of_the_layout_is_the_row_major_out(a_columns, 
     out = torch.empty(a.shape[0] * b.shape[0], dtype=d.dtype)
     torch.as_strided(out, d.shape, (1, layout.ldd)).copy_(d)
     assert torch.equal(out.reshape(a.shape[0], b.shape[0]), a @ b.t())
+
+
+def test_the_alignment_is_the_largest_power_of_two_dividing_address_and_leading_dimension():
+    storage = torch.empty(4096 + 128, dtype=torch.bfloat16)
+    base = storage[(-storage.data_ptr() % 256) // 2 :]  # starts at a 256-byte boundary
+    assert base.data_ptr() % 256 == 0
+    assert alignment(base, 4096) == 256
+    assert alignment(base[8:], 4096) == 16  # 16 bytes past an aligned address
+    assert alignment(base[1:], 4096) == 2
+    assert alignment(base, 40) == 16  # a leading dimension of 80 bytes
+    assert alignment(base, 41) == 2
+    assert alignment(base[:4096].view(torch.float32), 64) == 256  # 4-byte elements: a 256-byte row
 
 
 def test_column_major_operand_refuses_a_matrix_with_no_unit_stride():

@@ -323,10 +323,10 @@ def table(result: dict) -> str:
         bound = f">= {c['floor']:g} (target {c['target']:g})" if "floor" in c else f"<= {c['ceiling']:g}"
         line = f"{c['what']}: {c['value']:.3f}, {bound}: {'holds' if c['holds'] else 'MISSED'}"
         if not c["holds"] and "over_bound_ms" in c:
-            left = c.get("profile_over_bf16_ms") or c.get("profile_besides_gemms_ms") or {}
-            parts = ", ".join(
-                f"{p} {ms:+.1f}" if "profile_over_bf16_ms" in c else f"{p} {ms:.1f}" for p, ms in list(left.items())[:4]
-            )
+            over_bf16 = "profile_over_bf16_ms" in c  # differences, signed; else a step's own parts
+            left = c["profile_over_bf16_ms"] if over_bf16 else c.get("profile_besides_gemms_ms", {})
+            sign = "+" if over_bf16 else ""
+            parts = ", ".join(f"{p} {ms:{sign}.1f}" for p, ms in list(left.items())[:4])
             line += f" by {c['over_bound_ms']:.1f} ms/step" + (f" (profile, ms/step: {parts})" if parts else "")
         lines.append(line)
     return "\n".join(lines)

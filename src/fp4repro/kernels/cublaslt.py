@@ -170,13 +170,12 @@ def column_major_operand(t: torch.Tensor) -> _Operand | None:
     return None
 
 
-def _alignment(t: torch.Tensor, ld: int) -> int:
+def alignment(t: torch.Tensor, ld: int) -> int:
     """The largest power of two up to 256 bytes that divides both t's address and its leading
-    dimension in bytes: what cuBLASLt's algorithm may assume of the matrix."""
-    alignment = 256
-    while (t.data_ptr() % alignment) or (ld * t.element_size()) % alignment:
-        alignment //= 2
-    return alignment
+    dimension in bytes: what cuBLASLt's algorithm may assume of the matrix (the lowest set bit of
+    the three ORed together)."""
+    bits = t.data_ptr() | (ld * t.element_size()) | 256
+    return bits & -bits
 
 
 class Layout(NamedTuple):
@@ -210,7 +209,7 @@ _plans_lock = threading.Lock()
 
 
 def _plan(key: tuple) -> _Plan:
-    device, dtype, out_dtype, (a_op, b_op, m, n, ldd), alignments = key
+    device, dtype, (a_op, b_op, m, n, ldd), alignments = key
     lib = _library()
     desc = _P()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _CUDA_TYPES[torch.float32]), "DescCreate")
@@ -225,7 +224,7 @@ def _plan(key: tuple) -> _Plan:
     for cuda_type, rows, cols, ld in (
         (_CUDA_TYPES[dtype], a_op.rows, a_op.cols, a_op.ld),
         (_CUDA_TYPES[dtype], b_op.rows, b_op.cols, b_op.ld),
-        (_CUDA_TYPES[out_dtype], m, n, ldd),
+        (_CUDA_TYPES[dtype], m, n, ldd),
     ):
         layout = _P()
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), cuda_type, rows, cols, ld), "LayoutCreate")
@@ -292,17 +291,22 @@ def mm_device_alpha(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_d
     (m, k), (n, k_b) = a.shape, b.shape
     if k != k_b:
         raise ValueError(f"mm_device_alpha: inner dimensions differ, a {tuple(a.shape)} and b {tuple(b.shape)}")
-    if column_major_operand(a) is None:
-        a = a.contiguous()
-    if column_major_operand(b.t()) is None:
-        b = b.contiguous()
     layout = cublas_layout(a, b)
+    if layout is None:  # an operand with no unit stride: made contiguous
+        a = a if column_major_operand(a) is not None else a.contiguous()
+        b = b if column_major_operand(b.t()) is not None else b.contiguous()
+        layout = cublas_layout(a, b)
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if out.numel() == 0 or k == 0:
         return out.zero_()
     device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    alignments = (_alignment(b, layout.a.ld), _alignment(a, layout.b.ld), _alignment(out, n), _alignment(out, n))
-    key = (device, out_dtype, out_dtype, layout, alignments)
+    out_alignment = alignment(out, layout.ldd)
+    key = (
+        device,
+        out_dtype,
+        layout,
+        (alignment(b, layout.a.ld), alignment(a, layout.b.ld), out_alignment, out_alignment),
+    )
     plan = _plans.get(key)
     if plan is None:
         with _plans_lock:
