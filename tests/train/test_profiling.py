@@ -70,6 +70,12 @@ def test_each_kernel_goes_to_its_part_by_name(name, part):
         ),  # noqa: E501
         ("Memcpy DtoD (Device -> Device)", ("aten::copy_", "Optimizer.step#AdamW.step"), "optimizer"),
         ("a_kernel_no_rule_knows", ("aten::_foreach_norm",), "optimizer"),
+        # the compiled conv1d's generated kernels are the conv's (the module's label, forward or backward)
+        (
+            "triton_poi_fused_add_constant_pad_nd_mul_silu_0",
+            ("CompiledFunction", MODULE_LABEL + "CausalConv1dSiLU"),
+            "conv1d",
+        ),
         # the scan's autograd function takes the torch work around its kernels
         ("void at::native::reduce_kernel<512, 1>", ("aten::sum", "MambaChunkScanCombinedFnBackward"), "mamba_scan"),
         # a CPU profile's operators are classified by their own names
@@ -94,12 +100,20 @@ def test_the_rules_name_every_part_and_the_quantization_kernels_the_census_reads
     assert part_of("x") == "other" and PARTS[-1] == "other"
 
 
-def test_norm_modules_and_the_fp32_heads_are_labelled_and_a_stack_named_for_its_norm_is_not():
+def test_norm_modules_the_fp32_heads_and_the_compiled_conv_are_labelled_and_a_stack_named_for_its_norm_is_not():
     for name in ("RMSNorm", "GatedRMSNorm", "RMSNormGated", "LayerNorm", "TENorm"):
         assert LABELLED_MODULES.search(name), name
-    for name in ("FP32OutputHead", "FP32OutputColumnParallelLinear"):
+    for name in ("FP32OutputHead", "FP32OutputColumnParallelLinear", "CausalConv1dSiLU"):
         assert LABELLED_MODULES.search(name), name
-    for name in ("TorchNormMambaStack", "Mamba2Mixer", "NormalizationHelper", "ColumnParallelLinear", "Linear"):
+    for name in (
+        "TorchNormMambaStack",
+        "Mamba2Mixer",
+        "MambaMixer",
+        "Conv1d",
+        "NormalizationHelper",
+        "ColumnParallelLinear",
+        "Linear",
+    ):
         assert not LABELLED_MODULES.search(name), name
     # a head's GEMM is the head's, a norm's kernel the norm's, however generic the kernel's name
     assert part_of("sm90_xmma_gemm_f32f32_f32", (MODULE_LABEL + "FP32OutputHead", "aten::mm")) == "lm_head"

@@ -2,8 +2,8 @@
 
 The layer spec uses megatron-core's own modules: ``MambaLayer`` with ``MambaMixer`` (Mamba-2;
 mamba-ssm's Triton scan, ``use_mamba_mem_eff_path=False`` since the fused path needs
-causal-conv1d's CUDA op), ``TransformerLayer`` with ``SelfAttention`` (its core: torch's SDPA,
-``fp4repro.megatron.attention``),
+causal-conv1d's CUDA op; ``fp4repro.megatron.mixer``'s subclass, which can compile its conv1d),
+``TransformerLayer`` with ``SelfAttention`` (its core: torch's SDPA, ``fp4repro.megatron.attention``),
 ``MLPLayer`` with a squared-ReLU ``MLP``, the reference's RMSNorm (``fp4repro.megatron.norm``:
 FP32 inside, sequence-parallel aware), and the quantized parallel linears of
 ``fp4repro.megatron.linear``. ``MambaStack`` in megatron-core 0.16.1 makes its final norm a
@@ -39,7 +39,7 @@ from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add  # noq
 from megatron.core.models.mamba.mamba_model import MambaModel  # noqa: E402
 from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules  # noqa: E402
 from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules  # noqa: E402
-from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules  # noqa: E402
+from megatron.core.ssm.mamba_mixer import MambaMixerSubmodules  # noqa: E402
 from megatron.core.ssm.mlp_layer import MLPLayer  # noqa: E402
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules  # noqa: E402
 from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
@@ -55,6 +55,7 @@ from fp4repro.megatron.linear import (  # noqa: E402
     QuantRowParallelLinear,
     SeparateQKVLinear,
 )
+from fp4repro.megatron.mixer import MambaMixer  # noqa: E402
 from fp4repro.megatron.norm import RMSNorm  # noqa: E402
 
 

@@ -77,10 +77,55 @@ def compiled_rms_norm() -> Callable:
     return torch.compile(rms_norm, fullgraph=True, dynamic=False)
 
 
-class RMSNorm(nn.Module):
-    """``rms_norm`` as a module; ``compiled`` (set by ``compile_elementwise``) runs ``compiled_rms_norm``."""
+def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Mamba-2's depthwise causal conv1d and its activation, as one formula over time t and channel c:
+
+        out[b, t, c] = silu(bias[c] + Σ_{k=0}^{K−1} weight[c, k] · x[b, t − K + 1 + k, c]),  x[b, s < 0, c] = 0
+
+    x: (batch, time, channels), any strides (a slice of the in-projection's output); weight
+    (channels, K); bias (channels) or None. Computed in float32 (float64 for float64 x) whatever
+    the autocast setting: the bias first, then the taps k = 0 … K−1 in order, the SiLU, one rounding
+    to x's dtype. ``F.conv1d`` computes the same sum in its kernel's own order."""
+    with _float32_region(x):
+        x32, w32 = _wide(x), _wide(weight)
+        taps, length = w32.shape[-1], x.shape[1]
+        padded = F.pad(x32, (0, 0, taps - 1, 0))  # K − 1 zeros before the first step
+        acc = torch.zeros((), dtype=x32.dtype, device=x.device) if bias is None else _wide(bias)
+        for k in range(taps):
+            acc = acc + padded[:, k : k + length] * w32[:, k]
+        out = F.silu(acc)
+    return out.to(x.dtype)
+
+
+@functools.cache
+def compiled_causal_conv1d_silu() -> Callable:
+    """``causal_conv1d_silu`` through ``torch.compile``: on a GPU one generated kernel forward (the
+    K shifted reads of x, the sum, the SiLU, one write) and, backward, one for x's gradient and
+    reductions over batch and time for the weight's and bias's, where eager torch runs the
+    depthwise convolution's three kernels, a separate SiLU each way and, with ``F.conv1d``'s
+    channels-first layout, a transposed copy each way. The same formula; its sums are rounded in
+    another order than ``F.conv1d``'s, so the last bits differ. Static shapes and ``fullgraph`` as
+    ``compiled_rms_norm``."""
+    return torch.compile(causal_conv1d_silu, fullgraph=True, dynamic=False)
+
+
+class CausalConv1dSiLU(nn.Module):
+    """``compiled_causal_conv1d_silu`` as a module without parameters (a mixer passes its conv1d's
+    weight and bias), so that a profile labels its kernels, forward and backward, as the conv's."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return compiled_causal_conv1d_silu()(x, weight, bias)
+
+
+class Compilable:
+    """A module with a compiled form of its computation (``compiled``, off until
+    ``compile_fused_kernels`` switches it on: ``train.fused_kernels``)."""
 
     compiled = False
+
+
+class RMSNorm(Compilable, nn.Module):
+    """``rms_norm`` as a module; ``compiled`` runs ``compiled_rms_norm``."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -95,13 +140,15 @@ class RMSNorm(nn.Module):
         return (compiled_rms_norm() if self.compiled else rms_norm)(x, self.weight, self.eps)
 
 
-def compile_elementwise(model: nn.Module) -> int:
-    """Every ``RMSNorm`` of ``model`` (megatron's too: ``fp4repro.megatron.norm`` subclasses it)
-    computed by ``compiled_rms_norm`` from now on, and every ``SquaredReLUMLP``'s activation by
-    ``compiled_squared_relu``; returns how many modules were switched. Mamba-2's gated norms are
-    left as they are: on a GPU they are mamba-ssm's fused Triton kernel already (and megatron's
-    MLP compiles its squared ReLU itself)."""
-    modules = [m for m in model.modules() if isinstance(m, (RMSNorm, SquaredReLUMLP))]
+def compile_fused_kernels(model: nn.Module) -> int:
+    """Every ``Compilable`` module of ``model`` runs its compiled form from now on: ``RMSNorm``
+    (megatron's too: ``fp4repro.megatron.norm`` subclasses it) by ``compiled_rms_norm``,
+    ``SquaredReLUMLP``'s activation by ``compiled_squared_relu``, the Mamba-2 mixers' conv1d and
+    SiLU by ``compiled_causal_conv1d_silu`` (the reference's ``Mamba2Mixer`` and megatron's,
+    ``fp4repro.megatron.mixer``); returns how many modules were switched. Mamba-2's gated norms are
+    left as they are: on a GPU they are mamba-ssm's fused Triton kernel already (and megatron's MLP
+    compiles its squared ReLU itself)."""
+    modules = [m for m in model.modules() if isinstance(m, Compilable)]
     for module in modules:
         module.compiled = True
     return len(modules)
@@ -136,7 +183,7 @@ class GatedRMSNorm(nn.Module):
         return out.to(y.dtype)
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(Compilable, nn.Module):
     """Mamba-2 mixer, parameter for parameter as mamba-ssm's Mamba2.
 
         [z | xBC | dt] = in_proj(u)                     z: d_inner, xBC: d_inner + 2·G·N, dt: H
@@ -152,6 +199,7 @@ class Mamba2Mixer(nn.Module):
 
     On CUDA with mamba-ssm installed, the scan and the gated norm run as mamba-ssm's Triton
     kernels (`use_triton_kernels = False` forces the torch path, e.g. to compare the two).
+    ``compiled``: the conv1d and its SiLU as ``compiled_causal_conv1d_silu``.
     """
 
     LINEARS = LAYER_LINEARS["mamba"]
@@ -176,6 +224,7 @@ class Mamba2Mixer(nn.Module):
             padding=config.mamba_conv_kernel - 1,
             bias=True,
         )
+        self.conv_silu = CausalConv1dSiLU()  # no parameters: the compiled form of _conv
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.D = nn.Parameter(torch.empty(self.n_heads))
@@ -213,8 +262,10 @@ class Mamba2Mixer(nn.Module):
         """silu(causal depthwise conv1d) over time, in float32: (b, l, C) -> (b, l, C) in xBC's dtype.
 
         padding = K − 1 on both sides, keeping the first l outputs, makes output t depend on inputs
-        t−K+1 … t only.
+        t−K+1 … t only. ``compiled``: ``causal_conv1d_silu``'s formula in one compiled kernel.
         """
+        if self.compiled:
+            return self.conv_silu(xBC, self.conv1d.weight.squeeze(1), self.conv1d.bias)
         length = xBC.shape[1]
         with _float32_region(xBC):
             out = F.conv1d(
@@ -354,12 +405,11 @@ def compiled_squared_relu() -> Callable:
     return torch.compile(squared_relu, dynamic=False)
 
 
-class SquaredReLUMLP(nn.Module):
-    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP); ``compiled`` (set by
-    ``compile_elementwise``) runs ``compiled_squared_relu``."""
+class SquaredReLUMLP(Compilable, nn.Module):
+    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP); ``compiled`` runs
+    ``compiled_squared_relu``."""
 
     LINEARS = LAYER_LINEARS["mlp"]
-    compiled = False
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()

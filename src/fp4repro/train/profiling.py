@@ -87,9 +87,10 @@ MODULE_LABEL = "fp4repro::module::"
 
 #: The modules labelled, by their class name: norms (RMSNorm, GatedRMSNorm, mamba-ssm's
 #: RMSNormGated, LayerNorm, TENorm), anchored at the end so that a stack named for its norm
-#: (TorchNormMambaStack) is not one; and the FP32 LM heads (the reference's FP32OutputHead,
-#: megatron's FP32OutputColumnParallelLinear), whose FP32 GEMMs are a part of their own.
-LABELLED_MODULES = re.compile(r"Norm(Gated)?$|^FP32Output")
+#: (TorchNormMambaStack) is not one; the FP32 LM heads (the reference's FP32OutputHead,
+#: megatron's FP32OutputColumnParallelLinear), whose FP32 GEMMs are a part of their own; and the
+#: compiled conv1d (CausalConv1dSiLU), whose generated kernels are named for their operators.
+LABELLED_MODULES = re.compile(r"Norm(Gated)?$|^FP32Output|^CausalConv1dSiLU$")
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,15 @@ RULES = (
     Rule("quantization", "sr_uniforms", kernel=_NOT_IN_NAME + r"_philox_uniform_kernel"),
     Rule("gemm", "probe_matched_gemm", kernel=_NOT_IN_NAME + r"_probe_matched_gemm_kernel"),
     Rule("gemm", "gemm_epilogue", kernel=_NOT_IN_NAME + r"_scale_cast_kernel"),
-    # the depthwise causal conv1d of the Mamba mixer (cuDNN, torch's depthwise kernels, causal-conv1d)
+    # the depthwise causal conv1d of the Mamba mixer (cuDNN, torch's depthwise kernels, causal-conv1d,
+    # the compiled conv1d and SiLU of train.fused_kernels)
     Rule(
         "conv1d",
         "convolution",
         kernel=r"conv1d|conv2d|conv_depthwise|convolve|dgrad2d|wgrad2d|implicit_gemm|causal_conv",
-        within=r"^aten::\w*(conv\dd|convolution|conv_depthwise)|^ConvolutionBackward",
+        within=r"^aten::\w*(conv\dd|convolution|conv_depthwise)|^ConvolutionBackward|^"
+        + re.escape(MODULE_LABEL)
+        + "CausalConv1dSiLU$",
     ),
     # cuBLAS (sm90_xmma_gemm_*, nvjet_*, ampere_*gemm*, gemv, split-K reductions), CUTLASS, and
     # every kernel a GEMM operator launches

@@ -1,0 +1,76 @@
+"""megatron-core's Mamba-2 mixer with its conv1d and SiLU as one compiled kernel under
+``train.fused_kernels``.
+
+megatron-core 0.16.1's ``MambaMixer._ssm_prefill`` (its training path without the memory-efficient
+kernel) runs causal-conv1d's ``causal_conv1d_fn`` where that package is installed, and otherwise
+``nn.Conv1d`` and a separate SiLU: torch's depthwise kernels, three of them and the SiLU's two
+each step, the slowest parts of the mixer besides its scan. ``MambaMixer`` here, when
+``compiled``, gives ``_ssm_prefill`` a ``causal_conv1d_fn`` of its own for the call: the
+reference's ``compiled_causal_conv1d_silu`` (``fp4repro.model.layers``), the formula megatron's
+conv computes. Otherwise it is megatron's mixer unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fp4repro.model._mamba_ssm import prepare_mamba_ssm_import
+from fp4repro.model.layers import CausalConv1dSiLU, Compilable
+
+prepare_mamba_ssm_import()  # before megatron-core's mixer imports mamba-ssm (fp4repro.megatron.model)
+
+import megatron.core.ssm.mamba_mixer as megatron_mixer  # noqa: E402
+
+
+class MambaMixer(Compilable, megatron_mixer.MambaMixer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.conv_silu = CausalConv1dSiLU()  # no parameters, so megatron's state dict is unchanged
+
+    def causal_conv1d_fn(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        seq_idx=None,
+        initial_states=None,
+        return_final_states: bool = False,
+        final_states_out=None,
+        activation: str | None = None,
+    ) -> torch.Tensor:
+        """causal-conv1d's ``causal_conv1d_fn`` for the calls training makes: x (batch, channels,
+        time), weight (channels, K), the SiLU, no sequence index or states. The weight and bias are
+        rounded to x's dtype first, as autocast rounds them for megatron's ``nn.Conv1d``; the sum
+        and the SiLU are float32, rounded once to x's dtype. Returns (batch, channels, time) as a
+        view of a (batch, time, channels) tensor: the layout megatron transposes it back to."""
+        if activation not in ("silu", "swish"):
+            raise NotImplementedError(
+                f"the compiled conv1d applies a SiLU; megatron asked for activation={activation!r}"
+            )
+        if seq_idx is not None or initial_states is not None or return_final_states or final_states_out is not None:
+            raise NotImplementedError(
+                "the compiled conv1d takes no sequence index or conv states (packed sequences, chunked "
+                "prefill, inference): train.fused_kernels is for training"
+            )
+        bias = None if bias is None else bias.to(x.dtype)
+        return self.conv_silu(x.transpose(1, 2), weight.to(x.dtype), bias).transpose(1, 2)
+
+    def _ssm_prefill(self, *args, **kwargs):
+        if not self.compiled:
+            return super()._ssm_prefill(*args, **kwargs)
+        with _module_global(megatron_mixer, "causal_conv1d_fn", self.causal_conv1d_fn):
+            return super()._ssm_prefill(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _module_global(module, name: str, value):
+    """``module.name`` is ``value`` within the context: megatron's mixer looks its optional
+    causal-conv1d function up as a global of its module at each call."""
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, before)

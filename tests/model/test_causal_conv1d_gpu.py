@@ -1,0 +1,72 @@
+"""On a GPU under BF16 autocast, the compiled conv1d and SiLU (``train.fused_kernels``) give what
+the eager conv gives, to one rounding of the BF16 output, in both backends' mixers; and they
+repeat bit for bit."""
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from fp4repro.config.model import load_model_config
+from fp4repro.model.layers import CausalConv1dSiLU, Mamba2Mixer
+
+pytestmark = pytest.mark.gpu
+
+
+def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a − b| in units of BF16's spacing at the larger of the two."""
+    scale = torch.maximum(a.float().abs(), b.float().abs()).clamp_min(2.0**-126)
+    return (a.float() - b.float()).abs() / (2.0 ** (torch.floor(torch.log2(scale)) - 7))
+
+
+def _run(mixer: Mamba2Mixer, x: torch.Tensor, upstream: torch.Tensor):
+    xi = x.clone().requires_grad_()
+    mixer.conv1d.weight.grad = mixer.conv1d.bias.grad = None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = mixer._conv(xi)
+    (y.float() * upstream).sum().backward()
+    return y, xi.grad, mixer.conv1d.weight.grad.clone(), mixer.conv1d.bias.grad.clone()
+
+
+def test_the_reference_mixers_compiled_conv_is_its_eager_one_under_bf16_autocast():
+    config = load_model_config("small")
+    torch.manual_seed(20261207)
+    mixer = Mamba2Mixer(config, lambda n_in, n_out, name: torch.nn.Linear(n_in, n_out, bias=False)).cuda()
+    mixer.reset_parameters(0.02, 0.02)
+    g = torch.Generator(device="cuda").manual_seed(20261211)
+    # a slice of a wider BF16 tensor, as the in-projection's output is
+    wide = torch.randn(2, 1024, mixer.conv_dim + 64, device="cuda", generator=g).bfloat16()
+    x = wide[..., 32 : 32 + mixer.conv_dim]
+    upstream = torch.randn(2, 1024, mixer.conv_dim, device="cuda", generator=g)
+    eager = _run(mixer, x, upstream)
+    mixer.compiled = True
+    counters.clear()
+    compiled = _run(mixer, x, upstream)
+    again = _run(mixer, x, upstream)
+    assert counters["stats"]["unique_graphs"] == 1
+    # float32 sums in two orders, each output rounded once to BF16: at most one BF16 step apart
+    assert compiled[0].dtype == torch.bfloat16 and _bf16_ulps(compiled[0], eager[0]).max() <= 1
+    assert (compiled[0] != eager[0]).float().mean() < 0.01
+    # x's gradient (BF16, from 4 taps) likewise; the weight's and bias's are float32 sums of 2,048
+    # products per channel in two orders
+    assert _bf16_ulps(compiled[1], eager[1]).max() <= 1
+    for got, want in zip(compiled[2:], eager[2:], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for a, b in zip(compiled, again, strict=True):  # no atomics: the same bits every time
+        assert torch.equal(a, b)
+
+
+def test_on_megatrons_channels_first_layout_the_compiled_conv_is_megatrons_conv_and_silu():
+    # what fp4repro.megatron.mixer's causal_conv1d_fn computes (its casts and transposes: CPU
+    # tests/megatron/test_mixer.py) against megatron's eager nn.Conv1d and SiLU under autocast
+    config = load_model_config("small")
+    channels = config.mamba_conv_dim
+    g = torch.Generator(device="cuda").manual_seed(20261212)
+    conv = torch.nn.Conv1d(channels, channels, config.mamba_conv_kernel, groups=channels, padding=3).cuda()
+    x = torch.randn(2, channels, 1024, device="cuda", generator=g).bfloat16()  # (batch, channels, time)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        want = torch.nn.functional.silu(conv(x)[..., : x.shape[-1]])
+        weight, bias = conv.weight.squeeze(1).bfloat16(), conv.bias.bfloat16()
+        got = CausalConv1dSiLU()(x.transpose(1, 2), weight, bias).transpose(1, 2)
+    # megatron's eager conv rounds its output to BF16 before the SiLU: two roundings against one
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    assert _bf16_ulps(got, want).max() <= 2
