@@ -1,4 +1,4 @@
-"""megatron's Mamba-2 mixer with its conv1d and SiLU compiled (``train.fused_kernels``): the
+"""megatron's Mamba-2 mixer with its conv1d and SiLU compiled (``train.compiled_conv1d``): the
 formula megatron's own conv computes, what it refuses, and that the prefill uses it only when
 compiled, leaving megatron's module as it was (on a GPU, forward and backward: test_parity_gpu.py)."""
 
@@ -79,14 +79,25 @@ def test_the_prefill_runs_the_compiled_conv_only_when_compiled(mixer, compiled):
 
     handles = [mixer.conv1d.register_forward_pre_hook(stop), mixer.conv_silu.register_forward_pre_hook(stop)]
     before = megatron_mixer.causal_conv1d_fn
-    mixer.compiled = compiled
+    mixer.compiled_conv1d = compiled
     zxbcdt = torch.randn(20, 1, mixer.in_proj.weight.shape[0])  # (time, batch, in-projection)
     try:
         with pytest.raises(_Stop):
             mixer._ssm_prefill(zxbcdt, conv_state=None, ssm_state=None)
     finally:
-        mixer.compiled = False
+        mixer.compiled_conv1d = False
         for handle in handles:
             handle.remove()
     assert seen == (["CausalConv1dSiLU"] if compiled else ["Conv1d"])
     assert megatron_mixer.causal_conv1d_fn is before  # megatron's module as it was
+
+
+def test_compile_conv1d_switches_every_mixer_of_the_megatron_model(megatron_cpu):
+    from fp4repro.model import compile_conv1d
+
+    tiny = load_model_config("tiny")
+    model = megatron_cpu(tiny)
+    mixers = [m for m in model.modules() if isinstance(m, MambaMixer)]
+    assert not any(m.compiled_conv1d for m in mixers)
+    assert compile_conv1d(model) == len(mixers) == tiny.pattern.count("M")
+    assert all(m.compiled_conv1d for m in mixers)

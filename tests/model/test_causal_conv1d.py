@@ -1,4 +1,4 @@
-"""The Mamba-2 conv1d and SiLU as one compiled formula (``train.fused_kernels``): the definition
+"""The Mamba-2 conv1d and SiLU as one compiled formula (``train.compiled_conv1d``): the definition
 in float64, the eager ``F.conv1d`` path, causality, and the gradients (on the GPU under autocast:
 tests/megatron/test_parity_gpu.py and test_causal_conv1d_gpu.py)."""
 
@@ -19,7 +19,7 @@ def _mixer(compiled: bool) -> Mamba2Mixer:
     mixer.reset_parameters(0.02, 0.02)
     with torch.no_grad():  # a bias as large as the taps' sum, so that a dropped or doubled bias shows
         mixer.conv1d.bias.copy_(torch.randn(mixer.conv_dim, generator=torch.Generator().manual_seed(3)))
-    mixer.compiled = compiled
+    mixer.compiled_conv1d = compiled
     return mixer
 
 

@@ -1,4 +1,4 @@
-"""On a GPU under BF16 autocast, the compiled conv1d and SiLU (``train.fused_kernels``) give what
+"""On a GPU under BF16 autocast, the compiled conv1d and SiLU (``train.compiled_conv1d``) give what
 the eager conv gives, to one rounding of the BF16 output, in both backends' mixers; and they
 repeat bit for bit."""
 
@@ -38,7 +38,7 @@ def test_the_reference_mixers_compiled_conv_is_its_eager_one_under_bf16_autocast
     x = wide[..., 32 : 32 + mixer.conv_dim]
     upstream = torch.randn(2, 1024, mixer.conv_dim, device="cuda", generator=g)
     eager = _run(mixer, x, upstream)
-    mixer.compiled = True
+    mixer.compiled_conv1d = True
     counters.clear()
     compiled = _run(mixer, x, upstream)
     again = _run(mixer, x, upstream)

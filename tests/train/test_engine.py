@@ -72,3 +72,17 @@ def test_a_non_finite_step_marks_the_engine_failed_and_a_finite_one_does_not():
 def test_the_single_tensor_adamw_step_reads_loss_and_norm_at_once():
     loss, grad_norm, _ = _engine(fused=False).step(0, _batch(0))
     assert isinstance(loss, float) and isinstance(grad_norm, float)
+
+
+def test_train_compiled_conv1d_compiles_every_mamba_mixers_conv_and_is_in_the_fingerprint_only_when_on():
+    from fp4repro.model.layers import Mamba2Mixer
+
+    for on in (False, True):
+        study = STUDY.with_train(compiled_conv1d=on)
+        engine = ReferenceEngine(study, study.recipe("bf16"), 0, "cpu", WSDSchedule.of(study.experiment.train))
+        mixers = [m for m in engine.model.modules() if isinstance(m, Mamba2Mixer)]
+        assert len(mixers) == STUDY.model.pattern.count("M") > 0
+        assert all(m.compiled_conv1d is on for m in mixers)
+        numerics = study.experiment.train.numerics()
+        assert numerics.pop("compiled_conv1d", False) is on  # absent when off: earlier runs keep theirs
+        assert numerics == STUDY.experiment.train.numerics()

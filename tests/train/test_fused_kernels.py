@@ -1,7 +1,6 @@
 """``train.fused_kernels``: torch's fused AdamW and compiled RMSNorms compute what the default
-kernels compute, to float32 rounding, the compiled squared ReLU bit for bit (the compiled conv1d:
-tests/model/test_causal_conv1d.py; the end-to-end run is in test_loop.py; under CUDA autocast in
-test_fused_kernels_gpu.py)."""
+kernels compute, to float32 rounding, the compiled squared ReLU bit for bit (the end-to-end run is
+in test_loop.py; under CUDA autocast in test_fused_kernels_gpu.py)."""
 
 import dataclasses
 
@@ -11,8 +10,8 @@ from torch._dynamo.utils import counters
 
 from fp4repro.config.experiment import Stage, TrainConfig
 from fp4repro.config.model import load_model_config
-from fp4repro.model import NemotronH, compile_fused_kernels
-from fp4repro.model.layers import Mamba2Mixer, RMSNorm, SquaredReLUMLP, compiled_squared_relu, squared_relu
+from fp4repro.model import NemotronH, compile_elementwise
+from fp4repro.model.layers import RMSNorm, SquaredReLUMLP, compiled_squared_relu, squared_relu
 from fp4repro.train.engine import build_optimizer
 
 PLAIN = TrainConfig(seq_len=16, batch_size=2, stages=(Stage("s1", 32, (("prose", 1.0),)),), lr=1e-2)
@@ -54,7 +53,7 @@ def test_a_compiled_rms_norm_normalizes_as_the_eager_one_to_float32_rounding():
     with torch.no_grad():
         eager.weight.copy_(torch.rand(256, generator=g) + 0.5)
         compiled.weight.copy_(eager.weight)
-    assert compile_fused_kernels(compiled) == 1 and compiled.compiled and not eager.compiled
+    assert compile_elementwise(compiled) == 1 and compiled.compiled and not eager.compiled
     counters.clear()
     # rows of very different scales, as a residual stream has
     x = torch.randn(4, 8, 256, generator=g) * torch.logspace(-3, 3, 8).view(1, 8, 1)
@@ -70,16 +69,14 @@ def test_a_compiled_rms_norm_normalizes_as_the_eager_one_to_float32_rounding():
         torch.testing.assert_close(b, a, rtol=3e-5, atol=1e-6)
 
 
-def test_compile_fused_kernels_switches_every_rms_norm_mlp_and_mamba_mixer_of_the_model():
+def test_compile_elementwise_switches_every_rms_norm_and_mlp_of_the_model():
     config = load_model_config("tiny")
     model = NemotronH(config)
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
     mlps = [m for m in model.modules() if isinstance(m, SquaredReLUMLP)]
-    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
-    assert len(norms) == config.n_layers + 1
-    assert (len(mlps), len(mixers)) == (config.pattern.count("-"), config.pattern.count("M"))
-    assert compile_fused_kernels(model) == len(norms) + len(mlps) + len(mixers)
-    assert all(module.compiled for module in norms + mlps + mixers)
+    assert len(norms) == config.n_layers + 1 and len(mlps) == config.pattern.count("-")
+    assert compile_elementwise(model) == len(norms) + len(mlps)
+    assert all(module.compiled for module in norms + mlps)
 
 
 def _adversarial(dtype: torch.dtype) -> torch.Tensor:
@@ -118,7 +115,7 @@ def test_a_compiled_mlp_runs_its_activation_through_dynamo_with_the_eager_bits()
     eager = SquaredReLUMLP(config, lambda n_in, n_out, name: torch.nn.Linear(n_in, n_out, bias=False))
     compiled = SquaredReLUMLP(config, lambda n_in, n_out, name: torch.nn.Linear(n_in, n_out, bias=False))
     compiled.load_state_dict(eager.state_dict())
-    assert compile_fused_kernels(compiled) == 1
+    assert compile_elementwise(compiled) == 1
     x = torch.randn(2, 8, config.hidden_size, generator=torch.Generator().manual_seed(5))
     counters.clear()
     y_eager = eager(x)

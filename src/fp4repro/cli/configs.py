@@ -165,6 +165,7 @@ def _cmd_experiment(args) -> int:
         f"lr {t.lr:g} (WSD), {t.checkpoints} checkpoints"
         + (", deterministic GPU algorithms" if t.deterministic else "")
         + (", fused AdamW, compiled norms and activations" if t.fused_kernels else "")
+        + (", compiled conv1d" if t.compiled_conv1d else "")
     )
     print(f"schedule: {WSDSchedule.of(t).describe()}")
     rounded = {stage.name: budget for stage, budget, _ in t.rounding()}

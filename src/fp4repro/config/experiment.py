@@ -125,6 +125,13 @@ class TrainConfig:
     #: differ: in the fingerprint when on, left out when off so that the runs made before the field
     #: keep theirs.
     fused_kernels: bool = False
+    #: the Mamba-2 mixers' depthwise conv1d and its SiLU as one formula compiled by
+    #: ``torch.compile`` (``fp4repro.model.layers.causal_conv1d_silu``: one kernel forward, x's
+    #: gradient and the weight's reductions backward) in both backends, instead of torch's depthwise
+    #: convolution kernels and a separate SiLU. Its sums are rounded in another order: in the
+    #: fingerprint when on. A field apart from ``fused_kernels``, whose runs made before it keep
+    #: what they computed.
+    compiled_conv1d: bool = False
 
     #: The fields that change what a run computes (besides the run's own seed). The others (the
     #: other seeds, how often to record telemetry or save a resume checkpoint, the final-window
@@ -145,10 +152,13 @@ class TrainConfig:
         "checkpoints",
     )
 
+    #: fields that enter the fingerprint only when on, so that runs made before each keep theirs
+    NUMERIC_SWITCHES = ("fused_kernels", "compiled_conv1d")
+
     def numerics(self) -> dict:
-        """The fields in ``NUMERIC_FIELDS`` by name, and ``fused_kernels`` when it is on."""
+        """The fields in ``NUMERIC_FIELDS`` by name, and each of ``NUMERIC_SWITCHES`` that is on."""
         fields = {name: getattr(self, name) for name in self.NUMERIC_FIELDS}
-        return {**fields, "fused_kernels": True} if self.fused_kernels else fields
+        return fields | {name: True for name in self.NUMERIC_SWITCHES if getattr(self, name)}
 
     @property
     def tokens_per_step(self) -> int:

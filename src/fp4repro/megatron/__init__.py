@@ -9,7 +9,7 @@ One job per module, and megatron-core imported only where it is used (importing 
     main_grad_linear  the unquantized linears' GEMMs under autocast, weight gradient into main_grad
     attention  causal GQA through torch's SDPA in megatron's core-attention slot
     norm     the reference's RMSNorm with megatron's module signature (sequence-parallel aware)
-    mixer    megatron's Mamba-2 mixer, its conv1d and SiLU compiled under ``train.fused_kernels``
+    mixer    megatron's Mamba-2 mixer, its conv1d and SiLU compiled under ``train.compiled_conv1d``
     model    the layer spec (no Transformer Engine), the TransformerConfig, building the model and
              attaching a recipe by global layer number
     distributed  the process group and megatron's parallel state for a run

@@ -51,7 +51,7 @@ from fp4repro.megatron.distributed import initialize
 from fp4repro.megatron.model import attach_recipe, build_model
 from fp4repro.megatron.schedule import wsd_scheduler
 from fp4repro.megatron.shard import gather, shard
-from fp4repro.model import NemotronH, compile_fused_kernels, deterministic_mamba_ssm
+from fp4repro.model import NemotronH, compile_conv1d, compile_elementwise, deterministic_mamba_ssm
 from fp4repro.quant.state import QuantState
 from fp4repro.util import OPTIMIZER_PHASE, deterministic_algorithms, rng_state, set_rng_state
 
@@ -153,7 +153,9 @@ class MegatronEngine:
         )
         if t.fused_kernels:
             _use_fused_adamw(self.optimizer)
-            compile_fused_kernels(self.model)
+            compile_elementwise(self.model)
+        if t.compiled_conv1d:
+            compile_conv1d(self.model)
         self.fused_kernels = t.fused_kernels
         self.scheduler = wsd_scheduler(
             self.optimizer,

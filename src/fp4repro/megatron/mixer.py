@@ -1,11 +1,11 @@
 """megatron-core's Mamba-2 mixer with its conv1d and SiLU as one compiled kernel under
-``train.fused_kernels``.
+``train.compiled_conv1d``.
 
 megatron-core 0.16.1's ``MambaMixer._ssm_prefill`` (its training path without the memory-efficient
 kernel) runs causal-conv1d's ``causal_conv1d_fn`` where that package is installed, and otherwise
 ``nn.Conv1d`` and a separate SiLU: torch's depthwise kernels, three of them and the SiLU's two
 each step, the slowest parts of the mixer besides its scan. ``MambaMixer`` here, when
-``compiled``, gives ``_ssm_prefill`` a ``causal_conv1d_fn`` of its own for the call: the
+``compiled_conv1d``, gives ``_ssm_prefill`` a ``causal_conv1d_fn`` of its own for the call: the
 reference's ``compiled_causal_conv1d_silu`` (``fp4repro.model.layers``), the formula megatron's
 conv computes. Otherwise it is megatron's mixer unchanged.
 """
@@ -17,14 +17,14 @@ import contextlib
 import torch
 
 from fp4repro.model._mamba_ssm import prepare_mamba_ssm_import
-from fp4repro.model.layers import CausalConv1dSiLU, Compilable
+from fp4repro.model.layers import CausalConv1dSiLU, ConvMixer
 
 prepare_mamba_ssm_import()  # before megatron-core's mixer imports mamba-ssm (fp4repro.megatron.model)
 
 import megatron.core.ssm.mamba_mixer as megatron_mixer  # noqa: E402
 
 
-class MambaMixer(Compilable, megatron_mixer.MambaMixer):
+class MambaMixer(ConvMixer, megatron_mixer.MambaMixer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.conv_silu = CausalConv1dSiLU()  # no parameters, so megatron's state dict is unchanged
@@ -52,13 +52,13 @@ class MambaMixer(Compilable, megatron_mixer.MambaMixer):
         if seq_idx is not None or initial_states is not None or return_final_states or final_states_out is not None:
             raise NotImplementedError(
                 "the compiled conv1d takes no sequence index or conv states (packed sequences, chunked "
-                "prefill, inference): train.fused_kernels is for training"
+                "prefill, inference): train.compiled_conv1d is for training"
             )
         bias = None if bias is None else bias.to(x.dtype)
         return self.conv_silu(x.transpose(1, 2), weight.to(x.dtype), bias).transpose(1, 2)
 
     def _ssm_prefill(self, *args, **kwargs):
-        if not self.compiled:
+        if not self.compiled_conv1d:
             return super()._ssm_prefill(*args, **kwargs)
         with _module_global(megatron_mixer, "causal_conv1d_fn", self.causal_conv1d_fn):
             return super()._ssm_prefill(*args, **kwargs)

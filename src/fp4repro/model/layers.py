@@ -109,6 +109,13 @@ def compiled_causal_conv1d_silu() -> Callable:
     return torch.compile(causal_conv1d_silu, fullgraph=True, dynamic=False)
 
 
+class ConvMixer:
+    """A Mamba-2 mixer whose conv1d and SiLU can run as one compiled formula: ``compiled_conv1d``,
+    off until ``compile_conv1d`` switches it on."""
+
+    compiled_conv1d = False
+
+
 class CausalConv1dSiLU(nn.Module):
     """``compiled_causal_conv1d_silu`` as a module without parameters (a mixer passes its conv1d's
     weight and bias), so that a profile labels its kernels, forward and backward, as the conv's."""
@@ -117,15 +124,10 @@ class CausalConv1dSiLU(nn.Module):
         return compiled_causal_conv1d_silu()(x, weight, bias)
 
 
-class Compilable:
-    """A module with a compiled form of its computation (``compiled``, off until
-    ``compile_fused_kernels`` switches it on: ``train.fused_kernels``)."""
+class RMSNorm(nn.Module):
+    """``rms_norm`` as a module; ``compiled`` (set by ``compile_elementwise``) runs ``compiled_rms_norm``."""
 
     compiled = False
-
-
-class RMSNorm(Compilable, nn.Module):
-    """``rms_norm`` as a module; ``compiled`` runs ``compiled_rms_norm``."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -140,17 +142,25 @@ class RMSNorm(Compilable, nn.Module):
         return (compiled_rms_norm() if self.compiled else rms_norm)(x, self.weight, self.eps)
 
 
-def compile_fused_kernels(model: nn.Module) -> int:
-    """Every ``Compilable`` module of ``model`` runs its compiled form from now on: ``RMSNorm``
-    (megatron's too: ``fp4repro.megatron.norm`` subclasses it) by ``compiled_rms_norm``,
-    ``SquaredReLUMLP``'s activation by ``compiled_squared_relu``, the Mamba-2 mixers' conv1d and
-    SiLU by ``compiled_causal_conv1d_silu`` (the reference's ``Mamba2Mixer`` and megatron's,
-    ``fp4repro.megatron.mixer``); returns how many modules were switched. Mamba-2's gated norms are
-    left as they are: on a GPU they are mamba-ssm's fused Triton kernel already (and megatron's MLP
-    compiles its squared ReLU itself)."""
-    modules = [m for m in model.modules() if isinstance(m, Compilable)]
+def compile_elementwise(model: nn.Module) -> int:
+    """Every ``RMSNorm`` of ``model`` (megatron's too: ``fp4repro.megatron.norm`` subclasses it)
+    computed by ``compiled_rms_norm`` from now on, and every ``SquaredReLUMLP``'s activation by
+    ``compiled_squared_relu`` (``train.fused_kernels``); returns how many modules were switched.
+    Mamba-2's gated norms are left as they are: on a GPU they are mamba-ssm's fused Triton kernel
+    already (and megatron's MLP compiles its squared ReLU itself)."""
+    modules = [m for m in model.modules() if isinstance(m, (RMSNorm, SquaredReLUMLP))]
     for module in modules:
         module.compiled = True
+    return len(modules)
+
+
+def compile_conv1d(model: nn.Module) -> int:
+    """Every Mamba-2 mixer of ``model`` (``ConvMixer``: the reference's ``Mamba2Mixer`` and
+    megatron's, ``fp4repro.megatron.mixer``) runs its conv1d and SiLU as
+    ``compiled_causal_conv1d_silu`` from now on (``train.compiled_conv1d``); returns how many."""
+    modules = [m for m in model.modules() if isinstance(m, ConvMixer)]
+    for module in modules:
+        module.compiled_conv1d = True
     return len(modules)
 
 
@@ -183,7 +193,7 @@ class GatedRMSNorm(nn.Module):
         return out.to(y.dtype)
 
 
-class Mamba2Mixer(Compilable, nn.Module):
+class Mamba2Mixer(ConvMixer, nn.Module):
     """Mamba-2 mixer, parameter for parameter as mamba-ssm's Mamba2.
 
         [z | xBC | dt] = in_proj(u)                     z: d_inner, xBC: d_inner + 2·G·N, dt: H
@@ -199,7 +209,7 @@ class Mamba2Mixer(Compilable, nn.Module):
 
     On CUDA with mamba-ssm installed, the scan and the gated norm run as mamba-ssm's Triton
     kernels (`use_triton_kernels = False` forces the torch path, e.g. to compare the two).
-    ``compiled``: the conv1d and its SiLU as ``compiled_causal_conv1d_silu``.
+    ``compiled_conv1d``: the conv1d and its SiLU as ``compiled_causal_conv1d_silu``.
     """
 
     LINEARS = LAYER_LINEARS["mamba"]
@@ -262,9 +272,9 @@ class Mamba2Mixer(Compilable, nn.Module):
         """silu(causal depthwise conv1d) over time, in float32: (b, l, C) -> (b, l, C) in xBC's dtype.
 
         padding = K − 1 on both sides, keeping the first l outputs, makes output t depend on inputs
-        t−K+1 … t only. ``compiled``: ``causal_conv1d_silu``'s formula in one compiled kernel.
+        t−K+1 … t only. ``compiled_conv1d``: ``causal_conv1d_silu``'s formula in one compiled kernel.
         """
-        if self.compiled:
+        if self.compiled_conv1d:
             return self.conv_silu(xBC, self.conv1d.weight.squeeze(1), self.conv1d.bias)
         length = xBC.shape[1]
         with _float32_region(xBC):
@@ -405,11 +415,12 @@ def compiled_squared_relu() -> Callable:
     return torch.compile(squared_relu, dynamic=False)
 
 
-class SquaredReLUMLP(Compilable, nn.Module):
-    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP); ``compiled`` runs
-    ``compiled_squared_relu``."""
+class SquaredReLUMLP(nn.Module):
+    """out = fc2(relu(fc1(x))²), no gating, no biases (Nemotron-H's MLP); ``compiled`` (set by
+    ``compile_elementwise``) runs ``compiled_squared_relu``."""
 
     LINEARS = LAYER_LINEARS["mlp"]
+    compiled = False
 
     def __init__(self, config: ModelConfig, make_linear: LinearFactory):
         super().__init__()

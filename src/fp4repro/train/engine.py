@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from fp4repro.config.experiment import TrainConfig
 from fp4repro.config.recipe import Recipe
 from fp4repro.config.study import Study
-from fp4repro.model import NemotronH, compile_fused_kernels
+from fp4repro.model import NemotronH, compile_conv1d, compile_elementwise
 from fp4repro.quant.state import QuantState
 from fp4repro.train.checkpoint import CheckpointWriter, load_latest_resume, prune_resume
 from fp4repro.train.schedule import WSDSchedule
@@ -107,7 +107,9 @@ class ReferenceEngine:
             self.model.load_state_dict(initial, strict=True)
         self.model.to(device)
         if study.experiment.train.fused_kernels:
-            compile_fused_kernels(self.model)
+            compile_elementwise(self.model)
+        if study.experiment.train.compiled_conv1d:
+            compile_conv1d(self.model)
         self.quant_state = self.model.quant_state
         self.quant_state.seed = seed
         self.optimizer = build_optimizer(self.model, study.experiment.train)

@@ -547,6 +547,7 @@ class StepProfiler:
             "fingerprint": fingerprint,
             "deterministic": torch.are_deterministic_algorithms_enabled(),
             "fused_kernels": t.fused_kernels,
+            "compiled_conv1d": t.compiled_conv1d,
         }
         return cls(window, out, engine.model, study.model, t.tokens_per_step, t.seq_len, device, engine.writer, meta)
 
