@@ -168,7 +168,8 @@ OPTIMIZER_PHASE = "fp4repro::optimizer"
 def deterministic_algorithms() -> None:
     """torch's deterministic algorithms, with the cuBLAS workspace they need on CUDA (the variable
     must be set before cuBLAS starts: before the first GEMM), and inductor's deterministic mode
-    for what ``torch.compile`` generates (the compiled norms and activations of ``train.fused_kernels``): no
+    for what ``torch.compile`` generates (the compiled norms and activations of ``train.fused_kernels``,
+    the conv1d of ``train.compiled_conv1d``): no
     benchmarking of kernel configs that changes numerics, so that two processes compile the same
     reductions (inductor reads the variable when its config is first imported; if it was, the
     setting is changed there)."""

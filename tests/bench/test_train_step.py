@@ -56,6 +56,7 @@ def test_each_configuration_is_one_profiled_train_process_and_a_recorded_one_is_
     rows = {(r["recipe"], r["kernels"]): r for r in result["rows"]}
     assert set(rows) == {("bf16", "default"), ("bf16", "fused"), ("ue5m3_torch_gemm", "default")}
     bf16, quantized = rows["bf16", "default"], rows["ue5m3_torch_gemm", "default"]
+    assert {r["compiled_conv1d"] for r in rows.values()} == {False}  # steptest leaves the conv eager
     assert result["over_bf16"] == [
         {
             "experiment": "steptest",

@@ -179,6 +179,7 @@ def _row(path: Path) -> dict:
         "backend": p["backend"],
         "recipe": p["recipe"],
         "kernels": "fused" if p["fused_kernels"] else "default",
+        "compiled_conv1d": p.get("compiled_conv1d", False),  # records made before the field: off
         "gemm": whole["measured_with"]["gemm"],
         "model": p["model"],
         "device_name": p["device_name"],

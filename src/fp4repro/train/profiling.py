@@ -129,7 +129,7 @@ RULES = (
     Rule("gemm", "probe_matched_gemm", kernel=_NOT_IN_NAME + r"_probe_matched_gemm_kernel"),
     Rule("gemm", "gemm_epilogue", kernel=_NOT_IN_NAME + r"_scale_cast_kernel"),
     # the depthwise causal conv1d of the Mamba mixer (cuDNN, torch's depthwise kernels, causal-conv1d,
-    # the compiled conv1d and SiLU of train.fused_kernels)
+    # the compiled conv1d and SiLU of train.compiled_conv1d)
     Rule(
         "conv1d",
         "convolution",
@@ -706,7 +706,8 @@ def table(record: dict) -> str:
     )
     lines = [
         f"{record.get('experiment', '')}/{record.get('recipe', '')} ({record.get('backend', '')}"
-        f"{', fused kernels' if record.get('fused_kernels') else ''}) on "
+        f"{', fused kernels' if record.get('fused_kernels') else ''}"
+        f"{', compiled conv1d' if record.get('compiled_conv1d') else ''}) on "
         f"{record['device_name']}: steps {record['steps'][0]}-{record['steps'][-1]} profiled, "
         f"{per_step:,.1f} ms/step, {record['tokens_per_s']:,.0f} tokens/s, {mfu_text}",
         f"{'part':14} {'ms/step':>10} {'share':>7}",
