@@ -101,3 +101,13 @@ def test_compile_conv1d_switches_every_mixer_of_the_megatron_model(megatron_cpu)
     assert not any(m.compiled_conv1d for m in mixers)
     assert compile_conv1d(model) == len(mixers) == tiny.pattern.count("M")
     assert all(m.compiled_conv1d for m in mixers)
+
+
+def test_under_autocast_x_is_rounded_to_autocasts_dtype_as_for_megatrons_conv(mixer):
+    # an FP32 x under CPU autocast (BF16): rounded as nn.Conv1d's autocast rounds it, so the result
+    # is the BF16 x's
+    x, weight, bias = _inputs(mixer, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = mixer.causal_conv1d_fn(x, weight, bias, activation="silu")
+        want = mixer.causal_conv1d_fn(x.bfloat16(), weight, bias, activation="silu")
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)

@@ -7,7 +7,9 @@ kernel) runs causal-conv1d's ``causal_conv1d_fn`` where that package is installe
 each step, the slowest parts of the mixer besides its scan. ``MambaMixer`` here, when
 ``compiled_conv1d``, gives ``_ssm_prefill`` a ``causal_conv1d_fn`` of its own for the call: the
 reference's ``compiled_causal_conv1d_silu`` (``fp4repro.model.layers``), the formula megatron's
-conv computes. Otherwise it is megatron's mixer unchanged.
+conv computes. Otherwise it is megatron's mixer unchanged. (Megatron's memory-efficient path,
+which fuses the conv into its own scan and never calls the prefill, is off in this suite's spec:
+``fp4repro.megatron.model.transformer_config``.)
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ class MambaMixer(ConvMixer, megatron_mixer.MambaMixer):
         activation: str | None = None,
     ) -> torch.Tensor:
         """causal-conv1d's ``causal_conv1d_fn`` for the calls training makes: x (batch, channels,
-        time), weight (channels, K), the SiLU, no sequence index or states. The weight and bias are
-        rounded to x's dtype first, as autocast rounds them for megatron's ``nn.Conv1d``; the sum
-        and the SiLU are float32, rounded once to x's dtype. Returns (batch, channels, time) as a
-        view of a (batch, time, channels) tensor: the layout megatron transposes it back to."""
+        time), weight (channels, K), the SiLU, no sequence index or states. Under autocast x, the
+        weight and the bias are rounded to autocast's dtype first, as autocast rounds them for
+        megatron's ``nn.Conv1d`` (without it, to x's dtype); the sum and the SiLU are float32,
+        rounded once. Returns (batch, channels, time) as a view of a (batch, time, channels)
+        tensor, so that megatron's transpose back after the conv copies nothing (its transpose
+        before it still does)."""
         if activation not in ("silu", "swish"):
             raise NotImplementedError(
                 f"the compiled conv1d applies a SiLU; megatron asked for activation={activation!r}"
@@ -54,8 +58,10 @@ class MambaMixer(ConvMixer, megatron_mixer.MambaMixer):
                 "the compiled conv1d takes no sequence index or conv states (packed sequences, chunked "
                 "prefill, inference): train.compiled_conv1d is for training"
             )
-        bias = None if bias is None else bias.to(x.dtype)
-        return self.conv_silu(x.transpose(1, 2), weight.to(x.dtype), bias).transpose(1, 2)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        bias = None if bias is None else bias.to(dtype)
+        return self.conv_silu(x.transpose(1, 2).to(dtype), weight.to(dtype), bias).transpose(1, 2)
 
     def _ssm_prefill(self, *args, **kwargs):
         if not self.compiled_conv1d:

@@ -102,8 +102,8 @@ def compiled_causal_conv1d_silu() -> Callable:
     """``causal_conv1d_silu`` through ``torch.compile``: on a GPU one generated kernel forward (the
     K shifted reads of x, the sum, the SiLU, one write) and, backward, one for x's gradient and
     reductions over batch and time for the weight's and bias's, where eager torch runs the
-    depthwise convolution's three kernels, a separate SiLU each way and, with ``F.conv1d``'s
-    channels-first layout, a transposed copy each way. The same formula; its sums are rounded in
+    depthwise convolution's three kernels, a separate SiLU each way and, in the reference's
+    channels-last layout, a transposed copy for ``F.conv1d`` each way. The same formula; its sums are rounded in
     another order than ``F.conv1d``'s, so the last bits differ. Static shapes and ``fullgraph`` as
     ``compiled_rms_norm``."""
     return torch.compile(causal_conv1d_silu, fullgraph=True, dynamic=False)
