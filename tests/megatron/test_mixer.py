@@ -111,3 +111,11 @@ def test_under_autocast_x_is_rounded_to_autocasts_dtype_as_for_megatrons_conv(mi
         got = mixer.causal_conv1d_fn(x, weight, bias, activation="silu")
         want = mixer.causal_conv1d_fn(x.bfloat16(), weight, bias, activation="silu")
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def test_without_a_bias_the_compiled_conv_is_megatrons_bias_free_conv(mixer):
+    # causal-conv1d's contract allows bias=None (megatron's conv_bias=False): the sum starts at 0
+    x, weight, _ = _inputs(mixer, torch.float32)
+    want = F.silu(F.conv1d(x, weight.unsqueeze(1), None, padding=weight.shape[1] - 1, groups=weight.shape[0]))
+    got = mixer.causal_conv1d_fn(x, weight, None, activation="silu")
+    torch.testing.assert_close(got, want[..., : x.shape[-1]], rtol=1e-5, atol=2e-6)

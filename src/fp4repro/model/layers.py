@@ -90,7 +90,7 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         x32, w32 = _wide(x), _wide(weight)
         taps, length = w32.shape[-1], x.shape[1]
         padded = F.pad(x32, (0, 0, taps - 1, 0))  # K − 1 zeros before the first step
-        acc = torch.zeros((), dtype=x32.dtype, device=x.device) if bias is None else _wide(bias)
+        acc = 0.0 if bias is None else _wide(bias)
         for k in range(taps):
             acc = acc + padded[:, k : k + length] * w32[:, k]
         out = F.silu(acc)
