@@ -37,35 +37,65 @@ def _definition(x, weight, bias):
     return F.silu(pre), magnitude
 
 
+def _conv_channels(mixer: Mamba2Mixer) -> slice:
+    """Where xBC lies in the in-projection's output [z | xBC | dt]."""
+    return slice(mixer.d_inner, mixer.d_inner + mixer.conv_dim)
+
+
 @pytest.fixture(scope="module")
 def runs():
-    """Forward and backward of the eager and the compiled mixer's conv on the same input, a slice
-    of a wider tensor as the in-projection's output is."""
+    """Forward and backward of the eager and the compiled mixer's splits and conv
+    (``Mamba2Mixer._split_conv``) on the same in-projection output, with an upstream gradient
+    for each of z, x, B, C and dt."""
     g = torch.Generator().manual_seed(20261208)
     eager = _mixer(False)
-    wide = torch.randn(2, 24, eager.conv_dim + 5, generator=g) * torch.logspace(-2, 2, 24).view(1, 24, 1)
-    upstream = torch.randn(2, 24, eager.conv_dim, generator=g)
+    xbc = _conv_channels(eager)
+    wide = torch.randn(2, 24, sum(eager.conv_silu.widths), generator=g) * torch.logspace(-2, 2, 24).view(1, 24, 1)
+    upstream = torch.randn(wide.shape, generator=g)
     out = {}
     torch._dynamo.reset()  # a signature another test compiled would not count as a graph here
     counters.clear()
     for compiled in (False, True):
         mixer = _mixer(compiled)
-        x = wide.clone().requires_grad_()
-        y = mixer._conv(x[..., 3 : 3 + mixer.conv_dim])
-        (y * upstream).sum().backward()
+        zxbcdt = wide.clone().requires_grad_()
+        parts = mixer._split_conv(zxbcdt)
+        torch.cat(parts[:1] + parts[4:] + parts[1:4], -1).mul(upstream).sum().backward()
         out[compiled] = (
-            y.detach(),
-            x.grad[..., 3 : 3 + mixer.conv_dim],
+            torch.cat(parts[1:4], -1).detach(),
+            zxbcdt.grad[..., xbc],
             mixer.conv1d.weight.grad,
             mixer.conv1d.bias.grad,
         )
+        out[compiled, "parts"] = parts
+        out[compiled, "zxbcdt grad"] = zxbcdt.grad
     out["graphs"] = counters["stats"]["unique_graphs"]
-    out["x"], out["upstream"], out["mixer"] = wide[..., 3 : 3 + eager.conv_dim], upstream, eager
+    out["wide"], out["x"], out["mixer"] = wide, wide[..., xbc], eager
+    # the upstream gradients in the order of the cat above: z, dt, then x | B | C
+    z_dt = eager.d_inner + eager.n_heads
+    out["upstream"], out["upstream z, dt"] = upstream[..., z_dt:], upstream[..., :z_dt]
     return out
 
 
 def test_the_compiled_conv_runs_through_dynamo(runs):
     assert runs["graphs"] == 1
+
+
+def test_the_compiled_splits_are_tensors_of_their_own_whose_gradients_autograd_does_not_join(runs):
+    # views would reach the in-projection through autograd's split backward (a copy per split);
+    # the compiled function's own outputs take their gradients into its backward
+    for compiled, backward in ((False, "SplitWithSizesBackward0"), (True, "CompiledFunctionBackward")):
+        for part in runs[compiled, "parts"]:
+            assert part.grad_fn.name() == backward
+            assert part.is_contiguous() == compiled
+
+
+def test_z_and_dt_and_their_gradients_pass_through_the_compiled_splits_unchanged(runs):
+    mixer, wide = runs["mixer"], runs["wide"]
+    z, dt = runs[True, "parts"][0], runs[True, "parts"][4]
+    assert torch.equal(z, wide[..., : mixer.d_inner]) and torch.equal(dt, wide[..., -mixer.n_heads :])
+    grad = runs[True, "zxbcdt grad"]
+    z_grad, dt_grad = runs["upstream z, dt"].split([mixer.d_inner, mixer.n_heads], -1)
+    assert torch.equal(grad[..., : mixer.d_inner], z_grad) and torch.equal(grad[..., -mixer.n_heads :], dt_grad)
 
 
 def test_the_compiled_conv_is_the_definition_to_float32_rounding(runs):
@@ -123,10 +153,10 @@ def test_the_compiled_conv_is_causal():
     # moving x at step 10 changes no output before it, and changes steps 10 … 13 (K = 4)
     mixer = _mixer(True)
     g = torch.Generator().manual_seed(20261209)
-    x = torch.randn(1, 24, mixer.conv_dim, generator=g)
+    x = torch.randn(1, 24, sum(mixer.conv_silu.widths), generator=g)
     moved = x.clone()
     moved[:, 10] += 1.0
     with torch.no_grad():
-        a, b = mixer._conv(x), mixer._conv(moved)
+        a, b = (torch.cat(mixer._split_conv(t)[1:4], -1) for t in (x, moved))
     changed = (a != b).any(-1).squeeze(0)
     assert changed.nonzero().flatten().tolist() == [10, 11, 12, 13]

@@ -18,13 +18,15 @@ def _bf16_ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() - b.float()).abs() / (2.0 ** (torch.floor(torch.log2(scale)) - 7))
 
 
-def _run(mixer: Mamba2Mixer, x: torch.Tensor, upstream: torch.Tensor):
-    xi = x.clone().requires_grad_()
+def _run(mixer: Mamba2Mixer, zxbcdt: torch.Tensor, upstream: torch.Tensor):
+    """x | B | C, the gradient of zxbcdt, the conv's weight and bias gradients."""
+    zi = zxbcdt.clone().requires_grad_()
     mixer.conv1d.weight.grad = mixer.conv1d.bias.grad = None
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = mixer._conv(xi)
-    (y.float() * upstream).sum().backward()
-    return y, xi.grad, mixer.conv1d.weight.grad.clone(), mixer.conv1d.bias.grad.clone()
+        z, x, b, c, dt = mixer._split_conv(zi)
+    y = torch.cat((x, b, c), -1)
+    (torch.cat((z, y, dt), -1).float() * upstream).sum().backward()
+    return y, zi.grad, mixer.conv1d.weight.grad.clone(), mixer.conv1d.bias.grad.clone()
 
 
 def test_the_reference_mixers_compiled_conv_is_its_eager_one_under_bf16_autocast():
@@ -33,20 +35,22 @@ def test_the_reference_mixers_compiled_conv_is_its_eager_one_under_bf16_autocast
     mixer = Mamba2Mixer(config, lambda n_in, n_out, name: torch.nn.Linear(n_in, n_out, bias=False)).cuda()
     mixer.reset_parameters(0.02, 0.02)
     g = torch.Generator(device="cuda").manual_seed(20261211)
-    # a slice of a wider BF16 tensor, as the in-projection's output is
-    wide = torch.randn(2, 1024, mixer.conv_dim + 64, device="cuda", generator=g).bfloat16()
-    x = wide[..., 32 : 32 + mixer.conv_dim]
-    upstream = torch.randn(2, 1024, mixer.conv_dim, device="cuda", generator=g)
-    eager = _run(mixer, x, upstream)
+    # the in-projection's BF16 output [z | xBC | dt]
+    zxbcdt = torch.randn(2, 1024, sum(mixer.conv_silu.widths), device="cuda", generator=g).bfloat16()
+    upstream = torch.randn(zxbcdt.shape, device="cuda", generator=g)
+    eager = _run(mixer, zxbcdt, upstream)
     mixer.compiled_conv1d = True
     counters.clear()
-    compiled = _run(mixer, x, upstream)
-    again = _run(mixer, x, upstream)
+    compiled = _run(mixer, zxbcdt, upstream)
+    again = _run(mixer, zxbcdt, upstream)
     assert counters["stats"]["unique_graphs"] == 1
+    # z's and dt's gradients are the upstream's, rounded to BF16 as autocast's cat gives them
+    assert torch.equal(compiled[1][..., : mixer.d_inner], eager[1][..., : mixer.d_inner])
+    assert torch.equal(compiled[1][..., -mixer.n_heads :], eager[1][..., -mixer.n_heads :])
     # float32 sums in two orders, each output rounded once to BF16: at most one BF16 step apart
     assert compiled[0].dtype == torch.bfloat16 and _bf16_ulps(compiled[0], eager[0]).max() <= 1
     assert (compiled[0] != eager[0]).float().mean() < 0.01
-    # x's gradient (BF16, from 4 taps) likewise; the weight's and bias's are float32 sums of 2,048
+    # xBC's gradient (BF16, from 4 taps) likewise; the weight's and bias's are float32 sums of 2,048
     # products per channel in two orders
     assert _bf16_ulps(compiled[1], eager[1]).max() <= 1
     for got, want in zip(compiled[2:], eager[2:], strict=True):

@@ -76,6 +76,12 @@ def test_each_kernel_goes_to_its_part_by_name(name, part):
             ("CompiledFunction", MODULE_LABEL + "CausalConv1dSiLU"),
             "conv1d",
         ),
+        # and the reference mixer's, with its splits, whose backward joins the gradients
+        (
+            "triton_poi_fused_add_cat_mul_silu_backward_1",
+            ("CompiledFunctionBackward", MODULE_LABEL + "SplitCausalConv1dSiLU"),
+            "conv1d",
+        ),
         # the scan's autograd function takes the torch work around its kernels
         ("void at::native::reduce_kernel<512, 1>", ("aten::sum", "MambaChunkScanCombinedFnBackward"), "mamba_scan"),
         # a CPU profile's operators are classified by their own names
@@ -103,7 +109,7 @@ def test_the_rules_name_every_part_and_the_quantization_kernels_the_census_reads
 def test_norm_modules_the_fp32_heads_and_the_compiled_conv_are_labelled_and_a_stack_named_for_its_norm_is_not():
     for name in ("RMSNorm", "GatedRMSNorm", "RMSNormGated", "LayerNorm", "TENorm"):
         assert LABELLED_MODULES.search(name), name
-    for name in ("FP32OutputHead", "FP32OutputColumnParallelLinear", "CausalConv1dSiLU"):
+    for name in ("FP32OutputHead", "FP32OutputColumnParallelLinear", "CausalConv1dSiLU", "SplitCausalConv1dSiLU"):
         assert LABELLED_MODULES.search(name), name
     for name in (
         "TorchNormMambaStack",

@@ -127,7 +127,8 @@ class TrainConfig:
     fused_kernels: bool = False
     #: the Mamba-2 mixers' depthwise conv1d and its SiLU as one formula compiled by
     #: ``torch.compile`` (``fp4repro.model.layers.causal_conv1d_silu``: one kernel forward, x's
-    #: gradient and the weight's reductions backward) in both backends, instead of torch's depthwise
+    #: gradient and the weight's reductions backward; in the reference mixer with the splits
+    #: around it, ``split_causal_conv1d_silu``) in both backends, instead of torch's depthwise
     #: convolution kernels and a separate SiLU. Its sums are rounded in another order: in the
     #: fingerprint when on. A field apart from ``fused_kernels``, whose runs made before it keep
     #: what they computed.

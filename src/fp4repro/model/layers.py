@@ -97,6 +97,35 @@ def causal_conv1d_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return out.to(x.dtype)
 
 
+def split_causal_conv1d_silu(
+    zxbcdt: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    widths: tuple[int, int, int],
+    xbc_widths: tuple[int, int, int],
+) -> tuple[torch.Tensor, ...]:
+    """The Mamba-2 mixer from its in-projection's output to the scan's inputs:
+
+        [z | xBC | dt] = zxbcdt                      widths (d_inner, conv channels, heads)
+        [x | B | C]    = causal_conv1d_silu(xBC)     xbc_widths (d_inner, G·N, G·N)
+
+    returned as (z, x, B, C, dt), each a contiguous tensor of its own, not a view. That is the
+    point of the function: compiled (``compiled_split_causal_conv1d_silu``), the backward receives
+    the five gradients as they are and writes the in-projection's gradient [dz | dxBC | ddt] from
+    them in its own kernels, where autograd would join the views' gradients with a copy per split
+    (two full passes over the in-projection's output a layer). The values are
+    ``causal_conv1d_silu``'s and the inputs' own: a split and a copy round nothing."""
+    z, xbc, dt = torch.split(zxbcdt, list(widths), dim=-1)
+    x, b, c = torch.split(causal_conv1d_silu(xbc, weight, bias), list(xbc_widths), dim=-1)
+    return tuple(t.clone(memory_format=torch.contiguous_format) for t in (z, x, b, c, dt))
+
+
+@functools.cache
+def compiled_split_causal_conv1d_silu() -> Callable:
+    """``split_causal_conv1d_silu`` through ``torch.compile``, as ``compiled_causal_conv1d_silu``."""
+    return torch.compile(split_causal_conv1d_silu, fullgraph=True, dynamic=False)
+
+
 @functools.cache
 def compiled_causal_conv1d_silu() -> Callable:
     """``causal_conv1d_silu`` through ``torch.compile``: on a GPU one generated kernel forward (the
@@ -122,6 +151,20 @@ class CausalConv1dSiLU(nn.Module):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return compiled_causal_conv1d_silu()(x, weight, bias)
+
+
+class SplitCausalConv1dSiLU(nn.Module):
+    """``compiled_split_causal_conv1d_silu`` as a module without parameters, with the mixer's
+    widths, so that a profile labels its kernels, forward and backward, as the conv's."""
+
+    def __init__(self, widths: tuple[int, int, int], xbc_widths: tuple[int, int, int]):
+        super().__init__()
+        self.widths, self.xbc_widths = widths, xbc_widths
+
+    def forward(
+        self, zxbcdt: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...]:
+        return compiled_split_causal_conv1d_silu()(zxbcdt, weight, bias, self.widths, self.xbc_widths)
 
 
 class RMSNorm(nn.Module):
@@ -209,7 +252,8 @@ class Mamba2Mixer(ConvMixer, nn.Module):
 
     On CUDA with mamba-ssm installed, the scan and the gated norm run as mamba-ssm's Triton
     kernels (`use_triton_kernels = False` forces the torch path, e.g. to compare the two).
-    ``compiled_conv1d``: the conv1d and its SiLU as ``compiled_causal_conv1d_silu``.
+    ``compiled_conv1d``: the two splits, the conv1d and its SiLU as
+    ``compiled_split_causal_conv1d_silu``.
     """
 
     LINEARS = LAYER_LINEARS["mamba"]
@@ -234,7 +278,11 @@ class Mamba2Mixer(ConvMixer, nn.Module):
             padding=config.mamba_conv_kernel - 1,
             bias=True,
         )
-        self.conv_silu = CausalConv1dSiLU()  # no parameters: the compiled form of _conv
+        # no parameters: the compiled form of _split_conv
+        self.conv_silu = SplitCausalConv1dSiLU(
+            (self.d_inner, self.conv_dim, self.n_heads),
+            (self.d_inner, self.n_groups * self.state_size, self.n_groups * self.state_size),
+        )
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.D = nn.Parameter(torch.empty(self.n_heads))
@@ -272,10 +320,8 @@ class Mamba2Mixer(ConvMixer, nn.Module):
         """silu(causal depthwise conv1d) over time, in float32: (b, l, C) -> (b, l, C) in xBC's dtype.
 
         padding = K − 1 on both sides, keeping the first l outputs, makes output t depend on inputs
-        t−K+1 … t only. ``compiled_conv1d``: ``causal_conv1d_silu``'s formula in one compiled kernel.
+        t−K+1 … t only.
         """
-        if self.compiled_conv1d:
-            return self.conv_silu(xBC, self.conv1d.weight.squeeze(1), self.conv1d.bias)
         length = xBC.shape[1]
         with _float32_region(xBC):
             out = F.conv1d(
@@ -288,14 +334,20 @@ class Mamba2Mixer(ConvMixer, nn.Module):
             out = F.silu(out).transpose(1, 2)
         return out.to(xBC.dtype)
 
+    def _split_conv(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(z, x, B, C, dt) from the in-projection's output: [z | xBC | dt], xBC through ``_conv``,
+        [x | B | C] of its output; views. ``compiled_conv1d``: all of it as
+        ``compiled_split_causal_conv1d_silu``'s tensors of their own, whose gradients reach the
+        in-projection without a copy per split."""
+        if self.compiled_conv1d:
+            return self.conv_silu(zxbcdt, self.conv1d.weight.squeeze(1), self.conv1d.bias)
+        z, xBC, dt = torch.split(zxbcdt, list(self.conv_silu.widths), dim=-1)
+        x, B, C = torch.split(self._conv(xBC), list(self.conv_silu.xbc_widths), dim=-1)
+        return z, x, B, C, dt
+
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         batch, length, _ = u.shape
-        zxbcdt = self.in_proj(u)
-        z, xBC, dt = torch.split(zxbcdt, [self.d_inner, self.conv_dim, self.n_heads], dim=-1)
-        xBC = self._conv(xBC)
-        x, B, C = torch.split(
-            xBC, [self.d_inner, self.n_groups * self.state_size, self.n_groups * self.state_size], dim=-1
-        )
+        z, x, B, C, dt = self._split_conv(self.in_proj(u))
         x = x.unflatten(-1, (self.n_heads, self.head_dim))
         B = B.unflatten(-1, (self.n_groups, self.state_size))
         C = C.unflatten(-1, (self.n_groups, self.state_size))

@@ -89,8 +89,8 @@ MODULE_LABEL = "fp4repro::module::"
 #: RMSNormGated, LayerNorm, TENorm), anchored at the end so that a stack named for its norm
 #: (TorchNormMambaStack) is not one; the FP32 LM heads (the reference's FP32OutputHead,
 #: megatron's FP32OutputColumnParallelLinear), whose FP32 GEMMs are a part of their own; and the
-#: compiled conv1d (CausalConv1dSiLU), whose generated kernels are named for their operators.
-LABELLED_MODULES = re.compile(r"Norm(Gated)?$|^FP32Output|^CausalConv1dSiLU$")
+#: compiled conv1d ((Split)CausalConv1dSiLU), whose generated kernels are named for their operators.
+LABELLED_MODULES = re.compile(r"Norm(Gated)?$|^FP32Output|^(Split)?CausalConv1dSiLU$")
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ RULES = (
         kernel=r"conv1d|conv2d|conv_depthwise|convolve|dgrad2d|wgrad2d|implicit_gemm|causal_conv",
         within=r"^aten::\w*(conv\dd|convolution|conv_depthwise)|^ConvolutionBackward|^"
         + re.escape(MODULE_LABEL)
-        + "CausalConv1dSiLU$",
+        + "(Split)?CausalConv1dSiLU$",
     ),
     # cuBLAS (sm90_xmma_gemm_*, nvjet_*, ampere_*gemm*, gemv, split-K reductions), CUTLASS, and
     # every kernel a GEMM operator launches
