@@ -16,6 +16,7 @@ from fp4repro.kernels import (
     live_slots,
     live_slots_amax,
     operand_amax_triton,
+    operand_amax_with_rht_and_bf16_triton,
     operand_amax_with_rht_triton,
     philox_uniforms,
     quantize_2d,
@@ -329,6 +330,46 @@ def test_the_amax_with_rht_pass_equals_both_passes_it_replaces(shape, kind, monk
     rows, rht = operand_amax_with_rht_triton(x.to(DEVICE))
     assert _same(rows, operand_amax_reference(x, SPECS["1x16 RNE current"]))
     assert _same(rht, operand_amax_reference(x.t(), SPECS["1x16 RHT+SR"]))
+
+
+def _ties_and_carries(x: torch.Tensor) -> torch.Tensor:
+    """x with float32 values that test a cast to BF16 in its first row: exact halfway cases with an
+    even and an odd kept bit (down and up), one just past halfway, a mantissa of ones that carries
+    into the exponent, the largest float32 (past BF16's largest: inf), and a negative of each."""
+    bits = [0x3F808000, 0x3F818000, 0x3F808001, 0x3FFFFFFF, 0x7F7FFFFF, 0x00008000, 0x00018000]
+    values = torch.tensor(bits, dtype=torch.int32).view(torch.float32)
+    values = torch.cat([values, -values])[: x.shape[1]]
+    x = x.clone()
+    x[0, : len(values)] = values
+    return x
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(40, 72), (16 * 42 + 5, 200)], ids=["one program", "8 tiles a program, ragged"])
+def test_the_amax_with_rht_pass_with_the_bf16_cast_equals_the_cast_and_both_passes(shape, kind, monkeypatch):
+    # a float32 X: its own amax (fprop.x), its BF16 cast as torch rounds it (to nearest even; a NaN
+    # stays a NaN) and the cast's transposed amax with the RHT (wgrad.x), from one read of X
+    import fp4repro.kernels as kernels
+    from fp4repro.reference.block import operand_amax_reference
+
+    monkeypatch.setattr(kernels, "AMAX_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(kernels, "_streaming_multiprocessors", lambda device: 1)
+    x = _x(kind, shape, _seed("with_rht_bf16", kind, *shape))
+    if kind in ("normal", "subnormal"):
+        x = _ties_and_carries(x)
+    rows, rht, cast = operand_amax_with_rht_and_bf16_triton(x.to(DEVICE))
+    want = x.to(torch.bfloat16)
+    cast = cast.cpu()
+    assert cast.dtype == torch.bfloat16 and cast.is_contiguous()
+    assert torch.equal(cast.isnan(), want.isnan())
+    assert torch.equal(cast.view(torch.int16)[~want.isnan()], want.view(torch.int16)[~want.isnan()])
+    assert _same(rows, operand_amax_reference(x, SPECS["1x16 RNE current"]))
+    assert _same(rht, operand_amax_reference(want.t(), SPECS["1x16 RHT+SR"]))
+
+
+def test_the_amax_with_rht_pass_casts_float32_only():
+    with pytest.raises(ValueError, match="casts float32 to BF16"):
+        operand_amax_with_rht_and_bf16_triton(torch.randn(32, 48).bfloat16().to(DEVICE))
 
 
 def test_the_amax_with_rht_pass_refuses_a_transposed_view():

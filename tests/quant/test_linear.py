@@ -401,10 +401,11 @@ def test_on_a_gpu_the_three_gemms_get_bf16_operands_of_float32_tensors(recipe):
     assert dtypes == [(torch.bfloat16, torch.bfloat16, torch.bfloat16)] * 3
 
 
-def _steps_with_and_without_shared_amaxes(recipe: str, monkeypatch, device="cpu", telemetry=False):
+def _steps_with_and_without_shared_amaxes(recipe: str, monkeypatch, device="cpu", telemetry=False, float32_x=False):
     """Outputs and gradients of three steps of a layer under ``recipe`` with X's and dY's current
     amaxes taken together and with each quantization taking its own, and how many times the
-    layer asked for them together."""
+    layer asked for them together (``operand_amaxes``). ``float32_x``: X in float32 on a GPU too,
+    as a norm hands it under autocast."""
     import fp4repro.quant.linear as linear
 
     specs = load_recipe(recipe).linear_specs(0, LAYERS)
@@ -418,14 +419,16 @@ def _steps_with_and_without_shared_amaxes(recipe: str, monkeypatch, device="cpu"
     def run(shared: bool):
         monkeypatch.setattr(linear, "operand_amaxes", counting)
         if not shared:
-            monkeypatch.setattr(linear, "shared_current_amaxes", lambda *args: (None, None))
+            monkeypatch.setattr(linear, "shared_current_amaxes", lambda t, *args: (None, None, t))
         lin = _layer(specs, bias=False).to(device)
         lin.state.telemetry = telemetry
         out = []
         for step in range(3):
             g = torch.Generator().manual_seed(step)
             # BF16 on a GPU, as the layer before hands it under autocast (wgrad quantizes X in BF16)
-            x = torch.randn(4, 20, 64, generator=g).to(device, torch.bfloat16 if device == "cuda" else None)
+            x = torch.randn(4, 20, 64, generator=g).to(
+                device, torch.bfloat16 if device == "cuda" and not float32_x else None
+            )
             x.requires_grad_()
             with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
                 y = lin(x)
@@ -469,6 +472,24 @@ def test_on_a_gpu_the_shared_amaxes_change_no_bit(recipe, monkeypatch):
     assert reads == ([] if recipe == "nvfp4_no_rht" else [(80, 64), (80, 48)] * 3)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4_no_rht"])
+def test_on_a_gpu_a_float32_xs_amaxes_and_bf16_cast_from_one_read_change_no_bit(recipe, monkeypatch):
+    # the kernel's one read of a float32 X for its amax, its BF16 cast and the cast's amax after
+    # the RHT, against the cast in the backward and each quantization's own pass
+    import fp4repro.kernels as kernels
+
+    reads = []
+    original = kernels.operand_amax_with_rht_and_bf16_triton
+    monkeypatch.setattr(
+        kernels, "operand_amax_with_rht_and_bf16_triton", lambda x: reads.append(x.shape) or original(x)
+    )
+    shared, own, calls = _steps_with_and_without_shared_amaxes(recipe, monkeypatch, device="cuda", float32_x=True)
+    assert all(torch.equal(a, b) for a, b in zip(shared, own))
+    assert calls == [(80, 48)] * 3  # dY's pair; X's is operand_amaxes_and_bf16's
+    assert reads == ([] if recipe == "nvfp4_no_rht" else [(80, 64)] * 3)
+
+
 def test_a_backward_that_records_telemetry_takes_x_transposed_amax_afresh(monkeypatch):
     # a forward without telemetry took X's two amaxes together; a backward with it (the state
     # turned telemetry on in between) records wgrad.x as its own quantization would: with an inf
@@ -479,7 +500,7 @@ def test_a_backward_that_records_telemetry_takes_x_transposed_amax_afresh(monkey
 
     def rows(shared: bool):
         if not shared:
-            monkeypatch.setattr(linear, "shared_current_amaxes", lambda *args: (None, None))
+            monkeypatch.setattr(linear, "shared_current_amaxes", lambda t, *args: (None, None, t))
         lin = _layer(specs, bias=False)
         x = torch.randn(4, 20, 64, generator=torch.Generator().manual_seed(5))
         x[0, 3, 5] = float("inf")
@@ -503,27 +524,37 @@ def _counting_shared_amaxes(monkeypatch) -> list:
     return calls
 
 
-def test_float32_x_computed_in_bf16_takes_its_amaxes_apart(monkeypatch):
-    # fprop.x quantizes float32 X, wgrad.x its BF16 cast: two tensors, two amaxes (dY's pair is
-    # still shared); the autograd function is called with BF16, as under autocast on a GPU
+@pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4_no_rht"])
+def test_float32_x_computed_in_bf16_takes_its_amaxes_and_its_cast_together(recipe, monkeypatch):
+    # fprop.x quantizes float32 X, wgrad.x its BF16 cast: both amaxes and the cast in the forward
+    # (operand_amaxes_and_bf16), the backward keeping X in BF16, and nothing else changes; the
+    # autograd function is called with BF16, as under autocast on a GPU
     import fp4repro.quant.linear as linear
 
-    specs = _rne(load_recipe("nvfp4").linear_specs(0, LAYERS))
+    specs = _rne(load_recipe(recipe).linear_specs(0, LAYERS))
 
     def run(shared: bool):
         calls = _counting_shared_amaxes(monkeypatch)
+        original = linear.operand_amaxes_and_bf16
+        monkeypatch.setattr(
+            linear, "operand_amaxes_and_bf16", lambda t, *specs: calls.append(("bf16", t.shape)) or original(t, *specs)
+        )
         if not shared:
-            monkeypatch.setattr(linear, "shared_current_amaxes", lambda *args: (None, None))
+            monkeypatch.setattr(linear, "shared_current_amaxes", lambda t, *args: (None, None, t))
         weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
         x = (torch.randn(30, 64, generator=torch.Generator().manual_seed(2)) * 3).requires_grad_()
+        x.data[4, 7] = 1.0 + 2.0**-8 + 2.0**-20  # rounds up to BF16, and would set the amax of a truncated cast apart
+        x.data[4, 7] *= 40.0
         y = linear._QuantLinearFunction.apply(x, weight, None, specs, QuantState(), "l", torch.bfloat16, {}, True)
+        saved = y.grad_fn.saved_tensors[0].dtype
         dx, dw = torch.autograd.grad(y.float().square().sum(), (x, weight))
         monkeypatch.undo()
-        return [y, dx, dw], calls
+        return [y, dx, dw], calls, saved
 
-    (shared, calls), (own, _) = run(True), run(False)
+    (shared, calls, saved), (own, none, saved_own) = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(shared, own))
-    assert calls == [(30, 48)]  # dY only
+    assert calls == [("bf16", (30, 64)), (30, 48)] and none == []  # X with its cast, then dY
+    assert saved == torch.bfloat16 and saved_own == torch.float32
 
 
 def test_an_evaluation_forward_and_a_held_amax_take_nothing_together(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fp4repro.quant import QuantSpec, quantize, reference_only, scaled_operand
-from fp4repro.quant.ops import _force_reference, operand_amaxes, uses_kernel
+from fp4repro.quant.ops import _force_reference, operand_amaxes, operand_amaxes_and_bf16, uses_kernel
 
 
 @pytest.fixture
@@ -154,3 +154,31 @@ def test_operand_amaxes_take_the_kernel_for_a_row_major_tensor_only(monkeypatch)
         a, b = operand_amaxes(t, row, rht)
         assert torch.equal(a, operand_amax_reference(t, row)) and torch.equal(b, operand_amax_reference(t.t(), rht))
     assert reads == [(48, 80)]
+
+
+def test_operand_amaxes_and_bf16_take_the_kernel_for_a_row_major_tensor_with_the_rht_only(monkeypatch):
+    # a float32 X: its amax, its BF16 cast's transposed amax and the cast, from the one-read kernel
+    # (Triton's interpreter, as the front would call it for a CUDA tensor) where wgrad's spec has
+    # the RHT and X lies row by row; else the cast and each amax's own pass, the same values
+    import fp4repro.kernels as kernels
+    import fp4repro.quant.ops as ops
+    from fp4repro.reference.block import operand_amax_reference
+
+    reads = []
+    original = kernels.operand_amax_with_rht_and_bf16_triton
+    monkeypatch.setattr(
+        kernels, "operand_amax_with_rht_and_bf16_triton", lambda x: reads.append(x.shape) or original(x)
+    )
+    monkeypatch.setattr(ops, "uses_kernel", lambda x, *args: True)
+    row, plain, rht = QuantSpec(), QuantSpec(rounding="sr"), QuantSpec(rounding="sr", rht=True)
+    x = torch.randn(48, 80, generator=torch.Generator().manual_seed(6)) * 5
+    x[7, 9] = -(300.0 + 2.0**-7)  # the largest |x|: its BF16 cast rounds down to 300 (BF16's step is 2 there)
+    for t, col in ((x, rht), (x, plain), (x.t().contiguous().t(), rht)):
+        a, b, c = operand_amaxes_and_bf16(t, row, col)
+        assert torch.equal(c, t.to(torch.bfloat16)) and c.dtype == torch.bfloat16
+        assert torch.equal(a, operand_amax_reference(t, row)) and float(a) > 300.0
+        assert torch.equal(b, operand_amax_reference(c.t(), col))
+    assert float(operand_amaxes_and_bf16(x, row, plain)[1]) == 300.0
+    assert reads == [(48, 80)]
+    with pytest.raises(ValueError, match="row-wise spec takes no RHT"):
+        operand_amaxes_and_bf16(x, rht, rht)

@@ -331,26 +331,47 @@ def operand_amax_with_rht_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.T
     """(max |x|, max |RHT16 down x's columns|) over finite elements of a row-major 2-D x (float32
     scalars) from one read of x: ``operand_amax_triton`` of x with a spec without the RHT, and of
     xᵀ (the column-wise view wgrad quantizes) with one with it, bit for bit."""
+    amax, amax_rht, _ = _amax_with_rht(x, cast=False)
+    return amax, amax_rht
+
+
+def operand_amax_with_rht_and_bf16_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(max |x|, max |RHT16 down c's columns|, c) for a row-major 2-D float32 x and its BF16 cast
+    c (dense, row-major), from one read of x: ``operand_amax_triton`` of x with a spec without the
+    RHT, of cᵀ with one with it, and torch's ``x.to(torch.bfloat16)`` (round to nearest even; a
+    NaN stays a NaN, its payload aside), bit for bit. A float32 activation whose wgrad operand is
+    its BF16 cast."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"operand_amax_with_rht_and_bf16_triton casts float32 to BF16, got {x.dtype}")
+    return _amax_with_rht(x, cast=True)
+
+
+def _amax_with_rht(x: torch.Tensor, cast: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     rows, cols = x.shape
     if not row_major(x):
-        raise ValueError(f"operand_amax_with_rht_triton takes a row-major matrix, got strides {x.stride()}")
+        raise ValueError(f"the amax pass with the RHT takes a row-major matrix, got strides {x.stride()}")
     tile_r, tile_c, warps = _tiles(QuantSpec(), columnwise=False)  # the row-wise 1x16 tile: one RHT group tall
     grid = [_cdiv(rows, tile_r), _cdiv(cols, tile_c)]
     tiles = _amax_tiles(grid[0], grid[1], x.device)
     bits = torch.zeros(2, dtype=torch.int32, device=x.device)
+    c = torch.empty((rows, cols), dtype=torch.bfloat16, device=x.device) if cast else None
     _amax_with_rht_launcher()(
         (_cdiv(grid[0], tiles), grid[1]),
-        (x, bits, rows, cols, x.stride(0)),
-        _amax_with_rht_constexprs(tile_r, tile_c, tiles),
+        # the kernel writes BF16 bit patterns (int16): see quantize._bf16_rne
+        (x, bits, (c if cast else _dummy(x.device, torch.bfloat16)).view(torch.int16), rows, cols, x.stride(0)),
+        _amax_with_rht_constexprs(tile_r, tile_c, tiles, cast),
         warps,
     )
     amaxes = bits.view(torch.float32)
-    return amaxes[0], amaxes[1]
+    return amaxes[0], amaxes[1], c
 
 
 @functools.cache
-def _amax_with_rht_constexprs(tile_r: int, tile_c: int, tiles: int) -> tuple:
-    return tuple(dict(TILE_R=tile_r, TILE_C=tile_c, SIGN_BITS=SIGN_BITS, TILES=tiles).items())
+def _amax_with_rht_constexprs(tile_r: int, tile_c: int, tiles: int, cast: bool) -> tuple:
+    constexprs = dict(TILE_R=tile_r, TILE_C=tile_c, SIGN_BITS=SIGN_BITS, TILES=tiles)
+    if cast:  # absent otherwise: the kernel's default, the same compiled kernel as before
+        constexprs.update(CAST=True)
+    return tuple(constexprs.items())
 
 
 def _amax_arg(amax, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:

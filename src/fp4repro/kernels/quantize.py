@@ -8,7 +8,8 @@ running along its columns (the GEMM's reduction dimension):
                        atomic max a program on its bits (valid because |M| >= 0 orders like its
                        bit pattern).
 * ``_amax_with_rht_kernel`` the amaxes of a row-major M without the RHT and of Mᵀ with it (the
-                       row-wise and the wgrad operand of one tensor) from one read of M.
+                       row-wise and the wgrad operand of one tensor) from one read of M; for a
+                       float32 M optionally its BF16 cast too, wgrad's operand, whose amax it is.
 * ``_quantize_kernel`` per tile of TILE_R × TILE_C elements: optional 16-point RHT butterfly,
                        block amax, s_b, element rounding (RNE, or either SR from Philox bytes), and the
                        outputs: q·s_b (BF16 or FP32, exact), optionally packed E2M1 codes and
@@ -428,6 +429,7 @@ def _amax_kernel(
 def _amax_with_rht_kernel(
     x_ptr,
     amax_bits_ptr,
+    cast_ptr,
     rows,
     cols,
     stride_r,
@@ -435,6 +437,7 @@ def _amax_with_rht_kernel(
     TILE_C: tl.constexpr,
     SIGN_BITS: tl.constexpr,
     TILES: tl.constexpr = 1,
+    CAST: tl.constexpr = False,
 ):
     """(A, A_rht) of a row-major M from one read: A = max |M| and A_rht = max |y|, y the 16-point
     RHT down each group of 16 rows of M, both over finite elements, into the float32 bits at
@@ -442,21 +445,47 @@ def _amax_with_rht_kernel(
     (wgrad's operand: ``_amax_kernel`` on the transposed view, RHT on), A that of M quantized
     row-wise without it: ``_rht16`` applies the same butterfly to the same 16 elements in both
     memory orders, so each is bit for bit the amax its own pass gives. TILE_R is a multiple of 16;
-    rows past M's edge load as zeros, the zero padding of Mᵀ's blocks."""
+    rows past M's edge load as zeros, the zero padding of Mᵀ's blocks.
+
+    CAST: also c(M) = ``_bf16_rne``(M), its BF16 bit patterns written to the int16 ``cast_ptr``
+    (row-major, M's shape, dense), and A_rht of c(M) instead of M: a float32 M quantized row-wise
+    as it is (fprop.x) and wgrad's operand its BF16 cast, both amaxes and the cast from one read
+    of M, where the cast and the two passes read it three times. Without CAST ``cast_ptr`` is not
+    used."""
     first = tl.program_id(0) * TILES
     m = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
     m_rht = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
     for i in range(TILES):
-        x, _, _, _ = _load_tile(
+        x, offs_r, offs_c, _ = _load_tile(
             x_ptr, rows, cols, stride_r, 1, first + i, tl.program_id(1), TILE_R, TILE_C, False, SIGN_BITS, False
         )
         a = tl.abs(x)
         m = tl.maximum(m, tl.where(a <= FLT_MAX, a, 0.0))  # finite only (NaN compares false)
+        if CAST:
+            x = _bf16_rne(x)
+            out = cast_ptr + offs_r[:, None].to(tl.int64) * cols + offs_c[None, :]
+            bf16_bits = (x.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+            tl.store(out, bf16_bits, mask=_tile_mask(offs_r, offs_c, rows, cols, False))
         y, _ = _rht16(x, TILE_R, TILE_C, SIGN_BITS)
         a = tl.abs(y)
         m_rht = tl.maximum(m_rht, tl.where(a <= FLT_MAX, a, 0.0))
     tl.atomic_max(amax_bits_ptr, tl.max(tl.max(m, axis=1), axis=0).to(tl.int32, bitcast=True))
     tl.atomic_max(amax_bits_ptr + 1, tl.max(tl.max(m_rht, axis=1), axis=0).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _bf16_rne(x):
+    """float32 x rounded to nearest even onto BF16's grid (as float32), on the bit pattern as
+    torch's conversion (c10::BFloat16) does it: bits + 0x7FFF + (bit 16), the low 16 bits cleared;
+    a carry moves to the next binade, past the largest BF16 to inf; subnormals round on the same
+    bits; a NaN becomes 0x7FC00000 (torch's conversions give NaNs of other payloads; nothing
+    downstream reads a payload: a block holding a NaN quantizes to NaN).
+    Integer operations, so that Triton's interpreter (whose float conversion to BF16 truncates)
+    rounds as the GPU does."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = tl.where(x != x, 0x7FC00000, bits)  # before the add: a NaN pattern could overflow it
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -20,7 +20,9 @@ Q(Wᵀ) for dgrad is Q(W)ᵀ from fprop whenever that is exact (``transposable_w
 16×16 RNE spec for both, the same amax), so the forward's operand is kept and transposed instead
 of quantizing W again. Where X's two quantizations (fprop.x, wgrad.x of Xᵀ) both scale by
 the current amax, both amaxes come from one read of X (``shared_current_amaxes``), and so do dY's
-(dgrad.dy, wgrad.dy): the same values as each pass of its own. The step's host time matters as
+(dgrad.dy, wgrad.dy): the same values as each pass of its own. A float32 X (a norm's or the
+squared ReLU's output under autocast) is quantized as it is for fprop and in the compute dtype for
+wgrad; that cast comes from the same read, and the backward keeps X in BF16. The step's host time matters as
 much as its kernels (an eager step is issued by Python): no no-op casts or contexts on this path.
 
 Per-sequence activations (inference): when the model's QuantState gives the valid lengths of the
@@ -46,7 +48,7 @@ import torch.nn.functional as F
 from fp4repro.config.spec import LinearSpecs, QuantSpec
 from fp4repro.formats import get_format
 from fp4repro.quant.gemm import _as, gemm_function, instrument
-from fp4repro.quant.ops import operand_amax, operand_amaxes, scaled_operand, uses_kernel
+from fp4repro.quant.ops import operand_amax, operand_amaxes, operand_amaxes_and_bf16, scaled_operand, uses_kernel
 from fp4repro.quant.state import QuantState
 from fp4repro.quant.weight_gradient import weight_gradient
 from fp4repro.reference.block import global_encode_scale
@@ -257,11 +259,15 @@ def shared_current_amaxes(
     shards: dict,
     layer: str,
     operands: tuple[str, str],
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The current amaxes of t's two quantizations, t row-wise with ``row_spec`` and tᵀ with
-    ``col_spec`` (fprop.x and wgrad.x of X, dgrad.dy and wgrad.dy of dY), taken together
-    (``operand_amaxes``: one read of t where each would take one), or (None, None) where they are
-    left to each quantization: unless both scale by their current amax with a fixed target (and
+    col_dtype: torch.dtype,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """(amax, amaxᵀ, t_c): the current amaxes of t's two quantizations, t row-wise with
+    ``row_spec`` and t_cᵀ with ``col_spec`` (fprop.x and wgrad.x of X, dgrad.dy and wgrad.dy of
+    dY), t_c = t in ``col_dtype`` (the compute dtype wgrad quantizes in), taken together
+    (``operand_amaxes``: one read of t where each would take one; for a float32 t and BF16
+    ``col_dtype``, ``operand_amaxes_and_bf16``: the cast from the same read), or (None, None, t)
+    where they are left to each quantization (and the cast to the backward): also for a t in
+    another dtype pair, and unless both scale by their current amax with a fixed target (and
     the state holds neither, as an evaluation's replayed amaxes would be), the row-wise one without
     the RHT, on a step without telemetry (whose statistics tell a given amax from a current one) and
     neither amax MAX-reduced over a tensor-parallel group. The second amax is of the tensor as given
@@ -278,8 +284,12 @@ def shared_current_amaxes(
             and any(state.held_amax(f"{layer}.{op}", s.tensor_scaling) is not None for op, s in zip(operands, both))
         )
     ):
-        return None, None
-    return operand_amaxes(t, row_spec, col_spec)
+        return None, None, t
+    if t.dtype == col_dtype:
+        return *operand_amaxes(t, row_spec, col_spec), t
+    if t.dtype == torch.float32 and col_dtype == torch.bfloat16:
+        return operand_amaxes_and_bf16(t, row_spec, col_spec)
+    return None, None, t
 
 
 class _QuantLinearFunction(torch.autograd.Function):
@@ -291,14 +301,17 @@ class _QuantLinearFunction(torch.autograd.Function):
         keep_qw = ctx.needs_input_grad[0] and transposable_weight_spec(specs)
         w_amax = _weight_amax_used(state, specs.fprop_w, layer, "fprop.w") if keep_qw else None
         lengths = state.sequence_lengths(x.shape[0], x.shape[1]) if state is not None and x.dim() == 3 else None
-        amax_x = amax_xt = None  # X's current amaxes for fprop and wgrad, taken together where they can be
+        # X's current amaxes for fprop and wgrad, taken together where they can be, and X as wgrad
+        # will quantize it (in compute_dtype: a float32 X is cast there where both amaxes are taken)
+        amax_x = amax_xt = None
+        x_wgrad = x2
         if _grouping_matters(specs.fprop_x, x, lengths):
             qx, dx = sequence_operand(x, lengths, specs.fprop_x, state, layer, "fprop.x", compute_dtype)
         else:
-            # a backward will quantize X for wgrad (not under no_grad: evaluation), in compute_dtype
-            if grad_enabled and ctx.needs_input_grad[1] and x2.dtype == compute_dtype:
-                amax_x, amax_xt = shared_current_amaxes(
-                    x2, specs.fprop_x, specs.wgrad_x, state, shards, layer, ("fprop.x", "wgrad.x")
+            # a backward will quantize X for wgrad (not under no_grad: evaluation)
+            if grad_enabled and ctx.needs_input_grad[1]:
+                amax_x, amax_xt, x_wgrad = shared_current_amaxes(
+                    x2, specs.fprop_x, specs.wgrad_x, state, shards, layer, ("fprop.x", "wgrad.x"), compute_dtype
                 )
             qx, dx = quantized_operand(
                 x2, specs.fprop_x, state, layer, "fprop.x", shards.get("fprop.x"), compute_dtype, amax_x
@@ -315,7 +328,7 @@ class _QuantLinearFunction(torch.autograd.Function):
             y = y + bias.to(compute_dtype)
         ctx.qw = (qw, dw, w_amax, w_stats) if w_amax is not None else None
         ctx.amax_xt = amax_xt
-        ctx.save_for_backward(x2, weight)
+        ctx.save_for_backward(x_wgrad, weight)  # X is only read again by wgrad
         ctx.weight = weight  # the parameter itself, for its main_grad (not a saved tensor: no version check)
         ctx.has_bias, ctx.specs, ctx.state, ctx.layer = bias is not None, specs, state, layer
         ctx.compute_dtype, ctx.x_shape, ctx.x_dtype, ctx.shards = compute_dtype, x.shape, x.dtype, shards
@@ -324,14 +337,14 @@ class _QuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight = ctx.saved_tensors
+        x_wgrad, weight = ctx.saved_tensors
         specs, state, layer, cdt, shards = ctx.specs, ctx.state, ctx.layer, ctx.compute_dtype, ctx.shards
         dy2 = _as(dy.reshape(-1, dy.shape[-1]), cdt)
         dx = dw = db = None
         amax_dy = amax_dyt = None  # dY's current amaxes for dgrad and wgrad, taken together where they can be
         if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
-            amax_dy, amax_dyt = shared_current_amaxes(
-                dy2, specs.dgrad_dy, specs.wgrad_dy, state, shards, layer, ("dgrad.dy", "wgrad.dy")
+            amax_dy, amax_dyt, _ = shared_current_amaxes(
+                dy2, specs.dgrad_dy, specs.wgrad_dy, state, shards, layer, ("dgrad.dy", "wgrad.dy"), cdt
             )
         if ctx.needs_input_grad[0]:
             qdy, ddy = quantized_operand(
@@ -361,7 +374,7 @@ class _QuantLinearFunction(torch.autograd.Function):
             # the forward's amax of Xᵀ unless this backward records telemetry (``shared_current_amaxes``)
             amax_xt = ctx.amax_xt if state is None or not state.telemetry else None
             qxt, dxt = quantized_operand(
-                _as(x2.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"), cdt, amax_xt
+                _as(x_wgrad.t(), cdt), specs.wgrad_x, state, layer, "wgrad.x", shards.get("wgrad.x"), cdt, amax_xt
             )
             gemm = ctx.instrument or gemm_function(specs, "wgrad")
             # into the weight's main_grad where megatron's DDP gave it one (its fused linears' protocol)

@@ -153,6 +153,25 @@ def operand_amaxes(x: torch.Tensor, row_spec: QuantSpec, col_spec: QuantSpec) ->
     return operand_amax(x, row_spec), operand_amax(x.t(), col_spec)
 
 
+def operand_amaxes_and_bf16(
+    x: torch.Tensor, row_spec: QuantSpec, col_spec: QuantSpec
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a 2-D float32 x: (amax of x quantized with ``row_spec``, amax of cᵀ with ``col_spec``,
+    c) with c = x.to(torch.bfloat16), the tensor wgrad quantizes where the GEMMs compute in BF16.
+    With the RHT on ``col_spec`` and a row-major x on the kernels, all three from one read of x
+    (``operand_amax_with_rht_and_bf16_triton``); elsewhere the cast and ``operand_amax`` of each.
+    ``row_spec`` has no RHT."""
+    if row_spec.rht:
+        raise ValueError("operand_amaxes_and_bf16: the row-wise spec takes no RHT")
+    if col_spec.rht and uses_kernel(x):
+        from fp4repro.kernels import operand_amax_with_rht_and_bf16_triton, row_major
+
+        if row_major(x):
+            return operand_amax_with_rht_and_bf16_triton(x)
+    c = x.to(torch.bfloat16)
+    return operand_amax(x, row_spec), operand_amax(c.t(), col_spec), c
+
+
 def scaled_operand(
     x: torch.Tensor,
     spec: QuantSpec,
