@@ -473,10 +473,12 @@ def test_on_a_gpu_the_shared_amaxes_change_no_bit(recipe, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("telemetry", [False, True], ids=["plain", "telemetry"])
 @pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4_no_rht"])
-def test_on_a_gpu_a_float32_xs_amaxes_and_bf16_cast_from_one_read_change_no_bit(recipe, monkeypatch):
+def test_on_a_gpu_a_float32_xs_amaxes_and_bf16_cast_from_one_read_change_no_bit(recipe, telemetry, monkeypatch):
     # the kernel's one read of a float32 X for its amax, its BF16 cast and the cast's amax after
-    # the RHT, against the cast in the backward and each quantization's own pass
+    # the RHT, against the cast in the backward and each quantization's own pass; a telemetry
+    # step takes every amax on its own and casts X in the backward, as before
     import fp4repro.kernels as kernels
 
     reads = []
@@ -484,10 +486,15 @@ def test_on_a_gpu_a_float32_xs_amaxes_and_bf16_cast_from_one_read_change_no_bit(
     monkeypatch.setattr(
         kernels, "operand_amax_with_rht_and_bf16_triton", lambda x: reads.append(x.shape) or original(x)
     )
-    shared, own, calls = _steps_with_and_without_shared_amaxes(recipe, monkeypatch, device="cuda", float32_x=True)
+    shared, own, calls = _steps_with_and_without_shared_amaxes(
+        recipe, monkeypatch, device="cuda", telemetry=telemetry, float32_x=True
+    )
     assert all(torch.equal(a, b) for a, b in zip(shared, own))
-    assert calls == [(80, 48)] * 3  # dY's pair; X's is operand_amaxes_and_bf16's
-    assert reads == ([] if recipe == "nvfp4_no_rht" else [(80, 64)] * 3)
+    if telemetry:
+        assert calls == [] and reads == []
+    else:
+        assert calls == [(80, 48)] * 3  # dY's pair; X's is operand_amaxes_and_bf16's
+        assert reads == ([] if recipe == "nvfp4_no_rht" else [(80, 64)] * 3)
 
 
 def test_a_backward_that_records_telemetry_takes_x_transposed_amax_afresh(monkeypatch):

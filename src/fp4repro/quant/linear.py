@@ -22,7 +22,8 @@ of quantizing W again. Where X's two quantizations (fprop.x, wgrad.x of Xᵀ) bo
 the current amax, both amaxes come from one read of X (``shared_current_amaxes``), and so do dY's
 (dgrad.dy, wgrad.dy): the same values as each pass of its own. A float32 X (a norm's or the
 squared ReLU's output under autocast) is quantized as it is for fprop and in the compute dtype for
-wgrad; that cast comes from the same read, and the backward keeps X in BF16. The step's host time matters as
+wgrad; that cast comes from the same read, and the backward keeps X in BF16 (each linear its own
+cast: three that read one X, as ``qkv: separate`` does, keep three). The step's host time matters as
 much as its kernels (an eager step is issued by Python): no no-op casts or contexts on this path.
 
 Per-sequence activations (inference): when the model's QuantState gives the valid lengths of the
