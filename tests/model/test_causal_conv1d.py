@@ -4,13 +4,11 @@ tests/megatron/test_parity_gpu.py and test_causal_conv1d_gpu.py)."""
 
 import pytest
 import torch
-import torch.nn.functional as F
+from conv1d_definitions import EPS32, definition, gradient_definitions
 from torch._dynamo.utils import counters
 
 from fp4repro.config.model import load_model_config
 from fp4repro.model.layers import Mamba2Mixer
-
-EPS32 = 2.0**-24  # float32's unit roundoff
 
 
 def _mixer(compiled: bool) -> Mamba2Mixer:
@@ -21,20 +19,6 @@ def _mixer(compiled: bool) -> Mamba2Mixer:
         mixer.conv1d.bias.copy_(torch.randn(mixer.conv_dim, generator=torch.Generator().manual_seed(3)))
     mixer.compiled_conv1d = compiled
     return mixer
-
-
-def _definition(x, weight, bias):
-    """out[b, t, c] = silu(bias[c] + Σ_k weight[c, k] · x[b, t − K + 1 + k, c]) in float64, term by
-    term, and the sum of the terms' magnitudes (what a float32 sum's rounding error scales with)."""
-    x, weight, bias = x.double(), weight.double(), bias.double()
-    taps, length = weight.shape[1], x.shape[1]
-    pre, magnitude = bias.expand_as(x).clone(), bias.abs().expand_as(x).clone()
-    for k in range(taps):
-        shift = taps - 1 - k
-        term = torch.zeros_like(x)
-        term[:, shift:] = x[:, : length - shift] * weight[:, k]
-        pre, magnitude = pre + term, magnitude + term.abs()
-    return F.silu(pre), magnitude
 
 
 def _conv_channels(mixer: Mamba2Mixer) -> slice:
@@ -102,36 +86,9 @@ def test_the_compiled_conv_is_the_definition_to_float32_rounding(runs):
     # bias + 4 products summed in float32: each partial sum and product rounds by at most
     # EPS32 relative, so the pre-activation moves by at most 6·EPS32·Σ|terms|; silu' ≤ 1.1
     mixer = runs["mixer"]
-    want, magnitude = _definition(runs["x"], mixer.conv1d.weight.squeeze(1).detach(), mixer.conv1d.bias.detach())
+    want, magnitude = definition(runs["x"], mixer.conv1d.weight.squeeze(1).detach(), mixer.conv1d.bias.detach())
     got = runs[True][0].double()
     assert ((got - want).abs() <= 1.1 * 6 * EPS32 * magnitude + EPS32 * want.abs()).all()
-
-
-def _gradient_definitions(x, weight, bias, upstream):
-    """The gradients of Σ upstream · out with respect to x, weight and bias in float64 (autograd
-    through ``_definition``), and for each the sum of its terms' magnitudes, from
-    dpre = upstream · silu'(pre):
-        dx[s] = Σ_k weight[k] · dpre[s + K − 1 − k],  dweight[k] = Σ_{b,t} dpre[t] · x[t − K + 1 + k],
-        dbias = Σ_{b,t} dpre[t]."""
-    x64, w64, b64 = (t.double().requires_grad_() for t in (x, weight, bias))
-    out, _ = _definition(x64, w64, b64)
-    (out * upstream.double()).sum().backward()
-    xd, wd, bd = x.double(), weight.double(), bias.double()
-    taps, length = weight.shape[1], x.shape[1]
-    pre = bd.expand_as(xd).clone()
-    for k in range(taps):
-        pre[:, taps - 1 - k :] += xd[:, : length - taps + 1 + k] * wd[:, k]
-    _, pre_magnitude = _definition(x, weight, bias)
-    sig = torch.sigmoid(pre)
-    # dpre's own error: its rounding (relative to |silu'|) and the pre-activation's error carried
-    # through silu'' (|silu''| ≤ 0.5, the pre-activation within 6·EPS32 of its terms' magnitudes)
-    dpre = upstream.double().abs() * ((sig * (1 + pre * (1 - sig))).abs() + pre_magnitude)
-    mag_x, mag_w = torch.zeros_like(xd), torch.zeros_like(wd)
-    for k in range(taps):
-        shift = taps - 1 - k
-        mag_x[:, : length - shift] += wd[:, k].abs() * dpre[:, shift:]
-        mag_w[:, k] = (dpre[:, shift:] * xd[:, : length - shift].abs()).sum((0, 1))
-    return (x64.grad, w64.grad, b64.grad), (mag_x, mag_w, dpre.sum((0, 1)))
 
 
 def test_the_compiled_conv_and_its_gradients_are_the_definitions_to_float32_rounding(runs):
@@ -140,7 +97,7 @@ def test_the_compiled_conv_and_its_gradients_are_the_definitions_to_float32_roun
     # for dpre's own rounding; the eager path (F.conv1d) is held to the same bound
     mixer = runs["mixer"]
     weight, bias = mixer.conv1d.weight.squeeze(1).detach(), mixer.conv1d.bias.detach()
-    wants, magnitudes = _gradient_definitions(runs["x"], weight, bias, runs["upstream"])
+    wants, magnitudes = gradient_definitions(runs["x"], weight, bias, runs["upstream"])
     terms = (weight.shape[1], runs["x"].shape[0] * runs["x"].shape[1], runs["x"].shape[0] * runs["x"].shape[1])
     for compiled in (False, True):
         grads = (runs[compiled][1], runs[compiled][2].squeeze(1), runs[compiled][3])
