@@ -217,6 +217,7 @@ def test_a_missed_check_says_by_how_much_and_what_the_profile_shows_is_left(tmp_
     assert mfu["value"] == pytest.approx(0.30) and not mfu["holds"]
     # 36% needs a step of 200 · 0.30 / 0.36 = 166.67 ms: 33.33 ms over
     assert mfu["over_bound_ms"] == pytest.approx(200 - 200 * 0.30 / 0.36)
+    assert mfu["over_target_ms"] == pytest.approx(200 - 200 * 0.30 / 0.40)  # 40% needs 150 ms
     assert mfu["profile_besides_gemms_ms"] == {"optimizer": 22.0, "copies": 20.0, "host_gaps": 5.0}
     ratio = checks["widths nvfp4 (fused) step / bf16's"]
     assert ratio["value"] == pytest.approx(1.055) and not ratio["holds"]
@@ -231,3 +232,19 @@ def test_a_missed_check_says_by_how_much_and_what_the_profile_shows_is_left(tmp_
         "MISSED by 1.0 ms/step (profile, ms/step: quantization +15.0, gemm -4.0, copies -2.0, host_gaps +1.0)"
         in printed
     )
+
+
+def test_a_held_mfu_floor_says_by_how_much_its_target_is_missed(tmp_path):
+    from fp4repro.bench.train_step import table
+
+    # the table of a check whose floor holds (MFU 0.38 at 200 ms) and whose target (40%: 190 ms)
+    # does not, 10 ms over
+    record = _record("bf16", 0.200, {"gemm": 100.0, "lm_head": 20.0, "optimizer": 22.0, "copies": 20.0}, 5.0)
+    path = tmp_path / "bf16.json"
+    path.write_text(json.dumps(record))
+    (mfu,) = assemble([path])["checks"]
+    mfu.update(value=0.38, holds=True, over_bound_ms=-11.1, over_target_ms=10.0)
+    printed = table({"rows": [], "fused_gain": [], "checks": [mfu]})
+    assert "holds, its target missed by 10.0 ms/step (profile, ms/step: optimizer 22.0, copies 20.0" in printed
+    mfu["over_target_ms"] = -1.0
+    assert table({"rows": [], "fused_gain": [], "checks": [mfu]}).endswith("(target 0.4): holds")

@@ -24,8 +24,9 @@ experiments never are, so each experiment may have been measured at its own comm
                   40%) at the 8B's widths (``MFU_FLOOR_MODEL``), a recipe with FP32 GEMMs at most
                   1.05 x bf16's step, a telemetry step at most 1.3 x a plain one; each says by how
                   many milliseconds the step is over what its bound allows (``over_bound_ms``,
-                  negative where it holds) and what the profile shows is left: the parts a
-                  recipe's step spends over bf16's, or a bf16 step's parts other than GEMMs
+                  negative where it holds; for the MFU also what its target allows,
+                  ``over_target_ms``) and what the profile shows is left: the parts a recipe's
+                  step spends over bf16's, or a bf16 step's parts other than GEMMs
 
 Ratios compare processes run one after another on the same GPU; the record of each says which
 commit, device and fingerprint.
@@ -228,6 +229,7 @@ def assemble(records: list[Path]) -> dict:
             mfu = row["mfu"]["dense"]
             check = _check(f"{experiment} bf16 ({kernels}) MFU dense", mfu, MFU_FLOOR, MFU_TARGET)
             check["over_bound_ms"] = step_ms * (1 - mfu / MFU_FLOOR)  # MFU is inversely proportional to the step
+            check["over_target_ms"] = step_ms * (1 - mfu / MFU_TARGET)
             check["profile_besides_gemms_ms"] = {
                 part: ms for part, ms in _by_size(row["ms_per_step"]).items() if part not in ("gemm", "lm_head")
             } | {"host_gaps": row["host_gap_ms_per_step"]}
@@ -323,11 +325,14 @@ def table(result: dict) -> str:
     for c in result["checks"]:
         bound = f">= {c['floor']:g} (target {c['target']:g})" if "floor" in c else f"<= {c['ceiling']:g}"
         line = f"{c['what']}: {c['value']:.3f}, {bound}: {'holds' if c['holds'] else 'MISSED'}"
+        over_bf16 = "profile_over_bf16_ms" in c  # differences, signed; else a step's own parts
+        left = c["profile_over_bf16_ms"] if over_bf16 else c.get("profile_besides_gemms_ms", {})
+        sign = "+" if over_bf16 else ""
+        parts = ", ".join(f"{p} {ms:{sign}.1f}" for p, ms in list(left.items())[:4])
+        profile = f" (profile, ms/step: {parts})" if parts else ""
         if not c["holds"] and "over_bound_ms" in c:
-            over_bf16 = "profile_over_bf16_ms" in c  # differences, signed; else a step's own parts
-            left = c["profile_over_bf16_ms"] if over_bf16 else c.get("profile_besides_gemms_ms", {})
-            sign = "+" if over_bf16 else ""
-            parts = ", ".join(f"{p} {ms:{sign}.1f}" for p, ms in list(left.items())[:4])
-            line += f" by {c['over_bound_ms']:.1f} ms/step" + (f" (profile, ms/step: {parts})" if parts else "")
+            line += f" by {c['over_bound_ms']:.1f} ms/step" + profile
+        elif c.get("over_target_ms", 0.0) > 0:
+            line += f", its target missed by {c['over_target_ms']:.1f} ms/step" + profile
         lines.append(line)
     return "\n".join(lines)
