@@ -346,7 +346,6 @@ class Mamba2Mixer(ConvMixer, nn.Module):
         return z, x, B, C, dt
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = u.shape
         z, x, B, C, dt = self._split_conv(self.in_proj(u))
         x = x.unflatten(-1, (self.n_heads, self.head_dim))
         B = B.unflatten(-1, (self.n_groups, self.state_size))
