@@ -8,9 +8,9 @@ import torch.nn.functional as F
 EPS32 = 2.0**-24  # float32's unit roundoff
 
 
-def definition(x, weight, bias):
-    """out[b, t, c] = silu(bias[c] + Σ_k weight[c, k] · x[b, t − K + 1 + k, c]) in float64, term by
-    term, and the sum of the terms' magnitudes (what a float32 sum's rounding error scales with)."""
+def pre_activation(x, weight, bias):
+    """pre[b, t, c] = bias[c] + Σ_k weight[c, k] · x[b, t − K + 1 + k, c] in float64, term by term,
+    and the sum of the terms' magnitudes (what a float32 sum's rounding error scales with)."""
     x, weight, bias = x.double(), weight.double(), bias.double()
     taps, length = weight.shape[1], x.shape[1]
     pre, magnitude = bias.expand_as(x).clone(), bias.abs().expand_as(x).clone()
@@ -19,6 +19,12 @@ def definition(x, weight, bias):
         term = torch.zeros_like(x)
         term[:, shift:] = x[:, : length - shift] * weight[:, k]
         pre, magnitude = pre + term, magnitude + term.abs()
+    return pre, magnitude
+
+
+def definition(x, weight, bias):
+    """out = silu(pre) in float64 (``pre_activation``), and the pre-activation's terms' magnitudes."""
+    pre, magnitude = pre_activation(x, weight, bias)
     return F.silu(pre), magnitude
 
 
@@ -31,12 +37,9 @@ def gradient_definitions(x, weight, bias, upstream):
     x64, w64, b64 = (t.double().requires_grad_() for t in (x, weight, bias))
     out, _ = definition(x64, w64, b64)
     (out * upstream.double()).sum().backward()
-    xd, wd, bd = x.double(), weight.double(), bias.double()
+    xd, wd = x.double(), weight.double()
     taps, length = weight.shape[1], x.shape[1]
-    pre = bd.expand_as(xd).clone()
-    for k in range(taps):
-        pre[:, taps - 1 - k :] += xd[:, : length - taps + 1 + k] * wd[:, k]
-    _, pre_magnitude = definition(x, weight, bias)
+    pre, pre_magnitude = pre_activation(x, weight, bias)
     sig = torch.sigmoid(pre)
     # dpre's own error: its rounding (relative to |silu'|) and the pre-activation's error carried
     # through silu'' (|silu''| ≤ 0.5, the pre-activation within 6·EPS32 of its terms' magnitudes)
