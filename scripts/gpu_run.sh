@@ -32,19 +32,12 @@ out="${out_arg:-/tmp/fp4repro-runs/$experiment}"
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 data="${DATA:-/tmp/fp4repro-data/$experiment}"
 results="${RESULTS:-results}"
-site="${SITE:-/tmp/fp4repro-site}"
 start=$(date +%s)
 phase() { echo "$(( $(date +%s) - start )) s  $recipe $seed: $*" | tee -a "$out/phases.txt"; }
 
-if [ -n "${WHEELS:-}" ] && [ ! -f "$site/.installed" ]; then
-    python -m pip install --quiet --no-deps --target "$site" "$WHEELS"/*.whl > "$out/pip.log" 2>&1 \
-        || { echo "installing $WHEELS/*.whl failed: see $out/pip.log" >&2; exit 1; }
-    touch "$site/.installed"
-fi
-export PYTHONPATH="${WHEELS:+$site:}$repo/src${PYTHONPATH:+:$PYTHONPATH}"
-fp4repro() { python -c 'import sys; from fp4repro.cli import main; sys.exit(main(sys.argv[1:]))' "$@"; }
+. "$repo/scripts/gpu_env.sh"
 cd "$repo"
-phase "start: $experiment $recipe seed $seed, commit ${FP4REPRO_SOURCE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+phase "start: $experiment $recipe seed $seed, commit $commit"
 
 if [ ! -f "$data/manifest.json" ]; then
     fp4repro prepare-data --experiment "$experiment" --out "$data" > "$out/prepare_$experiment.log" 2>&1 \
