@@ -51,7 +51,7 @@ phase() { echo "$(( $(date +%s) - start )) s  $*" | tee -a "$out/phases.txt"; }
 
 . "$repo/scripts/gpu_env.sh"
 cd "$repo"
-device=$(python -c 'from fp4repro.bench.device import visible_gpu; from fp4repro.config.devices import device_tag; g = visible_gpu(); print(device_tag(g) if g else "")')
+device=$(python -c 'from fp4repro.bench.device import visible_device; print(visible_device() or "")')
 [ -n "$device" ] || { phase "no GPU visible (nvidia-smi): nothing measured"; echo "no GPU" > "$out/finished"; exit 1; }
 phase "start on $device ($parts), commit $commit"
 bench="$out/bench"

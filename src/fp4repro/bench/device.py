@@ -77,9 +77,15 @@ def refuse_a_busy_gpu(what: str) -> None:
     )
 
 
+def visible_device() -> str | None:
+    """The tag of the GPU visible here as result files name it ("h200"), or None without one."""
+    name = visible_gpu()
+    return None if name is None else device_tag(name)
+
+
 def throughput_here(folder: str | Path, model: str) -> str | None:
     """The file the workflow measures ``model``'s body into on the GPU visible here
     (``folder/throughput_<device>_<model>.json``: one per model, so that each experiment's shapes
     are measured whatever another experiment measured first), or None without a GPU."""
-    name = visible_gpu()
-    return None if name is None else str(Path(folder) / f"throughput_{device_tag(name)}_{model}.json")
+    device = visible_device()
+    return None if device is None else str(Path(folder) / f"throughput_{device}_{model}.json")
